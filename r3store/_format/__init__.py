@@ -1,0 +1,34 @@
+"""On-disk format v1: manifest, route arrays, sample tables (see ``schema/FORMAT.md``)."""
+
+from r3store._format._array import ArrayLayout, decode_index, encode_shard
+from r3store._format._manifest import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    INDEX_PREFIX,
+    MANIFEST_KEY,
+    ROUTES_PREFIX,
+    load_schema,
+    make_manifest,
+    parse_manifest,
+    zarr_group_json,
+)
+from r3store._format._table import RESERVED_COLUMNS, read_table, table_schema, token_hash, write_table
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "INDEX_PREFIX",
+    "MANIFEST_KEY",
+    "RESERVED_COLUMNS",
+    "ROUTES_PREFIX",
+    "ArrayLayout",
+    "decode_index",
+    "encode_shard",
+    "load_schema",
+    "make_manifest",
+    "parse_manifest",
+    "read_table",
+    "table_schema",
+    "token_hash",
+    "write_table",
+]

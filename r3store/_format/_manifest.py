@@ -1,0 +1,84 @@
+"""The store manifest ``r3store.json`` and the zarr group documents beside it."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+import jsonschema
+
+from r3store._spec import ModelSpec
+from r3store.errors import FormatError, FormatVersionError
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "INDEX_PREFIX",
+    "MANIFEST_KEY",
+    "ROUTES_PREFIX",
+    "load_schema",
+    "make_manifest",
+    "parse_manifest",
+    "zarr_group_json",
+]
+
+FORMAT_NAME = "r3store"
+FORMAT_VERSION = 1
+MANIFEST_KEY = "r3store.json"
+ROUTES_PREFIX = "routes/"
+INDEX_PREFIX = "index/"
+
+
+@cache
+def load_schema(name: str) -> dict[str, Any]:
+    """Load a JSON Schema shipped with r3store (``manifest``, ``sample_table``, ...)."""
+    text = files("r3store._schema").joinpath(f"{name}.schema.json").read_text(encoding="utf-8")
+    doc: dict[str, Any] = json.loads(text)
+    return doc
+
+
+def make_manifest(spec: ModelSpec) -> dict[str, Any]:
+    """The manifest document for a new store."""
+    from r3store import __version__
+
+    return {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "spec": dict(spec.to_dict()),
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "created_by": f"r3store {__version__}",
+    }
+
+
+def parse_manifest(doc: Any, path: str) -> ModelSpec:
+    """Validate a manifest against ``manifest.schema.json`` and return its spec.
+
+    Raises
+    ------
+    r3store.errors.FormatVersionError
+        ``format`` is not ``"r3store"`` or ``version`` is unknown.
+    r3store.errors.FormatError
+        The document does not validate.
+    """
+    if not isinstance(doc, dict):
+        raise FormatError(path, "manifest is not a JSON object")
+    if doc.get("format") != FORMAT_NAME or doc.get("version") != FORMAT_VERSION:
+        raise FormatVersionError(
+            path,
+            f"format {doc.get('format')!r} version {doc.get('version')!r} is not readable "
+            f"by this release (reads {FORMAT_NAME!r} version {FORMAT_VERSION})",
+        )
+    try:
+        jsonschema.validate(doc, load_schema("manifest"))
+    except jsonschema.ValidationError as exc:
+        where = "/".join(map(str, exc.absolute_path)) or "(root)"
+        raise FormatError(path, f"manifest invalid at {where}: {exc.message}") from exc
+    return ModelSpec.from_dict(doc["spec"])
+
+
+def zarr_group_json(attributes: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A zarr v3 group ``zarr.json`` (so zarr tools can browse a store)."""
+    return {"zarr_format": 3, "node_type": "group", "attributes": attributes or {}}

@@ -1,0 +1,391 @@
+"""`RouteStore`: random access to committed routes by sample id and layer range."""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from r3store._format import INDEX_PREFIX, MANIFEST_KEY, ArrayLayout, decode_index, parse_manifest, read_table
+from r3store._spec import ModelSpec
+from r3store.codecs import BitpackCodec
+from r3store.errors import (
+    ChecksumError,
+    DuplicateSampleError,
+    FormatError,
+    NotAStoreError,
+    ObjectNotFoundError,
+    SampleNotFoundError,
+)
+from r3store.storage import ByteRange, Store, SuffixByteRange, open_backend
+
+__all__ = ["RouteStore", "open_store"]
+
+OnDuplicate = Literal["raise", "first", "report"]
+
+
+def open_store(
+    url: str | os.PathLike[str] | Store,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    on_duplicate: OnDuplicate = "raise",
+    cache_bytes: int = 64 << 20,
+) -> RouteStore:
+    """Open a store for reading.
+
+    Parameters
+    ----------
+    url : str, os.PathLike or Store
+        Local folder or fsspec URL (``memory://``, ``s3://bucket/prefix``).
+    storage_options : mapping, optional
+        Passed to fsspec (``endpoint_url``, ``key``, ``secret``, ``profile``, ...).
+    on_duplicate : {"raise", "first", "report"}
+        A sample id committed by two shards: raise, keep the earliest commit, or keep the
+        earliest and list every duplicate in :attr:`RouteStore.duplicates` (for audits).
+    cache_bytes : int
+        Budget for decoded chunks kept in memory (sequential reads of small samples
+        decode each chunk once).
+
+    Returns
+    -------
+    RouteStore
+
+    Raises
+    ------
+    r3store.errors.NotAStoreError
+        No ``r3store.json`` at ``url``.
+    r3store.errors.FormatError
+        The manifest or a sample table is malformed (FormatVersionError: unknown version).
+    r3store.errors.DuplicateSampleError
+        With ``on_duplicate="raise"``: names the id and both shards.
+    r3store.errors.StorageError
+    """
+    backend = open_backend(url, storage_options)
+    try:
+        manifest = backend.get_json(MANIFEST_KEY)
+    except ObjectNotFoundError as exc:
+        raise NotAStoreError(backend.url) from exc
+    spec = parse_manifest(manifest, backend.path_of(MANIFEST_KEY))
+    return RouteStore(backend, spec, on_duplicate=on_duplicate, cache_bytes=cache_bytes)
+
+
+class RouteStore:
+    """A committed store, opened for reading (see :func:`open_store`).
+
+    Attributes
+    ----------
+    spec : ModelSpec
+    samples : pyarrow.Table
+        One row per committed sample, quarantined ones included (columns of
+        ``schema/sample_table.schema.json`` plus user metadata), in store order.
+    duplicates : dict of str to list of str
+        Sample ids committed by more than one shard, with the shards (earliest first).
+    """
+
+    def __init__(self, backend: Store, spec: ModelSpec, *, on_duplicate: OnDuplicate = "raise",
+                 cache_bytes: int = 64 << 20) -> None:
+        if on_duplicate not in ("raise", "first", "report"):
+            raise ValueError(f"on_duplicate must be 'raise', 'first' or 'report', got {on_duplicate!r}")
+        self.backend = backend
+        self.spec = spec
+        self.cache_bytes = cache_bytes
+        self._layouts: dict[str, ArrayLayout] = {}
+        self._indexes: dict[tuple[str, int], np.ndarray] = {}
+        self._chunks: OrderedDict[tuple[str, int, int], np.ndarray] = OrderedDict()
+        self._cached = 0
+        table = self._load_tables()
+        self.samples, self.duplicates = _dedupe(table, on_duplicate)
+        self._build_lookup()
+
+    # -- index ----------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    def _load_tables(self) -> pa.Table:
+        keys = [k for k in self.backend.list_prefix(INDEX_PREFIX) if k.endswith(".parquet") and "/." not in k]
+        blobs = self.backend.get_many(keys)
+        tables = [read_table(blobs[k], self.backend.path_of(k)) for k in keys]
+        if not tables:
+            from r3store._format import table_schema
+
+            return table_schema().empty_table()
+        table = pa.concat_tables([t.replace_schema_metadata(None) for t in tables], promote_options="permissive")
+        order = pc.sort_indices(table, [("committed_at", "ascending"), ("shard", "ascending"), ("row_start", "ascending")])
+        return table.take(order)
+
+    def _build_lookup(self) -> None:
+        cols = self.samples.select(["sample_id", "array", "row_start", "num_rows", "num_tokens", "quarantined"]).to_pydict()
+        self._where = {sid: i for i, sid in enumerate(cols["sample_id"])}
+        self._array = cols["array"]
+        self._row_start = cols["row_start"]
+        self._num_rows = cols["num_rows"]
+        self._num_tokens = cols["num_tokens"]
+        self._quarantined = cols["quarantined"]
+        self._visible = [sid for sid, q in zip(cols["sample_id"], cols["quarantined"], strict=True) if not q]
+
+    def __repr__(self) -> str:
+        return f"RouteStore({self.url!r}, samples={len(self)}, spec={self.spec})"
+
+    def __len__(self) -> int:
+        """Committed, non-quarantined samples."""
+        return len(self._visible)
+
+    def __contains__(self, sample_id: object) -> bool:
+        i = self._where.get(sample_id)  # type: ignore[arg-type]
+        return i is not None and not self._quarantined[i]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._visible)
+
+    @property
+    def sample_ids(self) -> list[str]:
+        """Ids of the committed, non-quarantined samples, in store order."""
+        return list(self._visible)
+
+    @property
+    def shards(self) -> list[str]:
+        """Names of the committed shards."""
+        return sorted(set(self.samples.column("shard").to_pylist()))
+
+    def _locate(self, sample_id: str, include_quarantined: bool) -> int:
+        i = self._where.get(sample_id)
+        if i is None or (self._quarantined[i] and not include_quarantined):
+            raise SampleNotFoundError(sample_id, self.url)
+        return i
+
+    def num_tokens(self, sample_id: str, *, include_quarantined: bool = False) -> int:
+        """Token count of a sample (its routes have ``num_tokens - 1`` rows).
+
+        Raises
+        ------
+        r3store.errors.SampleNotFoundError
+        """
+        return int(self._num_tokens[self._locate(sample_id, include_quarantined)])
+
+    def row(self, sample_id: str, *, include_quarantined: bool = False) -> dict[str, Any]:
+        """The sample-table row of one sample, as a dict."""
+        i = self._locate(sample_id, include_quarantined)
+        return {k: v[0] for k, v in self.samples.slice(i, 1).to_pydict().items()}
+
+    # -- reading --------------------------------------------------------------------
+
+    def get(
+        self,
+        sample_id: str,
+        layers: Sequence[int] | None = None,
+        *,
+        rows: slice | None = None,
+        include_quarantined: bool = False,
+    ) -> np.ndarray:
+        """Routes of one sample.
+
+        Parameters
+        ----------
+        sample_id : str
+        layers : sequence of int, optional
+            Global decoder-layer indices (MoE layers only), in the order wanted, e.g. one
+            pipeline stage's layers. Only the chunks of these layers are read and decoded.
+        rows : slice, optional
+            Row range (step 1) within the sample.
+        include_quarantined : bool
+            Also return samples the writer quarantined.
+
+        Returns
+        -------
+        ndarray of int32, shape (num_tokens - 1, len(layers), top_k)
+            Row ``t``: expert ids chosen for input position ``t``; layers default to all
+            MoE layers in ``spec.moe_layers`` order.
+
+        Raises
+        ------
+        r3store.errors.SampleNotFoundError
+            (a KeyError) no such committed sample.
+        r3store.errors.LayerError
+            (an IndexError) a layer is not an MoE layer.
+        r3store.errors.ChecksumError
+            A chunk fails its CRC-32C; names the array and chunk.
+        r3store.errors.StorageError
+        """
+        i = self._locate(sample_id, include_quarantined)
+        positions = self.spec.layer_positions(layers)
+        start, stop, step = (rows or slice(None)).indices(int(self._num_rows[i]))
+        if step != 1:
+            raise ValueError(f"rows must have step 1, got {rows}")
+        base = int(self._row_start[i])
+        return self.read_rows(self._array[i], base + start, base + max(start, stop), positions)
+
+    def get_many(self, sample_ids: Sequence[str], layers: Sequence[int] | None = None) -> list[np.ndarray]:
+        """Routes of several samples (see :meth:`get`), in the order given."""
+        return [self.get(s, layers) for s in sample_ids]
+
+    def layout_of(self, array: str) -> ArrayLayout:
+        """Chunking of a route array (parsed from its ``zarr.json``)."""
+        layout = self._layouts.get(array)
+        if layout is None:
+            path = f"{array}/zarr.json"
+            layout = ArrayLayout.from_zarr_json(self.backend.get_json(path), self.backend.path_of(path))
+            if (layout.num_layers, layout.top_k) != (self.spec.num_moe_layers, self.spec.top_k) or \
+                    layout.bits != self.spec.bits_per_id:
+                raise FormatError(self.backend.path_of(path), f"array geometry {layout} disagrees with the manifest spec")
+            self._layouts[array] = layout
+        return layout
+
+    def read_rows(self, array: str, start: int, stop: int, positions: Sequence[int]) -> np.ndarray:
+        """Rows ``[start, stop)`` of a route array, at stored layer positions.
+
+        Returns
+        -------
+        ndarray of int32, shape (stop - start, len(positions), top_k)
+        """
+        layout = self.layout_of(array)
+        if stop > layout.rows:
+            raise FormatError(self.backend.path_of(array), f"rows [{start}, {stop}) beyond the array's {layout.rows} rows")
+        out = np.empty((stop - start, len(positions), layout.top_k), dtype=np.int32)
+        if stop <= start or not len(positions):
+            return out
+        pos = np.asarray(positions)
+        lpc, cr, per_shard = layout.layers_per_chunk, layout.chunk_rows, layout.row_chunks_per_shard
+        by_chunk = {int(b): np.flatnonzero(pos // lpc == b) for b in np.unique(pos // lpc)}
+        first, last = start // cr, (stop - 1) // cr
+        for shard in range(first // per_shard, last // per_shard + 1):
+            row_chunks = range(max(first, shard * per_shard), min(last, (shard + 1) * per_shard - 1) + 1)
+            chunks = self._fetch(array, layout, shard, [(c, b) for c in row_chunks for b in by_chunk])
+            for c in row_chunks:
+                lo, hi = max(start, c * cr), min(stop, (c + 1) * cr)
+                for b, idx in by_chunk.items():
+                    within = pos[idx] - b * lpc
+                    out[lo - start : hi - start, idx] = chunks[(c, b)][lo - c * cr : hi - c * cr][:, within]
+        return out
+
+    def _fetch(self, array: str, layout: ArrayLayout, shard: int,
+               wanted: list[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
+        """Decoded chunks ``(row_chunk, layer_chunk)`` of one shard, from the cache or storage."""
+        got: dict[tuple[int, int], np.ndarray] = {}
+        missing = []
+        for c, b in wanted:
+            hit = self._chunks.get((array, c, b))
+            if hit is None:
+                missing.append((c, b))
+            else:
+                self._chunks.move_to_end((array, c, b))
+                got[(c, b)] = hit
+        if missing:
+            got.update(self._fetch_shard(array, layout, shard, missing))
+        return got
+
+    def _shard_index(self, array: str, layout: ArrayLayout, shard: int) -> np.ndarray:
+        index = self._indexes.get((array, shard))
+        if index is None:
+            key = f"{array}/{ArrayLayout.shard_key(shard)}"
+            raw = self.backend.get(key, SuffixByteRange(layout.index_nbytes))
+            index = decode_index(raw, layout, array, shard).copy()
+            self._indexes[(array, shard)] = index
+        return index
+
+    def _fetch_shard(self, array: str, layout: ArrayLayout, shard: int,
+                     keys: list[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
+        """Read (coalescing adjacent frames into one range), verify and decode chunks."""
+        index = self._shard_index(array, layout, shard)
+        first = shard * layout.row_chunks_per_shard
+        shape = (layout.chunk_rows, layout.layers_per_chunk, layout.top_k)
+        got: dict[tuple[int, int], np.ndarray] = {}
+        spans: list[tuple[int, int, int, int]] = []  # (offset, nbytes, row chunk, layer chunk)
+        for c, b in keys:
+            offset, nbytes = (int(v) for v in index[c - first, b])
+            if offset == 2**64 - 1:
+                got[(c, b)] = np.zeros(shape, np.int32)
+            else:
+                spans.append((offset, nbytes, c, b))
+        spans.sort()
+        ranges = _coalesce([(o, o + n) for o, n, _, _ in spans])
+        blobs = self.backend.get_ranges(f"{array}/{ArrayLayout.shard_key(shard)}", [ByteRange(s, e) for s, e in ranges])
+        codec = BitpackCodec(layout.bits)
+        r = 0
+        for offset, nbytes, c, b in spans:
+            while offset >= ranges[r][1]:
+                r += 1
+            rel = offset - ranges[r][0]
+            got[(c, b)] = self._decode(codec, memoryview(blobs[r])[rel : rel + nbytes], shape, array, (c, b, 0))
+        for (c, b), chunk in got.items():
+            self._remember(array, c, b, chunk)
+        return got
+
+    @staticmethod
+    def _decode(codec: BitpackCodec, frame: memoryview, shape: tuple[int, int, int], array: str,
+                chunk: tuple[int, int, int]) -> np.ndarray:
+        try:
+            return codec.decode(frame).reshape(shape)
+        except ChecksumError as exc:
+            raise ChecksumError(array, chunk, exc.fault) from exc
+        except (FormatError, ValueError) as exc:
+            fault = exc.fault if isinstance(exc, FormatError) else str(exc)
+            raise FormatError(f"{array} chunk {chunk}", fault) from exc
+
+    def _remember(self, array: str, c: int, b: int, chunk: np.ndarray) -> None:
+        self._chunks[(array, c, b)] = chunk
+        self._cached += chunk.nbytes
+        while self._cached > self.cache_bytes and len(self._chunks) > 1:
+            _, old = self._chunks.popitem(last=False)
+            self._cached -= old.nbytes
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def clear_cache(self) -> None:
+        """Drop decoded chunks and shard indexes held in memory."""
+        self._chunks.clear()
+        self._indexes.clear()
+        self._cached = 0
+
+    def close(self) -> None:
+        """Release caches and file maps; the store reopens them on demand."""
+        self.clear_cache()
+        self.backend.close()
+
+    def __enter__(self) -> RouteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_chunks"], state["_cached"], state["_indexes"] = OrderedDict(), 0, {}
+        return state
+
+
+def _coalesce(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Merge sorted, touching byte ranges (frames written back to back)."""
+    merged: list[tuple[int, int]] = []
+    for start, end in ranges:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _dedupe(table: pa.Table, on_duplicate: OnDuplicate) -> tuple[pa.Table, dict[str, list[str]]]:
+    ids = table.column("sample_id").to_pylist()
+    shards = table.column("shard").to_pylist()
+    first: dict[str, int] = {}
+    dupes: dict[str, list[str]] = {}
+    keep = []
+    for i, sid in enumerate(ids):
+        j = first.setdefault(sid, i)
+        if j == i:
+            keep.append(i)
+            continue
+        dupes.setdefault(sid, [shards[j]]).append(shards[i])
+    if dupes and on_duplicate == "raise":
+        sid, where = next(iter(dupes.items()))
+        raise DuplicateSampleError(sid, tuple(where), detail=f"{len(dupes)} duplicated id(s); open with on_duplicate='first' to keep the earliest commit")
+    if not dupes:
+        return table, {}
+    return table.take(pa.array(keep, type=pa.int64())), dupes

@@ -1,0 +1,182 @@
+"""Checks run on routes before a writer accepts them (nothing is written on failure)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from r3store._format import RESERVED_COLUMNS
+from r3store._spec import ModelSpec
+from r3store.errors import ExpertIdError, RouteShapeError, RouteValidationError, RowCountError
+
+__all__ = ["as_numpy", "check_metadata", "check_routes", "check_row_count", "first_repeat"]
+
+_SCALARS = (bool, int, float, str)
+
+
+def as_numpy(sample_id: str, field: str, value: Any) -> np.ndarray:
+    """Return ``value`` (numpy array, torch tensor, nested list) as a numpy array.
+
+    torch tensors are detached and moved to the CPU without importing torch here.
+    """
+    if type(value).__module__.startswith("torch"):
+        value = value.detach().cpu().numpy()
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise RouteShapeError(sample_id, field, f"cannot be read as an array: {exc}") from exc
+
+
+def first_repeat(routes: np.ndarray) -> tuple[int, int] | None:
+    """(row, layer position) of the first row holding an expert id twice, or None.
+
+    Parameters
+    ----------
+    routes : ndarray of integer dtype, shape (rows, num_layers, top_k)
+    """
+    if routes.shape[-1] < 2 or routes.size == 0:
+        return None
+    ordered = np.sort(routes, axis=-1)
+    bad = (ordered[..., 1:] == ordered[..., :-1]).any(axis=-1)
+    hits = np.argwhere(bad)
+    return (int(hits[0][0]), int(hits[0][1])) if hits.size else None
+
+
+def check_routes(sample_id: str, routes: np.ndarray, spec: ModelSpec) -> np.ndarray:
+    """Validate routes and return the MoE-layer ids.
+
+    Parameters
+    ----------
+    sample_id : str
+    routes : ndarray of integer dtype, shape (rows, num_layers, top_k) or (rows, num_moe_layers, top_k)
+        Global expert ids. With all decoder layers (SGLang's layout), dense layers must be
+        all zero.
+    spec : ModelSpec
+
+    Returns
+    -------
+    ndarray of uint16, shape (rows, num_moe_layers, top_k)
+
+    Raises
+    ------
+    r3store.errors.RouteShapeError
+        Not an integer array, wrong rank, layer count or top-k.
+    r3store.errors.ExpertIdError
+        An id is out of ``[0, num_experts)``, repeated within a row, or a dense layer
+        holds non-zero ids.
+    """
+    if routes.dtype == np.bool_ or not np.issubdtype(routes.dtype, np.integer):
+        raise RouteShapeError(sample_id, "routes", f"dtype must be integer, got {routes.dtype}")
+    if routes.ndim != 3:
+        raise RouteShapeError(sample_id, "routes",
+                              f"must have 3 dims (rows, layers, top_k), got shape {routes.shape}")
+    if routes.shape[2] != spec.top_k:
+        raise RouteShapeError(sample_id, "routes", f"top_k mismatch: last dim is {routes.shape[2]}, spec.top_k is {spec.top_k}")
+    moe = _moe_view(sample_id, routes, spec)
+    _check_range(sample_id, moe, spec)
+    repeat = first_repeat(moe)
+    if repeat is not None:
+        row, pos = repeat
+        raise ExpertIdError(sample_id, "routes",
+                            f"expert id repeated within row {row}, decoder layer {spec.moe_layers[pos]}: "
+                            f"{moe[row, pos].tolist()}")
+    return moe.astype(np.uint16)
+
+
+def _moe_view(sample_id: str, routes: np.ndarray, spec: ModelSpec) -> np.ndarray:
+    layers = routes.shape[1]
+    if layers == spec.num_moe_layers:
+        return routes
+    if layers != spec.num_layers:
+        raise RouteShapeError(sample_id, "routes",
+                              f"layer dim is {layers}; expected num_layers={spec.num_layers} (all decoder "
+                              f"layers) or {spec.num_moe_layers} (MoE layers only)")
+    dense = list(spec.dense_layers)
+    if dense:
+        block = routes[:, dense]
+        hits = np.argwhere(block != 0)
+        if hits.size:
+            row, pos, _ = hits[0]
+            raise ExpertIdError(sample_id, "routes",
+                                f"dense decoder layer {dense[pos]} has non-zero ids at row {row} "
+                                f"({block[row, pos].tolist()}); the ModelSpec's moe_layers may be wrong")
+    return routes[:, list(spec.moe_layers)]
+
+
+def _check_range(sample_id: str, moe: np.ndarray, spec: ModelSpec) -> None:
+    if moe.size == 0:
+        return
+    lo, hi = int(moe.min()), int(moe.max())
+    if lo >= 0 and hi < spec.num_experts:
+        return
+    bad = np.argwhere((moe < 0) | (moe >= spec.num_experts))[0]
+    value = int(moe[tuple(bad)])
+    why = "negative" if value < 0 else f">= num_experts ({spec.num_experts})"
+    hint = "" if value < 0 else "; physical (EP-remapped) ids instead of logical ids?"
+    raise ExpertIdError(sample_id, "routes",
+                        f"expert id {value} at row {bad[0]}, decoder layer {spec.moe_layers[bad[1]]} is {why}{hint}")
+
+
+def check_row_count(sample_id: str, rows: int, num_tokens: int | None, tokens: np.ndarray | None) -> int:
+    """Check ``rows == num_tokens - 1`` (and ``len(tokens) == num_tokens``); return num_tokens.
+
+    Raises
+    ------
+    r3store.errors.RowCountError
+    """
+    if tokens is not None:
+        if num_tokens is not None and num_tokens != len(tokens):
+            raise RowCountError(sample_id, "tokens", f"len(tokens) = {len(tokens)} but num_tokens = {num_tokens}")
+        num_tokens = len(tokens)
+    if num_tokens is None:
+        return rows + 1
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int | np.integer) or num_tokens < 1:
+        raise RowCountError(sample_id, "num_tokens", f"must be an int >= 1, got {num_tokens!r}")
+    if rows != num_tokens - 1:
+        extra = " (a row for the last token too? engines return num_tokens - 1 rows)" if rows == num_tokens else ""
+        raise RowCountError(sample_id, "routes", f"has {rows} rows, expected num_tokens - 1 = {num_tokens - 1}{extra}")
+    return int(num_tokens)
+
+
+def check_tokens(sample_id: str, tokens: Any) -> np.ndarray | None:
+    """Token ids as a 1-D integer array (or None)."""
+    if tokens is None:
+        return None
+    arr = as_numpy(sample_id, "tokens", tokens)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise RouteValidationError(sample_id, "tokens", f"must be a 1-D integer sequence, got shape {arr.shape}, dtype {arr.dtype}")
+    return arr
+
+
+def check_metadata(sample_id: str, metadata: Mapping[str, Any] | None, types: dict[str, type]) -> dict[str, Any]:
+    """Validate user metadata: str keys, JSON scalar values, one type per key per writer.
+
+    ``types`` maps each key seen so far to its type; it is updated only when every key passes.
+    """
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise RouteValidationError(sample_id, "metadata", f"must be a mapping, got {type(metadata).__name__}")
+    seen: dict[str, type] = {}
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not key or key in RESERVED_COLUMNS:
+            raise RouteValidationError(sample_id, f"metadata[{key!r}]",
+                                       f"key must be a non-empty str and not one of {sorted(RESERVED_COLUMNS)}")
+        value = value.item() if isinstance(value, np.generic) else value
+        if value is None:
+            continue
+        if not isinstance(value, _SCALARS) or (isinstance(value, float) and not math.isfinite(value)):
+            raise RouteValidationError(sample_id, f"metadata[{key!r}]", f"must be a finite JSON scalar, got {value!r}")
+        kind = type(value)
+        known = types.get(key, kind)
+        if {known, kind} == {int, float}:
+            kind = float
+        elif known is not kind:
+            raise RouteValidationError(sample_id, f"metadata[{key!r}]",
+                                       f"is {kind.__name__} here but {known.__name__} in earlier samples")
+        seen[key] = kind
+    types.update(seen)
+    return {k: (v.item() if isinstance(v, np.generic) else v) for k, v in metadata.items()}

@@ -1,0 +1,383 @@
+"""The r3store error tree.
+
+Every error r3store raises derives from :class:`R3StoreError` *and* from the
+builtin exception a caller would naturally catch, so ``except KeyError`` around
+``store.get(...)`` works as well as ``except r3store.errors.SampleNotFoundError``::
+
+    R3StoreError (Exception)
+    ├── SpecError (ValueError)                   a ModelSpec is invalid
+    │   └── SpecMismatchError                    two ModelSpecs for one store disagree
+    ├── RouteValidationError (ValueError)        bad routes handed to a writer
+    │   ├── RouteShapeError                      wrong rank, layer count or top-k
+    │   ├── ExpertIdError                        id out of range or repeated in a row
+    │   ├── RowCountError                        rows != num_tokens - 1
+    │   └── PayloadDecodeError                   an engine payload cannot be decoded
+    ├── LayoutOptionError (ValueError)           a layout option has a bad value
+    ├── AlignmentError (ValueError)              routes and tokens do not belong together
+    ├── DuplicateSampleError (ValueError)        a sample id is written twice
+    ├── ContinuationError (ValueError)           a multi-turn append leaves a gap or overlap
+    ├── IncompleteSampleError (RuntimeError)     a writer closed with multi-turn samples still open
+    ├── SampleNotFoundError (KeyError)           no committed sample has this id
+    ├── LayerError (IndexError)                  a layer is not a stored MoE layer
+    ├── NotAStoreError (FileNotFoundError)       a URL holds no r3store manifest
+    ├── FormatError (ValueError)                 stored bytes or documents are malformed
+    │   ├── FormatVersionError                   a document has an unknown format version
+    │   └── ChecksumError                        a chunk's checksum does not match
+    ├── CodecError (ValueError)                  a codec cannot encode its input or its config is bad
+    │   └── UnknownCodecError                    no codec is registered under an id
+    ├── StorageError (OSError)                   the storage backend failed (translated)
+    │   ├── ObjectNotFoundError (FileNotFoundError)  a key does not exist in the store
+    │   └── ReadOnlyStoreError                   a write was attempted on a read-only store
+    └── WriterClosedError (RuntimeError)         a closed writer was used
+
+    R3StoreWarning (UserWarning)
+    └── DiscardedSampleWarning                   open samples were dropped at close
+
+Errors keep the facts as attributes (``sample_id``, ``field``, ``path``, ...) and
+build their message from them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AlignmentError",
+    "ChecksumError",
+    "CodecError",
+    "ContinuationError",
+    "DiscardedSampleWarning",
+    "DuplicateSampleError",
+    "ExpertIdError",
+    "FormatError",
+    "FormatVersionError",
+    "IncompleteSampleError",
+    "LayerError",
+    "LayoutOptionError",
+    "NotAStoreError",
+    "ObjectNotFoundError",
+    "PayloadDecodeError",
+    "R3StoreError",
+    "R3StoreWarning",
+    "ReadOnlyStoreError",
+    "RouteShapeError",
+    "RouteValidationError",
+    "RowCountError",
+    "SampleNotFoundError",
+    "SpecError",
+    "SpecMismatchError",
+    "StorageError",
+    "UnknownCodecError",
+    "WriterClosedError",
+]
+
+
+class R3StoreError(Exception):
+    """Root of every error raised by r3store."""
+
+
+class SpecError(R3StoreError, ValueError):
+    """A :class:`r3store.ModelSpec` (or one of its fields) is invalid."""
+
+
+class SpecMismatchError(SpecError):
+    """Two model specs that must agree (writer vs. store, shard vs. manifest) differ.
+
+    Attributes
+    ----------
+    url : str
+        The store (or shard) whose spec disagrees.
+    expected, got : dict
+        The two specs, in their dict form.
+    """
+
+    def __init__(self, url: str, expected: Any, got: Any) -> None:
+        self.url = url
+        self.expected = expected
+        self.got = got
+        super().__init__(f"{url}: store holds ModelSpec {expected}, but got {got}")
+
+
+class RouteValidationError(R3StoreError, ValueError):
+    """Routes handed to a writer are malformed; nothing of the sample was written.
+
+    Attributes
+    ----------
+    sample_id : str
+        The sample the bad input belongs to.
+    field : str
+        The argument or column at fault (``"routes"``, ``"num_tokens"``, ...).
+    fault : str
+        What is wrong, in words.
+    """
+
+    def __init__(self, sample_id: str, field: str, fault: str) -> None:
+        self.sample_id = sample_id
+        self.field = field
+        self.fault = fault
+        super().__init__(f"sample {sample_id!r}: {field}: {fault}")
+
+
+class RouteShapeError(RouteValidationError):
+    """Routes have the wrong rank, layer count, top-k or dtype."""
+
+
+class ExpertIdError(RouteValidationError):
+    """An expert id is out of ``[0, num_experts)`` or repeated within one row."""
+
+
+class RowCountError(RouteValidationError):
+    """The row count disagrees with ``num_tokens - 1`` (or ``len(tokens) - 1``)."""
+
+
+class PayloadDecodeError(RouteValidationError):
+    """An engine payload (SGLang base64, vLLM ``.npy``) cannot be decoded or reshaped."""
+
+
+class LayoutOptionError(R3StoreError, ValueError):
+    """A layout option (or an argument of a layout function) has a bad value.
+
+    Attributes
+    ----------
+    option : str
+        Name of the option or argument at fault (``"cp_rank"``, ``"max_seqlen"``, ...).
+    value : object
+        The rejected value.
+    fault : str
+        What is wrong, in words.
+    """
+
+    def __init__(self, option: str, value: Any, fault: str) -> None:
+        self.option = option
+        self.value = value
+        self.fault = fault
+        super().__init__(f"{option}={value!r}: {fault}")
+
+
+class AlignmentError(R3StoreError, ValueError):
+    """Routes and the trainer's tokens do not belong together.
+
+    Attributes
+    ----------
+    sample_id : str
+    fault : str
+    """
+
+    def __init__(self, sample_id: str, fault: str) -> None:
+        self.sample_id = sample_id
+        self.fault = fault
+        super().__init__(f"sample {sample_id!r}: {fault}")
+
+
+class DuplicateSampleError(R3StoreError, ValueError):
+    """A sample id was written more than once.
+
+    Attributes
+    ----------
+    sample_id : str
+    shards : tuple of str
+        The shards holding the id (empty when the writer caught it before any commit).
+    """
+
+    def __init__(self, sample_id: str, shards: tuple[str, ...] = (), detail: str = "") -> None:
+        self.sample_id = sample_id
+        self.shards = tuple(shards)
+        where = f" (committed in shards {', '.join(map(repr, self.shards))})" if shards else ""
+        extra = f"; {detail}" if detail else ""
+        super().__init__(f"sample {sample_id!r} is written more than once{where}{extra}")
+
+
+class ContinuationError(R3StoreError, ValueError):
+    """A multi-turn continuation does not start where the open sample ends.
+
+    Attributes
+    ----------
+    sample_id : str
+    have : tuple of int
+        Half-open row range ``[0, n)`` already written.
+    got : tuple of int
+        Half-open row range ``[start, start + rows)`` of the rejected call.
+    """
+
+    def __init__(self, sample_id: str, have: tuple[int, int], got: tuple[int, int]) -> None:
+        self.sample_id = sample_id
+        self.have = have
+        self.got = got
+        kind = "gap" if got[0] > have[1] else "overlap"
+        super().__init__(
+            f"sample {sample_id!r}: continuation rows [{got[0]}, {got[1]}) leave a {kind} "
+            f"after rows [{have[0]}, {have[1]}) already written; start must be {have[1]}"
+        )
+
+
+class IncompleteSampleError(R3StoreError, RuntimeError):
+    """A writer was closed while multi-turn samples were still open; none of them is stored.
+
+    Attributes
+    ----------
+    sample_ids : tuple of str
+    """
+
+    def __init__(self, sample_ids: list[str] | tuple[str, ...]) -> None:
+        self.sample_ids = tuple(sample_ids)
+        super().__init__(
+            f"writer closed with open (non-final) samples {list(self.sample_ids)}; "
+            "they were not stored (append with final=True to complete a sample)"
+        )
+
+
+class SampleNotFoundError(R3StoreError, KeyError):
+    """No committed (and non-quarantined) sample has this id.
+
+    Attributes
+    ----------
+    sample_id : str
+    url : str
+    """
+
+    def __init__(self, sample_id: str, url: str = "") -> None:
+        self.sample_id = sample_id
+        self.url = url
+        super().__init__(sample_id)
+
+    def __str__(self) -> str:
+        where = f" in {self.url}" if self.url else ""
+        return f"no committed sample {self.sample_id!r}{where}"
+
+
+class LayerError(R3StoreError, IndexError):
+    """A requested decoder layer is not one of the stored MoE layers.
+
+    Attributes
+    ----------
+    layer : int
+    moe_layers : tuple of int
+    """
+
+    def __init__(self, layer: int, moe_layers: tuple[int, ...]) -> None:
+        self.layer = layer
+        self.moe_layers = tuple(moe_layers)
+        span = _span(self.moe_layers)
+        super().__init__(f"decoder layer {layer} is not a stored MoE layer (MoE layers: {span})")
+
+
+class NotAStoreError(R3StoreError, FileNotFoundError):
+    """The URL holds no r3store manifest (``r3store.json``).
+
+    Attributes
+    ----------
+    url : str
+    """
+
+    def __init__(self, url: str, detail: str = "r3store.json not found") -> None:
+        self.url = url
+        super().__init__(f"{url} is not an r3store store: {detail}")
+
+
+class FormatError(R3StoreError, ValueError):
+    """A stored document or byte range is malformed.
+
+    Attributes
+    ----------
+    path : str
+        The object (key or URL) at fault.
+    """
+
+    def __init__(self, path: str, fault: str) -> None:
+        self.path = path
+        self.fault = fault
+        super().__init__(f"{path}: {fault}")
+
+
+class FormatVersionError(FormatError):
+    """A document carries a format or version this release cannot read."""
+
+
+class ChecksumError(FormatError):
+    """A chunk's stored checksum does not match its bytes.
+
+    Attributes
+    ----------
+    array : str
+        Path of the route array, relative to the store root.
+    chunk : tuple of int
+        Inner-chunk grid coordinates ``(row_chunk, layer_chunk, 0)``.
+    """
+
+    def __init__(self, array: str, chunk: tuple[int, ...], fault: str) -> None:
+        self.array = array
+        self.chunk = tuple(chunk)
+        where = f"chunk {self.chunk}: " if self.chunk else ""
+        super().__init__(array, f"{where}{fault}")
+
+
+class CodecError(R3StoreError, ValueError):
+    """A codec cannot encode its input, or a codec config is invalid.
+
+    Attributes
+    ----------
+    codec_id : str
+    fault : str
+    """
+
+    def __init__(self, codec_id: str, fault: str) -> None:
+        self.codec_id = codec_id
+        self.fault = fault
+        super().__init__(f"codec {codec_id!r}: {fault}")
+
+
+class UnknownCodecError(CodecError):
+    """No codec is registered under the given id.
+
+    Attributes
+    ----------
+    codec_id : str
+    hint : str
+        How to make the codec available, when r3store knows.
+    """
+
+    def __init__(self, codec_id: str, hint: str = "") -> None:
+        self.hint = hint
+        fault = "no codec is registered under this id" + (f"; {hint}" if hint else "")
+        super().__init__(codec_id, fault)
+
+
+class StorageError(R3StoreError, OSError):
+    """The storage backend (local disk, fsspec, s3fs) failed; the cause is chained.
+
+    Attributes
+    ----------
+    url : str
+        The object the operation was on (never carries credentials).
+    """
+
+    def __init__(self, url: str, fault: str) -> None:
+        self.url = url
+        self.fault = fault
+        super().__init__(f"{url}: {fault}")
+
+
+class ObjectNotFoundError(StorageError, FileNotFoundError):
+    """A key does not exist in the store."""
+
+
+class ReadOnlyStoreError(StorageError):
+    """A write was attempted through a store opened read-only."""
+
+
+class WriterClosedError(R3StoreError, RuntimeError):
+    """A :class:`r3store.RouteWriter` was used after ``close()``."""
+
+
+class R3StoreWarning(UserWarning):
+    """Root of r3store's warnings."""
+
+
+class DiscardedSampleWarning(R3StoreWarning):
+    """Open (non-final) multi-turn samples were discarded when a writer closed."""
+
+
+def _span(layers: tuple[int, ...]) -> str:
+    if layers and list(layers) == list(range(layers[0], layers[-1] + 1)):
+        return f"{layers[0]}..{layers[-1]}"
+    return ", ".join(map(str, layers))

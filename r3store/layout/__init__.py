@@ -1,0 +1,28 @@
+"""Lay routes out exactly like a trainer lays out tokens (THD / BSHD, CP, TP, SP, PP).
+
+The layout of a micro-batch is computed once, by :func:`plan_layout`, as an index
+over token positions. :func:`apply_plan` then lays out any per-token array and
+:func:`apply_routes` lays out the routes through the same plan, so tokens and
+routes cannot drift apart. :func:`select_layers` picks a pipeline stage's layers.
+Conventions follow Miles / Megatron (REFERENCE.md section 3).
+"""
+
+from __future__ import annotations
+
+from r3store.layout._apply import apply_plan, apply_routes
+from r3store.layout._layers import select_layers
+from r3store.layout._options import LayoutOptionError, LayoutOptions
+from r3store.layout._pad import pad_routes
+from r3store.layout._plan import LayoutPlan, plan_layout, route_index
+
+__all__ = [
+    "LayoutOptionError",
+    "LayoutOptions",
+    "LayoutPlan",
+    "apply_plan",
+    "apply_routes",
+    "pad_routes",
+    "plan_layout",
+    "route_index",
+    "select_layers",
+]

@@ -1,0 +1,160 @@
+"""Layout options: how a trainer packs, pads and splits one micro-batch.
+
+:class:`LayoutOptions` is a frozen value object; every field is checked in
+``__post_init__`` by a small ``_parse_*`` function, so an invalid combination can
+never reach :func:`r3store.layout.plan_layout`. Bad values raise
+:class:`LayoutOptionError`, which is both an :class:`r3store.errors.R3StoreError`
+and a :class:`ValueError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from r3store.errors import LayoutOptionError
+
+__all__ = ["LayoutOptionError", "LayoutOptions"]
+
+LAYOUTS = ("thd", "bshd")
+CP_MODES = ("zigzag", "contiguous")
+
+
+def _parse_int(name: str, value: Any, minimum: int) -> int:
+    """Return ``value`` as a Python int ``>= minimum``; bools are rejected."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise LayoutOptionError(name, value, "must be an integer")
+    if value < minimum:
+        raise LayoutOptionError(name, value, f"must be >= {minimum}")
+    return int(value)
+
+
+def _parse_rank(name: str, value: Any, size: int, size_name: str) -> int:
+    """Return ``value`` as a rank in ``[0, size)``."""
+    rank = _parse_int(name, value, 0)
+    if rank >= size:
+        raise LayoutOptionError(name, value, f"must be < {size_name}={size}")
+    return rank
+
+
+def _parse_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    """Return ``value`` if it is one of ``choices``."""
+    if not isinstance(value, str) or value not in choices:
+        raise LayoutOptionError(name, value, f"must be one of {', '.join(map(repr, choices))}")
+    return value
+
+
+def _parse_bool(name: str, value: Any) -> bool:
+    """Return ``value`` if it is a bool (``numpy.bool_`` included)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise LayoutOptionError(name, value, "must be a bool")
+    return bool(value)
+
+
+def _parse_max_seqlen(value: Any, layout: str) -> int | None:
+    """Return ``value`` as ``None`` or a length ``>= 1``; only BSHD accepts a length."""
+    if value is None:
+        return None
+    length = _parse_int("max_seqlen", value, 1)
+    if layout != "bshd":
+        raise LayoutOptionError("max_seqlen", value, "applies to layout='bshd' only")
+    return length
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayoutOptions:
+    """How a trainer lays one micro-batch out (REFERENCE.md section 3).
+
+    Parameters
+    ----------
+    layout : {"thd", "bshd"}
+        ``"thd"`` packs the sequences back to back (``cu_seqlens`` marks them);
+        ``"bshd"`` pads every sequence to one common length.
+    cp_size, cp_rank : int
+        Context-parallel group size (``>= 1``) and this rank (``0 <= cp_rank < cp_size``).
+    cp_mode : {"zigzag", "contiguous"}
+        ``"zigzag"`` (Megatron / Miles load-balanced CP): rank ``r`` keeps chunks
+        ``r`` and ``2*cp_size-1-r`` of ``2*cp_size``. ``"contiguous"`` (all-gather
+        CP): rank ``r`` keeps chunk ``r`` of ``cp_size``.
+    tp_size, tp_rank : int
+        Tensor-parallel group size (``>= 1``) and this rank (``0 <= tp_rank < tp_size``).
+    pad_multiple : int
+        The packed token dimension is padded to a multiple of ``tp_size * pad_multiple``.
+    sequence_parallel : bool
+        When true, a TP rank holds only its contiguous ``1/tp_size`` of the token dimension.
+    max_seqlen : int or None
+        BSHD only: pad every sequence to this length instead of the batch maximum.
+
+    Raises
+    ------
+    LayoutOptionError
+        If a field has the wrong type or is out of range; the message names the field.
+    """
+
+    layout: Literal["thd", "bshd"] = "thd"
+    cp_size: int = 1
+    cp_rank: int = 0
+    cp_mode: Literal["zigzag", "contiguous"] = "zigzag"
+    tp_size: int = 1
+    tp_rank: int = 0
+    pad_multiple: int = 1
+    sequence_parallel: bool = False
+    max_seqlen: int | None = None
+
+    def __post_init__(self) -> None:
+        layout = _parse_choice("layout", self.layout, LAYOUTS)
+        cp_size = _parse_int("cp_size", self.cp_size, 1)
+        tp_size = _parse_int("tp_size", self.tp_size, 1)
+        parsed = {
+            "layout": layout,
+            "cp_size": cp_size,
+            "cp_rank": _parse_rank("cp_rank", self.cp_rank, cp_size, "cp_size"),
+            "cp_mode": _parse_choice("cp_mode", self.cp_mode, CP_MODES),
+            "tp_size": tp_size,
+            "tp_rank": _parse_rank("tp_rank", self.tp_rank, tp_size, "tp_size"),
+            "pad_multiple": _parse_int("pad_multiple", self.pad_multiple, 1),
+            "sequence_parallel": _parse_bool("sequence_parallel", self.sequence_parallel),
+            "max_seqlen": _parse_max_seqlen(self.max_seqlen, layout),
+        }
+        for name, value in parsed.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def cp_unit(self) -> int:
+        """Each CP-cut sequence is padded to a multiple of this (1 without CP)."""
+        if self.cp_size == 1:
+            return 1
+        return 2 * self.cp_size if self.cp_mode == "zigzag" else self.cp_size
+
+    @property
+    def tp_unit(self) -> int:
+        """The packed token dimension is padded to a multiple of this."""
+        return self.tp_size * self.pad_multiple
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the options as a JSON-ready ``dict`` (field name -> value)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LayoutOptions:
+        """Build options from a mapping such as :meth:`to_dict` returns.
+
+        Missing fields take their defaults.
+
+        Raises
+        ------
+        LayoutOptionError
+            If ``d`` is not a mapping, holds an unknown key, or a value is invalid.
+        """
+        if not isinstance(d, Mapping):
+            raise LayoutOptionError("options", d, "must be a mapping")
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in d:
+            if key not in known:
+                raise LayoutOptionError(str(key), d[key], "is not a layout option")
+        return cls(**d)

@@ -1,0 +1,171 @@
+"""The storage contract: a flat key space of immutable-once-written byte objects.
+
+A backend implements five primitives: ranged :meth:`Store.get`, :meth:`Store.set`
+(atomic: readers see the old object or the whole new one), :meth:`Store.exists`,
+:meth:`Store.delete` and :meth:`Store.list_prefix`, plus :meth:`Store.info`.
+Derived operations (multi-range get, many-key get, JSON helpers, prefix delete) are
+written once here and may be overridden for speed. Keys use ``/`` separators and are
+relative to the store root. Every error leaves as an :mod:`r3store.errors` error.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from r3store.errors import FormatError
+
+__all__ = ["ByteRange", "ObjectInfo", "Store", "SuffixByteRange"]
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    """The half-open byte range ``[start, end)`` of an object."""
+
+    start: int
+    """First byte, inclusive, >= 0."""
+    end: int
+    """Last byte, exclusive, >= start."""
+
+    def __post_init__(self) -> None:
+        if self.start < 0 or self.end < self.start:
+            raise ValueError(f"invalid byte range [{self.start}, {self.end})")
+
+    @property
+    def nbytes(self) -> int:
+        """Length of the range in bytes."""
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class SuffixByteRange:
+    """The last ``nbytes`` bytes of an object."""
+
+    nbytes: int
+    """Number of bytes from the end, > 0."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """Size and modification time of a stored object."""
+
+    size: int
+    """Size in bytes."""
+    mtime: float | None
+    """Modification time, seconds since the epoch (UTC), when the backend knows it."""
+
+
+class Store(ABC):
+    """Abstract byte-object store rooted at :attr:`url`."""
+
+    supports_writes: bool = True
+    """Whether :meth:`set` and :meth:`delete` work."""
+    supports_listing: bool = True
+    """Whether :meth:`list_prefix` works."""
+    is_local: bool = False
+    """Whether objects live on a local filesystem (reads go through mmap)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    def path_of(self, key: str) -> str:
+        """Human-readable location of ``key`` for messages."""
+        return f"{self.url}/{key}"
+
+    @abstractmethod
+    def get(self, key: str, byte_range: ByteRange | SuffixByteRange | None = None) -> bytes | memoryview:
+        """Read an object, or a byte range of it.
+
+        Raises
+        ------
+        r3store.errors.ObjectNotFoundError
+            ``key`` does not exist.
+        r3store.errors.StorageError
+            The backend failed.
+        """
+
+    @abstractmethod
+    def set(self, key: str, data: bytes | memoryview) -> None:
+        """Write an object atomically (all or nothing).
+
+        Raises
+        ------
+        r3store.errors.ReadOnlyStoreError
+            The store is read-only.
+        r3store.errors.StorageError
+            The backend failed; nothing is left under ``key``.
+        """
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` holds an object."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove ``key``; removing a missing key is not an error."""
+
+    @abstractmethod
+    def list_prefix(self, prefix: str) -> list[str]:
+        """Keys (sorted) of every object whose key starts with ``prefix``."""
+
+    @abstractmethod
+    def info(self, key: str) -> ObjectInfo:
+        """Size and modification time of ``key``.
+
+        Raises
+        ------
+        r3store.errors.ObjectNotFoundError
+        """
+
+    def set_if_absent(self, key: str, data: bytes) -> bool:
+        """Write ``key`` unless it exists; return whether this call wrote it.
+
+        The base version checks, then writes (a race may let two writers both write);
+        backends with an atomic create override it.
+        """
+        if self.exists(key):
+            return False
+        self.set(key, data)
+        return True
+
+    def get_ranges(self, key: str, ranges: Sequence[ByteRange]) -> list[bytes | memoryview]:
+        """Read several byte ranges of one object, in order."""
+        return [self.get(key, r) for r in ranges]
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        """Read whole objects; backends may fetch them concurrently."""
+        return {key: bytes(self.get(key)) for key in keys}
+
+    def get_json(self, key: str) -> Any:
+        """Read and parse a JSON object.
+
+        Raises
+        ------
+        r3store.errors.FormatError
+            The object is not valid UTF-8 JSON.
+        """
+        raw = self.get(key)
+        try:
+            return json.loads(bytes(raw).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise FormatError(self.path_of(key), f"not valid JSON: {exc}") from exc
+
+    def set_json(self, key: str, doc: Any) -> None:
+        """Write ``doc`` as indented UTF-8 JSON."""
+        self.set(key, (json.dumps(doc, indent=2, sort_keys=False) + "\n").encode("utf-8"))
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under ``prefix``; return how many were deleted."""
+        keys = self.list_prefix(prefix)
+        for key in keys:
+            self.delete(key)
+        return len(keys)
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release handles (mmaps); the store stays usable and reopens them on demand."""

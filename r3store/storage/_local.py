@@ -1,0 +1,151 @@
+"""Local-disk backend: mmap reads, temp-file-then-rename writes."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+from collections import OrderedDict
+from pathlib import Path
+
+from r3store.storage._base import ByteRange, ObjectInfo, Store, SuffixByteRange
+from r3store.storage._errors import map_storage_errors
+
+__all__ = ["LocalStore"]
+
+MAX_OPEN_MAPS = 128
+
+
+class LocalStore(Store):
+    """Objects as files under a local folder.
+
+    Reads of byte ranges go through a bounded cache of read-only ``mmap`` handles, so
+    only the pages holding the requested bytes are touched. Writes go to a temporary
+    file in the destination folder, are fsynced, then ``os.replace``-d into place; the
+    temporary file is removed on failure.
+
+    Parameters
+    ----------
+    root : str or os.PathLike
+        The folder; created on first write.
+    """
+
+    is_local = True
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser().absolute()
+        super().__init__(str(self.root))
+        self._maps: OrderedDict[str, tuple[mmap.mmap | None, int]] = OrderedDict()
+
+    def _path(self, key: str) -> Path:
+        return self.root.joinpath(*key.split("/"))
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"root": self.root}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(state["root"])  # type: ignore[misc, arg-type]
+
+    def _map(self, key: str) -> tuple[mmap.mmap | None, int]:
+        entry = self._maps.get(key)
+        if entry is not None:
+            self._maps.move_to_end(key)
+            return entry
+        with open(self._path(key), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        self._maps[key] = (mapped, size)
+        if len(self._maps) > MAX_OPEN_MAPS:
+            _close_quietly(self._maps.popitem(last=False)[1][0])
+        return mapped, size
+
+    def get(self, key: str, byte_range: ByteRange | SuffixByteRange | None = None) -> bytes | memoryview:
+        with map_storage_errors(self.path_of(key)):
+            if byte_range is None:
+                return self._path(key).read_bytes()
+            mapped, size = self._map(key)
+            if isinstance(byte_range, SuffixByteRange):
+                start, end = max(0, size - byte_range.nbytes), size
+            else:
+                start, end = min(byte_range.start, size), min(byte_range.end, size)
+            if mapped is None:
+                return b""
+            return memoryview(mapped)[start:end]
+
+    def set(self, key: str, data: bytes | memoryview) -> None:
+        path = self._path(key)
+        with map_storage_errors(self.path_of(key)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            self._maps.pop(key, None)
+
+    def set_if_absent(self, key: str, data: bytes) -> bool:
+        """Atomic create: the data is written to a temp file, then hard-linked into place."""
+        path = self._path(key)
+        with map_storage_errors(self.path_of(key)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.link(tmp, path)
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def delete(self, key: str) -> None:
+        with map_storage_errors(self.path_of(key)):
+            entry = self._maps.pop(key, None)
+            if entry is not None:
+                _close_quietly(entry[0])
+            self._path(key).unlink(missing_ok=True)
+
+    def list_prefix(self, prefix: str) -> list[str]:
+        with map_storage_errors(self.path_of(prefix)):
+            head, _, _ = prefix.rpartition("/")
+            base = self._path(head) if head else self.root
+            if not base.is_dir():
+                return []
+            keys = []
+            for dirpath, _, files in os.walk(base):
+                rel = Path(dirpath).relative_to(self.root).as_posix()
+                for name in files:
+                    key = name if rel == "." else f"{rel}/{name}"
+                    if key.startswith(prefix):
+                        keys.append(key)
+            return sorted(keys)
+
+    def info(self, key: str) -> ObjectInfo:
+        with map_storage_errors(self.path_of(key)):
+            st = self._path(key).stat()
+            return ObjectInfo(size=st.st_size, mtime=st.st_mtime)
+
+    def close(self) -> None:
+        for mapped, _ in self._maps.values():
+            _close_quietly(mapped)
+        self._maps.clear()
+
+
+def _close_quietly(mapped: mmap.mmap | None) -> None:
+    """Close a map; one still exported to a memoryview is left for the GC to close."""
+    if mapped is not None:
+        try:
+            mapped.close()
+        except BufferError:
+            pass
