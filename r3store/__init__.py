@@ -35,9 +35,10 @@ __all__ = [
     "encode_sglang",
     "errors",
     "open_store",
+    "to_device",
 ]
 
-_LAZY = {"RouteDataset": "r3store.dataset"}
+_LAZY = {"RouteDataset": "r3store.dataset", "to_device": "r3store.dataset"}
 
 
 def __getattr__(name: str) -> Any:

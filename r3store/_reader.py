@@ -110,6 +110,7 @@ class RouteStore:
 
     def _load_tables(self) -> pa.Table:
         keys = [k for k in self.backend.list_prefix(INDEX_PREFIX) if k.endswith(".parquet") and "/." not in k]
+        self.committed_shards = [k[len(INDEX_PREFIX) : -len(".parquet")] for k in keys]
         blobs = self.backend.get_many(keys)
         tables = [read_table(blobs[k], self.backend.path_of(k)) for k in keys]
         if not tables:
@@ -151,8 +152,8 @@ class RouteStore:
 
     @property
     def shards(self) -> list[str]:
-        """Names of the committed shards."""
-        return sorted(set(self.samples.column("shard").to_pylist()))
+        """Names of the committed shards (one per writer commit)."""
+        return list(self.committed_shards)
 
     def _locate(self, sample_id: str, include_quarantined: bool) -> int:
         i = self._where.get(sample_id)
@@ -334,6 +335,83 @@ class RouteStore:
         while self._cached > self.cache_bytes and len(self._chunks) > 1:
             _, old = self._chunks.popitem(last=False)
             self._cached -= old.nbytes
+
+    # -- trainer batches ------------------------------------------------------------
+
+    def assemble(
+        self,
+        sample_ids: Sequence[str],
+        *,
+        layout: Literal["thd", "bshd"] = "thd",
+        layers: Sequence[int] | None = None,
+        cp_size: int = 1,
+        cp_rank: int = 0,
+        cp_mode: Literal["zigzag", "contiguous"] = "zigzag",
+        tp_size: int = 1,
+        pad_multiple: int = 1,
+        sequence_parallel: bool = False,
+        tp_rank: int = 0,
+        max_seqlen: int | None = None,
+        pad_policy: Literal["spread", "fill"] = "spread",
+        fill_value: int = -1,
+        tokens: Sequence[Any] | None = None,
+        return_tensors: Literal["pt", "np"] = "pt",
+    ) -> dict[str, Any]:
+        """The batch for exactly ``sample_ids``, in that order, laid out like the trainer's tokens.
+
+        For trainers that choose their own micro-batches (Miles, verl). Keys and types
+        match :class:`r3store.RouteDataset` batches.
+
+        Parameters
+        ----------
+        sample_ids : sequence of str
+        layout : {"thd", "bshd"}
+            Packed with ``cu_seqlens``, or padded to ``max_seqlen`` / the batch maximum.
+        layers : sequence of int, optional
+            Global decoder layers to keep (a pipeline stage's MoE layers).
+        cp_size, cp_rank, cp_mode
+            Context parallel split (Megatron zig-zag, or contiguous all-gather).
+        tp_size, tp_rank, pad_multiple, sequence_parallel
+            Pad the packed length to a multiple of ``tp_size * pad_multiple``; with
+            sequence parallel keep only ``tp_rank``'s contiguous part.
+        max_seqlen : int, optional
+            BSHD only.
+        pad_policy : {"spread", "fill"}
+            Pad rows get distinct in-range ids spread over all experts, or ``fill_value``.
+        tokens : sequence of int sequences, optional
+            Each sample's token ids: checked against the stored token hash and
+            ``len(tokens) - 1 == rows``, and laid out as ``batch["tokens"]``.
+        return_tensors : {"pt", "np"}
+            torch tensors (CPU) or numpy arrays.
+
+        Returns
+        -------
+        dict
+            ``routes`` int32 ``(T, n_layers, top_k)`` or ``(B, T, n_layers, top_k)``,
+            ``replay_mask`` bool, ``cu_seqlens`` int32, ``num_tokens`` int32 ``(B,)``,
+            ``sample_ids``, ``layers``, ``sp_range`` (and ``tokens``); see
+            :func:`r3store.layout.plan_layout` for ``cu_seqlens`` under CP/TP.
+
+        Raises
+        ------
+        r3store.errors.AlignmentError
+            A sample's tokens do not match its routes (hash, or row count off by one).
+        r3store.errors.SampleNotFoundError, r3store.errors.LayerError,
+        r3store.errors.LayoutOptionError
+        """
+        from r3store._batch import build_batch
+        from r3store.layout import LayoutOptions
+
+        options = LayoutOptions(layout=layout, cp_size=cp_size, cp_rank=cp_rank, cp_mode=cp_mode, tp_size=tp_size,
+                                tp_rank=tp_rank, pad_multiple=pad_multiple, sequence_parallel=sequence_parallel,
+                                max_seqlen=max_seqlen)
+        batch = build_batch(self, sample_ids, options, layers=layers, pad_policy=pad_policy,
+                            fill_value=fill_value, tokens=tokens)
+        if return_tensors == "np":
+            return batch
+        from r3store.dataset import batch_to_tensors
+
+        return batch_to_tensors(batch)
 
     # -- lifecycle ------------------------------------------------------------------
 

@@ -159,7 +159,8 @@ class RouteWriter:
     def _init_store(self) -> None:
         doc = make_manifest(self.spec)
         if not self.store.exists(MANIFEST_KEY):
-            foreign = [k for k in self.store.list_prefix("") if not k.startswith(_OWN_KEYS)]
+            foreign = [k for k in self.store.list_prefix("")
+                       if not k.startswith(_OWN_KEYS) and not k.rpartition("/")[2].startswith(".")]
             if foreign:
                 raise NotAStoreError(self.store.url, f"folder holds other files ({foreign[0]!r}, ...) and no r3store.json")
             self.store.set_if_absent(MANIFEST_KEY, (json.dumps(doc, indent=2) + "\n").encode())
@@ -304,7 +305,7 @@ class RouteWriter:
         self._buffered += moe.nbytes
 
     def _finish(self, sample: _Sample) -> None:
-        del self._open[sample.sample_id]
+        self._open.pop(sample.sample_id, None)  # absent for a quarantined first call
         self._ids.add(sample.sample_id)
         self._done.append(sample)
         if self._buffered >= self.buffer_bytes:

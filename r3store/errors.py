@@ -17,6 +17,7 @@ builtin exception a caller would naturally catch, so ``except KeyError`` around
     ├── DuplicateSampleError (ValueError)        a sample id is written twice
     ├── ContinuationError (ValueError)           a multi-turn append leaves a gap or overlap
     ├── IncompleteSampleError (RuntimeError)     a writer closed with multi-turn samples still open
+    ├── ResumeError (ValueError)                 a dataset state does not fit this dataset
     ├── SampleNotFoundError (KeyError)           no committed sample has this id
     ├── LayerError (IndexError)                  a layer is not a stored MoE layer
     ├── NotAStoreError (FileNotFoundError)       a URL holds no r3store manifest
@@ -60,6 +61,7 @@ __all__ = [
     "R3StoreError",
     "R3StoreWarning",
     "ReadOnlyStoreError",
+    "ResumeError",
     "RouteShapeError",
     "RouteValidationError",
     "RowCountError",
@@ -224,6 +226,23 @@ class IncompleteSampleError(R3StoreError, RuntimeError):
             f"writer closed with open (non-final) samples {list(self.sample_ids)}; "
             "they were not stored (append with final=True to complete a sample)"
         )
+
+
+class ResumeError(R3StoreError, ValueError):
+    """A ``RouteDataset`` state dict was saved under another setting or topology.
+
+    Attributes
+    ----------
+    key : str
+        The state entry that differs.
+    saved, current : object
+    """
+
+    def __init__(self, key: str, saved: Any, current: Any) -> None:
+        self.key = key
+        self.saved = saved
+        self.current = current
+        super().__init__(f"cannot resume: state has {key}={saved!r}, this dataset has {current!r}")
 
 
 class SampleNotFoundError(R3StoreError, KeyError):

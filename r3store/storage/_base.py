@@ -134,6 +134,10 @@ class Store(ABC):
         self.set(key, data)
         return True
 
+    def list_sizes(self, prefix: str) -> dict[str, int]:
+        """Size in bytes of every object under ``prefix``, by key (sorted)."""
+        return {key: self.info(key).size for key in self.list_prefix(prefix)}
+
     def get_ranges(self, key: str, ranges: Sequence[ByteRange]) -> list[bytes | memoryview]:
         """Read several byte ranges of one object, in order."""
         return [self.get(key, r) for r in ranges]

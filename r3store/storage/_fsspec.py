@@ -110,6 +110,23 @@ class FsspecStore(Store):
                 keys.append(rel)
         return sorted(keys)
 
+    def list_sizes(self, prefix: str) -> dict[str, int]:
+        """One listing call (sizes come with it on object stores)."""
+        head, _, _ = prefix.rpartition("/")
+        base = self._path(head) if head else self.root
+        with map_storage_errors(self.path_of(prefix)):
+            try:
+                found = self.fs.find(base, withdirs=False, detail=True)
+            except FileNotFoundError:
+                return {}
+        strip = self.fs._strip_protocol(self.root).rstrip("/")
+        sizes = {}
+        for path, info in found.items():
+            rel = self.fs._strip_protocol(path)[len(strip) :].lstrip("/")
+            if rel.startswith(prefix):
+                sizes[rel] = int(info.get("size") or 0)
+        return dict(sorted(sizes.items()))
+
     def info(self, key: str) -> ObjectInfo:
         with map_storage_errors(self.path_of(key)):
             info = self.fs.info(self._path(key))

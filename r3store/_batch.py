@@ -1,0 +1,93 @@
+"""Build one trainer micro-batch of routes (numpy), laid out like the trainer's tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from r3store._format import token_hash
+from r3store._validate import as_numpy
+from r3store.errors import AlignmentError
+from r3store.layout import LayoutOptions, apply_plan, apply_routes, plan_layout
+
+if TYPE_CHECKING:
+    from r3store._reader import RouteStore
+
+__all__ = ["BATCH_KEYS", "build_batch"]
+
+BATCH_KEYS = ("routes", "replay_mask", "cu_seqlens", "num_tokens", "sample_ids", "layers", "sp_range")
+"""Keys of every batch (``tokens`` is added when token ids are given)."""
+
+PadPolicy = Literal["spread", "fill"]
+
+
+def _check_tokens(store: RouteStore, sample_ids: Sequence[str], tokens: Sequence[Any]) -> np.ndarray:
+    if len(tokens) != len(sample_ids):
+        raise AlignmentError("<batch>", f"got token ids for {len(tokens)} samples, asked for {len(sample_ids)}")
+    parts = []
+    for sid, toks in zip(sample_ids, tokens, strict=True):
+        arr = as_numpy(sid, "tokens", toks).reshape(-1)
+        row = store.row(sid)
+        if len(arr) - 1 != row["num_rows"]:
+            raise AlignmentError(sid, f"len(tokens) - 1 = {len(arr) - 1} but the sample has {row['num_rows']} route rows"
+                                      f" (recorded for num_tokens = {row['num_tokens']})")
+        stored = row["token_hash"]
+        if stored is not None and token_hash(arr) != stored:
+            raise AlignmentError(sid, f"token ids do not match the tokens the routes were recorded for "
+                                      f"(hash {token_hash(arr)} != stored {stored})")
+        parts.append(arr.astype(np.int64))
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def build_batch(
+    store: RouteStore,
+    sample_ids: Sequence[str],
+    options: LayoutOptions,
+    *,
+    layers: Sequence[int] | None = None,
+    pad_policy: PadPolicy = "spread",
+    fill_value: int = -1,
+    tokens: Sequence[Any] | None = None,
+) -> dict[str, Any]:
+    """Read and lay out the routes of ``sample_ids`` as one micro-batch (numpy arrays).
+
+    Returns
+    -------
+    dict
+        ``routes`` int32 ``(T, n_layers, top_k)`` (THD) or ``(B, T, n_layers, top_k)``
+        (BSHD); ``replay_mask`` bool ``(T,)`` / ``(B, T)``; ``cu_seqlens`` int32;
+        ``num_tokens`` int32 ``(B,)``; ``sample_ids`` list of str; ``layers`` list of
+        global decoder-layer indices; ``sp_range`` (start, end); ``tokens`` int64 laid
+        out the same way when ``tokens`` is given (pad positions 0).
+
+    Raises
+    ------
+    r3store.errors.AlignmentError
+        ``tokens`` given and a sample's ``len(tokens) - 1`` differs from its route rows,
+        or its token hash differs from the stored one.
+    r3store.errors.SampleNotFoundError, r3store.errors.LayerError
+    """
+    sample_ids = list(sample_ids)
+    positions = store.spec.layer_positions(layers)
+    flat_tokens = _check_tokens(store, sample_ids, tokens) if tokens is not None else None
+    num_tokens = [store.num_tokens(s) for s in sample_ids]
+    parts = [store.get(s, layers) for s in sample_ids]
+    shape = (0, len(positions), store.spec.top_k)
+    routes = np.concatenate(parts) if parts else np.zeros(shape, np.int32)
+    plan = plan_layout(num_tokens, options)
+    out, mask = apply_routes(plan, routes, num_experts=store.spec.num_experts, pad_policy=pad_policy,
+                             fill_value=fill_value)
+    batch: dict[str, Any] = {
+        "routes": out,
+        "replay_mask": mask,
+        "cu_seqlens": np.array(plan.cu_seqlens, dtype=np.int32),
+        "num_tokens": np.array(plan.seqlens, dtype=np.int32),
+        "sample_ids": sample_ids,
+        "layers": [store.spec.moe_layers[p] for p in positions],
+        "sp_range": tuple(int(v) for v in plan.sp_range),
+    }
+    if flat_tokens is not None:
+        batch["tokens"] = apply_plan(plan, flat_tokens, fill_value=0)
+    return batch

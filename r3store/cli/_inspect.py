@@ -1,0 +1,74 @@
+"""``r3store inspect``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from r3store._reader import open_store
+from r3store.audit import summarize
+from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
+
+__all__ = ["inspect", "render_summary"]
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def render_summary(summary: dict[str, Any], console: Console) -> None:
+    """Print a :func:`r3store.audit.summarize` result as a table."""
+    spec = summary["spec"]
+    moe = spec["moe_layers"]
+    span = f"{moe[0]}..{moe[-1]}" if moe == list(range(moe[0], moe[-1] + 1)) else ", ".join(map(str, moe))
+    table = Table(title=f"r3store {summary['url']}", show_header=False, title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    rows = [
+        ("format version", str(summary["format_version"])),
+        ("spec", f"{spec['num_layers']} decoder layers (MoE: {span}), {spec['num_experts']} experts, top-{spec['top_k']}"),
+        ("samples", f"{summary['samples']:,}" + (f" (+{summary['quarantined']} quarantined)" if summary["quarantined"] else "")),
+        ("tokens", f"{summary['tokens']:,}"),
+        ("route rows", f"{summary['route_rows']:,}"),
+        ("expert ids", f"{summary['expert_ids']:,}"),
+        ("stored route bytes", _bytes(summary["route_bytes"])),
+        ("sample index bytes", _bytes(summary["index_bytes"])),
+        ("bits per expert id", f"{summary['bits_per_id']:.4f} (ideal {summary['ideal_bits_per_id']}, "
+                               f"+{summary['overhead_pct']:.3f}%)"),
+        ("size vs int32", f"{summary['size_vs_int32'] * 100:.2f}% ({_bytes(summary['int32_bytes'])} as int32)"),
+        ("shards", f"{summary['shards']:,}"),
+        ("writers", f"{summary['writers']:,}"),
+        ("commits", f"{summary['first_commit']} .. {summary['last_commit']}"),
+        ("metadata columns", ", ".join(summary["metadata_columns"]) or "-"),
+    ]
+    if summary["duplicates"]:
+        rows.append(("duplicate ids", f"{len(summary['duplicates'])}"))
+    if summary["uncommitted_shards"]:
+        rows.append(("uncommitted leftovers", f"{len(summary['uncommitted_shards'])} shards, "
+                                              f"{_bytes(summary['uncommitted_bytes'])} (see r3store gc)"))
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+
+
+@click.command()
+@click.argument("url")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@storage_option_flag
+@handle_errors
+def inspect(url: str, as_json: bool, storage_options: tuple[str, ...]) -> None:
+    """Summarise the store at URL: samples, tokens, spec, bytes, bits per expert id, shards."""
+    store = open_store(url, storage_options=parse_storage_options(storage_options), on_duplicate="report")
+    summary = summarize(store)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        render_summary(summary, Console())

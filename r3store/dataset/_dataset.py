@@ -1,0 +1,245 @@
+"""`RouteDataset`: stream laid-out route batches to a training loop (the torch layer)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from r3store._batch import build_batch
+from r3store._reader import RouteStore, open_store
+from r3store.errors import ResumeError
+from r3store.layout import LayoutOptions
+from r3store.storage import Store
+
+__all__ = ["RouteDataset", "batch_to_tensors", "plan_batches", "to_device"]
+
+STATE_FORMAT = "r3store.RouteDataset"
+STATE_VERSION = 1
+
+
+def batch_to_tensors(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """Convert a numpy batch to CPU torch tensors (zero-copy where possible).
+
+    ``routes`` int32, ``replay_mask`` bool, ``cu_seqlens`` int32, ``num_tokens`` int32
+    and ``tokens`` int64 become tensors; ``sample_ids``, ``layers`` and ``sp_range``
+    stay Python lists/tuples.
+    """
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+
+
+def to_device(batch: Mapping[str, Any], device: torch.device | str, *, non_blocking: bool = True) -> dict[str, Any]:
+    """Move every tensor of a batch to ``device`` (``non_blocking`` copies from pinned memory).
+
+    Use with ``DataLoader(..., pin_memory=True)`` so host-to-device copies overlap compute.
+    """
+    return {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def plan_batches(num_tokens: Sequence[int] | np.ndarray, max_tokens_per_batch: int, *,
+                 shuffle: bool, seed: int, epoch: int) -> list[np.ndarray]:
+    """Greedy token-budget batches over the store's samples.
+
+    Parameters
+    ----------
+    num_tokens : sequence of int, shape (num_samples,)
+        Tokens per sample, in store order.
+    max_tokens_per_batch : int
+        Budget on the sum of ``num_tokens`` in a batch (before CP/TP padding). A sample
+        longer than the budget forms a batch of its own; none is split or dropped.
+    shuffle, seed, epoch
+        With ``shuffle``, samples are permuted by ``numpy.random.default_rng([seed, epoch])``.
+
+    Returns
+    -------
+    list of ndarray of int64
+        Sample positions of each batch, in global batch order.
+    """
+    n = len(num_tokens)
+    order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
+    batches: list[np.ndarray] = []
+    current: list[int] = []
+    used = 0
+    for i in order:
+        size = int(num_tokens[i])
+        if current and used + size > max_tokens_per_batch:
+            batches.append(np.array(current, dtype=np.int64))
+            current, used = [], 0
+        current.append(int(i))
+        used += size
+    if current:
+        batches.append(np.array(current, dtype=np.int64))
+    return batches
+
+
+class RouteDataset(IterableDataset[dict[str, Any]]):
+    """Stream packed route batches laid out exactly like the trainer's tokens.
+
+    Yields one batch per step (use ``DataLoader(ds, batch_size=None, ...)``): a dict with
+    ``routes`` int32 tensor ``(total_tokens, n_layers, top_k)`` (THD) or
+    ``(B, T, n_layers, top_k)`` (BSHD), ``cu_seqlens`` int32 ``(B + 1,)`` (``B + 2`` when
+    TP padding adds a final padding segment), ``replay_mask`` bool (False on pad rows:
+    each sample's last token, CP and TP padding), ``num_tokens`` int32 ``(B,)``,
+    ``sample_ids`` list of str, ``layers`` (global decoder-layer indices) and
+    ``sp_range``. Each sample contributes ``num_tokens`` rows: its ``num_tokens - 1``
+    recorded rows plus one pad row. Pad rows hold distinct, in-range ids spread over all
+    experts (``pad_policy="spread"``) so no expert gets more than
+    ``ceil(pad_rows * top_k / num_experts) + 1`` pad tokens per layer.
+
+    Batches are formed over the whole store (greedy token budget, in store order or a
+    ``(seed, epoch)`` shuffle), then dealt round-robin: global batch ``j`` goes to data
+    parallel rank ``j % world_size``; within a rank, DataLoader worker ``w`` of ``W``
+    builds the rank's batches ``w, w + W, ...``, which the DataLoader yields in order. So
+    every sample is yielded exactly once per epoch across ranks and workers, and the
+    sequence a rank sees does not depend on the number of workers.
+
+    Parameters
+    ----------
+    url : str, os.PathLike, Store or RouteStore
+        The store.
+    max_tokens_per_batch : int
+        Token budget per batch (see :func:`plan_batches`).
+    layers : sequence of int, optional
+        Global decoder layers to stream (a pipeline stage's MoE layers).
+    shuffle : bool
+    seed : int
+    rank, world_size : int, optional
+        Data-parallel rank and size. ``None`` reads them from ``torch.distributed`` when
+        it is initialised (global rank/world: pass the DP rank and size explicitly when
+        TP/CP/PP ranks must receive the same batches), else 0 and 1.
+    storage_options : mapping, optional
+        Passed to fsspec.
+    layout, cp_size, cp_rank, cp_mode, tp_size, tp_rank, pad_multiple, sequence_parallel, max_seqlen
+        Trainer layout, see :meth:`r3store.RouteStore.assemble`.
+    pad_policy : {"spread", "fill"}
+    fill_value : int
+        Pad id with ``pad_policy="fill"``.
+
+    Raises
+    ------
+    r3store.errors.NotAStoreError, r3store.errors.LayerError, r3store.errors.LayoutOptionError
+    ValueError
+        ``max_tokens_per_batch`` < 1, or ``rank``/``world_size`` out of range.
+
+    Notes
+    -----
+    Resumable: :meth:`state_dict` / :meth:`load_state_dict` hold only JSON values and
+    satisfy torchdata's ``Stateful`` protocol, so ``StatefulDataLoader`` resumes exactly at
+    the first batch not yet consumed.
+    """
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str] | Store | RouteStore,
+        max_tokens_per_batch: int = 65536,
+        layers: Sequence[int] | None = None,
+        shuffle: bool = False,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        layout: Literal["thd", "bshd"] = "thd",
+        cp_size: int = 1,
+        cp_rank: int = 0,
+        cp_mode: Literal["zigzag", "contiguous"] = "zigzag",
+        tp_size: int = 1,
+        tp_rank: int = 0,
+        pad_multiple: int = 1,
+        sequence_parallel: bool = False,
+        max_seqlen: int | None = None,
+        pad_policy: Literal["spread", "fill"] = "spread",
+        fill_value: int = -1,
+    ) -> None:
+        super().__init__()
+        if isinstance(max_tokens_per_batch, bool) or not isinstance(max_tokens_per_batch, int) or max_tokens_per_batch < 1:
+            raise ValueError(f"max_tokens_per_batch must be an int >= 1, got {max_tokens_per_batch!r}")
+        self.store = url if isinstance(url, RouteStore) else open_store(url, storage_options=storage_options)
+        self.store.spec.layer_positions(layers)  # fail early on a bad layer
+        self.layers = None if layers is None else [int(v) for v in layers]
+        self.options = LayoutOptions(layout=layout, cp_size=cp_size, cp_rank=cp_rank, cp_mode=cp_mode,
+                                     tp_size=tp_size, tp_rank=tp_rank, pad_multiple=pad_multiple,
+                                     sequence_parallel=sequence_parallel, max_seqlen=max_seqlen)
+        self.max_tokens_per_batch = max_tokens_per_batch
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.pad_policy = pad_policy
+        self.fill_value = fill_value
+        self._rank, self._world_size = rank, world_size
+        if world_size is not None or rank is not None:
+            self._topology()
+        self.sample_ids = self.store.sample_ids
+        self._num_tokens = np.array([self.store.num_tokens(s) for s in self.sample_ids], dtype=np.int64)
+        self.epoch = 0
+        self._resume_at = 0
+        self._yielded = 0
+
+    def _topology(self) -> tuple[int, int]:
+        rank, world = self._rank, self._world_size
+        if rank is None and world is None and torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        rank = 0 if rank is None else int(rank)
+        world = 1 if world is None else int(world)
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world}")
+        return rank, world
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch (the shuffle order) for the next iteration; restarts it."""
+        self.epoch = int(epoch)
+        self._resume_at = 0
+        self._yielded = 0
+
+    def rank_batches(self) -> list[np.ndarray]:
+        """Sample positions of the batches this data-parallel rank gets this epoch."""
+        rank, world = self._topology()
+        batches = plan_batches(self._num_tokens, self.max_tokens_per_batch, shuffle=self.shuffle,
+                               seed=self.seed, epoch=self.epoch)
+        return batches[rank::world]
+
+    def __len__(self) -> int:
+        """Batches this rank yields per epoch (over all DataLoader workers)."""
+        return len(self.rank_batches())
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        mine = self.rank_batches()[worker::num_workers]
+        start = self._resume_at
+        self._resume_at = 0
+        self._yielded = start
+        for positions in mine[start:]:
+            ids = [self.sample_ids[i] for i in positions]
+            batch = build_batch(self.store, ids, self.options, layers=self.layers,
+                                pad_policy=self.pad_policy, fill_value=self.fill_value)
+            self._yielded += 1
+            yield batch_to_tensors(batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Resumption state (JSON values only): epoch, batches yielded, seed, topology."""
+        rank, world = self._topology()
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": self.epoch, "yielded": self._yielded,
+                "seed": self.seed, "shuffle": self.shuffle, "rank": rank, "world_size": world,
+                "max_tokens_per_batch": self.max_tokens_per_batch, "num_samples": len(self.sample_ids)}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Resume: the next iteration skips the batches already yielded.
+
+        Raises
+        ------
+        r3store.errors.ResumeError
+            The state is of another format/version, or was saved under another topology,
+            seed, batch budget or store size.
+        """
+        if state_dict.get("format") != STATE_FORMAT or state_dict.get("version") != STATE_VERSION:
+            raise ResumeError("format", state_dict.get("format"), f"{STATE_FORMAT} v{STATE_VERSION}")
+        now = self.state_dict()
+        for key in ("seed", "shuffle", "rank", "world_size", "max_tokens_per_batch", "num_samples"):
+            if state_dict.get(key) != now[key]:
+                raise ResumeError(key, state_dict.get(key), now[key])
+        self.epoch = int(state_dict["epoch"])
+        self._resume_at = self._yielded = int(state_dict["yielded"])
