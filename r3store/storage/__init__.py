@@ -12,9 +12,9 @@ from r3store.storage._fsspec import FsspecStore
 from r3store.storage._local import LocalStore
 
 __all__ = [
-    "HANDLED_EXCEPTIONS",
     "ByteRange",
     "FsspecStore",
+    "HANDLED_EXCEPTIONS",
     "LocalStore",
     "ObjectInfo",
     "Store",

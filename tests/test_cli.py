@@ -1,0 +1,77 @@
+"""The `r3store` CLI: inspect and demo (audit commands live in test_cli_audit.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import r3store
+from r3store.cli import main
+from r3store.cli._main import parse_storage_options
+from r3store.data import flame_samples, flame_spec
+
+
+@pytest.fixture
+def flame_store(tmp_path: Path) -> Path:
+    path = tmp_path / "flame"
+    with r3store.RouteWriter(path, flame_spec()) as w:
+        for sid, routes in flame_samples().items():
+            w.append(sid, routes, metadata={"step": 1})
+    return path
+
+
+def test_inspect_json_reports_sizes(flame_store: Path) -> None:
+    result = CliRunner().invoke(main, ["inspect", str(flame_store), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["samples"] == 32 and summary["tokens"] == 32 * 64
+    assert summary["expert_ids"] == 32 * 63 * 8 * 6
+    assert summary["ideal_bits_per_id"] == 6
+    assert 6 <= summary["bits_per_id"] < 6 * 1.02
+    assert summary["size_vs_int32"] == pytest.approx(summary["route_bytes"] / (4 * summary["expert_ids"]), rel=1e-3)
+    assert summary["shards"] == 1 and summary["writers"] == 1 and summary["metadata_columns"] == ["step"]
+    assert summary["spec"]["moe_layers"] == list(range(2, 10))
+
+
+def test_inspect_human_output(flame_store: Path) -> None:
+    result = CliRunner().invoke(main, ["inspect", str(flame_store)])
+    assert result.exit_code == 0, result.output
+    for words in ("bits per expert id", "size vs int32", "64 experts, top-6", "MoE: 2..9", "32"):
+        assert words in result.output
+
+
+def test_inspect_not_a_store_exits_2(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("hello")
+    result = CliRunner().invoke(main, ["inspect", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "NotAStoreError" in result.output and "r3store.json" in result.output
+
+
+def test_storage_option_parsing() -> None:
+    opts = parse_storage_options(("key=abc", "endpoint_url=http://127.0.0.1:9", "anon=false", "retries=3"))
+    assert opts == {"key": "abc", "anon": False, "retries": 3, "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}
+    result = CliRunner().invoke(main, ["inspect", "x", "-o", "novalue"])
+    assert result.exit_code == 2 and "key=value" in result.output
+
+
+def test_demo_runs_and_verifies(tmp_path: Path) -> None:
+    target = tmp_path / "demo"
+    result = CliRunner().invoke(main, ["demo", str(target), "--writers", "2", "--loader-workers", "2"])
+    assert result.exit_code == 0, result.output
+    assert "every route bit-identical" in result.output
+    store = r3store.open_store(target)
+    assert len(store) == 32 and len(store.shards) == 2
+    source = flame_samples()
+    for sid in store.sample_ids:
+        np.testing.assert_array_equal(store.get(sid), source[sid])
+    assert sorted(store.samples.column("worker").to_pylist()) == sorted([0, 1] * 16)
+
+
+def test_demo_refuses_non_empty_dir(tmp_path: Path) -> None:
+    (tmp_path / "x").write_text("keep me")
+    result = CliRunner().invoke(main, ["demo", str(tmp_path)])
+    assert result.exit_code == 2 and (tmp_path / "x").read_text() == "keep me"

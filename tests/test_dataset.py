@@ -1,0 +1,249 @@
+"""RouteDataset: batching, exactly-once delivery, pad rows, resumption, assemble parity."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import r3store
+from r3store.errors import AlignmentError, LayerError, ResumeError
+
+SPEC = r3store.ModelSpec(num_layers=6, num_experts=16, top_k=4, moe_layers=[1, 2, 4, 5])
+
+
+def _routes(rng: np.random.Generator, rows: int) -> np.ndarray:
+    keys = rng.random((rows, SPEC.num_moe_layers, SPEC.num_experts))
+    return np.argsort(keys, axis=-1)[..., : SPEC.top_k].astype(np.int32)
+
+
+@pytest.fixture(scope="module")
+def store_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """A store of 40 samples of 1..120 tokens (one of 700), written by two writers."""
+    path = tmp_path_factory.mktemp("ds")
+    rng = np.random.default_rng(7)
+    source, tokens = {}, {}
+    lengths = [int(n) for n in rng.integers(1, 120, size=39)] + [700]
+    for w in range(2):
+        with r3store.RouteWriter(path, SPEC, chunk_rows=32) as writer:
+            for i, n in enumerate(lengths):
+                if i % 2 != w:
+                    continue
+                sid = f"s{i:03d}"
+                source[sid] = _routes(rng, n - 1)
+                tokens[sid] = rng.integers(0, 50_000, size=n)
+                writer.append(sid, source[sid], tokens=tokens[sid], metadata={"i": i})
+    return path, source, tokens
+
+
+def _check_batch(batch: dict[str, Any], source: dict[str, np.ndarray]) -> None:
+    assert batch["routes"].dtype == torch.int32 and batch["cu_seqlens"].dtype == torch.int32
+    assert batch["replay_mask"].dtype == torch.bool
+    cu = batch["cu_seqlens"].numpy()
+    assert cu[0] == 0 and len(cu) == len(batch["sample_ids"]) + 1
+    assert batch["routes"].shape == (cu[-1], SPEC.num_moe_layers, SPEC.top_k)
+    routes, mask = batch["routes"].numpy(), batch["replay_mask"].numpy()
+    for j, sid in enumerate(batch["sample_ids"]):
+        seg, seg_mask = routes[cu[j] : cu[j + 1]], mask[cu[j] : cu[j + 1]]
+        assert len(seg) == len(source[sid]) + 1
+        np.testing.assert_array_equal(seg[:-1], source[sid])
+        assert seg_mask[:-1].all() and not seg_mask[-1]
+
+
+def _pad_bound_holds(batch: dict[str, Any]) -> bool:
+    routes, mask = batch["routes"].numpy(), batch["replay_mask"].numpy()
+    pads = routes[~mask]
+    bound = math.ceil(len(pads) * SPEC.top_k / SPEC.num_experts) + 1
+    for layer in range(pads.shape[1]):
+        ids = pads[:, layer]
+        assert ((ids >= 0) & (ids < SPEC.num_experts)).all()
+        assert all(len(set(row)) == SPEC.top_k for row in ids.tolist())
+        if np.bincount(ids.reshape(-1), minlength=SPEC.num_experts).max() > bound:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_every_sample_exactly_once_across_ranks_and_workers(store_dir, world_size: int, num_workers: int) -> None:
+    path, source, _ = store_dir
+    seen: Counter[str] = Counter()
+    for rank in range(world_size):
+        ds = r3store.RouteDataset(path, max_tokens_per_batch=256, shuffle=True, seed=3, rank=rank, world_size=world_size)
+        for batch in DataLoader(ds, batch_size=None, num_workers=num_workers):
+            _check_batch(batch, source)
+            assert _pad_bound_holds(batch)
+            seen.update(batch["sample_ids"])
+    assert seen == Counter(list(source))
+
+
+def test_order_does_not_depend_on_num_workers(store_dir) -> None:
+    path, _, _ = store_dir
+    orders = []
+    for workers in (0, 1, 2):
+        ds = r3store.RouteDataset(path, max_tokens_per_batch=200, shuffle=True, seed=11)
+        orders.append([b["sample_ids"] for b in DataLoader(ds, batch_size=None, num_workers=workers)])
+    assert all(order == orders[0] for order in orders)
+
+
+def test_token_budget_and_long_sample_alone(store_dir) -> None:
+    path, source, _ = store_dir
+    ds = r3store.RouteDataset(path, max_tokens_per_batch=256)
+    batches = list(ds)
+    for batch in batches:
+        total = int(batch["num_tokens"].sum())
+        assert total <= 256 or len(batch["sample_ids"]) == 1
+    alone = [b for b in batches if "s039" in b["sample_ids"]]
+    assert alone[0]["sample_ids"] == ["s039"] and alone[0]["routes"].shape[0] == 700
+
+
+def test_shuffle_changes_with_epoch_and_is_reproducible(store_dir) -> None:
+    path, _, _ = store_dir
+    ds = r3store.RouteDataset(path, max_tokens_per_batch=100, shuffle=True, seed=5)
+    first = [b["sample_ids"] for b in ds]
+    assert [b["sample_ids"] for b in ds] == first
+    ds.set_epoch(1)
+    second = [b["sample_ids"] for b in ds]
+    assert second != first and sorted(sum(second, [])) == sorted(sum(first, []))
+
+
+def test_layer_subset_streams_only_those_layers(store_dir) -> None:
+    path, source, _ = store_dir
+    ds = r3store.RouteDataset(path, max_tokens_per_batch=300, layers=[5, 2])
+    batch = next(iter(ds))
+    assert batch["layers"] == [5, 2]
+    cu = batch["cu_seqlens"].numpy()
+    sid = batch["sample_ids"][0]
+    np.testing.assert_array_equal(batch["routes"].numpy()[cu[0] : cu[1] - 1], source[sid][:, [3, 1]])
+    with pytest.raises(LayerError):
+        r3store.RouteDataset(path, layers=[0])
+
+
+def _resume_roundtrip(path: Path, num_workers: int, stop_after: int, epoch: int) -> None:
+    def make() -> StatefulDataLoader:
+        ds = r3store.RouteDataset(path, max_tokens_per_batch=150, shuffle=True, seed=1)
+        ds.set_epoch(epoch)
+        return StatefulDataLoader(ds, batch_size=None, num_workers=num_workers)
+
+    full = [b["sample_ids"] for b in make()]
+    loader = make()
+    it = iter(loader)
+    head = [next(it)["sample_ids"] for _ in range(stop_after)]
+    state = loader.state_dict()
+    assert head == full[:stop_after]
+    resumed = make()
+    resumed.load_state_dict(state)
+    tail = [b["sample_ids"] for b in resumed]
+    assert tail == full[stop_after:]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stateful_dataloader_resumes_mid_epoch(store_dir, num_workers: int) -> None:
+    path, _, _ = store_dir
+    _resume_roundtrip(path, num_workers, stop_after=3, epoch=0)
+    _resume_roundtrip(path, num_workers, stop_after=4, epoch=1)
+
+
+def test_state_dict_is_json_and_checks_topology(store_dir) -> None:
+    import json
+
+    path, _, _ = store_dir
+    ds = r3store.RouteDataset(path, max_tokens_per_batch=100, rank=0, world_size=2)
+    it = iter(ds)
+    next(it)
+    state = json.loads(json.dumps(ds.state_dict()))
+    assert state["yielded"] == 1 and state["world_size"] == 2
+    other = r3store.RouteDataset(path, max_tokens_per_batch=100, rank=1, world_size=2)
+    with pytest.raises(ResumeError, match="rank"):
+        other.load_state_dict(state)
+
+
+def test_rank_from_torch_distributed(store_dir, tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    path, source, _ = store_dir
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        ds = r3store.RouteDataset(path, max_tokens_per_batch=500)
+        assert ds.state_dict()["world_size"] == 1
+        assert sorted(s for b in ds for s in b["sample_ids"]) == sorted(source)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_assemble_matches_dataset_batch(store_dir) -> None:
+    path, _, _ = store_dir
+    ds = r3store.RouteDataset(path, max_tokens_per_batch=256, cp_size=2, cp_rank=1, tp_size=2, pad_multiple=2)
+    batch = next(iter(ds))
+    store = r3store.open_store(path)
+    again = store.assemble(batch["sample_ids"], cp_size=2, cp_rank=1, tp_size=2, pad_multiple=2)
+    assert again.keys() == batch.keys()
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, again[key]), key
+        else:
+            assert value == again[key], key
+
+
+def test_assemble_lays_tokens_and_routes_out_together(store_dir) -> None:
+    path, source, tokens = store_dir
+    store = r3store.open_store(path)
+    ids = ["s001", "s004", "s007"]
+    batch = store.assemble(ids, cp_size=2, cp_rank=0, tokens=[tokens[s] for s in ids], return_tensors="np")
+    flat_tokens = np.concatenate([tokens[s] for s in ids])
+    flat_routes = np.concatenate([np.concatenate([source[s], np.full((1, 4, 4), -7)]) for s in ids])
+    got = batch["tokens"]
+    # a position's token id names the source positions it may come from; its route must be
+    # the one recorded for one of them
+    lookup: dict[int, list[int]] = {}
+    for i, t in enumerate(flat_tokens):
+        lookup.setdefault(int(t), []).append(i)
+    for pos in np.flatnonzero(batch["replay_mask"]):
+        candidates = lookup[int(got[pos])]
+        assert any(np.array_equal(batch["routes"][pos], flat_routes[c]) for c in candidates)
+
+
+def test_assemble_rejects_wrong_tokens(store_dir) -> None:
+    path, _, tokens = store_dir
+    store = r3store.open_store(path)
+    bad = tokens["s002"].copy()
+    bad[3] += 1
+    with pytest.raises(AlignmentError, match="s002") as err:
+        store.assemble(["s002"], tokens=[bad])
+    assert "hash" in str(err.value)
+    with pytest.raises(AlignmentError, match="s002") as err:
+        store.assemble(["s002"], tokens=[np.append(tokens["s002"], 5)])
+    assert "route rows" in str(err.value)
+    with pytest.raises(AlignmentError):
+        store.assemble(["s002"], tokens=[tokens["s002"][:-1]])
+
+
+def test_to_device_moves_tensors(store_dir) -> None:
+    path, _, _ = store_dir
+    batch = next(iter(r3store.RouteDataset(path, max_tokens_per_batch=100)))
+    moved = r3store.to_device(batch, "cpu", non_blocking=False)
+    assert moved["sample_ids"] == batch["sample_ids"] and torch.equal(moved["routes"], batch["routes"])
+
+
+def test_pinned_memory_loader(store_dir) -> None:
+    path, source, _ = store_dir
+    ds = r3store.RouteDataset(path, max_tokens_per_batch=100)
+    batch = next(iter(DataLoader(ds, batch_size=None, pin_memory=torch.cuda.is_available())))
+    _check_batch(batch, source)
+
+
+def test_bad_options_rejected(store_dir) -> None:
+    path, _, _ = store_dir
+    with pytest.raises(ValueError, match="max_tokens_per_batch"):
+        r3store.RouteDataset(path, max_tokens_per_batch=0)
+    with pytest.raises(ValueError, match="rank"):
+        r3store.RouteDataset(path, rank=2, world_size=2)
+    with pytest.raises(r3store.errors.LayoutOptionError):
+        r3store.RouteDataset(path, cp_size=2, cp_rank=2)
