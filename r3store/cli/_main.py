@@ -72,10 +72,12 @@ def main() -> None:
 
 def _register() -> None:
     from r3store.cli._demo import demo
+    from r3store.cli._gc import gc
     from r3store.cli._inspect import inspect
 
     main.add_command(inspect)
     main.add_command(demo)
+    main.add_command(gc)
 
 
 _register()

@@ -1,0 +1,97 @@
+"""Find and remove uncommitted leftovers: route arrays of shards that were never committed."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from r3store._format import INDEX_PREFIX, MANIFEST_KEY, ROUTES_PREFIX
+from r3store.errors import NotAStoreError
+from r3store.storage import Store, open_backend
+
+__all__ = ["Leftover", "collect_garbage"]
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """Objects of one uncommitted shard (or one stray temporary file)."""
+
+    shard: str
+    """Shard name, or the key of a temporary file."""
+    keys: tuple[str, ...]
+    """Keys of its objects."""
+    nbytes: int
+    """Their total size in bytes."""
+    age_s: float
+    """Seconds since the newest of them was modified."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"shard": self.shard, "keys": list(self.keys), "nbytes": self.nbytes, "age_s": round(self.age_s, 1)}
+
+
+def _newest(store: Store, keys: list[str]) -> float | None:
+    times = [store.info(k).mtime for k in keys]
+    known = [t for t in times if t is not None]
+    return max(known) if known else None
+
+
+def collect_garbage(
+    url: str | os.PathLike[str] | Store,
+    *,
+    older_than_s: float = 3600.0,
+    delete: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+) -> list[Leftover]:
+    """List (and with ``delete`` remove) uncommitted leftovers older than ``older_than_s``.
+
+    A leftover is a ``routes/<shard>/`` array with no ``index/<shard>.parquet`` (a writer
+    died or failed before committing), or a temporary file (``.<name>.tmp``). Committed
+    shards are never touched: the commit record is re-checked right before each delete.
+
+    Parameters
+    ----------
+    url : str, os.PathLike or Store
+    older_than_s : float
+        Only leftovers whose newest object is at least this old (seconds). Choose it
+        longer than any writer's flush, so a shard still being written is left alone.
+    delete : bool
+        Remove what is found; otherwise only list it.
+
+    Returns
+    -------
+    list of Leftover
+
+    Raises
+    ------
+    r3store.errors.NotAStoreError
+    r3store.errors.StorageError
+    """
+    store = open_backend(url, storage_options)
+    if not store.exists(MANIFEST_KEY):
+        raise NotAStoreError(store.url)
+    now = time.time()
+    committed = {k[len(INDEX_PREFIX) : -len(".parquet")] for k in store.list_prefix(INDEX_PREFIX)}
+    groups: dict[str, list[str]] = {}
+    for key in store.list_prefix(""):
+        name = key.rpartition("/")[2]
+        if name.startswith(".") and name.endswith(".tmp"):
+            groups[key] = [key]
+        elif key.startswith(ROUTES_PREFIX) and key.count("/") >= 2:
+            shard = key.split("/")[1]
+            if shard not in committed:
+                groups.setdefault(shard, []).append(key)
+    found = []
+    for shard, keys in sorted(groups.items()):
+        newest = _newest(store, keys)
+        age = now - newest if newest is not None else float("inf")
+        if age < older_than_s:
+            continue
+        sizes = sum(store.info(k).size for k in keys)
+        found.append(Leftover(shard=shard, keys=tuple(keys), nbytes=sizes, age_s=age))
+        if delete and not store.exists(f"{INDEX_PREFIX}{shard}.parquet"):
+            for key in keys:
+                store.delete(key)
+    return found

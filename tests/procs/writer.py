@@ -1,0 +1,49 @@
+"""A rollout-worker process for concurrency, crash and memory tests.
+
+usage: writer.py URL FIRST COUNT BUFFER_BYTES [ROWS] [STORAGE_OPTIONS_JSON]
+
+Writes samples FIRST .. FIRST+COUNT-1 whose routes are a pure function of the sample
+index (see :func:`routes_for`), so a reader can check every committed sample bit for bit.
+Prints "flushed <n>" after each commit.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+
+import numpy as np
+
+import r3store
+
+SPEC = r3store.ModelSpec(num_layers=8, num_experts=128, top_k=8)
+
+
+def routes_for(index: int, rows: int) -> np.ndarray:
+    """Deterministic, valid routes of sample ``index``: shape (rows, 8, 8), int32."""
+    base = np.arange(SPEC.top_k, dtype=np.int32) * 3
+    offsets = (np.arange(rows)[:, None] * 7 + np.arange(SPEC.num_layers)[None, :] * 11 + index * 13) % SPEC.num_experts
+    return ((offsets[..., None] + base) % SPEC.num_experts).astype(np.int32)
+
+
+def main() -> None:
+    url, first, count, buffer_bytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    rows = int(sys.argv[5]) if len(sys.argv) > 5 else 300
+    options = json.loads(sys.argv[6]) if len(sys.argv) > 6 else None
+    template = routes_for(0, rows)
+    baseline_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with r3store.RouteWriter(url, SPEC, buffer_bytes=buffer_bytes, storage_options=options) as writer:
+        flushed = 0
+        for i in range(first, first + count):
+            routes = routes_for(i, rows) if rows <= 4096 else (template + i * 13) % SPEC.num_experts
+            writer.append(f"sample-{i:06d}", routes, metadata={"index": i})
+            if len(writer.shards) != flushed:
+                flushed = len(writer.shards)
+                print(f"flushed {flushed}", flush=True)
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"baseline_bytes": baseline_kib * 1024, "peak_bytes": peak_kib * 1024}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
