@@ -75,7 +75,21 @@ __all__ = [
 
 
 class R3StoreError(Exception):
-    """Root of every error raised by r3store."""
+    """Root of every error raised by r3store.
+
+    Errors pickle with their attributes (they cross process boundaries, e.g. from
+    DataLoader workers), although their constructors take several arguments.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[R3StoreError], args: tuple[Any, ...], state: dict[str, Any]) -> R3StoreError:
+    err = cls.__new__(cls, *args)
+    err.args = args
+    err.__dict__.update(state)
+    return err
 
 
 class SpecError(R3StoreError, ValueError):

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
+pytest_plugins = ["r3store.testing.s3"]
+
 settings.register_profile("dev", max_examples=50, deadline=None)
 settings.register_profile(
     "ci", max_examples=50, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]

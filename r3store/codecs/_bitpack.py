@@ -211,7 +211,8 @@ class BitpackCodec(Codec):
             out = np.zeros(n_total, dtype=np.int32)
         elif out.size != n_total:
             raise FormatError(_FRAME, f"out holds {out.size} ids, the frame {n_total}")
-        flat_out = out.reshape(-1)
+        # reshape(-1) of a non-contiguous out is a copy: write through .flat instead
+        flat_out = out.reshape(-1) if out.flags.c_contiguous else out.flat
         flat_out[:n_encoded] = ids
         flat_out[n_encoded:] = 0
         return out

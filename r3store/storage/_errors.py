@@ -36,7 +36,8 @@ HANDLED_EXCEPTIONS: tuple[type[BaseException], ...] = _foreign_exceptions()
 def map_storage_errors(url: str) -> Iterator[None]:
     """Re-raise foreign storage exceptions as r3store errors naming ``url``.
 
-    ``FileNotFoundError`` (and ``KeyError`` from mapping-style backends) becomes
+    ``FileNotFoundError`` (and ``KeyError`` from mapping-style backends, and a botocore
+    ``ClientError`` with code ``NoSuchKey``, ``NoSuchBucket`` or ``404``) becomes
     :class:`r3store.errors.ObjectNotFoundError`; any other handled exception becomes
     :class:`r3store.errors.StorageError`. r3store's own errors pass through. The
     original exception is chained (``raise ... from exc``). Messages carry the URL,
@@ -51,7 +52,20 @@ def map_storage_errors(url: str) -> Iterator[None]:
     except PermissionError as exc:
         raise StorageError(url, f"permission denied ({exc.strerror or exc})") from exc
     except HANDLED_EXCEPTIONS as exc:
+        if _is_not_found(exc):
+            raise ObjectNotFoundError(url, "no such object") from exc
         raise StorageError(url, f"{type(exc).__name__}: {_describe(exc)}") from exc
+
+
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404"})
+
+
+def _is_not_found(exc: BaseException) -> bool:
+    """Whether ``exc`` is a botocore ``ClientError`` for a missing key or bucket."""
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return False
+    return response.get("Error", {}).get("Code") in _NOT_FOUND_CODES
 
 
 def _describe(exc: BaseException) -> str:

@@ -31,7 +31,8 @@ class FsspecStore(Store):
     ranges are fetched with ranged GETs (``fs.cat_file(path, start, end)``); several
     ranges of several objects with ``fs.cat_ranges``, which s3fs runs concurrently.
     Transient S3 errors are retried by s3fs/botocore's own retry settings (pass
-    ``retries=`` or ``config_kwargs={"retries": {...}}`` in ``storage_options``).
+    ``config_kwargs={"retries": {...}}`` in ``storage_options``; s3fs's own ``retries``
+    is a class attribute, not an option).
     """
 
     def __init__(self, fs: AbstractFileSystem, root: str, url: str) -> None:
@@ -50,20 +51,25 @@ class FsspecStore(Store):
                 size = self.fs.size(self._path(key))
                 return bytes(self.fs.cat_file(self._path(key), start=max(0, size - byte_range.nbytes), end=size))
             if byte_range.nbytes == 0:
+                self.fs.info(self._path(key))  # a missing key still raises
                 return b""
             return bytes(self.fs.cat_file(self._path(key), start=byte_range.start, end=byte_range.end))
 
     def get_ranges(self, key: str, ranges: Sequence[ByteRange]) -> list[bytes | memoryview]:
-        if len(ranges) <= 1:
+        # An empty range would go out as the invalid header "bytes=5-4", which S3 answers
+        # with the whole object; such ranges are answered here instead.
+        wanted = [r for r in ranges if r.nbytes]
+        if len(wanted) <= 1:
             return [self.get(key, r) for r in ranges]
         path = self._path(key)
         with map_storage_errors(self.path_of(key)):
-            out = self.fs.cat_ranges([path] * len(ranges), [r.start for r in ranges], [r.end for r in ranges])
+            out = self.fs.cat_ranges([path] * len(wanted), [r.start for r in wanted], [r.end for r in wanted])
         for item in out:
             if isinstance(item, BaseException):
                 with map_storage_errors(self.path_of(key)):
                     raise item
-        return [bytes(b) for b in out]
+        fetched = iter(out)
+        return [bytes(next(fetched)) if r.nbytes else b"" for r in ranges]
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
         keys = list(keys)
@@ -79,13 +85,18 @@ class FsspecStore(Store):
         path = self._path(key)
         with map_storage_errors(self.path_of(key)):
             parent = path.rpartition("/")[0]
-            if parent and not self.fs.exists(parent) and "s3" not in _protocols(self.fs):
+            if parent and "s3" not in _protocols(self.fs) and not self.fs.exists(parent):
                 self.fs.makedirs(parent, exist_ok=True)
             self.fs.pipe_file(path, bytes(data))
 
     def exists(self, key: str) -> bool:
+        # Not fs.isfile: it answers False for *any* error (an unreachable endpoint included).
         with map_storage_errors(self.path_of(key)):
-            return bool(self.fs.isfile(self._path(key)))
+            try:
+                info = self.fs.info(self._path(key))
+            except FileNotFoundError:
+                return False
+        return bool(info.get("type") == "file")
 
     def delete(self, key: str) -> None:
         with map_storage_errors(self.path_of(key)):

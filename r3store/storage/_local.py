@@ -107,7 +107,8 @@ class LocalStore(Store):
                 Path(tmp).unlink(missing_ok=True)
 
     def exists(self, key: str) -> bool:
-        return self._path(key).is_file()
+        with map_storage_errors(self.path_of(key)):
+            return self._path(key).is_file()
 
     def delete(self, key: str) -> None:
         with map_storage_errors(self.path_of(key)):
