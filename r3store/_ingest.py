@@ -97,6 +97,7 @@ def encode_sglang(routes: np.ndarray) -> str:
 
     Examples
     --------
+    >>> import numpy as np
     >>> encode_sglang(np.array([[[1, 2]]]))
     'AQAAAAIAAAA='
     """

@@ -35,6 +35,7 @@ def open_store(
     storage_options: Mapping[str, Any] | None = None,
     on_duplicate: OnDuplicate = "raise",
     cache_bytes: int = 64 << 20,
+    cache_dir: str | os.PathLike[str] | None = None,
 ) -> RouteStore:
     """Open a store for reading.
 
@@ -50,6 +51,10 @@ def open_store(
     cache_bytes : int
         Budget for decoded chunks kept in memory (sequential reads of small samples
         decode each chunk once).
+    cache_dir : str or os.PathLike, optional
+        Local read-through cache for remote stores (repeated epochs): each route and
+        index object is downloaded whole on first use and read from this folder
+        afterwards (see :class:`r3store.storage.CachingStore`).
 
     Returns
     -------
@@ -65,7 +70,7 @@ def open_store(
         With ``on_duplicate="raise"``: names the id and both shards.
     r3store.errors.StorageError
     """
-    backend = open_backend(url, storage_options)
+    backend = open_backend(url, storage_options, cache_dir=cache_dir)
     try:
         manifest = backend.get_json(MANIFEST_KEY)
     except ObjectNotFoundError as exc:
@@ -82,7 +87,9 @@ class RouteStore:
     spec : ModelSpec
     samples : pyarrow.Table
         One row per committed sample, quarantined ones included (columns of
-        ``schema/sample_table.schema.json`` plus user metadata), in store order.
+        ``schema/sample_table.schema.json`` plus user metadata), in store order. A
+        metadata column whose type differs between writers (int here, str there) is
+        read as strings.
     duplicates : dict of str to list of str
         Sample ids committed by more than one shard, with the shards (earliest first).
     """
@@ -117,7 +124,11 @@ class RouteStore:
             from r3store._format import table_schema
 
             return table_schema().empty_table()
-        table = pa.concat_tables([t.replace_schema_metadata(None) for t in tables], promote_options="permissive")
+        tables = [t.replace_schema_metadata(None) for t in tables]
+        try:
+            table = pa.concat_tables(tables, promote_options="permissive")
+        except (pa.ArrowTypeError, pa.ArrowInvalid):  # writers disagree on a metadata column's type
+            table = pa.concat_tables(_clashing_metadata_as_strings(tables), promote_options="permissive")
         order = pc.sort_indices(table, [("committed_at", "ascending"), ("shard", "ascending"), ("row_start", "ascending")])
         return table.take(order)
 
@@ -184,6 +195,7 @@ class RouteStore:
         *,
         rows: slice | None = None,
         include_quarantined: bool = False,
+        out: np.ndarray | None = None,
     ) -> np.ndarray:
         """Routes of one sample.
 
@@ -197,6 +209,8 @@ class RouteStore:
             Row range (step 1) within the sample.
         include_quarantined : bool
             Also return samples the writer quarantined.
+        out : ndarray of int32, optional
+            Destination of the result's shape (e.g. a slice of a batch buffer).
 
         Returns
         -------
@@ -220,7 +234,7 @@ class RouteStore:
         if step != 1:
             raise ValueError(f"rows must have step 1, got {rows}")
         base = int(self._row_start[i])
-        return self.read_rows(self._array[i], base + start, base + max(start, stop), positions)
+        return self.read_rows(self._array[i], base + start, base + max(start, stop), positions, out=out)
 
     def get_many(self, sample_ids: Sequence[str], layers: Sequence[int] | None = None) -> list[np.ndarray]:
         """Routes of several samples (see :meth:`get`), in the order given."""
@@ -238,31 +252,36 @@ class RouteStore:
             self._layouts[array] = layout
         return layout
 
-    def read_rows(self, array: str, start: int, stop: int, positions: Sequence[int]) -> np.ndarray:
+    def read_rows(self, array: str, start: int, stop: int, positions: Sequence[int],
+                  out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``[start, stop)`` of a route array, at stored layer positions.
 
         Returns
         -------
         ndarray of int32, shape (stop - start, len(positions), top_k)
+            ``out`` when given (it must have this shape).
         """
         layout = self.layout_of(array)
         if stop > layout.rows:
             raise FormatError(self.backend.path_of(array), f"rows [{start}, {stop}) beyond the array's {layout.rows} rows")
-        out = np.empty((stop - start, len(positions), layout.top_k), dtype=np.int32)
+        shape = (stop - start, len(positions), layout.top_k)
+        if out is None:
+            out = np.empty(shape, dtype=np.int32)
+        elif out.shape != shape:
+            raise ValueError(f"out has shape {out.shape}, expected {shape}")
         if stop <= start or not len(positions):
             return out
         pos = np.asarray(positions)
         lpc, cr, per_shard = layout.layers_per_chunk, layout.chunk_rows, layout.row_chunks_per_shard
-        by_chunk = {int(b): np.flatnonzero(pos // lpc == b) for b in np.unique(pos // lpc)}
+        by_chunk = {int(b): _as_slices(np.flatnonzero(pos // lpc == b), pos, b * lpc) for b in np.unique(pos // lpc)}
         first, last = start // cr, (stop - 1) // cr
         for shard in range(first // per_shard, last // per_shard + 1):
             row_chunks = range(max(first, shard * per_shard), min(last, (shard + 1) * per_shard - 1) + 1)
             chunks = self._fetch(array, layout, shard, [(c, b) for c in row_chunks for b in by_chunk])
             for c in row_chunks:
                 lo, hi = max(start, c * cr), min(stop, (c + 1) * cr)
-                for b, idx in by_chunk.items():
-                    within = pos[idx] - b * lpc
-                    out[lo - start : hi - start, idx] = chunks[(c, b)][lo - c * cr : hi - c * cr][:, within]
+                for b, (dst, src) in by_chunk.items():
+                    out[lo - start : hi - start, dst] = chunks[(c, b)][lo - c * cr : hi - c * cr, src]
         return out
 
     def _fetch(self, array: str, layout: ArrayLayout, shard: int,
@@ -438,6 +457,37 @@ class RouteStore:
         return state
 
 
+def _clashing_metadata_as_strings(tables: list[pa.Table]) -> list[pa.Table]:
+    """Cast user metadata columns that hold different, unmergeable types in different
+    shards (int in one writer's shards, str in another's) to string, so the store opens."""
+    from r3store._format import table_schema
+
+    reserved = set(table_schema().names)
+    kinds: dict[str, set[pa.DataType]] = {}
+    for t in tables:
+        for f in t.schema:
+            if f.name not in reserved and not pa.types.is_null(f.type):
+                kinds.setdefault(f.name, set()).add(f.type)
+    numeric = {pa.int64(), pa.float64()}
+    clash = {name for name, types in kinds.items() if len(types) > 1 and not types <= numeric}
+    out = []
+    for t in tables:
+        for name in clash.intersection(t.column_names):
+            t = t.set_column(t.schema.get_field_index(name), name, pc.cast(t.column(name), pa.string()))
+        out.append(t)
+    return out
+
+
+def _as_slices(dst: np.ndarray, pos: np.ndarray, first: int) -> tuple[slice | np.ndarray, slice | np.ndarray]:
+    """Output positions and in-chunk layer positions, as slices when they are runs (fast copies)."""
+    src = pos[dst] - first
+
+    def run(a: np.ndarray) -> slice | np.ndarray:
+        return slice(int(a[0]), int(a[0]) + len(a)) if np.array_equal(a, np.arange(a[0], a[0] + len(a))) else a
+
+    return run(dst), run(src)
+
+
 def _coalesce(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Merge sorted, touching byte ranges (frames written back to back)."""
     merged: list[tuple[int, int]] = []
@@ -450,17 +500,20 @@ def _coalesce(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def _dedupe(table: pa.Table, on_duplicate: OnDuplicate) -> tuple[pa.Table, dict[str, list[str]]]:
+    """Keep one row per sample id: the earliest commit, preferring a non-quarantined one."""
     ids = table.column("sample_id").to_pylist()
     shards = table.column("shard").to_pylist()
-    first: dict[str, int] = {}
+    quarantined = table.column("quarantined").to_pylist()
+    chosen: dict[str, int] = {}
     dupes: dict[str, list[str]] = {}
-    keep = []
     for i, sid in enumerate(ids):
-        j = first.setdefault(sid, i)
+        j = chosen.setdefault(sid, i)
         if j == i:
-            keep.append(i)
             continue
         dupes.setdefault(sid, [shards[j]]).append(shards[i])
+        if quarantined[j] and not quarantined[i]:
+            chosen[sid] = i  # a valid retry beats an earlier quarantined copy
+    keep = sorted(chosen.values())
     if dupes and on_duplicate == "raise":
         sid, where = next(iter(dupes.items()))
         raise DuplicateSampleError(sid, tuple(where), detail=f"{len(dupes)} duplicated id(s); open with on_duplicate='first' to keep the earliest commit")

@@ -37,10 +37,19 @@ def first_repeat(routes: np.ndarray) -> tuple[int, int] | None:
     ----------
     routes : ndarray of integer dtype, shape (rows, num_layers, top_k)
     """
-    if routes.shape[-1] < 2 or routes.size == 0:
+    top_k = routes.shape[-1]
+    if top_k < 2 or routes.size == 0:
         return None
-    ordered = np.sort(routes, axis=-1)
-    bad = (ordered[..., 1:] == ordered[..., :-1]).any(axis=-1)
+    if top_k <= 16:  # pairwise compares beat a sort along a short axis
+        bad = np.zeros(routes.shape[:-1], dtype=bool)
+        for i in range(top_k - 1):
+            for j in range(i + 1, top_k):
+                bad |= routes[..., i] == routes[..., j]
+    else:
+        ordered = np.sort(routes, axis=-1)
+        bad = (ordered[..., 1:] == ordered[..., :-1]).any(axis=-1)
+    if not bad.any():
+        return None
     hits = np.argwhere(bad)
     return (int(hits[0][0]), int(hits[0][1])) if hits.size else None
 
@@ -170,6 +179,11 @@ def check_metadata(sample_id: str, metadata: Mapping[str, Any] | None, types: di
             continue
         if not isinstance(value, _SCALARS) or (isinstance(value, float) and not math.isfinite(value)):
             raise RouteValidationError(sample_id, f"metadata[{key!r}]", f"must be a finite JSON scalar, got {value!r}")
+        # what Parquet cannot hold would fail only at commit, taking the whole buffer with it
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+            raise RouteValidationError(sample_id, f"metadata[{key!r}]", f"int {value} does not fit in int64")
+        if isinstance(value, str) and not _utf8(value):
+            raise RouteValidationError(sample_id, f"metadata[{key!r}]", f"str {value!r} is not valid UTF-8 (lone surrogate)")
         kind = type(value)
         known = types.get(key, kind)
         if {known, kind} == {int, float}:
@@ -180,3 +194,11 @@ def check_metadata(sample_id: str, metadata: Mapping[str, Any] | None, types: di
         seen[key] = kind
     types.update(seen)
     return {k: (v.item() if isinstance(v, np.generic) else v) for k, v in metadata.items()}
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

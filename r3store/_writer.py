@@ -81,8 +81,10 @@ class RouteWriter:
         is about ``buffer_bytes`` plus one encoded shard object.
     chunk_rows : int
         Rows per inner chunk (the unit of decoding).
-    layers_per_chunk : int
-        MoE layers per inner chunk (the unit of layer-subset reads).
+    layers_per_chunk : int, optional
+        MoE layers per inner chunk (the unit of layer-subset reads). Default: the
+        largest divisor of the MoE-layer count up to 4, so a pipeline stage reads
+        little beyond its own layers while batches copy 4-layer runs at once.
     shard_bytes : int
         Target size in bytes of one stored object (zarr shard).
     on_invalid : {"raise", "quarantine"}
@@ -119,7 +121,7 @@ class RouteWriter:
         storage_options: Mapping[str, Any] | None = None,
         buffer_bytes: int = 256 << 20,
         chunk_rows: int = 4096,
-        layers_per_chunk: int = 1,
+        layers_per_chunk: int | None = None,
         shard_bytes: int = 32 << 20,
         on_invalid: Literal["raise", "quarantine"] = "raise",
         writer_id: str | None = None,
@@ -129,7 +131,7 @@ class RouteWriter:
         if on_invalid not in ("raise", "quarantine"):
             raise ValueError(f"on_invalid must be 'raise' or 'quarantine', got {on_invalid!r}")
         for name, value in (("buffer_bytes", buffer_bytes), ("chunk_rows", chunk_rows),
-                            ("layers_per_chunk", layers_per_chunk), ("shard_bytes", shard_bytes)):
+                            ("layers_per_chunk", 1 if layers_per_chunk is None else layers_per_chunk), ("shard_bytes", shard_bytes)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.spec = spec
@@ -137,7 +139,7 @@ class RouteWriter:
         self.writer_id = writer_id or f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
         self.buffer_bytes = buffer_bytes
         self.chunk_rows = chunk_rows
-        self.layers_per_chunk = layers_per_chunk
+        self.layers_per_chunk = layers_per_chunk if layers_per_chunk is not None else max(d for d in range(1, 5) if spec.num_moe_layers % d == 0)
         self.shard_bytes = shard_bytes
         self.on_invalid = on_invalid
         self._open: dict[str, _Sample] = {}
@@ -227,23 +229,25 @@ class RouteWriter:
         self._check_open()
         if not isinstance(sample_id, str) or not sample_id:
             raise RouteValidationError(str(sample_id), "sample_id", "must be a non-empty str")
-        sample = self._sample_for(sample_id, start)
         arr = as_numpy(sample_id, "routes", routes)
+        sample = self._sample_for(sample_id, start, len(arr) if arr.ndim else 0)
+        types = dict(self._meta_types)  # adopted only if every check passes
         try:
             moe = check_routes(sample_id, arr, self.spec)
             toks = check_tokens(sample_id, tokens) if final else None
-            meta = check_metadata(sample_id, metadata, self._meta_types)
+            meta = check_metadata(sample_id, metadata, types)
             total = check_row_count(sample_id, sample.rows + len(moe), num_tokens, toks) if final else 0
         except RouteValidationError as exc:
             if self.on_invalid == "raise":
                 raise
-            self._quarantine(sample, arr, exc, num_tokens, tokens, metadata)
+            self._quarantine(sample, arr, exc, num_tokens, tokens, metadata, final)
             return
+        self._meta_types = types
         self._add_part(sample, moe)
+        sample.metadata.update(meta)  # metadata of every turn is kept
         if final:
             sample.num_tokens = total
             sample.token_hash = token_hash(toks) if toks is not None else None
-            sample.metadata = meta
             self._finish(sample)
 
     def append_sglang(
@@ -279,12 +283,12 @@ class RouteWriter:
         except RouteValidationError as exc:
             if self.on_invalid == "raise":
                 raise
-            self._quarantine(self._sample_for(sample_id, start), None, exc, num_tokens, tokens, metadata)
+            self._quarantine(self._sample_for(sample_id, start), None, exc, num_tokens, tokens, metadata, final)
             return
         self.append(sample_id, routes, num_tokens=num_tokens, tokens=tokens, metadata=metadata,
                     start=start, final=final)
 
-    def _sample_for(self, sample_id: str, start: int) -> _Sample:
+    def _sample_for(self, sample_id: str, start: int, rows: int = 0) -> _Sample:
         if isinstance(start, bool) or not isinstance(start, int | np.integer) or start < 0:
             raise RouteValidationError(sample_id, "start", f"must be an int >= 0, got {start!r}")
         sample = self._open.get(sample_id)
@@ -292,10 +296,10 @@ class RouteWriter:
             if sample_id in self._ids:
                 raise DuplicateSampleError(sample_id, detail="already appended by this writer")
             if start != 0:
-                raise ContinuationError(sample_id, (0, 0), (start, start))
+                raise ContinuationError(sample_id, (0, 0), (start, start + rows))
             return _Sample(sample_id)
-        if start != sample.rows:
-            raise ContinuationError(sample_id, (0, sample.rows), (start, start))
+        if start != sample.rows and sample.reason is None:  # a quarantined sample's rows may be unknown
+            raise ContinuationError(sample_id, (0, sample.rows), (start, start + rows))
         return sample
 
     def _add_part(self, sample: _Sample, moe: np.ndarray) -> None:
@@ -312,10 +316,22 @@ class RouteWriter:
             self.flush()
 
     def _quarantine(self, sample: _Sample, arr: np.ndarray | None, exc: RouteValidationError,
-                    num_tokens: Any, tokens: Any, metadata: Any) -> None:
-        """Keep a failing sample as received (where it can be bit-packed), flagged."""
-        self._open.pop(sample.sample_id, None)
+                    num_tokens: Any, tokens: Any, metadata: Any, final: bool = True) -> None:
+        """Keep a failing sample as received (where it can be bit-packed), flagged.
+
+        A failing turn of a multi-turn sample flags the sample and keeps it open, so its
+        later turns append as usual; it is committed, flagged, with its final turn.
+        """
         moe = _storable(arr, self.spec)
+        stored = "" if moe is not None else " (routes not storable; none kept)"
+        if not final:
+            if moe is not None:
+                self._add_part(sample, moe)
+            else:
+                self._open[sample.sample_id] = sample
+            sample.reason = sample.reason or f"{exc.field}: {exc.fault}{stored}"
+            return
+        self._open.pop(sample.sample_id, None)
         sample.parts = [] if moe is None else sample.parts + [moe]
         sample.rows = sum(len(p) for p in sample.parts)
         self._buffered += 0 if moe is None else moe.nbytes
@@ -326,13 +342,11 @@ class RouteWriter:
             except TypeError:
                 nt = None
         sample.num_tokens = max(1, nt if nt is not None else sample.rows + 1)
-        sample.metadata = {}
         try:
-            sample.metadata = check_metadata(sample.sample_id, metadata, self._meta_types)
+            sample.metadata.update(check_metadata(sample.sample_id, metadata, self._meta_types))
         except RouteValidationError:
             pass
-        stored = "" if moe is not None else " (routes not storable; none kept)"
-        sample.reason = f"{exc.field}: {exc.fault}{stored}"
+        sample.reason = sample.reason or f"{exc.field}: {exc.fault}{stored}"
         self._finish(sample)
 
     # -- committing -----------------------------------------------------------------
@@ -360,6 +374,10 @@ class RouteWriter:
             return None
         self._check_spec()
         shard = f"{self.writer_id}-{self._seq:05d}"
+        # a writer restarted under the same writer_id must not overwrite earlier commits
+        while self.store.exists(f"{INDEX_PREFIX}{shard}.parquet") or self.store.exists(f"{ROUTES_PREFIX}{shard}/zarr.json"):
+            self._seq += 1
+            shard = f"{self.writer_id}-{self._seq:05d}"
         array = f"{ROUTES_PREFIX}{shard}"
         rows_total = sum(s.rows for s in self._done)
         layout = self._layout(rows_total)
@@ -434,10 +452,11 @@ class RouteWriter:
         if exc_type is None:
             self.close()
             return
-        if self._open:
-            warnings.warn(DiscardedSampleWarning(f"discarded open samples {sorted(self._open)}"), stacklevel=2)
-            self._open.clear()
-        self.close()
+        discarded = sorted(self._open)
+        self._open.clear()
+        self.close()  # before warning: a warning filter set to "error" must not skip the commit
+        if discarded:
+            warnings.warn(DiscardedSampleWarning(f"discarded open samples {discarded}"), stacklevel=2)
 
 
 def _row_blocks(parts: Iterator[np.ndarray], layout: ArrayLayout) -> Iterator[np.ndarray]:

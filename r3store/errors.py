@@ -219,9 +219,9 @@ class ContinuationError(R3StoreError, ValueError):
         self.sample_id = sample_id
         self.have = have
         self.got = got
-        kind = "gap" if got[0] > have[1] else "overlap"
+        kind = "a gap" if got[0] > have[1] else "an overlap"
         super().__init__(
-            f"sample {sample_id!r}: continuation rows [{got[0]}, {got[1]}) leave a {kind} "
+            f"sample {sample_id!r}: continuation rows [{got[0]}, {got[1]}) leave {kind} "
             f"after rows [{have[0]}, {have[1]}) already written; start must be {have[1]}"
         )
 

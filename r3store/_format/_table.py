@@ -46,7 +46,7 @@ def token_hash(tokens: Sequence[int] | np.ndarray) -> str:
     Examples
     --------
     >>> token_hash([1, 2, 3])
-    '2b4dc36a2d0fa0b4e6e4cd3e5dae0a7b'
+    'abccad42d03c940bc2b249bf5a4e1e3d'
     """
     arr = np.asarray(tokens)
     return hashlib.blake2b(arr.astype("<i8").tobytes(), digest_size=16).hexdigest()
