@@ -1,5 +1,36 @@
-"""Audits of stores, returning plain data (the CLI only renders it)."""
+"""Audits of stores, returning plain data (the CLI only renders it).
 
+* :func:`summarize` -- what ``r3store inspect`` prints;
+* :func:`validate` -- checksums and capture faults, as :class:`Finding` s in a
+  :class:`ValidationReport`;
+* :func:`stats` -- per-layer expert load and sequence lengths;
+* :func:`diff` -- R3 mismatch figures between two stores of the same samples;
+* :func:`show` -- the ids of one sample.
+
+Scans stream row block by row block and use a thread pool on remote backends (see
+``r3store/audit/_scan.py`` for the thread-safety rule: one RouteStore per thread).
+"""
+
+from r3store.audit._diff import diff
+from r3store.audit._findings import KINDS, Finding, ValidationReport, format_rows
+from r3store.audit._physical import physical_id_test
+from r3store.audit._show import parse_layers, parse_rows, show
+from r3store.audit._stats import stats
 from r3store.audit._summary import summarize
+from r3store.audit._validate import validate, zero_layer_min_rows
 
-__all__ = ["summarize"]
+__all__ = [
+    "Finding",
+    "KINDS",
+    "ValidationReport",
+    "diff",
+    "format_rows",
+    "parse_layers",
+    "parse_rows",
+    "physical_id_test",
+    "show",
+    "stats",
+    "summarize",
+    "validate",
+    "zero_layer_min_rows",
+]

@@ -62,11 +62,14 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
 @click.command()
 @click.argument("url")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+              help="Read remote route and index objects through a local copy in this folder.")
 @storage_option_flag
 @handle_errors
-def inspect(url: str, as_json: bool, storage_options: tuple[str, ...]) -> None:
+def inspect(url: str, as_json: bool, cache_dir: str | None, storage_options: tuple[str, ...]) -> None:
     """Summarise the store at URL: samples, tokens, spec, bytes, bits per expert id, shards."""
-    store = open_store(url, storage_options=parse_storage_options(storage_options), on_duplicate="report")
+    store = open_store(url, storage_options=parse_storage_options(storage_options), on_duplicate="report",
+                       cache_dir=cache_dir)
     summary = summarize(store)
     if as_json:
         click.echo(json.dumps(summary, indent=2))

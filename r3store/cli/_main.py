@@ -72,10 +72,18 @@ def main() -> None:
 
 def _register() -> None:
     from r3store.cli._demo import demo
+    from r3store.cli._diff import diff
     from r3store.cli._gc import gc
     from r3store.cli._inspect import inspect
+    from r3store.cli._show import show
+    from r3store.cli._stats import stats
+    from r3store.cli._validate import validate
 
     main.add_command(inspect)
+    main.add_command(validate)
+    main.add_command(stats)
+    main.add_command(diff)
+    main.add_command(show)
     main.add_command(demo)
     main.add_command(gc)
 

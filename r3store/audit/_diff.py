@@ -1,0 +1,203 @@
+"""`diff`: R3 mismatch figures between two stores holding routes of the same samples.
+
+Typical use: routes an inference engine recorded during rollout (store A) against routes
+a trainer recomputed for the same tokens (store B). A *routing decision* is one (token,
+MoE layer) pair; two decisions agree when their top-k expert **sets** are equal (order
+is ignored: the routing map is a set, ``REFERENCE.md`` section 4). The R3 paper reports
+about 10% of decisions and 94% of tokens differing between SGLang and Megatron on
+Qwen3-30B-A3B (``REFERENCE.md`` section 1).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from r3store._reader import RouteStore
+from r3store.audit._scan import Progress, ProgressCallback, check_workers, run_units, select_samples
+from r3store.errors import SpecMismatchError
+
+__all__ = ["compare_routes", "diff"]
+
+BLOCK_CELLS = 1 << 22
+WORST = 10
+EXAMPLES = 20
+
+
+@dataclass
+class _Tally:
+    """Sums over compared rows; adds up across samples and threads."""
+
+    num_layers: int
+    rows: int = 0
+    rows_with_diff: int = 0
+    overlap: int = 0
+    differing: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.differing = np.zeros(self.num_layers, np.int64)
+
+    def add(self, other: _Tally) -> None:
+        self.rows += other.rows
+        self.rows_with_diff += other.rows_with_diff
+        self.overlap += other.overlap
+        self.differing += other.differing
+
+
+def compare_routes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per (row, layer): whether the top-k expert sets differ, and the size of their intersection.
+
+    Rows are compared sorted, so the top-k order is ignored (a row repeating an id, a
+    fault :func:`validate` reports, compares as a multiset).
+
+    Parameters
+    ----------
+    a, b : ndarray of integer dtype, shape (rows, layers, top_k)
+
+    Returns
+    -------
+    differ : ndarray of bool, shape (rows, layers)
+    overlap : ndarray of int64, shape (rows, layers)
+        ``|set(a[t, l]) & set(b[t, l])|``.
+
+    Examples
+    --------
+    >>> differ, overlap = compare_routes(np.array([[[1, 2], [3, 4]]]), np.array([[[2, 1], [3, 5]]]))
+    >>> differ.tolist(), overlap.tolist()
+    ([[False, True]], [[2, 1]])
+    """
+    sa, sb = np.sort(a, axis=-1), np.sort(b, axis=-1)
+    first = np.ones(sa.shape, bool)  # first occurrence of each id in a's sorted row: set semantics
+    first[..., 1:] = sa[..., 1:] != sa[..., :-1]
+    differ = (sa != sb).any(axis=-1)
+    present = (sa[..., :, None] == sb[..., None, :]).any(axis=-1)
+    return differ, (present & first).sum(axis=-1, dtype=np.int64)
+
+
+def diff(store_a: RouteStore, store_b: RouteStore, *, sample_filter: str | None = None, limit: int | None = None,
+         workers: int | None = None, progress: ProgressCallback | None = None) -> dict[str, Any]:
+    """R3 mismatch figures for the samples present (and not quarantined) in both stores.
+
+    Parameters
+    ----------
+    store_a, store_b : RouteStore
+        Same ``num_experts`` and ``top_k``; compared on the MoE layers they share.
+    sample_filter : str, optional
+        ``fnmatch`` glob on sample ids.
+    limit : int, optional
+        Compare the first ``limit`` (matching) common samples, in store A's order.
+    workers : int, optional
+        Threads (one sample per task, each thread with its own RouteStores); default 1
+        when both stores are on local disk, else 8.
+    progress : callable, optional
+        ``progress(rows_done, rows_total)``.
+
+    Returns
+    -------
+    dict
+        JSON-ready (``schema/cli-diff.schema.json``): ``samples_compared``,
+        ``only_in_a`` / ``only_in_b`` (counts, with up to 20 ``*_examples``),
+        ``row_mismatch`` (samples whose row counts differ; their common leading rows
+        are compared), ``tokens`` (rows compared), ``decisions`` (tokens x layers),
+        ``differing_decisions``, ``decision_flip_rate`` (fraction of decisions whose
+        expert sets differ), ``token_flip_rate`` (fraction of tokens with at least one
+        differing layer), ``mean_differing_layers_per_token``, ``set_overlap`` (mean
+        ``|A & B| / top_k``), ``per_layer`` (flip rate per decoder layer) and
+        ``worst_samples`` (highest decision flip rates).
+
+    Raises
+    ------
+    r3store.errors.SpecMismatchError
+        ``num_experts`` or ``top_k`` differ, or the stores share no MoE layer.
+    """
+    spec_a, spec_b = store_a.spec, store_b.spec
+    layers = sorted(set(spec_a.moe_layers) & set(spec_b.moe_layers))
+    if (spec_a.num_experts, spec_a.top_k) != (spec_b.num_experts, spec_b.top_k) or not layers:
+        raise SpecMismatchError(store_b.url, spec_a.to_dict(), spec_b.to_dict())
+    workers = check_workers(workers, store_a, store_b)
+    ids_a = store_a.sample_ids
+    in_b = set(store_b.sample_ids)
+    in_a = set(ids_a)
+    common = set(select_samples(store_a.samples, sample_filter, None, visible_only=True).column("sample_id").to_pylist())
+    chosen = [s for s in ids_a if s in in_b and s in common][: limit if limit is not None else None]
+    only_a = [s for s in ids_a if s not in in_b]
+    only_b = [s for s in store_b.sample_ids if s not in in_a]
+    rows_a, rows_b = _num_rows(store_a), _num_rows(store_b)
+    plan = [(s, rows_a[s], rows_b[s]) for s in chosen]
+    ctx = Progress(progress, sum(min(na, nb) for _, na, nb in plan))
+    tally = _Tally(len(layers))
+    worst: list[tuple[float, str]] = []
+    for sid, part in run_units([store_a, store_b], plan, lambda rs, unit: _compare_sample(rs, unit, layers, ctx), workers):
+        tally.add(part)
+        if part.rows:
+            heapq.heappush(worst, (float(part.differing.sum()) / (part.rows * len(layers)), sid))
+            if len(worst) > WORST:
+                heapq.heappop(worst)
+    return _figures(store_a, store_b, layers, tally, plan, only_a, only_b, sorted(worst, reverse=True),
+                    sample_filter, limit)
+
+
+def _num_rows(store: RouteStore) -> dict[str, int]:
+    cols = store.samples.select(["sample_id", "num_rows", "quarantined"]).to_pydict()
+    return {sid: n for sid, n, q in zip(*cols.values(), strict=True) if not q}
+
+
+def _compare_sample(rs: Sequence[RouteStore], unit: tuple[str, int, int], layers: list[int],
+                    progress: Progress) -> tuple[str, _Tally]:
+    sid, rows_a, rows_b = unit
+    a, b = rs
+    tally = _Tally(len(layers))
+    rows = min(rows_a, rows_b)
+    step = max(1, BLOCK_CELLS // (len(layers) * a.spec.top_k ** 2))
+    for lo in range(0, rows, step):
+        hi = min(rows, lo + step)
+        differ, overlap = compare_routes(a.get(sid, layers, rows=slice(lo, hi)), b.get(sid, layers, rows=slice(lo, hi)))
+        tally.rows += hi - lo
+        tally.differing += differ.sum(axis=0)
+        tally.rows_with_diff += int(differ.any(axis=1).sum())
+        tally.overlap += int(overlap.sum())
+        progress.advance(hi - lo)
+    return sid, tally
+
+
+def _figures(store_a: RouteStore, store_b: RouteStore, layers: list[int], tally: _Tally,
+             plan: list[tuple[str, int, int]], only_a: list[str], only_b: list[str],
+             worst: list[tuple[float, str]], sample_filter: str | None, limit: int | None) -> dict[str, Any]:
+    top_k = store_a.spec.top_k
+    decisions = tally.rows * len(layers)
+    differing = int(tally.differing.sum())
+
+    def rate(num: float, den: int) -> float:
+        return num / den if den else 0.0
+
+    return {
+        "store_a": store_a.url,
+        "store_b": store_b.url,
+        "num_experts": store_a.spec.num_experts,
+        "top_k": top_k,
+        "layers": layers,
+        "sample_filter": sample_filter,
+        "limit": limit,
+        "samples_compared": len(plan),
+        "only_in_a": len(only_a),
+        "only_in_b": len(only_b),
+        "only_in_a_examples": only_a[:EXAMPLES],
+        "only_in_b_examples": only_b[:EXAMPLES],
+        "row_mismatch": sum(na != nb for _, na, nb in plan),
+        "row_mismatch_examples": [sid for sid, na, nb in plan if na != nb][:EXAMPLES],
+        "tokens": tally.rows,
+        "decisions": decisions,
+        "differing_decisions": differing,
+        "decision_flip_rate": rate(differing, decisions),
+        "token_flip_rate": rate(tally.rows_with_diff, tally.rows),
+        "tokens_with_diff": tally.rows_with_diff,
+        "mean_differing_layers_per_token": rate(differing, tally.rows),
+        "set_overlap": rate(tally.overlap, decisions * top_k),
+        "per_layer": [{"layer": layer, "differing": int(n), "flip_rate": rate(int(n), tally.rows)}
+                      for layer, n in zip(layers, tally.differing.tolist(), strict=True)],
+        "worst_samples": [{"sample_id": sid, "decision_flip_rate": r} for r, sid in worst],
+    }

@@ -1,0 +1,133 @@
+"""`show`: the expert ids of one sample, as plain data."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from r3store._reader import RouteStore
+
+__all__ = ["parse_layers", "parse_rows", "show"]
+
+
+def parse_layers(text: str) -> list[int]:
+    """``"2,3,10-12"`` to ``[2, 3, 10, 11, 12]`` (inclusive ranges, in the order given).
+
+    Raises
+    ------
+    ValueError
+        A part is not an int or an ``a-b`` range with ``a <= b``.
+
+    Examples
+    --------
+    >>> parse_layers("2,3,10-12")
+    [2, 3, 10, 11, 12]
+    """
+    out: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        lo, sep, hi = part.partition("-")
+        try:
+            a, b = int(lo), int(hi if sep else lo)
+        except ValueError:
+            raise ValueError(f"expected layers like '2,3,10-12', got {text!r}") from None
+        if b < a:
+            raise ValueError(f"layer range {part!r} is empty")
+        out.extend(range(a, b + 1))
+    return out
+
+
+def parse_rows(text: str) -> slice:
+    """``"a:b"`` (either end optional) or ``"a"`` (one row) to a slice.
+
+    Raises
+    ------
+    ValueError
+
+    Examples
+    --------
+    >>> parse_rows("10:20"), parse_rows(":5"), parse_rows("7")
+    (slice(10, 20, None), slice(None, 5, None), slice(7, 8, None))
+    """
+    lo, sep, hi = text.partition(":")
+    try:
+        start = int(lo) if lo.strip() else None
+        stop = int(hi) if hi.strip() else None
+    except ValueError:
+        raise ValueError(f"expected rows like 'a:b', got {text!r}") from None
+    if not sep:
+        if start is None:
+            raise ValueError(f"expected rows like 'a:b', got {text!r}")
+        return slice(start, start + 1)
+    return slice(start, stop)
+
+
+def show(store: RouteStore, sample_id: str, layers: Sequence[int] | None = None,
+         rows: slice | None = None) -> dict[str, Any]:
+    """The expert ids of one sample (quarantined samples included).
+
+    Parameters
+    ----------
+    store : RouteStore
+    sample_id : str
+    layers : sequence of int, optional
+        Global decoder layers (MoE layers only); default every MoE layer.
+    rows : slice, optional
+        Rows within the sample (step 1); default all. Only these rows are read.
+
+    Returns
+    -------
+    dict
+        JSON-ready (``schema/cli-show.schema.json``): ``sample_id``, ``num_tokens``,
+        ``num_rows``, ``quarantined``, ``reason``, ``layers``, ``row_start`` /
+        ``row_stop`` (half-open, within the sample), ``top_k``, ``num_experts``,
+        ``routes`` (nested lists, shape (rows, layers, top_k): row ``t`` holds the
+        experts chosen for input position ``row_start + t``), ``out_of_range`` and
+        ``repeated`` (``[row, layer]`` cells with ids >= num_experts or a repeated id).
+
+    Raises
+    ------
+    r3store.errors.SampleNotFoundError
+    r3store.errors.LayerError
+        A layer is not a stored MoE layer.
+    ValueError
+        ``rows`` has a step other than 1.
+
+    Examples
+    --------
+    >>> import numpy as np, r3store, tempfile
+    >>> spec = r3store.ModelSpec(num_layers=2, num_experts=8, top_k=2)
+    >>> path = tempfile.mkdtemp()
+    >>> with r3store.RouteWriter(path, spec) as w:
+    ...     w.append("s0", np.array([[[0, 1], [2, 3]], [[4, 5], [6, 7]]]))
+    >>> show(r3store.open_store(path), "s0", layers=[1], rows=slice(1, 2))["routes"]
+    [[[6, 7]]]
+    """
+    row = store.row(sample_id, include_quarantined=True)
+    spec = store.spec
+    chosen = list(spec.moe_layers) if layers is None else [int(v) for v in layers]
+    start, stop, step = (rows or slice(None)).indices(int(row["num_rows"]))
+    if step != 1:
+        raise ValueError(f"rows must have step 1, got {rows}")
+    stop = max(start, stop)
+    ids = store.get(sample_id, chosen, rows=slice(start, stop), include_quarantined=True)
+    ordered = np.sort(ids, axis=-1)
+    repeated = (ordered[..., 1:] == ordered[..., :-1]).any(axis=-1)
+    out_of_range = (ids >= spec.num_experts).any(axis=-1)
+    return {
+        "url": store.url,
+        "sample_id": sample_id,
+        "num_tokens": int(row["num_tokens"]),
+        "num_rows": int(row["num_rows"]),
+        "quarantined": bool(row["quarantined"]),
+        "reason": row["reason"],
+        "num_experts": spec.num_experts,
+        "top_k": spec.top_k,
+        "layers": chosen,
+        "row_start": start,
+        "row_stop": stop,
+        "routes": ids.tolist(),
+        "out_of_range": [[start + int(t), chosen[int(j)]] for t, j in np.argwhere(out_of_range)],
+        "repeated": [[start + int(t), chosen[int(j)]] for t, j in np.argwhere(repeated)],
+    }

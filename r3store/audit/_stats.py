@@ -1,0 +1,192 @@
+"""`stats`: per-layer expert load and the sequence-length distribution of a store."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from r3store._reader import RouteStore
+from r3store.audit._scan import (
+    Progress,
+    ProgressCallback,
+    check_workers,
+    merge_ranges,
+    row_blocks,
+    run_units,
+    select_samples,
+)
+
+__all__ = ["stats"]
+
+BLOCK_IDS = 1 << 22
+MAX_UNUSED_LISTED = 64
+
+
+def stats(store: RouteStore, *, sample_filter: str | None = None, limit: int | None = None,
+          workers: int | None = None, progress: ProgressCallback | None = None, top: int = 10,
+          length_bins: int = 20) -> dict[str, Any]:
+    """Expert load per MoE layer and sequence lengths, over the committed samples.
+
+    Quarantined samples are left out. Routes are read row block by row block (one route
+    array per task; threads on remote backends, each with its own RouteStore).
+
+    Parameters
+    ----------
+    store : RouteStore
+    sample_filter : str, optional
+        ``fnmatch`` glob on sample ids.
+    limit : int, optional
+        Use the first ``limit`` (matching) samples, in store order.
+    workers : int, optional
+        Reader threads; default 1 on local disk, 8 on remote backends.
+    progress : callable, optional
+        ``progress(rows_done, rows_total)``.
+    top : int
+        How many of the hottest (layer, expert) pairs to list.
+    length_bins : int
+        Bins of the sequence-length histogram.
+
+    Returns
+    -------
+    dict
+        JSON-ready (``schema/cli-stats.schema.json``): ``url``, ``spec``, ``samples``,
+        ``tokens``, ``rows``, ``layers`` (per MoE layer: ``layer``, ``rows`` (tokens routed),
+        ``assignments`` (in-range ids: rows x top_k), ``mean_load`` (tokens per expert
+        if balanced), ``max_load``, ``max_over_mean``,
+        ``entropy_bits`` of the load distribution and its maximum ``log2(num_experts)``,
+        ``unused_experts`` and the first ids of them, ``hottest_expert``,
+        ``ids_out_of_range``), ``hottest`` (the ``top`` most loaded (layer, expert)
+        pairs), ``load`` (tokens per expert, shape (moe layers, num_experts)) and
+        ``lengths`` (``num_tokens`` distribution: min, max, mean, percentiles, histogram).
+
+    Examples
+    --------
+    >>> import numpy as np, r3store, tempfile
+    >>> spec = r3store.ModelSpec(num_layers=1, num_experts=4, top_k=1)
+    >>> path = tempfile.mkdtemp()
+    >>> with r3store.RouteWriter(path, spec) as w:
+    ...     w.append("s", np.array([0, 0, 1, 2]).reshape(4, 1, 1))
+    >>> s = stats(r3store.open_store(path))
+    >>> s["layers"][0]["max_over_mean"], s["layers"][0]["entropy_bits"], s["layers"][0]["unused"]
+    (2.0, 1.5, [3])
+    """
+    workers = check_workers(workers, store)
+    spec = store.spec
+    table = select_samples(store.samples, sample_filter, limit, visible_only=True)
+    units = _units(table)
+    rows = sum(b - a for _, ranges in units for a, b in ranges)
+    ctx = Progress(progress, rows)
+    nbins = 1 << spec.bits_per_id
+    counts = np.zeros((spec.num_moe_layers, nbins), np.int64)
+
+    def count(rs: list[RouteStore], unit: tuple[str, list[tuple[int, int]]]) -> np.ndarray:
+        return _count_array(rs[0], unit, nbins, ctx)
+
+    for part in run_units([store], units, count, workers):  # type: ignore[arg-type]
+        counts += part
+    load = counts[:, : spec.num_experts]
+    layers = [_layer_stats(layer, load[pos], int(counts[pos, spec.num_experts :].sum()), rows)
+              for pos, layer in enumerate(spec.moe_layers)]
+    return {
+        "url": store.url,
+        "spec": dict(spec.to_dict()),
+        "sample_filter": sample_filter,
+        "limit": limit,
+        "samples": len(table),
+        "tokens": int(sum(table.column("num_tokens").to_pylist())),
+        "rows": rows,
+        "layers": layers,
+        "hottest": _hottest(load, spec.moe_layers, top),
+        "load": load.tolist(),
+        "lengths": _lengths(table, length_bins),
+    }
+
+
+def _units(table: pa.Table) -> list[tuple[str, list[tuple[int, int]]]]:
+    """Per route array, the merged row ranges of the selected samples."""
+    cols = table.select(["array", "row_start", "num_rows"]).to_pydict()
+    by_array: dict[str, list[tuple[int, int]]] = {}
+    for array, start, n in zip(*cols.values(), strict=True):
+        by_array.setdefault(array, []).append((start, start + n))
+    return [(array, merge_ranges(ranges)) for array, ranges in by_array.items()]
+
+
+def _count_array(rs: RouteStore, unit: tuple[str, list[tuple[int, int]]], nbins: int, progress: Progress) -> np.ndarray:
+    array, ranges = unit
+    spec = rs.spec
+    counts = np.zeros(spec.num_moe_layers * nbins, np.int64)
+    offsets = (np.arange(spec.num_moe_layers, dtype=np.int64) * nbins)[None, :, None]
+    positions = list(range(spec.num_moe_layers))
+    block_rows = max(1, BLOCK_IDS // (spec.num_moe_layers * spec.top_k))
+    for lo, hi in row_blocks(ranges, block_rows):
+        x = rs.read_rows(array, lo, hi, positions)
+        counts += np.bincount((x + offsets).ravel(), minlength=counts.size)
+        progress.advance(hi - lo)
+    rs.clear_cache()
+    return counts.reshape(spec.num_moe_layers, nbins)
+
+
+def _layer_stats(layer: int, load: np.ndarray, out_of_range: int, rows: int) -> dict[str, Any]:
+    num_experts = load.size
+    total = int(load.sum())
+    mean = total / num_experts
+    p = load[load > 0] / total if total else np.zeros(0)
+    entropy = float(-(p * np.log2(p)).sum()) if total else 0.0
+    unused = np.flatnonzero(load == 0)
+    hot = int(load.argmax())
+    return {
+        "layer": layer,
+        "rows": rows,
+        "assignments": total,
+        "mean_load": round(mean, 4),
+        "max_load": int(load.max()),
+        "max_over_mean": round(float(load.max()) / mean, 4) if total else 0.0,
+        "entropy_bits": round(entropy, 4),
+        "max_entropy_bits": round(math.log2(num_experts), 4),
+        "unused_experts": int(unused.size),
+        "unused": unused[:MAX_UNUSED_LISTED].tolist(),
+        "hottest_expert": hot,
+        "ids_out_of_range": out_of_range,
+    }
+
+
+def _hottest(load: np.ndarray, moe_layers: tuple[int, ...], top: int) -> list[dict[str, Any]]:
+    flat = load.ravel()
+    if not flat.size or top <= 0:
+        return []
+    order = np.argsort(-flat, kind="stable")[:top]
+    out = []
+    for i in order.tolist():
+        pos, expert = divmod(i, load.shape[1])
+        total = int(load[pos].sum())
+        out.append({
+            "layer": moe_layers[pos],
+            "expert": expert,
+            "tokens": int(flat[i]),
+            "share": round(int(flat[i]) / total, 6) if total else 0.0,
+            "load_over_mean": round(int(flat[i]) * load.shape[1] / total, 4) if total else 0.0,
+        })
+    return out
+
+
+def _lengths(table: pa.Table, bins: int) -> dict[str, Any]:
+    n = np.asarray(table.column("num_tokens").to_numpy(zero_copy_only=False), dtype=np.int64)
+    if not n.size:
+        return {"samples": 0, "min": 0, "max": 0, "mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0,
+                "histogram": {"edges": [], "counts": []}}
+    lo, hi = int(n.min()), int(n.max())
+    counts, edges = np.histogram(n, bins=max(1, min(bins, hi - lo + 1)), range=(lo, hi + 1))
+    p50, p90, p99 = (float(v) for v in np.percentile(n, [50, 90, 99]))
+    return {
+        "samples": int(n.size),
+        "min": lo,
+        "max": hi,
+        "mean": round(float(n.mean()), 3),
+        "p50": p50,
+        "p90": p90,
+        "p99": p99,
+        "histogram": {"edges": [round(float(e), 3) for e in edges], "counts": counts.tolist()},
+    }

@@ -1,0 +1,476 @@
+"""`validate`: checksum every chunk and look for the known capture faults.
+
+What is checked (``REFERENCE.md`` section 5; each check yields :class:`Finding` s of one
+kind, see :data:`r3store.audit.KINDS`):
+
+* every frame of every committed route array is decoded: CRC-32C mismatches
+  (``checksum``), undecodable frames or shard indexes (``malformed_chunk``) and missing
+  objects (``missing_object``) become findings naming the array and chunk;
+* per sample and MoE layer: all rows zero (``zero_layer``), rows repeating an id
+  (``repeated_ids``), rows with ids ``>= num_experts`` (``id_out_of_range``);
+* per MoE layer, over all audited rows: the physical-id test (``physical_ids``, see
+  :func:`r3store.audit.physical_id_test`);
+* per sample, from the sample table: ``num_rows != num_tokens - 1`` (``row_count``),
+  quarantined samples with their reason (``quarantined``), rows past the array end
+  (``table_mismatch``);
+* per store: ids committed by two shards (``duplicate_sample``) and route arrays with no
+  sample table (``uncommitted``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from r3store._format import ROUTES_PREFIX, ArrayLayout
+from r3store._reader import RouteStore
+from r3store.audit._findings import KINDS, Finding, RowRuns, ValidationReport, format_rows, make_finding
+from r3store.audit._physical import ALPHA, physical_id_test
+from r3store.audit._scan import (
+    Progress,
+    ProgressCallback,
+    aligned_ranges,
+    check_workers,
+    row_blocks,
+    run_units,
+    select_samples,
+)
+from r3store.audit._summary import _route_objects
+from r3store.errors import ChecksumError, FormatError, ObjectNotFoundError
+
+__all__ = ["validate"]
+
+BLOCK_IDS = 1 << 22
+"""Ids decoded per row block (times 4 bytes for int32, plus sort scratch): about 16 MiB."""
+
+_CHUNK_PREFIX = re.compile(r"^chunk \([\d, ]*\): ")
+
+LOAD_BOUND = 8.0
+"""Highest per-layer max/mean expert load of real traces (REFERENCE.md section 7)."""
+
+
+@dataclass
+class _Sample:
+    """Running checks of one sample while its rows stream by."""
+
+    sample_id: str
+    start: int
+    num_rows: int
+    num_layers: int
+    valid: np.ndarray = field(init=False)
+    nonzero: np.ndarray = field(init=False)
+    max_id: np.ndarray = field(init=False)
+    repeated: dict[int, RowRuns] = field(default_factory=dict)
+    out_of_range: dict[int, RowRuns] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.valid = np.zeros(self.num_layers, np.int64)
+        self.nonzero = np.zeros(self.num_layers, np.int64)
+        self.max_id = np.full(self.num_layers, -1, np.int64)
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.num_rows
+
+
+@dataclass
+class _Problem:
+    """A chunk that could not be read, merged over the rows it covers."""
+
+    kind: str
+    chunk: tuple[int, int, int] | None
+    layers: set[int]
+    message: str
+    rows: RowRuns = field(default_factory=lambda: RowRuns(cap=64))
+
+
+@dataclass
+class _Result:
+    """What one unit (one route array) found."""
+
+    hist: np.ndarray
+    findings: list[Finding] = field(default_factory=list)
+    samples: int = 0
+    rows: int = 0
+    frames: int = 0
+
+
+@dataclass(frozen=True)
+class _Unit:
+    array: str
+    samples: tuple[tuple[str, int, int], ...]
+    """(sample_id, row_start, num_rows) of the audited samples in the array."""
+    full: bool
+    """Decode every row of the array (not only the samples' rows)."""
+
+
+@dataclass(frozen=True)
+class _Context:
+    store: RouteStore
+    progress: Progress
+
+    @property
+    def spec(self) -> Any:
+        return self.store.spec
+
+
+def zero_layer_min_rows(num_experts: int, top_k: int) -> int | None:
+    """Rows from which an all-zero layer cannot be chance.
+
+    With ``top_k >= 2`` an all-zero row repeats id 0: one row is enough. With top-1,
+    routing every row to expert 0 is legal; with a per-layer max/mean load of at most
+    :data:`LOAD_BOUND` (``REFERENCE.md`` section 7) it happens by chance with probability
+    at most ``(8 / num_experts) ** rows``, which must fall below the audit's 1e-3.
+    None: never (top-1 with 8 experts or fewer).
+    """
+    if top_k >= 2:
+        return 1
+    p0 = LOAD_BOUND / num_experts
+    if p0 >= 1:
+        return None
+    return math.ceil(math.log(ALPHA) / math.log(p0) + 1e-9)
+
+
+def validate(store: RouteStore, *, sample_filter: str | None = None, limit: int | None = None,
+             workers: int | None = None, progress: ProgressCallback | None = None,
+             max_findings: int = 10_000) -> ValidationReport:
+    """Checksum every chunk and look for capture faults (see the module docstring).
+
+    Parameters
+    ----------
+    store : RouteStore
+        Open it with ``on_duplicate="report"`` (or ``"first"``) so duplicates are listed.
+    sample_filter : str, optional
+        ``fnmatch`` glob on sample ids: audit only matching samples (quarantined ones
+        included). With a filter or a limit only the chunks of the selected samples are
+        decoded, and uncommitted leftovers are not looked for.
+    limit : int, optional
+        Audit the first ``limit`` (matching) samples, in store order.
+    workers : int, optional
+        Threads reading route arrays concurrently (one array per task); default 1 on
+        local disk, 8 on remote backends. Each thread reads through its own RouteStore.
+    progress : callable, optional
+        ``progress(rows_done, rows_total)``, called as row blocks are decoded.
+    max_findings : int
+        Findings kept in the report (the per-kind counts stay exact).
+
+    Returns
+    -------
+    ValidationReport
+
+    Raises
+    ------
+    r3store.errors.StorageError
+        The backend failed (a missing object is a finding, not an error).
+    ValueError
+        ``limit`` or ``workers`` is invalid.
+
+    Examples
+    --------
+    >>> import numpy as np, r3store, tempfile
+    >>> spec = r3store.ModelSpec(num_layers=2, num_experts=8, top_k=2)
+    >>> path = tempfile.mkdtemp()
+    >>> with r3store.RouteWriter(path, spec, on_invalid="quarantine") as w:
+    ...     w.append("ok", np.array([[[0, 1], [2, 3]]] * 4), num_tokens=5)
+    ...     w.append("bad", np.array([[[5, 5], [2, 3]]] * 4), num_tokens=5)
+    >>> report = validate(r3store.open_store(path))
+    >>> [str(f) for f in report.findings if f.kind == "repeated_ids"]  # doctest: +ELLIPSIS
+    ["error repeated_ids: sample 'bad', decoder layer 0, rows 0-3, routes/...: 4 of 4 rows hold an expert id more than once"]
+    """
+    workers = check_workers(workers, store)
+    spec = store.spec
+    table = select_samples(store.samples, sample_filter, limit)
+    subset = sample_filter is not None or limit is not None
+    findings = _Kept(max_findings)
+    findings.add(_table_findings(table))
+    findings.add(_duplicate_findings(store, table, subset))
+    if not subset:
+        findings.add(_leftover_findings(store))
+    units = _units(store, table, full=not subset)
+    total_rows = sum(n for u in units for _, _, n in u.samples)
+    ctx = _Context(store, Progress(progress, total_rows))
+    nbins = 1 << spec.bits_per_id
+    hist = np.zeros((spec.num_moe_layers, nbins), np.int64)
+    samples = rows = frames = 0
+    for res in run_units([store], units, lambda rs, unit: _scan_array(rs[0], unit, ctx), workers):
+        hist += res.hist
+        findings.add(res.findings)
+        samples, rows, frames = samples + res.samples, rows + res.rows, frames + res.frames
+    tests = []
+    for pos, layer in enumerate(spec.moe_layers):
+        test = {"layer": layer, **physical_id_test(hist[pos], spec.num_experts)}
+        tests.append(test)
+        if test["physical"]:
+            findings.add([make_finding("physical_ids", layer=layer, detail=test["reason"])])
+    kept = findings.result()
+    return ValidationReport(
+        url=store.url, spec=dict(spec.to_dict()), findings=kept, counts=findings.counts,
+        samples_checked=samples, rows_checked=rows, frames_checked=frames, arrays_checked=len(units),
+        layer_tests=tuple(tests), truncated=findings.truncated, sample_filter=sample_filter, limit=limit,
+    )
+
+
+class _Kept:
+    """The first ``cap`` findings in sort order, whatever order they arrive in (bounded
+    memory, same result with any number of threads); counts every finding by kind."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.items: list[Finding] = []
+        self.counts: dict[str, int] = {}
+        self.total = 0
+
+    def add(self, findings: list[Finding]) -> None:
+        for f in findings:
+            self.counts[f.kind] = self.counts.get(f.kind, 0) + 1
+        self.total += len(findings)
+        self.items += findings
+        if len(self.items) > 2 * self.cap + 1024:
+            self._trim()
+
+    def _trim(self) -> None:
+        self.items.sort(key=Finding.sort_key)
+        del self.items[self.cap :]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.cap
+
+    def result(self) -> tuple[Finding, ...]:
+        self._trim()
+        self.counts = {k: self.counts[k] for k in KINDS if k in self.counts}
+        return tuple(self.items)
+
+
+# -- sample-table and store-level checks ----------------------------------------------
+
+
+def _table_findings(table: pa.Table) -> list[Finding]:
+    cols = table.select(["sample_id", "array", "num_rows", "num_tokens", "quarantined", "reason"]).to_pydict()
+    out = []
+    for sid, array, rows, tokens, quarantined, reason in zip(*cols.values(), strict=True):
+        if quarantined:
+            out.append(make_finding("quarantined", sample_id=sid, array=array, detail=reason or "no reason recorded"))
+        if rows != tokens - 1 and (rows or not quarantined):
+            extra = " (a row for the last token too)" if rows == tokens else ""
+            span = ((0, rows - 1),) if rows else ()
+            out.append(make_finding("row_count", sample_id=sid, array=array, rows=span,
+                                    detail=f"{rows} rows for {tokens} tokens; expected num_tokens - 1 = {tokens - 1}{extra}"))
+    return out
+
+
+def _duplicate_findings(store: RouteStore, table: pa.Table, subset: bool) -> list[Finding]:
+    wanted = set(table.column("sample_id").to_pylist()) if subset else None
+    return [make_finding("duplicate_sample", sample_id=sid,
+                         detail=f"committed by shards {', '.join(shards)}; readers keep the first")
+            for sid, shards in store.duplicates.items() if wanted is None or sid in wanted]
+
+
+def _leftover_findings(store: RouteStore) -> list[Finding]:
+    _, leftover = _route_objects(store)
+    return [make_finding("uncommitted", array=f"{ROUTES_PREFIX}{shard}",
+                         detail=f"{nbytes:,} bytes, no index/<shard>.parquet: a crashed or still-running writer "
+                                "(r3store gc deletes old leftovers)")
+            for shard, nbytes in leftover.items()]
+
+
+def _units(store: RouteStore, table: pa.Table, full: bool) -> list[_Unit]:
+    cols = table.select(["sample_id", "array", "row_start", "num_rows"]).to_pydict()
+    by_array: dict[str, list[tuple[str, int, int]]] = {}
+    if full:
+        for shard in store.committed_shards:
+            by_array[f"{ROUTES_PREFIX}{shard}"] = []
+    for sid, array, start, rows in zip(*cols.values(), strict=True):
+        by_array.setdefault(array, []).append((sid, start, rows))
+    return [_Unit(array, tuple(sorted(samples, key=lambda s: s[1])), full) for array, samples in by_array.items()]
+
+
+# -- scanning one route array ------------------------------------------------------------
+
+
+def _scan_array(rs: RouteStore, unit: _Unit, ctx: _Context) -> _Result:
+    spec = ctx.spec
+    res = _Result(np.zeros((spec.num_moe_layers, 1 << spec.bits_per_id), np.int64))
+    try:
+        layout = rs.layout_of(unit.array)
+    except ObjectNotFoundError as exc:
+        res.findings.append(make_finding("missing_object", array=unit.array, detail=f"{exc}"))
+        return res
+    except FormatError as exc:
+        res.findings.append(make_finding("malformed_chunk", array=unit.array, detail=f"{exc}"))
+        return res
+    samples = []
+    for sid, start, rows in unit.samples:
+        if start + rows > layout.rows:
+            res.findings.append(make_finding(
+                "table_mismatch", sample_id=sid, array=unit.array,
+                detail=f"rows [{start}, {start + rows}) of the array, which has {layout.rows} rows"))
+        else:
+            samples.append(_Sample(sid, start, rows, spec.num_moe_layers))
+    res.samples = len(samples)
+    wanted = [(0, layout.rows)] if unit.full else [(s.start, s.stop) for s in samples]
+    ranges = aligned_ranges(wanted, layout.chunk_rows, layout.rows)
+    block_rows = max(1, BLOCK_IDS // (spec.num_moe_layers * spec.top_k) // layout.chunk_rows) * layout.chunk_rows
+    problems: dict[tuple[str, str], _Problem] = {}
+    scanner = _SampleScanner(samples, spec, res, unit.array)
+    for lo, hi in row_blocks(ranges, block_rows):
+        x, valid = _read_block(rs, unit.array, layout, lo, hi, problems, spec.moe_layers)
+        res.rows += hi - lo
+        res.frames += (-(-hi // layout.chunk_rows) - lo // layout.chunk_rows) * layout.layer_chunks
+        scanner.feed(lo, x, valid)
+        ctx.progress.advance(hi - lo)
+    scanner.finish()
+    res.findings += _problem_findings(unit.array, problems, samples)
+    rs.clear_cache()
+    return res
+
+
+def _read_block(rs: RouteStore, array: str, layout: ArrayLayout, lo: int, hi: int,
+                problems: dict[tuple[str, str], _Problem], moe_layers: Sequence[int]) -> tuple[np.ndarray, np.ndarray | None]:
+    """Rows ``[lo, hi)`` of all layers; on a failure, chunk by chunk, recording each bad one.
+
+    Returns the ids and a bool (rows, layers) mask of readable cells (None: all readable).
+    """
+    positions = list(range(layout.num_layers))
+    try:
+        return rs.read_rows(array, lo, hi, positions), None
+    except (FormatError, ObjectNotFoundError):
+        pass
+    x = np.zeros((hi - lo, layout.num_layers, layout.top_k), np.int32)
+    valid = np.ones((hi - lo, layout.num_layers), bool)
+    lpc, cr = layout.layers_per_chunk, layout.chunk_rows
+    for c in range(lo // cr, -(-hi // cr)):
+        r0, r1 = max(lo, c * cr), min(hi, (c + 1) * cr)
+        for b in range(layout.layer_chunks):
+            pos = positions[b * lpc : (b + 1) * lpc]
+            try:
+                x[r0 - lo : r1 - lo, pos] = rs.read_rows(array, r0, r1, pos)
+                continue
+            except ChecksumError as exc:
+                kind, chunk, err, what = "checksum", exc.chunk if len(exc.chunk) == 3 else (c, b, 0), exc, exc.fault
+            except FormatError as exc:
+                kind, chunk, err, what = "malformed_chunk", (c, b, 0), exc, exc.fault
+            except ObjectNotFoundError as exc:
+                kind, chunk, err, what = "missing_object", None, exc, str(exc)
+            valid[r0 - lo : r1 - lo, pos] = False
+            what = _CHUNK_PREFIX.sub("", what)  # the chunk has its own field
+            problem = problems.setdefault((kind, str(err)), _Problem(kind, chunk, set(), what))  # type: ignore[arg-type]
+            problem.layers.update(moe_layers[p] for p in pos)
+            problem.rows.add_range(r0, r1)
+    return x, valid
+
+
+def _problem_findings(array: str, problems: dict[tuple[str, str], _Problem], samples: list[_Sample]) -> list[Finding]:
+    starts = [s.start for s in samples]
+    out = []
+    for p in problems.values():
+        layers = sorted(p.layers)
+        hit: list[str] = []
+        for a, b in p.rows.runs:
+            i = max(0, bisect.bisect_right(starts, a) - 1)
+            while i < len(samples) and samples[i].start < b:
+                if samples[i].stop > a and samples[i].sample_id not in hit:
+                    hit.append(samples[i].sample_id)
+                i += 1
+        affects = f"; affects samples {', '.join(map(repr, hit[:5]))}{' ...' if len(hit) > 5 else ''}" if hit else ""
+        span = f"; decoder layers {format_rows(_runs(layers))}" if len(layers) > 1 else ""
+        out.append(make_finding(p.kind, array=array, layer=layers[0] if len(layers) == 1 else None,
+                                rows=p.rows.inclusive(), chunk=p.chunk,
+                                detail=f"{p.message}{span}{affects}{p.rows.note()}"))
+    return out
+
+
+def _runs(values: list[int]) -> list[tuple[int, int]]:
+    runs: list[tuple[int, int]] = []
+    for v in values:
+        if runs and v == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], v)
+        else:
+            runs.append((v, v))
+    return runs
+
+
+class _SampleScanner:
+    """Feeds row blocks (in increasing row order) to the samples they overlap."""
+
+    def __init__(self, samples: list[_Sample], spec: Any, res: _Result, array: str) -> None:
+        self.samples = samples
+        self.spec = spec
+        self.res = res
+        self.array = array
+        self.next = 0
+        self.min_zero_rows = zero_layer_min_rows(spec.num_experts, spec.top_k)
+        nbins = 1 << spec.bits_per_id
+        self.offsets = (np.arange(spec.num_moe_layers, dtype=np.int64) * nbins)[None, :, None]
+
+    def feed(self, lo: int, x: np.ndarray, valid: np.ndarray | None) -> None:
+        """Check rows ``[lo, lo + len(x))``; ``valid`` masks unreadable (row, layer) cells."""
+        hi = lo + len(x)
+        if self.next >= len(self.samples) or self.samples[self.next].start >= hi:
+            return
+        ordered = np.sort(x, axis=-1)
+        top = ordered[..., -1]  # (rows, layers); ids are >= 0, so top == 0 means all zeros
+        ok = np.ones(top.shape, bool) if valid is None else valid
+        repeated = (ordered[..., 1:] == ordered[..., :-1]).any(axis=-1) & ok
+        out_of_range = (top >= self.spec.num_experts) & ok
+        in_sample = np.zeros(len(x), bool)
+        i = self.next
+        while i < len(self.samples) and self.samples[i].start < hi:
+            s = self.samples[i]
+            a, b = max(lo, s.start), min(hi, s.stop)
+            sl = slice(a - lo, b - lo)
+            in_sample[sl] = True
+            self._update(s, a - s.start, top[sl], repeated[sl], out_of_range[sl], ok[sl])
+            if s.stop <= hi:
+                self._finish(s)
+                if i == self.next:
+                    self.next += 1
+            i += 1
+        ids = x.astype(np.int64) + self.offsets
+        if valid is not None or not in_sample.all():
+            ids = ids[ok & in_sample[:, None]]
+        self.res.hist += np.bincount(ids.ravel(), minlength=self.res.hist.size).reshape(self.res.hist.shape)
+
+    @staticmethod
+    def _update(s: _Sample, row0: int, top: np.ndarray, repeated: np.ndarray, out_of_range: np.ndarray,
+                ok: np.ndarray) -> None:
+        s.valid += ok.sum(axis=0)
+        s.nonzero += ((top != 0) & ok).sum(axis=0)
+        s.max_id = np.maximum(s.max_id, np.where(ok, top, -1).max(axis=0, initial=-1))
+        for pos in np.flatnonzero(repeated.any(axis=0)):
+            s.repeated.setdefault(int(pos), RowRuns()).add_mask(repeated[:, pos], row0)
+        for pos in np.flatnonzero(out_of_range.any(axis=0)):
+            s.out_of_range.setdefault(int(pos), RowRuns()).add_mask(out_of_range[:, pos], row0)
+
+    def _finish(self, s: _Sample) -> None:
+        spec, out = self.spec, self.res.findings
+        where = {"sample_id": s.sample_id, "array": self.array}
+        for pos, layer in enumerate(spec.moe_layers):
+            rows = int(s.valid[pos])
+            if rows and s.nonzero[pos] == 0 and self.min_zero_rows is not None and rows >= self.min_zero_rows:
+                out.append(make_finding("zero_layer", layer=layer, rows=((0, s.num_rows - 1),), **where,
+                                        detail=f"all {rows:,} rows are zeros: the layer was not captured"))
+                self.res.hist[pos, 0] -= rows * spec.top_k  # no evidence about the ids in use
+            elif pos in s.repeated:
+                runs = s.repeated[pos]
+                out.append(make_finding("repeated_ids", layer=layer, rows=runs.inclusive(), **where,
+                                        detail=f"{runs.total:,} of {s.num_rows:,} rows hold an expert id more "
+                                               f"than once{runs.note()}"))
+            if pos in s.out_of_range:
+                runs = s.out_of_range[pos]
+                out.append(make_finding("id_out_of_range", layer=layer, rows=runs.inclusive(), **where,
+                                        detail=f"{runs.total:,} of {s.num_rows:,} rows hold ids >= num_experts "
+                                               f"({spec.num_experts}); max id {int(s.max_id[pos])}{runs.note()}"))
+
+    def finish(self) -> None:
+        """Close the samples no block reached (samples without rows)."""
+        for s in self.samples[self.next :]:
+            if s.num_rows == 0:
+                self._finish(s)

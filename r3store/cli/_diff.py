@@ -1,0 +1,102 @@
+"""``r3store diff``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from r3store._reader import open_store
+from r3store.audit import diff as run_diff
+from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._scan import echo_json, parse_size, plot_canvas, plot_options, progress_bar, scan_options
+
+__all__ = ["diff", "plot_diff", "render_diff"]
+
+
+def render_diff(result: dict[str, Any], console: Console) -> None:
+    """Print a :func:`r3store.audit.diff` result as tables."""
+    table = Table(title=f"r3store diff\n  A {result['store_a']}\n  B {result['store_b']}", show_header=False,
+                  title_justify="left")
+    table.add_column("figure", style="bold")
+    table.add_column("value", justify="right")
+    rows = [
+        ("samples compared", f"{result['samples_compared']:,}"),
+        ("only in A / only in B", f"{result['only_in_a']:,} / {result['only_in_b']:,}"),
+        ("tokens compared", f"{result['tokens']:,}"),
+        ("MoE layers compared", f"{len(result['layers'])}"),
+        ("routing decisions (token x layer)", f"{result['decisions']:,}"),
+        ("decisions whose expert sets differ", f"{result['decision_flip_rate']:.4%} ({result['differing_decisions']:,})"),
+        ("tokens with >= 1 differing layer", f"{result['token_flip_rate']:.4%} ({result['tokens_with_diff']:,})"),
+        ("mean differing layers per token", f"{result['mean_differing_layers_per_token']:.4f}"),
+        (f"set overlap |A&B|/top_k (top-{result['top_k']})", f"{result['set_overlap']:.4f}"),
+    ]
+    if result["row_mismatch"]:
+        rows.append(("samples with different row counts", f"{result['row_mismatch']:,} (leading rows compared)"))
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    layers = Table(title="flip rate per MoE layer", title_justify="left")
+    layers.add_column("layer", justify="right")
+    layers.add_column("flip rate", justify="right")
+    layers.add_column("differing decisions", justify="right")
+    for lay in result["per_layer"]:
+        layers.add_row(str(lay["layer"]), f"{lay['flip_rate']:.4%}", f"{lay['differing']:,}")
+    console.print(layers)
+    for side in ("a", "b"):
+        if result[f"only_in_{side}"]:
+            ids = ", ".join(result[f"only_in_{side}_examples"][:5])
+            console.print(f"only in {side.upper()}: {result[f'only_in_{side}']:,} samples (e.g. {ids})", highlight=False)
+
+
+def plot_diff(result: dict[str, Any], path: str, size: tuple[int, int]) -> None:
+    """Draw the per-layer flip rates as a bar chart into a PNG."""
+    fig = plot_canvas(*size)
+    ax = fig.subplots()
+    layers = [lay["layer"] for lay in result["per_layer"]]
+    ax.bar(range(len(layers)), [lay["flip_rate"] for lay in result["per_layer"]])
+    step = max(1, len(layers) // 24)
+    ax.set_xticks(range(0, len(layers), step), [str(v) for v in layers[::step]])
+    ax.axhline(result["decision_flip_rate"], color="black", linestyle="--", linewidth=1,
+               label=f"all layers: {result['decision_flip_rate']:.2%}")
+    ax.set_xlabel("decoder layer")
+    ax.set_ylabel("fraction of tokens whose expert set differs")
+    ax.set_title(f"R3 routing mismatch, {result['samples_compared']:,} samples, {result['tokens']:,} tokens")
+    ax.legend()
+    fig.savefig(path, format="png")
+
+
+@click.command()
+@click.argument("url_a")
+@click.argument("url_b")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON (schema/cli-diff.schema.json).")
+@plot_options
+@scan_options
+@storage_option_flag
+@handle_errors
+def diff(url_a: str, url_b: str, as_json: bool, plot_path: str | None, plot_size: str, sample_filter: str | None,
+         limit: int | None, workers: int | None, storage_options: tuple[str, ...]) -> None:
+    """R3 routing mismatch between the stores at URL_A and URL_B (e.g. rollout vs. trainer routes).
+
+    For the samples present in both: the fraction of (token, layer) routing decisions
+    whose top-k expert sets differ, the fraction of tokens with at least one differing
+    layer, mean differing layers per token, per-layer flip rates and the mean set
+    overlap. Both stores need the same num_experts and top_k; the MoE layers they share
+    are compared. Storage options apply to both URLs.
+    """
+    size = parse_size(plot_size)
+    options = parse_storage_options(storage_options)
+    store_a = open_store(url_a, storage_options=options, on_duplicate="first")
+    store_b = open_store(url_b, storage_options=options, on_duplicate="first")
+    with progress_bar("diff", enabled=not as_json) as progress:
+        result = run_diff(store_a, store_b, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress)
+    if plot_path is not None:
+        plot_diff(result, plot_path, size)
+    if as_json:
+        echo_json(result)
+    else:
+        render_diff(result, Console())
+        if plot_path is not None:
+            Console().print(f"plot: {plot_path} ({size[0]}x{size[1]} px)", highlight=False)

@@ -1,0 +1,103 @@
+"""Options and progress bars shared by the scanning commands (validate, stats, diff)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+
+from r3store.cli._main import EXIT_ERROR
+
+__all__ = ["MissingExtra", "echo_json", "parse_size", "plot_canvas", "plot_options", "progress_bar", "scan_options"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def scan_options(func: F) -> F:
+    """Add ``--sample-filter``, ``--limit`` and ``--workers``."""
+    func = click.option("--workers", type=click.IntRange(min=1), default=None,
+                        help="Reader threads (default: 1 on local disk, 8 on remote stores).")(func)
+    func = click.option("--limit", type=click.IntRange(min=0), default=None, metavar="N",
+                        help="Audit only the first N (matching) samples, in store order.")(func)
+    func = click.option("--sample-filter", default=None, metavar="GLOB",
+                        help="Audit only samples whose id matches this fnmatch glob (e.g. 'step-3-*').")(func)
+    return func
+
+
+@contextmanager
+def progress_bar(description: str, enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A rich progress bar on stderr, fed with ``(rows_done, rows_total)``.
+
+    Yields None (no bar) when disabled or when stderr is not a terminal.
+    """
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
+               TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(description, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+def echo_json(doc: Any) -> None:
+    click.echo(json.dumps(doc, indent=2))
+
+
+class MissingExtra(click.ClickException):
+    """An optional dependency is not installed (exit 2, with the pip command)."""
+
+    exit_code = EXIT_ERROR
+
+
+def plot_canvas(width_px: int, height_px: int, dpi: int = 100) -> Any:
+    """A matplotlib Figure on the Agg canvas, ``width_px`` x ``height_px`` pixels when saved.
+
+    matplotlib is imported here only (the plot path); pyplot and the global backend are
+    not touched.
+
+    Raises
+    ------
+    MissingExtra
+        matplotlib is not installed.
+    """
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise MissingExtra(f"--plot needs matplotlib ({exc}): pip install 'r3store[plot]'") from exc
+    fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"1200x800"`` to ``(1200, 800)``."""
+    w, sep, h = text.lower().partition("x")
+    try:
+        size = (int(w), int(h)) if sep else (0, 0)
+    except ValueError:
+        size = (0, 0)
+    if min(size) < 50 or max(size) > 20000:
+        raise click.BadParameter(f"expected WIDTHxHEIGHT in pixels (50..20000), got {text!r}", param_hint="--plot-size")
+    return size
+
+
+def plot_options(func: F) -> F:
+    """Add ``--plot FILE.png`` and ``--plot-size WIDTHxHEIGHT``."""
+    func = click.option("--plot-size", default="1200x800", show_default=True, metavar="WxH",
+                        help="Size of the --plot image in pixels.")(func)
+    func = click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+                        metavar="FILE.png", help="Also draw a PNG (needs matplotlib: pip install 'r3store[plot]').")(func)
+    return func

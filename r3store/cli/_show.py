@@ -1,0 +1,74 @@
+"""``r3store show``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from r3store._reader import open_store
+from r3store.audit import parse_layers, parse_rows
+from r3store.audit import show as run_show
+from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._scan import echo_json
+
+__all__ = ["render_show", "show"]
+
+
+def render_show(result: dict[str, Any], console: Console) -> None:
+    """Print a :func:`r3store.audit.show` result: rows x layers, each cell the top-k ids."""
+    flag = ", quarantined: " + (result["reason"] or "") if result["quarantined"] else ""
+    title = (f"{result['sample_id']}: {result['num_tokens']:,} tokens, {result['num_rows']:,} rows{flag}; "
+             f"rows {result['row_start']}-{result['row_stop'] - 1}, top-{result['top_k']} of {result['num_experts']} experts")
+    table = Table(title=title, title_justify="left")
+    table.add_column("row", justify="right", style="bold")
+    for layer in result["layers"]:
+        table.add_column(f"L{layer}", justify="left", overflow="fold")
+    bad = {tuple(c): "red" for c in result["out_of_range"]}
+    bad.update({tuple(c): "yellow" for c in result["repeated"] if tuple(c) not in bad})
+    for t, row in enumerate(result["routes"], start=result["row_start"]):
+        cells = []
+        for layer, ids in zip(result["layers"], row, strict=True):
+            text = ",".join(map(str, ids))
+            style = bad.get((t, layer))
+            cells.append(f"[{style}]{text}[/]" if style else text)
+        table.add_row(str(t), *cells)
+    console.print(table)
+    if bad:
+        console.print("[red]red[/]: ids >= num_experts; [yellow]yellow[/]: repeated id", highlight=False)
+
+
+def _parse(value: str | None, parser: Any, hint: str) -> Any:
+    if value is None:
+        return None
+    try:
+        return parser(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=hint) from exc
+
+
+@click.command()
+@click.argument("url")
+@click.argument("sample_id")
+@click.option("--layers", default=None, metavar="LIST", help="Decoder layers, e.g. '2,3,10-12' (default: every MoE layer).")
+@click.option("--rows", default=None, metavar="A:B", help="Rows within the sample, e.g. '0:64' (default: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print the ids as JSON (schema/cli-show.schema.json).")
+@storage_option_flag
+@handle_errors
+def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json: bool,
+         storage_options: tuple[str, ...]) -> None:
+    """Show the expert ids of SAMPLE_ID in the store at URL: rows x layers, each cell the top-k ids.
+
+    Quarantined samples are shown too. Cells with ids >= num_experts are red, cells
+    repeating an id yellow.
+    """
+    chosen = _parse(layers, parse_layers, "--layers")
+    window = _parse(rows, parse_rows, "--rows")
+    store = open_store(url, storage_options=parse_storage_options(storage_options), on_duplicate="first")
+    result = run_show(store, sample_id, chosen, window)
+    if as_json:
+        echo_json(result)
+    else:
+        render_show(result, Console())

@@ -1,0 +1,99 @@
+"""``r3store stats``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from r3store._reader import open_store
+from r3store.audit import stats as run_stats
+from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._scan import echo_json, parse_size, plot_canvas, plot_options, progress_bar, scan_options
+
+__all__ = ["plot_stats", "render_stats", "stats"]
+
+
+def render_stats(result: dict[str, Any], console: Console) -> None:
+    """Print a :func:`r3store.audit.stats` result as tables."""
+    spec = result["spec"]
+    table = Table(title=f"r3store stats {result['url']}: {result['samples']:,} samples, {result['rows']:,} routed "
+                        f"tokens, {spec['num_experts']} experts, top-{spec['top_k']}", title_justify="left")
+    for name in ("layer", "tokens/expert (mean)", "max", "max/mean", "entropy (bits)", "unused experts",
+                 "hottest expert", "ids >= num_experts"):
+        table.add_column(name, justify="right")
+    for lay in result["layers"]:
+        unused = f"{lay['unused_experts']}"
+        if lay["unused"]:
+            listed = ", ".join(map(str, lay["unused"][:8]))
+            unused += f" ({listed}{', ...' if lay['unused_experts'] > 8 else ''})"
+        table.add_row(str(lay["layer"]), f"{lay['mean_load']:,.1f}", f"{lay['max_load']:,}", f"{lay['max_over_mean']:.2f}",
+                      f"{lay['entropy_bits']:.3f} / {lay['max_entropy_bits']:.3f}", unused, str(lay["hottest_expert"]),
+                      f"{lay['ids_out_of_range']:,}")
+    console.print(table)
+    hot = Table(title="hottest experts", title_justify="left")
+    for name in ("layer", "expert", "tokens", "share of layer", "load / mean"):
+        hot.add_column(name, justify="right")
+    for h in result["hottest"]:
+        hot.add_row(str(h["layer"]), str(h["expert"]), f"{h['tokens']:,}", f"{h['share']:.2%}", f"{h['load_over_mean']:.2f}")
+    console.print(hot)
+    n = result["lengths"]
+    console.print(f"sequence length (tokens): {n['samples']:,} samples, min {n['min']:,}, p50 {n['p50']:,.0f}, "
+                  f"mean {n['mean']:,.1f}, p90 {n['p90']:,.0f}, p99 {n['p99']:,.0f}, max {n['max']:,}", highlight=False)
+
+
+def plot_stats(result: dict[str, Any], path: str, size: tuple[int, int]) -> None:
+    """Draw the layers x experts load heatmap and the length histogram into a PNG."""
+    fig = plot_canvas(*size)
+    heat, hist = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 1]})
+    layers = [lay["layer"] for lay in result["layers"]]
+    load = [[v / lay["mean_load"] if lay["mean_load"] else 0.0 for v in row]
+            for row, lay in zip(result["load"], result["layers"], strict=True)]
+    image = heat.imshow(load, aspect="auto", interpolation="nearest", cmap="viridis")
+    heat.set_xlabel("expert id")
+    heat.set_ylabel("decoder layer")
+    step = max(1, len(layers) // 16)
+    heat.set_yticks(range(0, len(layers), step), [str(v) for v in layers[::step]])
+    heat.set_title("expert load / mean load")
+    fig.colorbar(image, ax=heat)
+    lengths = result["lengths"]["histogram"]
+    if lengths["counts"]:
+        edges = lengths["edges"]
+        hist.stairs(lengths["counts"], edges, fill=True)
+    hist.set_xlabel("tokens per sample")
+    hist.set_ylabel("samples")
+    hist.set_title("sequence lengths")
+    fig.suptitle(f"{result['url']}: {result['samples']:,} samples")
+    fig.savefig(path, format="png")
+
+
+@click.command()
+@click.argument("url")
+@click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON (schema/cli-stats.schema.json).")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(min=0), help="Hottest experts to list.")
+@plot_options
+@scan_options
+@storage_option_flag
+@handle_errors
+def stats(url: str, as_json: bool, top: int, plot_path: str | None, plot_size: str, sample_filter: str | None,
+          limit: int | None, workers: int | None, storage_options: tuple[str, ...]) -> None:
+    """Expert load per MoE layer and sequence lengths of the store at URL.
+
+    Per layer: tokens per expert (mean and max), max/mean load, entropy of the load in
+    bits, unused experts and the hottest expert; then the hottest experts overall and
+    the sequence-length distribution. Quarantined samples are left out.
+    """
+    size = parse_size(plot_size)
+    store = open_store(url, storage_options=parse_storage_options(storage_options), on_duplicate="first")
+    with progress_bar("stats", enabled=not as_json) as progress:
+        result = run_stats(store, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress, top=top)
+    if plot_path is not None:
+        plot_stats(result, plot_path, size)
+    if as_json:
+        echo_json(result)
+    else:
+        render_stats(result, Console())
+        if plot_path is not None:
+            Console().print(f"plot: {plot_path} ({size[0]}x{size[1]} px)", highlight=False)
