@@ -73,9 +73,10 @@ def build_batch(
     positions = store.spec.layer_positions(layers)
     flat_tokens = _check_tokens(store, sample_ids, tokens) if tokens is not None else None
     num_tokens = [store.num_tokens(s) for s in sample_ids]
-    parts = [store.get(s, layers) for s in sample_ids]
-    shape = (0, len(positions), store.spec.top_k)
-    routes = np.concatenate(parts) if parts else np.zeros(shape, np.int32)
+    offsets = np.concatenate([[0], np.cumsum([n - 1 for n in num_tokens])]).astype(np.int64)
+    routes = np.empty((int(offsets[-1]), len(positions), store.spec.top_k), dtype=np.int32)
+    for sid, lo, hi in zip(sample_ids, offsets[:-1], offsets[1:], strict=True):
+        store.get(sid, layers, out=routes[lo:hi])
     plan = plan_layout(num_tokens, options)
     out, mask = apply_routes(plan, routes, num_experts=store.spec.num_experts, pad_policy=pad_policy,
                              fill_value=fill_value)

@@ -1,0 +1,141 @@
+"""Loader throughput: RouteDataset vs per-sample int32 .npy files padded with numpy.
+
+A Qwen3-30B-A3B-shaped store (48 MoE layers, 128 experts, top-8) is streamed as THD
+batches with context parallel CP=2 (zig-zag, rank 0), through ``DataLoader`` with 0 and
+2 workers. The baseline is today's status quo: one int32 ``.npy`` per sample, loaded with
+``np.load``, given a pad row, zig-zag split and packed with numpy in a map-style dataset
+yielding the same batches. Both read from the same local disk in the same run.
+
+usage: python benchmarks/bench_loader.py [--quick] [--samples N] [--tokens T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+from torch.utils.data import DataLoader, Dataset
+
+import r3store
+from r3store.dataset import plan_batches
+from r3store.testing.synthetic import qwen3_30b_a3b_spec, synthetic_routes
+
+CP = 2
+BUDGET = 16384
+
+
+def make_samples(num_samples: int, tokens: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """``num_samples`` realistic traces; 8 are generated, the rest relabel experts of those."""
+    spec = qwen3_30b_a3b_spec()
+    rng = np.random.default_rng(seed)
+    base = [synthetic_routes(num_tokens=tokens, num_layers=48, num_experts=128, top_k=8, seed=seed + i)
+            for i in range(min(8, num_samples))]
+    out = {}
+    for i in range(num_samples):
+        perm = rng.permutation(spec.num_experts).astype(np.int32)
+        n = int(rng.integers(tokens // 2, tokens + 1))
+        out[f"s{i:04d}"] = perm[base[i % len(base)][: n - 1]]
+    return out
+
+
+class NpyBaseline(Dataset[dict[str, Any]]):
+    """Status quo: per-sample .npy, pad row of zeros, zig-zag CP split, THD pack, all numpy."""
+
+    def __init__(self, folder: Path, batches: list[list[str]], cp_rank: int = 0) -> None:
+        self.folder, self.batches, self.cp_rank = folder, batches, cp_rank
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        parts, lengths = [], []
+        for sid in self.batches[i]:
+            routes = np.load(self.folder / f"{sid}.npy")
+            routes = np.concatenate([routes, np.zeros((1, *routes.shape[1:]), routes.dtype)])
+            unit = 2 * CP
+            padded = -(-len(routes) // unit) * unit
+            routes = np.concatenate([routes, np.zeros((padded - len(routes), *routes.shape[1:]), routes.dtype)])
+            chunks = np.split(routes, unit)
+            parts += [chunks[self.cp_rank], chunks[unit - 1 - self.cp_rank]]
+            lengths.append(padded // CP)
+        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        return {"routes": torch.from_numpy(np.concatenate(parts)), "cu_seqlens": torch.from_numpy(cu),
+                "sample_ids": self.batches[i]}
+
+
+def run_loader(loader: DataLoader, tokens_of: dict[str, int]) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    tokens = 0
+    for batch in loader:
+        tokens += sum(tokens_of[s] for s in batch["sample_ids"])
+    return time.perf_counter() - t0, tokens
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, 1 repeat")
+    parser.add_argument("--samples", type=int, default=None)
+    parser.add_argument("--tokens", type=int, default=None, help="max tokens per sample")
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args()
+    num_samples = args.samples or (16 if args.quick else 64)
+    tokens = args.tokens or (2048 if args.quick else 8192)
+    repeats = args.repeats or (1 if args.quick else 3)
+    console = Console()
+    console.print(f"python {platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}, "
+                  f"{os.cpu_count()} CPUs; {num_samples} samples of {tokens // 2}..{tokens} tokens, "
+                  f"48 layers x top-8 of 128 experts, THD, CP={CP} zig-zag, budget {BUDGET} tokens")
+    work = Path(tempfile.mkdtemp(prefix="r3store-bench-loader-"))
+    try:
+        samples = make_samples(num_samples, tokens)
+        tokens_of = {s: len(r) + 1 for s, r in samples.items()}
+        npy = work / "npy"
+        npy.mkdir()
+        for sid, routes in samples.items():
+            np.save(npy / f"{sid}.npy", routes.astype(np.int32))
+        with r3store.RouteWriter(work / "store", qwen3_30b_a3b_spec()) as writer:
+            for sid, routes in samples.items():
+                writer.append(sid, routes)
+        store_bytes = folder_bytes(work / "store")
+        ds = r3store.RouteDataset(work / "store", max_tokens_per_batch=BUDGET, cp_size=CP, cp_rank=0)
+        ids = ds.sample_ids
+        order = plan_batches([tokens_of[s] for s in ids], BUDGET, shuffle=False, seed=0, epoch=0)
+        batches = [[ids[i] for i in b] for b in order]
+        results = []
+        for workers in (0, 2):
+            for name, make in (
+                ("int32 .npy + numpy (status quo)", lambda w=workers: DataLoader(NpyBaseline(npy, batches),
+                                                                                  batch_size=None, num_workers=w)),
+                ("r3store RouteDataset", lambda w=workers: DataLoader(ds, batch_size=None, num_workers=w)),
+            ):
+                best = min(run_loader(make(), tokens_of) for _ in range(repeats))
+                results.append((name, workers, best[1] / best[0], best[0]))
+        table = Table(title="loader throughput (best of %d)" % repeats)
+        for col in ("loader", "workers", "tokens/s", "seconds", "vs status quo"):
+            table.add_column(col)
+        base = {w: tps for name, w, tps, _ in results if name.startswith("int32")}
+        for name, w, tps, secs in results:
+            table.add_row(name, str(w), f"{tps:,.0f}", f"{secs:.3f}", f"{tps / base[w]:.2f}x")
+        console.print(table)
+        console.print(f"bytes on disk: status quo {folder_bytes(npy):,}; r3store {store_bytes:,} "
+                      f"({store_bytes / folder_bytes(npy):.3f}x)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
