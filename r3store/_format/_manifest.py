@@ -40,6 +40,13 @@ def load_schema(name: str) -> dict[str, Any]:
     return doc
 
 
+@cache
+def _validator(name: str) -> Any:
+    """A JSON Schema validator built once per schema (checking the schema itself each call costs ms)."""
+    schema = load_schema(name)
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
 def make_manifest(spec: ModelSpec) -> dict[str, Any]:
     """The manifest document for a new store."""
     from r3store import __version__
@@ -71,11 +78,10 @@ def parse_manifest(doc: Any, path: str) -> ModelSpec:
             f"format {doc.get('format')!r} version {doc.get('version')!r} is not readable "
             f"by this release (reads {FORMAT_NAME!r} version {FORMAT_VERSION})",
         )
-    try:
-        jsonschema.validate(doc, load_schema("manifest"))
-    except jsonschema.ValidationError as exc:
-        where = "/".join(map(str, exc.absolute_path)) or "(root)"
-        raise FormatError(path, f"manifest invalid at {where}: {exc.message}") from exc
+    error = jsonschema.exceptions.best_match(_validator("manifest").iter_errors(doc))
+    if error is not None:
+        where = "/".join(map(str, error.absolute_path)) or "(root)"
+        raise FormatError(path, f"manifest invalid at {where}: {error.message}")
     return ModelSpec.from_dict(doc["spec"])
 
 

@@ -7,14 +7,27 @@
 * :mod:`r3store.testing.strategies`: hypothesis strategies for ids, specs and routes.
 * :mod:`r3store.testing.s3`: a loopback S3 server (moto) with a request counter, and
   pytest fixtures for it.
+* :mod:`r3store.testing.synthetic`: realistic synthetic traces (needs only numpy).
+
+The kits are imported on first use, so ``r3store.testing.synthetic`` works without pytest.
 """
 
-import pytest
+from __future__ import annotations
 
-# The kits' plain asserts get pytest's rich failure messages.
-pytest.register_assert_rewrite("r3store.testing.codec", "r3store.testing.store")
-
-from r3store.testing.codec import CodecTests  # noqa: E402
-from r3store.testing.store import StoreTests  # noqa: E402
+from typing import Any
 
 __all__ = ["CodecTests", "StoreTests"]
+
+_KITS = {"CodecTests": "r3store.testing.codec", "StoreTests": "r3store.testing.store"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _KITS:
+        raise AttributeError(f"module 'r3store.testing' has no attribute {name!r}")
+    import importlib
+
+    import pytest
+
+    # The kits' plain asserts get pytest's rich failure messages.
+    pytest.register_assert_rewrite(*_KITS.values())
+    return getattr(importlib.import_module(_KITS[name]), name)

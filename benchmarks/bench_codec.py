@@ -1,0 +1,367 @@
+"""Size and speed of r3store's expert-id storage against the status quo and Blosc.
+
+Run from the repository root (r3store installed, e.g. editable)::
+
+    python benchmarks/bench_codec.py            # 32K-token synthetic trace, best of 5
+    python benchmarks/bench_codec.py --quick    # 16K tokens, best of 2 (well under 30 s)
+    python benchmarks/bench_codec.py --profile  # plus BitpackCodec stage timings
+
+Two traces:
+
+* ``flame``: the real FLAME-MoE-290M trace shipped in ``r3store/data/flame-moe-290m``
+  (2048 tokens x 8 layers x top-6 of 64 experts, 6 bits per id);
+* ``qwen3``: a synthetic Qwen3-30B-A3B-shaped trace (48 layers x top-8 of 128 experts,
+  7 bits per id) from :func:`r3store.testing.synthetic.synthetic_routes`, with realistic
+  load skew, adjacent-layer correlation and token repetition (REFERENCE.md section 7).
+
+Methods, all starting from and ending with an int32 ``(rows, layers, top_k)`` array:
+
+* ``r3store bitpack frames``: :class:`r3store.codecs.BitpackCodec` alone over writer-style
+  frames (4096 rows x 1 layer x top_k, from a uint16 buffer); decode places every frame
+  back into an int32 array (in memory);
+* ``r3store writer->get``: ``RouteWriter(tmp).append(); close()`` with the writer's default
+  chunking, then ``open_store(tmp).get()`` (on disk; size = bytes of the route objects
+  under ``routes/``);
+* ``npy int32``: ``np.save``/``np.load`` to a ``BytesIO`` (memory) and to a file (disk),
+  the status quo (Miles pickles int32 arrays);
+* ``blosc zstd5 bitshuffle``: numcodecs ``Blosc(cname="zstd", clevel=5,
+  shuffle=Blosc.BITSHUFFLE)`` on the ids cast to uint8 (experts <= 256) and to uint16
+  (memory; the casts are timed).
+
+Timings are best-of-N wall clock (``time.perf_counter``) of one full encode or decode of
+the whole trace; throughput is ids per second. Ratios compare with the int32 ``.npy`` row
+of the same medium (memory with BytesIO, disk with the file) measured in the same run.
+Every method's decode is checked to equal the input. Nothing here asserts on timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import numcodecs
+import numpy as np
+from numcodecs import Blosc
+from rich.console import Console
+from rich.table import Table
+
+import r3store
+from r3store.codecs import BitpackCodec, pack_bits, unpack_bits
+from r3store.testing.synthetic import qwen3_30b_a3b_spec, routing_stats, synthetic_routes
+
+FLAME = "flame-moe-290m/flame_moe_290m_prefill_2048tok_8layers_top6.npz"
+CHUNK_ROWS = 4096  # RouteWriter's default chunk_rows; the raw-codec rows use 1 layer per frame
+
+
+@dataclass
+class Trace:
+    name: str
+    routes: np.ndarray  # int32 (rows, layers, top_k)
+    spec: r3store.ModelSpec
+    note: str
+
+
+@dataclass
+class Result:
+    trace: str
+    method: str
+    medium: str  # "memory" or "disk": which npy row the ratios use
+    nbytes: int
+    encode_s: float
+    decode_s: float
+    note: str = ""
+
+
+def best_of(repeats: int, fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> tuple[float, Any]:
+    """Best wall time of ``fn()`` over ``repeats`` runs (``setup()`` runs untimed before each)."""
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        if setup is not None:
+            setup()
+        gc.collect()
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+# -- traces ------------------------------------------------------------------------
+
+
+def load_traces(tokens: int) -> list[Trace]:
+    with files("r3store.data").joinpath(FLAME).open("rb") as f:
+        flame = np.load(f)["expert_ids"].astype(np.int32)
+    rows, layers, top_k = flame.shape
+    traces = [Trace("flame", flame, r3store.ModelSpec(num_layers=layers, num_experts=64, top_k=top_k),
+                    "real FLAME-MoE-290M prefill, 64 experts")]
+    spec = qwen3_30b_a3b_spec()
+    t0 = time.perf_counter()
+    qwen = synthetic_routes(num_tokens=tokens, num_layers=spec.num_moe_layers, num_experts=spec.num_experts,
+                            top_k=spec.top_k, seed=0)
+    gen_s = time.perf_counter() - t0
+    traces.append(Trace("qwen3", qwen, spec, f"synthetic Qwen3-30B-A3B, 128 experts (generated in {gen_s:.2f} s)"))
+    return traces
+
+
+# -- methods -----------------------------------------------------------------------
+
+
+def bench_bitpack_frames(trace: Trace, repeats: int) -> Result:
+    routes, spec = trace.routes, trace.spec
+    codec = BitpackCodec(spec.bits_per_id)
+    rows, layers, top_k = routes.shape
+
+    def encode() -> list[bytes]:
+        frames = []
+        for start in range(0, rows, CHUNK_ROWS):
+            block = routes[start : start + CHUNK_ROWS].astype(np.uint16)  # the writer's uint16 buffer
+            for layer in range(layers):
+                frames.append(codec.encode(block[:, layer : layer + 1]))
+        return frames
+
+    def decode(frames: list[bytes]) -> np.ndarray:
+        out = np.empty(routes.shape, dtype=np.int32)
+        it = iter(frames)
+        for start in range(0, rows, CHUNK_ROWS):
+            stop = min(rows, start + CHUNK_ROWS)
+            for layer in range(layers):
+                out[start:stop, layer] = codec.decode(next(it)).reshape(stop - start, top_k)
+        return out
+
+    enc_s, frames = best_of(repeats, encode)
+    dec_s, back = best_of(repeats, lambda: decode(frames))
+    check(trace, "bitpack frames", back)
+    return Result(trace.name, "r3store bitpack frames", "memory", sum(map(len, frames)), enc_s, dec_s)
+
+
+def bench_writer(trace: Trace, repeats: int, tmp: Path) -> Result:
+    routes, spec = trace.routes, trace.spec
+    where = tmp / "store"
+
+    def fresh() -> None:
+        shutil.rmtree(where, ignore_errors=True)
+
+    def encode() -> None:
+        with r3store.RouteWriter(where, spec) as writer:
+            writer.append("s0", routes, num_tokens=len(routes) + 1)
+
+    def decode() -> np.ndarray:
+        with r3store.open_store(where) as store:
+            return store.get("s0")
+
+    enc_s, _ = best_of(repeats, encode, setup=fresh)
+    dec_s, back = best_of(repeats, decode)
+    check(trace, "writer->get", back)
+    sizes = {p: p.stat().st_size for p in where.rglob("*") if p.is_file()}
+    route_bytes = sum(n for p, n in sizes.items() if p.is_relative_to(where / "routes") and p.name != "zarr.json")
+    chunks = "?"
+    for meta in (where / "routes").glob("*/zarr.json"):
+        doc = json.loads(meta.read_text())
+        chunks = " x ".join(map(str, doc["codecs"][0]["configuration"]["chunk_shape"]))
+    note = (f"r3store writer->get (RouteWriter defaults; inner chunks {chunks}): {route_bytes:,} bytes of "
+            f"route objects; the whole store (manifest, zarr.json, Parquet sample table) is {sum(sizes.values()):,} bytes")
+    return Result(trace.name, "r3store writer->get", "disk", route_bytes, enc_s, dec_s, note)
+
+
+def bench_npy_memory(trace: Trace, repeats: int) -> Result:
+    routes = trace.routes
+
+    def encode() -> bytes:
+        buf = io.BytesIO()
+        np.save(buf, routes)
+        return buf.getvalue()
+
+    enc_s, blob = best_of(repeats, encode)
+    dec_s, back = best_of(repeats, lambda: np.load(io.BytesIO(blob)))
+    check(trace, "npy BytesIO", back)
+    return Result(trace.name, "npy int32 (BytesIO)", "memory", len(blob), enc_s, dec_s)
+
+
+def bench_npy_file(trace: Trace, repeats: int, tmp: Path) -> Result:
+    routes = trace.routes
+    path = tmp / "routes.npy"
+    enc_s, _ = best_of(repeats, lambda: np.save(path, routes), setup=lambda: path.unlink(missing_ok=True))
+    dec_s, back = best_of(repeats, lambda: np.load(path))
+    check(trace, "npy file", back)
+    return Result(trace.name, "npy int32 (file)", "disk", path.stat().st_size, enc_s, dec_s)
+
+
+def bench_blosc(trace: Trace, repeats: int, dtype: type[np.integer]) -> Result:
+    routes = trace.routes
+    codec = Blosc(cname="zstd", clevel=5, shuffle=Blosc.BITSHUFFLE)
+
+    enc_s, blob = best_of(repeats, lambda: codec.encode(routes.astype(dtype)))
+    dec_s, back = best_of(
+        repeats, lambda: np.frombuffer(codec.decode(blob), dtype=dtype).reshape(routes.shape).astype(np.int32))
+    check(trace, f"blosc {np.dtype(dtype).name}", back)
+    return Result(trace.name, f"blosc zstd5 bitshuffle {np.dtype(dtype).name}", "memory", len(blob), enc_s, dec_s)
+
+
+def check(trace: Trace, method: str, back: np.ndarray) -> None:
+    if back.dtype != np.int32 or not np.array_equal(back, trace.routes):
+        raise SystemExit(f"{trace.name}/{method}: round trip changed the ids")
+
+
+# -- stage profile -----------------------------------------------------------------
+
+
+def profile_table(traces: list[Trace], repeats: int) -> Table:
+    """Where BitpackCodec spends its time, stage by stage (public helpers re-run alone)."""
+    import google_crc32c
+
+    qwen = next(t for t in traces if t.name == "qwen3")
+    bits = qwen.spec.bits_per_id
+    block = qwen.routes[:CHUNK_ROWS].astype(np.uint16)
+    big = np.ascontiguousarray(qwen.routes.reshape(-1)[:6_000_000].astype(np.uint16))
+    cases = [(f"{block[:, :1].size:,}-id frame (4096 x 1 x 8)", block[:, 5:6]),
+             (f"{block[:, :4].size:,}-id frame (4096 x 4 x 8)", block[:, 4:8]),
+             (f"{big.size:,}-id array", big)]
+    table = Table(title=f"BitpackCodec stages, {bits} bits/id (best of {max(repeats, 5)}; ms per call and Mids/s)")
+    table.add_column("stage")
+    for name, _ in cases:
+        table.add_column(name, justify="right")
+    codec = BitpackCodec(bits)
+    rows: dict[str, list[str]] = {}
+    for _, ids in cases:
+        flat = ids.reshape(-1)
+        n = flat.size
+        payload = pack_bits(flat, bits)
+        raw = payload.tobytes()
+        frame = codec.encode(ids)
+        data = np.frombuffer(frame, dtype=np.uint8)
+        unpacked = unpack_bits(data[20:], n, bits)
+        stages: list[tuple[str, Callable[[], Any]]] = [
+            ("encode: flatten (reshape(-1))", lambda: np.asarray(ids).reshape(-1)),
+            ("encode: range check (min, max)", lambda: (int(flat.min()), int(flat.max()))),
+            ("encode: trim (last non-zero id)", lambda: int((flat != 0)[::-1].argmax())),
+            ("encode: pack_bits", lambda: pack_bits(flat, bits)),
+            ("encode: payload.tobytes()", lambda: payload.tobytes()),
+            ("encode: CRC-32C", lambda: google_crc32c.value(raw)),
+            ("encode: TOTAL codec.encode", lambda: codec.encode(ids)),
+            ("decode: CRC-32C", lambda: google_crc32c.value(raw)),
+            ("decode: unpack_bits", lambda: unpack_bits(data[20:], n, bits)),
+            ("decode: zeros + copy into out", lambda: np.zeros(n, np.int32).__setitem__(slice(None), unpacked)),
+            ("decode: TOTAL codec.decode", lambda: codec.decode(frame)),
+        ]
+        loops = max(1, 2_000_000 // n)  # small frames: time a loop, as the writer runs them back to back
+        for stage, fn in stages:
+            t, _ = best_of(max(repeats, 5), lambda fn=fn: [fn() for _ in range(loops)])
+            t /= loops
+            rows.setdefault(stage, []).append(f"{t * 1e3:.3f} ms  {n / t / 1e6:,.0f}")
+    for stage, cells in rows.items():
+        table.add_row(stage, *cells)
+    return table
+
+
+# -- report ------------------------------------------------------------------------
+
+
+def environment(args: argparse.Namespace) -> Table:
+    table = Table(title="environment", show_header=False)
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    blosc_threads = numcodecs.blosc.get_nthreads() if hasattr(numcodecs.blosc, "get_nthreads") else "?"
+    for key, value in [
+        ("python", sys.version.split()[0]),
+        ("numpy", np.__version__),
+        ("numcodecs", f"{numcodecs.__version__} (blosc threads: {blosc_threads})"),
+        ("r3store", r3store.__version__),
+        ("cpu", f"{cpu}, os.cpu_count()={os.cpu_count()}, usable={len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'}"),
+        ("platform", platform.platform()),
+        ("temp dir", tempfile.gettempdir()),
+        ("repeats", f"best of {args.repeats}"),
+    ]:
+        table.add_row(key, str(value))
+    return table
+
+
+def traces_table(traces: list[Trace]) -> Table:
+    table = Table(title="traces")
+    for col in ("trace", "shape (rows, layers, top_k)", "ids", "bits/id", "max/mean load", "1st-choice repeat / chance",
+                "adjacent-layer MI (bits)", "source"):
+        table.add_column(col)
+    for t in traces:
+        stats = routing_stats(t.routes, t.spec.num_experts)
+        mi = stats.adjacent_mi_bits
+        table.add_row(
+            t.name, str(t.routes.shape), f"{t.routes.size:,}", str(t.spec.bits_per_id),
+            f"{stats.max_mean_load.min():.2f}-{stats.max_mean_load.max():.2f}",
+            f"{np.nanmin(stats.repeat_ratio):.2f}-{np.nanmax(stats.repeat_ratio):.2f}",
+            f"{mi.min():.2f}-{mi.max():.2f}" if mi.size else "-", t.note,
+        )
+    return table
+
+
+def results_table(trace: Trace, results: list[Result]) -> Table:
+    ids = trace.routes.size
+    base = {r.medium: r for r in results if r.method.startswith("npy")}
+    table = Table(title=f"{trace.name}: {ids:,} ids, {trace.spec.num_experts} experts "
+                        f"(ratios vs the int32 .npy row of the same medium)",
+                  caption="\n".join(r.note for r in results if r.note) or None)
+    for col, justify in [("method", "left"), ("medium", "left"), ("bytes", "right"), ("bits/id", "right"),
+                         ("size vs npy", "right"), ("encode Mids/s", "right"), ("decode Mids/s", "right"),
+                         ("encode vs npy", "right"), ("decode vs npy", "right")]:
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for r in results:
+        b = base[r.medium]
+        table.add_row(
+            r.method, r.medium, f"{r.nbytes:,}", f"{8 * r.nbytes / ids:.3f}", f"{r.nbytes / b.nbytes:.1%}",
+            f"{ids / r.encode_s / 1e6:,.1f}", f"{ids / r.decode_s / 1e6:,.1f}",
+            f"{b.encode_s / r.encode_s:.2f}x", f"{b.decode_s / r.decode_s:.2f}x",
+        )
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="16K-token synthetic trace, best of 2")
+    parser.add_argument("--tokens", type=int, help="tokens of the synthetic trace (default 32768; 16384 with --quick)")
+    parser.add_argument("--repeats", type=int, help="best of N (default 5; 2 with --quick)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also time BitpackCodec stage by stage on a writer frame and a 6M-id array")
+    args = parser.parse_args(argv)
+    args.tokens = args.tokens or (16384 if args.quick else 32768)
+    args.repeats = args.repeats or (2 if args.quick else 5)
+    if args.tokens < 2 or args.repeats < 1:
+        parser.error("--tokens must be >= 2 and --repeats >= 1")
+
+    console = Console(width=max(Console().width, 150))
+    console.print(environment(args))
+    started = time.perf_counter()
+    traces = load_traces(args.tokens)
+    console.print(traces_table(traces))
+    with tempfile.TemporaryDirectory(prefix="r3store-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        for trace in traces:
+            results = [bench_npy_memory(trace, args.repeats), bench_npy_file(trace, args.repeats, tmp)]
+            results.append(bench_bitpack_frames(trace, args.repeats))
+            results.append(bench_writer(trace, args.repeats, tmp))
+            if trace.spec.num_experts <= 256:
+                results.append(bench_blosc(trace, args.repeats, np.uint8))
+            results.append(bench_blosc(trace, args.repeats, np.uint16))
+            console.print(results_table(trace, results))
+    if args.profile:
+        console.print(profile_table(traces, args.repeats))
+    console.print(f"all round trips exact; total {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
