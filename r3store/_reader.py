@@ -341,6 +341,9 @@ class RouteStore:
     def _decode(codec: BitpackCodec, frame: memoryview, shape: tuple[int, int, int], array: str,
                 chunk: tuple[int, int, int]) -> np.ndarray:
         try:
+            size = codec.frame_size(frame)
+            if size != shape[0] * shape[1] * shape[2]:  # checked before decode allocates it
+                raise FormatError("r3store.bitpack frame", f"header says {size} ids, the chunk holds {shape}")
             return codec.decode(frame).reshape(shape)
         except ChecksumError as exc:
             raise ChecksumError(array, chunk, exc.fault) from exc

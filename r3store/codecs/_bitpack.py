@@ -206,16 +206,27 @@ class BitpackCodec(Codec):
     def decode(self, buf: bytes | memoryview | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         data = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf.view(np.uint8).reshape(-1)
         n_total, n_encoded = self._check_frame(data)
+        if out is not None and out.size != n_total:
+            raise FormatError(_FRAME, f"out holds {out.size} ids, the frame {n_total}")
         ids = unpack_bits(data[HEADER.size :], n_encoded, self.bits)
         if out is None:
+            if n_encoded == n_total:
+                return ids  # a fresh array: no second pass
             out = np.zeros(n_total, dtype=np.int32)
-        elif out.size != n_total:
-            raise FormatError(_FRAME, f"out holds {out.size} ids, the frame {n_total}")
         # reshape(-1) of a non-contiguous out is a copy: write through .flat instead
         flat_out = out.reshape(-1) if out.flags.c_contiguous else out.flat
         flat_out[:n_encoded] = ids
         flat_out[n_encoded:] = 0
         return out
+
+    @staticmethod
+    def frame_size(buf: bytes | memoryview | np.ndarray) -> int:
+        """Number of ids a frame decodes to (``n_total``), read from its header without checks."""
+        data = np.frombuffer(buf, dtype=np.uint8, count=min(len(buf), HEADER.size)) \
+            if not isinstance(buf, np.ndarray) else buf.view(np.uint8).reshape(-1)[: HEADER.size]
+        if data.size < HEADER.size:
+            raise FormatError(_FRAME, f"{data.size} bytes is shorter than the {HEADER.size}-byte header")
+        return int(data[8:12].view("<u4")[0])
 
     def _check_frame(self, data: np.ndarray) -> tuple[int, int]:
         if data.size < HEADER.size:
