@@ -19,27 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import r3store
+from r3store.testing.synthetic import uniform_routes
 from r3store.errors import DuplicateSampleError, LayerError, SampleNotFoundError
 
 # -- local generators (numpy only) ----------------------------------------------------
-
-
-def random_routes(rng: np.random.Generator, rows: int, layers: int, num_experts: int, top_k: int) -> np.ndarray:
-    """Valid routes: per (row, layer) ``top_k`` distinct ids of ``num_experts``, random order."""
-    n = rows * layers
-    if n == 0:
-        return np.zeros((rows, layers, top_k), dtype=np.int64)
-    if top_k * 4 > num_experts:  # dense draw: a random permutation prefix per row
-        ids = np.argsort(rng.random((n, num_experts)), axis=-1)[:, :top_k]
-    else:  # sparse draw: rejection-sample the rows that repeat an id
-        ids = rng.integers(0, num_experts, size=(n, top_k))
-        while True:
-            s = np.sort(ids, axis=-1)
-            bad = np.flatnonzero((s[:, 1:] == s[:, :-1]).any(axis=-1))
-            if not bad.size:
-                break
-            ids[bad] = rng.integers(0, num_experts, size=(bad.size, top_k))
-    return ids.reshape(rows, layers, top_k).astype(np.int64)
 
 
 def with_dense(spec: r3store.ModelSpec, moe: np.ndarray) -> np.ndarray:
@@ -116,7 +99,7 @@ def test_round_trip_property(case: dict) -> None:
     spec: r3store.ModelSpec = case["spec"]
     rng = np.random.default_rng(case["seed"])
     ids = [f"s{i}-{uuid.uuid4().hex[:6]}" for i in range(len(case["lengths"]))]
-    data = {sid: random_routes(rng, n - 1, spec.num_moe_layers, spec.num_experts, spec.top_k)
+    data = {sid: uniform_routes(rng, n - 1, spec.num_moe_layers, spec.num_experts, spec.top_k)
             for sid, n in zip(ids, case["lengths"], strict=True)}
     tokens = {sid: rng.integers(0, 150_000, size=n) for sid, n in zip(ids, case["lengths"], strict=True)}
 
@@ -187,7 +170,7 @@ SPEC = r3store.ModelSpec(num_layers=6, num_experts=40, top_k=3, moe_layers=[1, 2
 @pytest.fixture
 def small_store(tmp_path):
     rng = np.random.default_rng(7)
-    data = {f"s{i}": random_routes(rng, n, SPEC.num_moe_layers, SPEC.num_experts, SPEC.top_k)
+    data = {f"s{i}": uniform_routes(rng, n, SPEC.num_moe_layers, SPEC.num_experts, SPEC.top_k)
             for i, n in enumerate([5, 0, 17, 9, 33])}
     with r3store.RouteWriter(tmp_path, SPEC, chunk_rows=4, layers_per_chunk=3, shard_bytes=30) as w:
         for sid, r in data.items():
@@ -262,7 +245,7 @@ def test_tiny_cache_and_pickle(small_store) -> None:
 def test_memory_url_round_trip(memory_url) -> None:
     rng = np.random.default_rng(3)
     spec = r3store.ModelSpec(num_layers=3, num_experts=1024, top_k=16)
-    want = random_routes(rng, 70, 3, 1024, 16)
+    want = uniform_routes(rng, 70, 3, 1024, 16)
     with r3store.RouteWriter(memory_url, spec, chunk_rows=8) as w:
         w.append("m", want)
     with r3store.open_store(memory_url) as store:
@@ -282,9 +265,9 @@ def test_empty_store(tmp_path) -> None:
 
 def _two_writers_commit_same_id(url: str) -> tuple[dict[str, np.ndarray], str, str]:
     rng = np.random.default_rng(11)
-    first = random_routes(rng, 6, 4, 40, 3)
-    second = random_routes(rng, 9, 4, 40, 3)
-    other = random_routes(rng, 4, 4, 40, 3)
+    first = uniform_routes(rng, 6, 4, 40, 3)
+    second = uniform_routes(rng, 9, 4, 40, 3)
+    other = uniform_routes(rng, 4, 4, 40, 3)
     # the later writer sorts first by name, so "earliest" must follow commit time, not names
     wb = r3store.RouteWriter(url, SPEC, writer_id="zz-writer")
     wa = r3store.RouteWriter(url, SPEC, writer_id="aa-writer")
@@ -329,7 +312,7 @@ def test_duplicate_across_writers(backend, tmp_path, memory_url) -> None:
 def test_metadata_types_differing_between_writers(tmp_path) -> None:
     """Each writer keeps one type per key; two writers may disagree. The store still opens."""
     rng = np.random.default_rng(12)
-    routes = random_routes(rng, 3, 4, 40, 3)
+    routes = uniform_routes(rng, 3, 4, 40, 3)
     for wid, meta in (("w1", {"label": 1, "score": 1, "flag": True}), ("w2", {"label": "one", "score": 0.5}),
                       ("w3", {"label": None, "flag": 2})):
         with r3store.RouteWriter(tmp_path, SPEC, writer_id=wid) as w:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import r3store
+from r3store.testing.synthetic import uniform_routes
 from r3store.errors import (
     DuplicateSampleError,
     ExpertIdError,
@@ -18,24 +19,6 @@ from r3store.errors import (
     SampleNotFoundError,
     WriterClosedError,
 )
-
-
-def random_routes(rng: np.random.Generator, rows: int, layers: int, num_experts: int, top_k: int) -> np.ndarray:
-    """Valid routes: per (row, layer) ``top_k`` distinct ids of ``num_experts``, random order."""
-    n = rows * layers
-    if n == 0:
-        return np.zeros((rows, layers, top_k), dtype=np.int64)
-    if top_k * 4 > num_experts:
-        ids = np.argsort(rng.random((n, num_experts)), axis=-1)[:, :top_k]
-    else:
-        ids = rng.integers(0, num_experts, size=(n, top_k))
-        while True:
-            s = np.sort(ids, axis=-1)
-            bad = np.flatnonzero((s[:, 1:] == s[:, :-1]).any(axis=-1))
-            if not bad.size:
-                break
-            ids[bad] = rng.integers(0, num_experts, size=(bad.size, top_k))
-    return ids.reshape(rows, layers, top_k).astype(np.int64)
 
 
 def route_object_bytes(root: Path) -> tuple[int, int]:
@@ -67,7 +50,7 @@ def test_stored_size_is_log2_bits_per_id(tmp_path, num_layers, num_experts, top_
     ids = 0
     with r3store.RouteWriter(tmp_path, spec) as w:
         for i, n in enumerate(lengths):
-            routes = random_routes(rng, n - 1, spec.num_moe_layers, num_experts, top_k)
+            routes = uniform_routes(rng, n - 1, spec.num_moe_layers, num_experts, top_k)
             ids += routes.size
             w.append(f"s{i}", routes)
     assert sum(lengths) - len(lengths) >= 16_000
@@ -90,7 +73,7 @@ SPEC = r3store.ModelSpec(num_layers=4, num_experts=48, top_k=2, moe_layers=[0, 2
 def test_flush_commits_and_makes_visible(backend, tmp_path, memory_url) -> None:
     url = str(tmp_path / "store") if backend == "local" else memory_url
     rng = np.random.default_rng(1)
-    a, b, c = (random_routes(rng, n, 3, 48, 2) for n in (5, 7, 2))
+    a, b, c = (uniform_routes(rng, n, 3, 48, 2) for n in (5, 7, 2))
     w = r3store.RouteWriter(url, SPEC, writer_id="w1")
     assert w.flush() is None  # nothing buffered
     w.append("a", a)
@@ -118,7 +101,7 @@ def test_flush_commits_and_makes_visible(backend, tmp_path, memory_url) -> None:
 
 def test_buffer_bytes_triggers_automatic_flushes(tmp_path) -> None:
     rng = np.random.default_rng(2)
-    data = {f"s{i}": random_routes(rng, 10, 3, 48, 2) for i in range(10)}  # 120 bytes buffered each
+    data = {f"s{i}": uniform_routes(rng, 10, 3, 48, 2) for i in range(10)}  # 120 bytes buffered each
     with r3store.RouteWriter(tmp_path, SPEC, buffer_bytes=300) as w:
         for i, (sid, r) in enumerate(data.items()):
             w.append(sid, r)
@@ -137,7 +120,7 @@ def test_buffer_bytes_triggers_automatic_flushes(tmp_path) -> None:
 
 def test_second_writer_same_spec_adds_to_store(tmp_path) -> None:
     rng = np.random.default_rng(3)
-    one, two = random_routes(rng, 3, 3, 48, 2), random_routes(rng, 4, 3, 48, 2)
+    one, two = uniform_routes(rng, 3, 3, 48, 2), uniform_routes(rng, 4, 3, 48, 2)
     with r3store.RouteWriter(tmp_path, SPEC) as w:
         w.append("one", one)
     with r3store.RouteWriter(tmp_path, r3store.ModelSpec(num_layers=4, num_experts=48, top_k=2, moe_layers=[0, 2, 3])) as w:
@@ -152,7 +135,7 @@ def test_second_writer_same_spec_adds_to_store(tmp_path) -> None:
 def test_torch_tensors_accepted(tmp_path) -> None:
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(4)
-    data = {f"t{i}": random_routes(rng, n, 3, 48, 2) for i, n in enumerate((6, 1, 9, 4))}
+    data = {f"t{i}": uniform_routes(rng, n, 3, 48, 2) for i, n in enumerate((6, 1, 9, 4))}
     full = np.zeros((9, 4, 2), dtype=np.int64)
     full[:, [0, 2, 3]] = data["t2"]
     with r3store.RouteWriter(tmp_path, SPEC, chunk_rows=4) as w:
@@ -198,7 +181,7 @@ def test_constructor_arguments(tmp_path) -> None:
 def test_restarted_writer_with_same_id_does_not_overwrite(backend, tmp_path, memory_url) -> None:
     url = str(tmp_path) if backend == "local" else memory_url
     rng = np.random.default_rng(6)
-    first, second, third = (random_routes(rng, n, 3, 48, 2) for n in (5, 2, 7))
+    first, second, third = (uniform_routes(rng, n, 3, 48, 2) for n in (5, 2, 7))
     with r3store.RouteWriter(url, SPEC, writer_id="rank-0") as w:
         w.append("a", first)
         w.flush()
@@ -225,7 +208,7 @@ QSPEC = r3store.ModelSpec(num_layers=4, num_experts=48, top_k=2, moe_layers=[1, 
 
 def test_quarantine_keeps_bad_samples_flagged(tmp_path) -> None:
     rng = np.random.default_rng(5)
-    good = random_routes(rng, 6, 3, 48, 2)
+    good = uniform_routes(rng, 6, 3, 48, 2)
     repeated = good.copy()
     repeated[2, 1] = [7, 7]
     physical = good.copy()

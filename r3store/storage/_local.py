@@ -75,16 +75,11 @@ class LocalStore(Store):
     def set(self, key: str, data: bytes | memoryview) -> None:
         path = self._path(key)
         with map_storage_errors(self.path_of(key)):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            tmp = _write_temp(path, data)
             try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
                 os.replace(tmp, path)
             except BaseException:
-                Path(tmp).unlink(missing_ok=True)
+                tmp.unlink(missing_ok=True)
                 raise
             self._maps.pop(key, None)
 
@@ -92,19 +87,14 @@ class LocalStore(Store):
         """Atomic create: the data is written to a temp file, then hard-linked into place."""
         path = self._path(key)
         with map_storage_errors(self.path_of(key)):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            tmp = _write_temp(path, data)
             try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
                 os.link(tmp, path)
                 return True
             except FileExistsError:
                 return False
             finally:
-                Path(tmp).unlink(missing_ok=True)
+                tmp.unlink(missing_ok=True)
 
     def exists(self, key: str) -> bool:
         with map_storage_errors(self.path_of(key)):
@@ -141,6 +131,21 @@ class LocalStore(Store):
         for mapped, _ in self._maps.values():
             _close_quietly(mapped)
         self._maps.clear()
+
+
+def _write_temp(path: Path, data: bytes | memoryview) -> Path:
+    """Write ``data`` to a fsynced temporary file beside ``path``; removed again on failure."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(tmp)
 
 
 def _close_quietly(mapped: mmap.mmap | None) -> None:

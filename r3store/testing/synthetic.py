@@ -41,6 +41,7 @@ __all__ = [
     "qwen3_30b_a3b_spec",
     "routing_stats",
     "synthetic_routes",
+    "uniform_routes",
     "zipf_exponent_for_skew",
 ]
 
@@ -476,3 +477,27 @@ def routing_stats(routes: np.ndarray, num_experts: int, *, seed: int = 0) -> Rou
             a = routes[:, layer - 1, 0].astype(np.int64)
             mi[layer - 1] = _mi_bits(a, first, num_experts) - _mi_bits(a, rng.permutation(first), num_experts)
     return RoutingStats(max_mean_load=load, repeat_ratio=rep, adjacent_mi_bits=mi)
+
+
+def uniform_routes(rng: np.random.Generator, rows: int, layers: int, num_experts: int, top_k: int) -> np.ndarray:
+    """Valid routes with no structure: per (row, layer), ``top_k`` distinct ids drawn uniformly.
+
+    Returns
+    -------
+    ndarray of int64, shape (rows, layers, top_k)
+        Ids in ``[0, num_experts)``, distinct within each row, in random order.
+    """
+    n = rows * layers
+    if n == 0:
+        return np.zeros((rows, layers, top_k), dtype=np.int64)
+    if top_k * 4 > num_experts:  # dense draw: a random permutation prefix per row
+        ids = np.argsort(rng.random((n, num_experts)), axis=-1)[:, :top_k]
+    else:  # sparse draw: rejection-sample the rows that repeat an id
+        ids = rng.integers(0, num_experts, size=(n, top_k))
+        while True:
+            s = np.sort(ids, axis=-1)
+            bad = np.flatnonzero((s[:, 1:] == s[:, :-1]).any(axis=-1))
+            if not bad.size:
+                break
+            ids[bad] = rng.integers(0, num_experts, size=(bad.size, top_k))
+    return ids.reshape(rows, layers, top_k).astype(np.int64)
