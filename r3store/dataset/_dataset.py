@@ -113,6 +113,10 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         TP/CP/PP ranks must receive the same batches), else 0 and 1.
     storage_options : mapping, optional
         Passed to fsspec.
+    cache_dir : str or os.PathLike, optional
+        Local read-through cache of a remote store's route and index objects: the first
+        epoch downloads each object once, later epochs read the local copies (see
+        :class:`r3store.storage.CachingStore`). DataLoader workers may share it.
     layout, cp_size, cp_rank, cp_mode, tp_size, tp_rank, pad_multiple, sequence_parallel, max_seqlen
         Trainer layout, see :meth:`r3store.RouteStore.assemble`.
     pad_policy : {"spread", "fill"}
@@ -143,6 +147,7 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         world_size: int | None = None,
         *,
         storage_options: Mapping[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
         layout: Literal["thd", "bshd"] = "thd",
         cp_size: int = 1,
         cp_rank: int = 0,
@@ -158,7 +163,8 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         super().__init__()
         if isinstance(max_tokens_per_batch, bool) or not isinstance(max_tokens_per_batch, int) or max_tokens_per_batch < 1:
             raise ValueError(f"max_tokens_per_batch must be an int >= 1, got {max_tokens_per_batch!r}")
-        self.store = url if isinstance(url, RouteStore) else open_store(url, storage_options=storage_options)
+        self.store = url if isinstance(url, RouteStore) else open_store(url, storage_options=storage_options,
+                                                                         cache_dir=cache_dir)
         self.store.spec.layer_positions(layers)  # fail early on a bad layer
         self.layers = None if layers is None else [int(v) for v in layers]
         self.options = LayoutOptions(layout=layout, cp_size=cp_size, cp_rank=cp_rank, cp_mode=cp_mode,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -30,30 +33,75 @@ class FsspecStore(Store):
     Object stores write whole objects in one PUT, so :meth:`set` is atomic there. Byte
     ranges are fetched with ranged GETs (``fs.cat_file(path, start, end)``); several
     ranges of several objects with ``fs.cat_ranges``, which s3fs runs concurrently.
-    Transient S3 errors are retried by s3fs/botocore's own retry settings (pass
-    ``config_kwargs={"retries": {...}}`` in ``storage_options``; s3fs's own ``retries``
-    is a class attribute, not an option).
+
+    Request counts on S3 (s3fs): a whole object is one GET (s3fs would otherwise send a
+    HEAD first to decide on a concurrent download; our objects are below its 50 MiB
+    block), a :class:`SuffixByteRange` is one GET with ``Range: bytes=-n`` (other
+    filesystems: a size lookup, then a ranged read), a byte range is one GET, and
+    :meth:`exists` is one 1-byte GET.
+
+    Listings are never answered from fsspec's listing cache where it matters:
+    :meth:`list_prefix` always lists (s3fs's ``find``), and :meth:`exists` and
+    :meth:`info` drop the cached listing of the key's folder first, because another
+    process may have written or deleted the key since (writers commit concurrently,
+    ``r3store gc`` re-checks commits right before deleting).
+
+    Transient S3 errors (5xx, ``SlowDown`` throttling, dropped connections) are retried
+    by botocore's retry handler (``storage_options={"config_kwargs": {"retries":
+    {"max_attempts": 10, "mode": "adaptive"}}}``; default: botocore's legacy mode, 5
+    attempts) and then by s3fs's own loop (``s3fs.S3FileSystem.retries``, a class
+    attribute, 5 by default, for throttling and broken connections). Permanent errors
+    (403, 404, ...) are not retried and leave as :mod:`r3store.errors` errors naming the
+    ``s3://`` URL; credentials in a URL (``s3://key:secret@bucket``) are masked.
+
+    The filesystem instance is re-created in a forked child (a DataLoader worker):
+    fsspec's async filesystems refuse to run in a process they were not created in.
     """
 
     def __init__(self, fs: AbstractFileSystem, root: str, url: str) -> None:
-        super().__init__(url)
-        self.fs = fs
+        super().__init__(_mask_credentials(url))
+        self._fs = fs
+        self._pid = os.getpid()
         self.root = root.rstrip("/")
+        self._is_s3 = "s3" in _protocols(fs)
+        self._suffix_ranges = self._is_s3 or "memory" in _protocols(fs)
+
+    @property
+    def fs(self) -> AbstractFileSystem:
+        """The fsspec filesystem (re-created after a fork; never closed here)."""
+        if self._pid != os.getpid():
+            self._fs = _reopen(self._fs)
+            self._pid = os.getpid()
+        return self._fs
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if self.root else key
 
     def get(self, key: str, byte_range: ByteRange | SuffixByteRange | None = None) -> bytes:
+        path = self._path(key)
         with map_storage_errors(self.path_of(key)):
             if byte_range is None:
-                return bytes(self.fs.cat_file(self._path(key)))
+                return bytes(self.fs.cat_file(path, **self._whole_kwargs()))
             if isinstance(byte_range, SuffixByteRange):
-                size = self.fs.size(self._path(key))
-                return bytes(self.fs.cat_file(self._path(key), start=max(0, size - byte_range.nbytes), end=size))
+                return self._get_suffix(path, byte_range.nbytes)
             if byte_range.nbytes == 0:
-                self.fs.info(self._path(key))  # a missing key still raises
+                self.fs.info(path)  # a missing key still raises
                 return b""
-            return bytes(self.fs.cat_file(self._path(key), start=byte_range.start, end=byte_range.end))
+            return bytes(self.fs.cat_file(path, start=byte_range.start, end=byte_range.end))
+
+    def _whole_kwargs(self) -> dict[str, Any]:
+        # s3fs sends a HEAD before every whole-object GET unless told not to split it
+        return {"max_concurrency": 1} if self._is_s3 else {}
+
+    def _get_suffix(self, path: str, nbytes: int) -> bytes:
+        if self._suffix_ranges:
+            try:
+                return bytes(self.fs.cat_file(path, start=-nbytes))
+            except OSError as exc:  # 416 on an empty object from some S3 servers
+                if exc.errno != errno.EINVAL:
+                    raise
+        size = self.fs.size(path)
+        return bytes(self.fs.cat_file(path, start=max(0, size - nbytes), end=size)) if size else b""
 
     def get_ranges(self, key: str, ranges: Sequence[ByteRange]) -> list[bytes | memoryview]:
         # An empty range would go out as the invalid header "bytes=5-4", which S3 answers
@@ -77,7 +125,7 @@ class FsspecStore(Store):
             return {}
         paths = [self._path(k) for k in keys]
         with map_storage_errors(self.path_of(keys[0]) if len(keys) == 1 else self.url):
-            got: dict[str, Any] = self.fs.cat(paths, on_error="raise")
+            got: dict[str, Any] = self.fs.cat(paths, on_error="raise", **self._whole_kwargs())
         by_path = {self.fs._strip_protocol(p): v for p, v in got.items()}
         return {k: bytes(by_path[self.fs._strip_protocol(p)]) for k, p in zip(keys, paths, strict=True)}
 
@@ -89,14 +137,49 @@ class FsspecStore(Store):
                 self.fs.makedirs(parent, exist_ok=True)
             self.fs.pipe_file(path, bytes(data))
 
-    def exists(self, key: str) -> bool:
-        # Not fs.isfile: it answers False for *any* error (an unreachable endpoint included).
+    def set_if_absent(self, key: str, data: bytes) -> bool:
+        """Atomic create on S3: a conditional PUT (``If-None-Match: *``).
+
+        AWS S3 (since 2024), MinIO and moto refuse the PUT when the key exists. A server
+        that fails the conditional PUT for another reason (one without conditional
+        writes answers 501) gets the base class's check-then-write instead, which
+        reports any real failure itself.
+        """
+        if not self._is_s3:
+            return super().set_if_absent(key, data)
         with map_storage_errors(self.path_of(key)):
             try:
-                info = self.fs.info(self._path(key))
+                self.fs.pipe_file(self._path(key), bytes(data), mode="create")
+            except FileExistsError:
+                return False
+            except OSError:
+                return super().set_if_absent(key, data)
+        return True
+
+    def exists(self, key: str) -> bool:
+        path = self._path(key)
+        with map_storage_errors(self.path_of(key)):
+            if self._is_s3:
+                return self._exists_s3(path)
+            # Not fs.isfile: it answers False for *any* error (an unreachable endpoint included).
+            try:
+                info = self._fresh_info(path)
             except FileNotFoundError:
                 return False
         return bool(info.get("type") == "file")
+
+    def _exists_s3(self, path: str) -> bool:
+        """One request (a 1-byte GET), where s3fs's ``info`` sends a HEAD and, for a
+        missing key, a listing to tell a folder from nothing."""
+        try:
+            self.fs.cat_file(path, start=0, end=1)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:  # 416: the range of an empty object
+                return True
+            raise
+        return True
 
     def delete(self, key: str) -> None:
         with map_storage_errors(self.path_of(key)):
@@ -106,20 +189,7 @@ class FsspecStore(Store):
                 pass
 
     def list_prefix(self, prefix: str) -> list[str]:
-        head, _, _ = prefix.rpartition("/")
-        base = self._path(head) if head else self.root
-        with map_storage_errors(self.path_of(prefix)):
-            try:
-                found = self.fs.find(base, withdirs=False)
-            except FileNotFoundError:
-                return []
-        strip = self.fs._strip_protocol(self.root).rstrip("/")
-        keys = []
-        for path in found:
-            rel = self.fs._strip_protocol(path)[len(strip) :].lstrip("/")
-            if rel.startswith(prefix):
-                keys.append(rel)
-        return sorted(keys)
+        return list(self.list_sizes(prefix))
 
     def list_sizes(self, prefix: str) -> dict[str, int]:
         """One listing call (sizes come with it on object stores)."""
@@ -133,15 +203,42 @@ class FsspecStore(Store):
         strip = self.fs._strip_protocol(self.root).rstrip("/")
         sizes = {}
         for path, info in found.items():
+            # s3fs's find answers an empty listing with info() of the folder itself, which
+            # is a "directory" once another writer has put a first object under it
+            if info.get("type", "file") != "file":
+                continue
             rel = self.fs._strip_protocol(path)[len(strip) :].lstrip("/")
-            if rel.startswith(prefix):
+            if rel.startswith(prefix) and rel:
                 sizes[rel] = int(info.get("size") or 0)
         return dict(sorted(sizes.items()))
 
     def info(self, key: str) -> ObjectInfo:
         with map_storage_errors(self.path_of(key)):
-            info = self.fs.info(self._path(key))
+            info = self._fresh_info(self._path(key))
         return ObjectInfo(size=int(info.get("size") or 0), mtime=_mtime(info))
+
+    def _fresh_info(self, path: str) -> dict[str, Any]:
+        """``fs.info`` asked of the server, not of a listing cached before another process wrote."""
+        self.fs.invalidate_cache(path.rpartition("/")[0] or path)
+        info: dict[str, Any] = self.fs.info(path)
+        return info
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pid": None}  # the unpickled copy re-creates its filesystem
+
+
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
+
+
+def _mask_credentials(url: str) -> str:
+    """``s3://key:secret@bucket/x`` -> ``s3://***@bucket/x`` (for messages and reprs)."""
+    return "::".join(_USERINFO.sub(r"\1***@", part) for part in url.split("::"))
+
+
+def _reopen(fs: AbstractFileSystem) -> AbstractFileSystem:
+    """The same filesystem, created anew in this process (fsspec drops its instance
+    cache after a fork, so this builds a fresh client)."""
+    return type(fs)(*fs.storage_args, **fs.storage_options)
 
 
 def _protocols(fs: AbstractFileSystem) -> tuple[str, ...]:

@@ -21,7 +21,21 @@ s3_storage_options
 s3_url
     Function-scoped: ``s3://<bucket>/store``, a store URL inside the fresh bucket.
 s3_counter
-    Function-scoped: the server's :class:`S3Counter`, zeroed.
+    Function-scoped: the server's :class:`S3Counter`, zeroed, with no faults pending.
+
+Another process
+---------------
+``python -m r3store.testing.s3`` runs a server, prints its endpoint and serves until its
+standard input closes (benchmarks use it to keep the server's CPU off the client's
+GIL). :func:`remote_counts` and :func:`reset_remote_counter` read and zero its
+:class:`S3Counter` over HTTP (``GET``/``DELETE /r3store-counter``, never counted).
+
+Faults
+------
+:meth:`S3Counter.fail_next` answers the next requests with an S3 error (503 ``SlowDown``,
+500 ``InternalError``, 403 ``AccessDenied``, ...) and :meth:`S3Counter.drop_next` closes
+their connections without a response, so that retries and error mapping are tested
+against real HTTP traffic instead of a mocked client.
 
 Notes
 -----
@@ -34,11 +48,15 @@ front of it.
 
 from __future__ import annotations
 
+import json
+import socket
+import sys
 import threading
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 import pytest
@@ -48,11 +66,14 @@ __all__ = [
     "MotoServer",
     "REGION",
     "S3Counter",
+    "S3Request",
     "SECRET_KEY",
     "clear_s3fs_cache",
     "forget_listings",
     "make_bucket",
     "moto_server",
+    "remote_counts",
+    "reset_remote_counter",
     "reset_server",
     "s3_bucket",
     "s3_counter",
@@ -68,14 +89,60 @@ SECRET_KEY = "r3store-test-secret-do-not-print"
 """Dummy secret key; distinctive so tests can assert it never appears in a message."""
 REGION = "us-east-1"
 
+COUNTER_PATH = "/r3store-counter"
+"""Path of the counter's own control endpoint (see :func:`remote_counts`)."""
+
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
 @dataclass
-class S3Counter:
-    """Counts of S3 requests served and body bytes sent, per server.
+class S3Request:
+    """One request the server received (see :attr:`S3Counter.log`)."""
 
-    Requests to moto's own control API (``/moto-api/...``) are not counted.
+    method: str
+    """HTTP method."""
+    path: str
+    """URL path, ``/<bucket>/<key>`` (path-style addressing, as s3fs sends it)."""
+    range: str | None
+    """The ``Range`` header, e.g. ``bytes=-1028`` or ``bytes=0-99``, if any."""
+    fault: str | None
+    """``"503"``, ``"drop"``, ...: the fault injected instead of an answer, if any."""
+    query: str = ""
+    """The query string (``list-type=2&prefix=...`` for a listing)."""
+    nbytes: int = 0
+    """Response body bytes sent."""
+
+    @property
+    def key(self) -> str:
+        """The object key (the path without the bucket); ``""`` for bucket-level requests."""
+        return self.path.lstrip("/").partition("/")[2]
+
+    @property
+    def is_listing(self) -> bool:
+        """Whether this is a ListObjects request."""
+        return self.method == "GET" and not self.key and "prefix=" in self.query
+
+
+_ERROR_CODES = {
+    400: "BadRequest", 403: "AccessDenied", 404: "NoSuchKey", 500: "InternalError",
+    502: "BadGateway", 503: "SlowDown", 504: "GatewayTimeout",
+}
+
+
+@dataclass
+class _Fault:
+    remaining: int
+    status: int | None  # None: drop the connection
+    methods: frozenset[str] | None
+
+
+@dataclass
+class S3Counter:
+    """Counts of S3 requests served and body bytes sent, per server, plus fault injection.
+
+    Requests to moto's own control API (``/moto-api/...``) are not counted. Requests
+    answered by an injected fault are counted (the client made them) and logged with
+    their fault.
     """
 
     requests: int = 0
@@ -90,17 +157,27 @@ class S3Counter:
     """PUT requests."""
     bytes_sent: int = 0
     """Response body bytes sent to clients (all methods)."""
+    bytes_received: int = 0
+    """Request body bytes clients sent (``Content-Length``: PUT bodies)."""
+    faults: int = 0
+    """Requests answered by an injected fault."""
+    log: list[S3Request] = field(default_factory=list, repr=False)
+    """Every counted request, in arrival order."""
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self._pending: list[_Fault] = []
 
     def reset(self) -> None:
-        """Zero every count."""
+        """Zero every count, clear the log and cancel pending faults."""
         with self._lock:
             self.requests = self.gets = self.ranged_gets = self.heads = self.puts = self.bytes_sent = 0
+            self.bytes_received = self.faults = 0
+            self.log = []
+            self._pending = []
 
     def snapshot(self) -> dict[str, int]:
-        """The counts as a plain dict."""
+        """The counts (without :attr:`bytes_received`, :attr:`faults` and :attr:`log`) as a plain dict."""
         with self._lock:
             return {
                 "requests": self.requests,
@@ -111,18 +188,67 @@ class S3Counter:
                 "bytes_sent": self.bytes_sent,
             }
 
-    def _record(self, environ: dict[str, Any]) -> None:
+    def requests_for(self, key_prefix: str = "", method: str | None = None) -> list[S3Request]:
+        """Logged requests whose object key starts with ``key_prefix`` (and of ``method``)."""
+        with self._lock:
+            log = list(self.log)
+        return [r for r in log if r.key.startswith(key_prefix) and (method is None or r.method == method)]
+
+    # -- faults ---------------------------------------------------------------------
+
+    def fail_next(self, n: int, status: int = 503, *, methods: Collection[str] | None = None) -> None:
+        """Answer the next ``n`` requests (of ``methods``, default any) with an S3 error.
+
+        The body is S3's error XML with the usual code for ``status`` (503 ``SlowDown``,
+        500 ``InternalError``, 403 ``AccessDenied``, 404 ``NoSuchKey``, ...); moto never
+        sees the request. Faults queue up: a second call applies after the first is used.
+        """
+        self._queue(_Fault(n, int(status), None if methods is None else frozenset(methods)))
+
+    def drop_next(self, n: int, *, methods: Collection[str] | None = None) -> None:
+        """Close the connection of the next ``n`` requests without answering them."""
+        self._queue(_Fault(n, None, None if methods is None else frozenset(methods)))
+
+    def _queue(self, fault: _Fault) -> None:
+        if fault.remaining < 0:
+            raise ValueError(f"n must be >= 0, got {fault.remaining}")
+        with self._lock:
+            self._pending.append(fault)
+
+    def _take_fault(self, method: str) -> _Fault | None:
+        with self._lock:
+            while self._pending and self._pending[0].remaining == 0:
+                self._pending.pop(0)
+            if not self._pending:
+                return None
+            fault = self._pending[0]
+            if fault.methods is not None and method not in fault.methods:
+                return None
+            fault.remaining -= 1
+            return fault
+
+    # -- WSGI -----------------------------------------------------------------------
+
+    def _record(self, environ: dict[str, Any], fault: _Fault | None) -> S3Request:
         method = environ.get("REQUEST_METHOD", "")
+        label = None if fault is None else ("drop" if fault.status is None else str(fault.status))
         with self._lock:
             self.requests += 1
             self.gets += method == "GET"
             self.ranged_gets += method == "GET" and "HTTP_RANGE" in environ
             self.heads += method == "HEAD"
             self.puts += method == "PUT"
+            self.faults += fault is not None
+            self.bytes_received += int(environ.get("CONTENT_LENGTH") or 0)
+            request = S3Request(method, environ.get("PATH_INFO", ""), environ.get("HTTP_RANGE"), label,
+                                environ.get("QUERY_STRING", ""))
+            self.log.append(request)
+        return request
 
-    def _add_bytes(self, n: int) -> None:
+    def _add_bytes(self, request: S3Request, n: int) -> None:
         with self._lock:
             self.bytes_sent += n
+            request.nbytes += n
 
     def middleware(self, app: WSGIApp) -> WSGIApp:
         """Wrap a WSGI app so that every request and body byte is counted here."""
@@ -131,11 +257,18 @@ class S3Counter:
             if environ.get("PATH_INFO", "").startswith("/moto-api"):
                 yield from app(environ, start_response)
                 return
-            self._record(environ)
+            if environ.get("PATH_INFO", "") == COUNTER_PATH:
+                yield self._answer_control(environ, start_response)
+                return
+            fault = self._take_fault(environ.get("REQUEST_METHOD", ""))
+            request = self._record(environ, fault)
+            if fault is not None:
+                yield from self._answer_fault(fault, request, environ, start_response)
+                return
             body = app(environ, start_response)
             try:
                 for chunk in body:
-                    self._add_bytes(len(chunk))
+                    self._add_bytes(request, len(chunk))
                     yield chunk
             finally:
                 close = getattr(body, "close", None)
@@ -143,6 +276,35 @@ class S3Counter:
                     close()
 
         return counting_app
+
+    def _answer_control(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> bytes:
+        doc: dict[str, Any] = {**self.snapshot(), "bytes_received": self.bytes_received, "faults": self.faults}
+        if "log=1" in environ.get("QUERY_STRING", ""):
+            doc["log"] = [[r.method, r.path, r.range, r.nbytes] for r in list(self.log)]
+        body = json.dumps(doc).encode()
+        if environ.get("REQUEST_METHOD") == "DELETE":
+            self.reset()
+        start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return body
+
+    def _answer_fault(self, fault: _Fault, request: S3Request, environ: dict[str, Any],
+                      start_response: Callable[..., Any]) -> Iterator[bytes]:
+        if fault.status is None:  # the headers below are never sent: the socket is gone
+            start_response("503 Service Unavailable", [("Content-Length", "0")])
+            sock = environ.get("werkzeug.socket")
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+            return
+        code = _ERROR_CODES.get(fault.status, HTTPStatus(fault.status).phrase.replace(" ", ""))
+        body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+                "<Message>injected by r3store.testing.s3</Message>"
+                "<RequestId>r3store-fault</RequestId></Error>").encode()
+        if environ.get("REQUEST_METHOD") == "HEAD":
+            body = b""
+        start_response(f"{fault.status} {HTTPStatus(fault.status).phrase}",
+                       [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
+        self._add_bytes(request, len(body))
+        yield body
 
 
 class MotoServer:
@@ -212,6 +374,25 @@ def _request(url: str, method: str) -> int:
     return status
 
 
+def _request_json(url: str, method: str) -> dict[str, Any]:
+    req = urllib.request.Request(url, method=method)
+    with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - loopback test server
+        doc: dict[str, Any] = json.loads(resp.read())
+    return doc
+
+
+def remote_counts(endpoint: str, *, log: bool = False) -> dict[str, Any]:
+    """:meth:`S3Counter.snapshot` (plus ``bytes_received`` and ``faults``) of a server in
+    another process; with ``log``, also ``log``: ``[method, path, range, nbytes]`` per request."""
+    return _request_json(f"{endpoint}{COUNTER_PATH}{'?log=1' if log else ''}", "GET")
+
+
+def reset_remote_counter(endpoint: str, *, log: bool = False) -> dict[str, Any]:
+    """Zero the counter of a server in another process; returns what :func:`remote_counts`
+    returned just before."""
+    return _request_json(f"{endpoint}{COUNTER_PATH}{'?log=1' if log else ''}", "DELETE")
+
+
 def reset_server(endpoint: str) -> None:
     """Drop every bucket and object on the server (``POST /moto-api/reset``)."""
     _request(f"{endpoint}/moto-api/reset", "POST")
@@ -266,6 +447,7 @@ def s3_server() -> Iterator[MotoServer]:
 @pytest.fixture
 def s3_bucket(s3_server: MotoServer) -> str:
     """A fresh, empty bucket on a freshly reset server."""
+    s3_server.counter.reset()
     reset_server(s3_server.endpoint)
     forget_listings()
     bucket = "r3store-test"
@@ -287,7 +469,20 @@ def s3_url(s3_bucket: str) -> str:
 
 
 @pytest.fixture
-def s3_counter(s3_server: MotoServer, s3_bucket: str) -> S3Counter:
-    """The server's request counter, zeroed after the bucket was made."""
+def s3_counter(s3_server: MotoServer, s3_bucket: str) -> Iterator[S3Counter]:
+    """The server's request counter, zeroed after the bucket was made; faults are
+    cancelled again afterwards."""
     s3_server.counter.reset()
-    return s3_server.counter
+    yield s3_server.counter
+    s3_server.counter.reset()
+
+
+def _main() -> None:
+    """Serve on loopback until standard input closes; print the endpoint first."""
+    with MotoServer() as server:
+        print(server.endpoint, flush=True)
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    _main()

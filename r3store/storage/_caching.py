@@ -1,0 +1,212 @@
+"""Read-through local cache of a store's write-once objects, for repeated epochs."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from r3store.errors import ObjectNotFoundError
+from r3store.storage._base import ByteRange, ObjectInfo, Store, SuffixByteRange
+from r3store.storage._local import LocalStore
+
+__all__ = ["CachingStore"]
+
+T = TypeVar("T")
+
+WRITE_ONCE_PREFIXES = ("routes/", "index/")
+"""Keys whose objects never change once written and carry writer-unique names
+(``routes/<writer_id>-<seq>/...``, ``index/<writer_id>-<seq>.parquet``; FORMAT.md section 2)."""
+
+
+class CachingStore(Store):
+    """Serve a store's write-once objects from local copies, fetched whole on first read.
+
+    The first read of a cacheable key (any byte range, a suffix, or the whole object)
+    downloads the whole object from ``inner`` and writes it to ``cache_dir`` atomically
+    (temporary file, fsync, ``os.replace``: a reader in another process, such as a
+    second DataLoader worker, sees no file or the whole file, never part of one). Every
+    later read is served from that copy through :class:`LocalStore`'s mmap, so a second
+    epoch over a remote store makes no requests for route or index objects at all.
+
+    Everything that can change goes to ``inner`` every time: listings
+    (:meth:`list_prefix`, :meth:`list_sizes`), :meth:`exists`, :meth:`info`, and the
+    keys outside ``cache_prefixes`` (the manifest and the zarr group documents, which
+    are small and are re-created if a store is deleted and made again at the same URL).
+    Writes and deletes go to ``inner`` and drop the local copy; a download that raced
+    with a write or delete made through this object is served but not kept.
+
+    Parameters
+    ----------
+    inner : Store
+        The store to read through (usually an :class:`FsspecStore` on ``s3://``).
+    cache_dir : str or os.PathLike
+        Folder of the cache; one sub-folder per store URL. It can be shared by
+        processes and reused across runs. Nothing is evicted: delete the folder (or a
+        store's sub-folder) to reclaim the space.
+    cache_prefixes : sequence of str
+        Keys starting with one of these are cached (default: ``routes/`` and
+        ``index/``, r3store's write-once objects; see :data:`WRITE_ONCE_PREFIXES`).
+
+    Raises
+    ------
+    r3store.errors.ObjectNotFoundError, r3store.errors.StorageError
+        From ``inner`` (naming its URL), or from the cache folder (naming the local
+        path, e.g. a full disk).
+
+    Notes
+    -----
+    Why not fsspec's ``simplecache::``/``filecache::`` chaining: they also cache whole
+    files and serve ``cat_file``/``cat_ranges`` from the local copy, but (fsspec
+    2026.9) download straight to the final cache file name and treat "file exists" as
+    "file complete", so a concurrent reader (another DataLoader worker) or a later run
+    after a killed download reads a truncated object (fsspec/filesystem_spec#639; the
+    temp-and-rename fix is PR #2075, not in that release). They also cache every key
+    (so a store deleted and re-created at the same URL would serve its old manifest),
+    fail a negative-start ``cat_file`` (the cached file object has no ``size``), so each
+    shard-index read through them still costs a HEAD for the object's size, and read
+    through ``open()``/``read()`` copies instead of mmap. ``blockcache::`` caches
+    blocks of open files only, not ``cat_ranges``.
+    Writing whole write-once objects atomically is all this class adds.
+
+    The cache relies on r3store's commit protocol: an object under ``routes/`` or
+    ``index/`` is final once its sample table exists, and readers read only committed
+    shards. Do not point it at a store whose objects are rewritten in place.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from r3store.storage import CachingStore, LocalStore
+    >>> remote = LocalStore(tempfile.mkdtemp())
+    >>> remote.set("routes/a/c/0/0/0", b"0123456789")
+    >>> store = CachingStore(remote, tempfile.mkdtemp())
+    >>> bytes(store.get("routes/a/c/0/0/0", ByteRange(2, 5)))
+    b'234'
+    >>> remote.delete("routes/a/c/0/0/0")  # the copy answers from now on
+    >>> bytes(store.get("routes/a/c/0/0/0", SuffixByteRange(3)))
+    b'789'
+    """
+
+    def __init__(self, inner: Store, cache_dir: str | os.PathLike[str], *,
+                 cache_prefixes: Sequence[str] = WRITE_ONCE_PREFIXES) -> None:
+        super().__init__(inner.url)
+        self.inner = inner
+        self.cache_dir = Path(cache_dir).expanduser().absolute()
+        self.local = LocalStore(self.cache_dir / _folder_name(inner.url))
+        """The copies, as a store of their own."""
+        self.cache_prefixes = tuple(cache_prefixes)
+        self.supports_writes = inner.supports_writes
+        self.supports_listing = inner.supports_listing
+        self._lock = threading.Lock()
+        self._writes = 0  # bumped by every write or delete made through this object
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def path_of(self, key: str) -> str:
+        return self.inner.path_of(key)
+
+    def _cacheable(self, key: str) -> bool:
+        return key.startswith(self.cache_prefixes) and not key.rpartition("/")[2].startswith(".")
+
+    def _fill(self, key: str, data: bytes | None = None) -> bool:
+        """Copy ``key`` from ``inner`` into the cache (atomically); False when a write
+        through this object overtook the download, which is then not kept."""
+        with self._lock:
+            writes = self._writes
+        if data is None:
+            data = bytes(self.inner.get(key))
+        with self._lock:
+            if writes != self._writes:
+                return False
+            self.local.set(key, data)
+        return True
+
+    def _read(self, key: str, read: Callable[[Store], T]) -> T:
+        """``read`` from the local copy, filling it first if needed."""
+        try:
+            return read(self.local)
+        except ObjectNotFoundError:
+            pass
+        if self._fill(key):
+            try:
+                return read(self.local)
+            except ObjectNotFoundError:  # deleted or overwritten through this object meanwhile
+                pass
+        return read(self.inner)
+
+    # -- reads ----------------------------------------------------------------------
+
+    def get(self, key: str, byte_range: ByteRange | SuffixByteRange | None = None) -> bytes | memoryview:
+        if not self._cacheable(key):
+            return self.inner.get(key, byte_range)
+        return self._read(key, lambda store: store.get(key, byte_range))
+
+    def get_ranges(self, key: str, ranges: Sequence[ByteRange]) -> list[bytes | memoryview]:
+        if not self._cacheable(key):
+            return self.inner.get_ranges(key, ranges)
+        return self._read(key, lambda store: store.get_ranges(key, ranges))
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, bytes]:
+        keys = list(keys)
+        got: dict[str, bytes] = {}
+        for key in keys:
+            if self._cacheable(key):
+                with contextlib.suppress(ObjectNotFoundError):
+                    got[key] = bytes(self.local.get(key))
+        missing = [k for k in keys if k not in got]
+        fetched = self.inner.get_many(missing)
+        for key in missing:
+            if self._cacheable(key):
+                self._fill(key, fetched[key])
+        got.update(fetched)
+        return {key: got[key] for key in keys}
+
+    # -- everything that can change: the inner store ----------------------------------
+
+    def set(self, key: str, data: bytes | memoryview) -> None:
+        self.inner.set(key, data)
+        self._forget(key)
+
+    def _forget(self, key: str) -> None:
+        with self._lock:
+            self._writes += 1
+            self.local.delete(key)
+
+    def set_if_absent(self, key: str, data: bytes) -> bool:
+        return self.inner.set_if_absent(key, data)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+        self._forget(key)
+
+    def list_prefix(self, prefix: str) -> list[str]:
+        return self.inner.list_prefix(prefix)
+
+    def list_sizes(self, prefix: str) -> dict[str, int]:
+        return self.inner.list_sizes(prefix)
+
+    def info(self, key: str) -> ObjectInfo:
+        return self.inner.info(key)
+
+    def close(self) -> None:
+        self.inner.close()
+        self.local.close()
+
+
+def _folder_name(url: str) -> str:
+    """A readable, collision-free folder name for a store URL."""
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", url)[-60:].strip("_") or "store"
+    return f"{readable}-{hashlib.sha256(url.encode()).hexdigest()[:12]}"
