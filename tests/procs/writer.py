@@ -10,8 +10,8 @@ Prints "flushed <n>" after each commit.
 from __future__ import annotations
 
 import json
-import resource
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -27,12 +27,25 @@ def routes_for(index: int, rows: int) -> np.ndarray:
     return ((offsets[..., None] + base) % SPEC.num_experts).astype(np.int32)
 
 
+def peak_rss_bytes(reset: bool = False) -> int:
+    """This process's peak RSS (``VmHWM``); ``reset`` first restarts the peak from the current RSS.
+
+    ``ru_maxrss`` is not used: a child inherits its parent's value across fork and exec.
+    """
+    if reset:
+        Path("/proc/self/clear_refs").write_text("5")
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def main() -> None:
     url, first, count, buffer_bytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     rows = int(sys.argv[5]) if len(sys.argv) > 5 else 300
     options = json.loads(sys.argv[6]) if len(sys.argv) > 6 else None
     template = routes_for(0, rows)
-    baseline_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    baseline = peak_rss_bytes(reset=True)
     with r3store.RouteWriter(url, SPEC, buffer_bytes=buffer_bytes, storage_options=options) as writer:
         flushed = 0
         for i in range(first, first + count):
@@ -41,8 +54,7 @@ def main() -> None:
             if len(writer.shards) != flushed:
                 flushed = len(writer.shards)
                 print(f"flushed {flushed}", flush=True)
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"baseline_bytes": baseline_kib * 1024, "peak_bytes": peak_kib * 1024}), flush=True)
+    print(json.dumps({"baseline_bytes": baseline, "peak_bytes": peak_rss_bytes()}), flush=True)
 
 
 if __name__ == "__main__":
