@@ -32,12 +32,6 @@ class Leftover:
         return {"shard": self.shard, "keys": list(self.keys), "nbytes": self.nbytes, "age_s": round(self.age_s, 1)}
 
 
-def _newest(store: Store, keys: list[str]) -> float | None:
-    times = [store.info(k).mtime for k in keys]
-    known = [t for t in times if t is not None]
-    return max(known) if known else None
-
-
 def collect_garbage(
     url: str | os.PathLike[str] | Store,
     *,
@@ -74,8 +68,9 @@ def collect_garbage(
         raise NotAStoreError(store.url)
     now = time.time()
     committed = {k[len(INDEX_PREFIX) : -len(".parquet")] for k in store.list_prefix(INDEX_PREFIX)}
+    listing = store.list_info("")
     groups: dict[str, list[str]] = {}
-    for key in store.list_prefix(""):
+    for key in listing:
         name = key.rpartition("/")[2]
         if name.startswith(".") and name.endswith(".tmp"):
             groups[key] = [key]
@@ -85,12 +80,11 @@ def collect_garbage(
                 groups.setdefault(shard, []).append(key)
     found = []
     for shard, keys in sorted(groups.items()):
-        newest = _newest(store, keys)
-        age = now - newest if newest is not None else float("inf")
+        times = [listing[k].mtime for k in keys if listing[k].mtime is not None]
+        age = now - max(times) if times else float("inf")
         if age < older_than_s:
             continue
-        sizes = sum(store.info(k).size for k in keys)
-        found.append(Leftover(shard=shard, keys=tuple(keys), nbytes=sizes, age_s=age))
+        found.append(Leftover(shard=shard, keys=tuple(keys), nbytes=sum(listing[k].size for k in keys), age_s=age))
         if delete and not store.exists(f"{INDEX_PREFIX}{shard}.parquet"):
             for key in keys:
                 store.delete(key)

@@ -134,9 +134,16 @@ class Store(ABC):
         self.set(key, data)
         return True
 
+    def list_info(self, prefix: str) -> dict[str, ObjectInfo]:
+        """Size and modification time of every object under ``prefix``, by key (sorted).
+
+        Object-store backends get these from the listing itself (no request per key).
+        """
+        return {key: self.info(key) for key in self.list_prefix(prefix)}
+
     def list_sizes(self, prefix: str) -> dict[str, int]:
         """Size in bytes of every object under ``prefix``, by key (sorted)."""
-        return {key: self.info(key).size for key in self.list_prefix(prefix)}
+        return {key: info.size for key, info in self.list_info(prefix).items()}
 
     def get_ranges(self, key: str, ranges: Sequence[ByteRange]) -> list[bytes | memoryview]:
         """Read several byte ranges of one object, in order."""

@@ -35,7 +35,7 @@ class CachingStore(Store):
     epoch over a remote store makes no requests for route or index objects at all.
 
     Everything that can change goes to ``inner`` every time: listings
-    (:meth:`list_prefix`, :meth:`list_sizes`), :meth:`exists`, :meth:`info`, and the
+    (:meth:`list_prefix`, :meth:`list_info`), :meth:`exists`, :meth:`info`, and the
     keys outside ``cache_prefixes`` (the manifest and the zarr group documents, which
     are small and are re-created if a store is deleted and made again at the same URL).
     Writes and deletes go to ``inner`` and drop the local copy; a download that raced
@@ -195,8 +195,8 @@ class CachingStore(Store):
     def list_prefix(self, prefix: str) -> list[str]:
         return self.inner.list_prefix(prefix)
 
-    def list_sizes(self, prefix: str) -> dict[str, int]:
-        return self.inner.list_sizes(prefix)
+    def list_info(self, prefix: str) -> dict[str, ObjectInfo]:
+        return self.inner.list_info(prefix)
 
     def info(self, key: str) -> ObjectInfo:
         return self.inner.info(key)

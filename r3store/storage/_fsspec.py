@@ -189,10 +189,10 @@ class FsspecStore(Store):
                 pass
 
     def list_prefix(self, prefix: str) -> list[str]:
-        return list(self.list_sizes(prefix))
+        return list(self.list_info(prefix))
 
-    def list_sizes(self, prefix: str) -> dict[str, int]:
-        """One listing call (sizes come with it on object stores)."""
+    def list_info(self, prefix: str) -> dict[str, ObjectInfo]:
+        """One listing call (sizes and times come with it on object stores)."""
         head, _, _ = prefix.rpartition("/")
         base = self._path(head) if head else self.root
         with map_storage_errors(self.path_of(prefix)):
@@ -201,7 +201,7 @@ class FsspecStore(Store):
             except FileNotFoundError:
                 return {}
         strip = self.fs._strip_protocol(self.root).rstrip("/")
-        sizes = {}
+        sizes: dict[str, ObjectInfo] = {}
         for path, info in found.items():
             # s3fs's find answers an empty listing with info() of the folder itself, which
             # is a "directory" once another writer has put a first object under it
@@ -209,7 +209,7 @@ class FsspecStore(Store):
                 continue
             rel = self.fs._strip_protocol(path)[len(strip) :].lstrip("/")
             if rel.startswith(prefix) and rel:
-                sizes[rel] = int(info.get("size") or 0)
+                sizes[rel] = ObjectInfo(size=int(info.get("size") or 0), mtime=_mtime(info))
         return dict(sorted(sizes.items()))
 
     def info(self, key: str) -> ObjectInfo:
