@@ -247,3 +247,22 @@ def test_bad_options_rejected(store_dir) -> None:
         r3store.RouteDataset(path, rank=2, world_size=2)
     with pytest.raises(r3store.errors.LayoutOptionError):
         r3store.RouteDataset(path, cp_size=2, cp_rank=2)
+
+
+@pytest.mark.parametrize("layout", ["thd", "bshd"])
+def test_apply_plan_tensor_matches_numpy(layout: str) -> None:
+    from r3store.dataset import apply_plan_tensor
+    from r3store.layout import apply_plan, plan_layout
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        lengths = [int(n) for n in rng.integers(1, 30, size=int(rng.integers(1, 5)))]
+        cp_size = int(rng.integers(1, 4))
+        plan = plan_layout(lengths, layout=layout, cp_size=cp_size, cp_rank=cp_size - 1, tp_size=2,
+                           sequence_parallel=True, tp_rank=1)
+        tokens = rng.integers(0, 1000, size=sum(lengths))
+        want = apply_plan(plan, tokens, fill_value=-5)
+        got = apply_plan_tensor(plan, torch.from_numpy(tokens), fill_value=-5)
+        np.testing.assert_array_equal(got.numpy(), want)
+    with pytest.raises(AlignmentError):
+        apply_plan_tensor(plan, torch.zeros(3))

@@ -12,11 +12,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from r3store._batch import build_batch
 from r3store._reader import RouteStore, open_store
-from r3store.errors import ResumeError
-from r3store.layout import LayoutOptions
+from r3store.errors import AlignmentError, ResumeError
+from r3store.layout import LayoutOptions, LayoutPlan
 from r3store.storage import Store
 
-__all__ = ["RouteDataset", "batch_to_tensors", "plan_batches", "to_device"]
+__all__ = ["RouteDataset", "apply_plan_tensor", "batch_to_tensors", "plan_batches", "to_device"]
 
 STATE_FORMAT = "r3store.RouteDataset"
 STATE_VERSION = 1
@@ -30,6 +30,39 @@ def batch_to_tensors(batch: Mapping[str, Any]) -> dict[str, Any]:
     stay Python lists/tuples.
     """
     return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+
+
+def apply_plan_tensor(plan: LayoutPlan, values: torch.Tensor, *, fill_value: float | int | bool = 0) -> torch.Tensor:
+    """Lay out a per-token tensor by ``plan``, on the tensor's own device (CPU or GPU).
+
+    The torch twin of :func:`r3store.layout.apply_plan`, so token ids, position ids and
+    loss masks already on the GPU land exactly where the routes of the same plan do.
+
+    Parameters
+    ----------
+    plan : r3store.layout.LayoutPlan
+    values : torch.Tensor, shape (sum(num_tokens), ...)
+        One entry per token, samples concatenated in plan order.
+    fill_value : scalar
+        Value at padding positions.
+
+    Returns
+    -------
+    torch.Tensor, shape (T_local, ...) (THD) or (B, T_local, ...) (BSHD), same dtype and device
+
+    Raises
+    ------
+    r3store.errors.AlignmentError
+        ``values`` does not have one entry per token of the plan.
+    """
+    if values.dim() == 0 or values.shape[0] != plan.total_tokens:
+        got = values.shape[0] if values.dim() else "a scalar"
+        raise AlignmentError("<batch>", f"values have {got} rows but the plan covers {plan.total_tokens} tokens")
+    index = torch.as_tensor(np.array(plan.index), device=values.device)  # plan arrays are read-only
+    keep = index >= 0
+    out = values.new_full(tuple(index.shape) + tuple(values.shape[1:]), fill_value)
+    out[keep] = values[index[keep]]
+    return out
 
 
 def to_device(batch: Mapping[str, Any], device: torch.device | str, *, non_blocking: bool = True) -> dict[str, Any]:
