@@ -266,3 +266,37 @@ def test_apply_plan_tensor_matches_numpy(layout: str) -> None:
         np.testing.assert_array_equal(got.numpy(), want)
     with pytest.raises(AlignmentError):
         apply_plan_tensor(plan, torch.zeros(3))
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 7])
+def test_every_rank_steps_the_same_number_of_times(store_dir, world_size: int) -> None:
+    """Synchronous DP hangs when ranks disagree on the number of steps."""
+    path, source, _ = store_dir
+    for budget in (100_000, 300, 64):
+        datasets = [r3store.RouteDataset(path, max_tokens_per_batch=budget, shuffle=True, rank=r,
+                                         world_size=world_size) for r in range(world_size)]
+        counts = [len(ds) for ds in datasets]
+        if sum(counts) < len(source):  # splitting had room: equal counts are required
+            assert len(set(counts)) == 1, (budget, counts)
+        else:  # one sample per batch and too few samples for a multiple of world_size
+            assert max(counts) - min(counts) <= 1 and counts == sorted(counts, reverse=True), (budget, counts)
+        seen = Counter(s for ds in datasets for b in ds for s in b["sample_ids"])
+        assert seen == Counter(list(source))
+
+
+def test_world_size_without_rank_is_an_error(store_dir) -> None:
+    path, _, _ = store_dir
+    with pytest.raises(ValueError, match="explicit rank"):
+        r3store.RouteDataset(path, world_size=4)
+
+
+def test_on_duplicate_passes_through(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    first, retry = _routes(rng, 4), _routes(rng, 4)
+    for routes in (first, retry):
+        with r3store.RouteWriter(tmp_path, SPEC) as w:
+            w.append("a", routes)
+    with pytest.raises(r3store.errors.DuplicateSampleError):
+        r3store.RouteDataset(tmp_path)
+    batch = next(iter(r3store.RouteDataset(tmp_path, on_duplicate="first")))
+    np.testing.assert_array_equal(batch["routes"].numpy()[:-1], first)

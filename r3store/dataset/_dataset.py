@@ -74,8 +74,8 @@ def to_device(batch: Mapping[str, Any], device: torch.device | str, *, non_block
 
 
 def plan_batches(num_tokens: Sequence[int] | np.ndarray, max_tokens_per_batch: int, *,
-                 shuffle: bool, seed: int, epoch: int) -> list[np.ndarray]:
-    """Greedy token-budget batches over the store's samples.
+                 shuffle: bool, seed: int, epoch: int, num_replicas: int = 1) -> list[np.ndarray]:
+    """Greedy token-budget batches over the store's samples, as many per replica.
 
     Parameters
     ----------
@@ -86,6 +86,14 @@ def plan_batches(num_tokens: Sequence[int] | np.ndarray, max_tokens_per_batch: i
         longer than the budget forms a batch of its own; none is split or dropped.
     shuffle, seed, epoch
         With ``shuffle``, samples are permuted by ``numpy.random.default_rng([seed, epoch])``.
+    num_replicas : int
+        Data-parallel ranks the batches are dealt to (batch ``j`` to rank
+        ``j % num_replicas``). While the batch count is not a multiple of it, the batch
+        with the most tokens among those holding two or more samples is cut in two, so
+        every rank gets the same number of batches (synchronous DP would hang otherwise)
+        and still every sample exactly once. Splitting stops at one sample per batch: if
+        the store holds fewer samples than the next multiple of ``num_replicas``, the last
+        ranks get one batch fewer (each rank's ``len(dataset)`` says how many).
 
     Returns
     -------
@@ -106,6 +114,20 @@ def plan_batches(num_tokens: Sequence[int] | np.ndarray, max_tokens_per_batch: i
         used += size
     if current:
         batches.append(np.array(current, dtype=np.int64))
+    return _even_out(batches, np.asarray(num_tokens), num_replicas)
+
+
+def _even_out(batches: list[np.ndarray], num_tokens: np.ndarray, num_replicas: int) -> list[np.ndarray]:
+    """Split batches until their count is a multiple of ``num_replicas`` (when samples allow)."""
+    while len(batches) % num_replicas:
+        splittable = [j for j, b in enumerate(batches) if len(b) > 1]
+        if not splittable:
+            break
+        j = max(splittable, key=lambda k: (int(num_tokens[batches[k]].sum()), -k))
+        batch = batches[j]
+        cut = int(np.searchsorted(np.cumsum(num_tokens[batch]), num_tokens[batch].sum() / 2))
+        cut = min(max(cut, 1), len(batch) - 1)
+        batches[j : j + 1] = [batch[:cut], batch[cut:]]
     return batches
 
 
@@ -124,8 +146,9 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
     ``ceil(pad_rows * top_k / num_experts) + 1`` pad tokens per layer.
 
     Batches are formed over the whole store (greedy token budget, in store order or a
-    ``(seed, epoch)`` shuffle), then dealt round-robin: global batch ``j`` goes to data
-    parallel rank ``j % world_size``; within a rank, DataLoader worker ``w`` of ``W``
+    ``(seed, epoch)`` shuffle; batches are split until their count is a multiple of
+    ``world_size``, so every rank steps the same number of times), then dealt
+    round-robin: global batch ``j`` goes to data parallel rank ``j % world_size``; within a rank, DataLoader worker ``w`` of ``W``
     builds the rank's batches ``w, w + W, ...``, which the DataLoader yields in order. So
     every sample is yielded exactly once per epoch across ranks and workers, and the
     sequence a rank sees does not depend on the number of workers.
@@ -150,6 +173,9 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         Local read-through cache of a remote store's route and index objects: the first
         epoch downloads each object once, later epochs read the local copies (see
         :class:`r3store.storage.CachingStore`). DataLoader workers may share it.
+    on_duplicate : {"raise", "first"}
+        A sample id committed twice (e.g. a retried rollout written by two workers):
+        raise, or stream the earliest valid commit (see :func:`r3store.open_store`).
     layout, cp_size, cp_rank, cp_mode, tp_size, tp_rank, pad_multiple, sequence_parallel, max_seqlen
         Trainer layout, see :meth:`r3store.RouteStore.assemble`.
     pad_policy : {"spread", "fill"}
@@ -166,7 +192,14 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
     -----
     Resumable: :meth:`state_dict` / :meth:`load_state_dict` hold only JSON values and
     satisfy torchdata's ``Stateful`` protocol, so ``StatefulDataLoader`` resumes exactly at
-    the first batch not yet consumed.
+    the first batch not yet consumed. With ``num_workers > 0`` the progress lives in the
+    worker processes: use ``StatefulDataLoader.state_dict()``; the dataset object in the
+    main process only knows its own (0-worker) iteration.
+
+    Batches carry routes, not tokens: the trainer takes its token ids for
+    ``batch["sample_ids"]`` and lays them out with the same options (or calls
+    :func:`r3store.dataset.apply_plan_tensor`); :meth:`r3store.RouteStore.assemble`
+    with ``tokens=`` also checks them against the stored token hash.
     """
 
     def __init__(
@@ -181,6 +214,7 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         *,
         storage_options: Mapping[str, Any] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        on_duplicate: Literal["raise", "first"] = "raise",
         layout: Literal["thd", "bshd"] = "thd",
         cp_size: int = 1,
         cp_rank: int = 0,
@@ -196,8 +230,8 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         super().__init__()
         if isinstance(max_tokens_per_batch, bool) or not isinstance(max_tokens_per_batch, int) or max_tokens_per_batch < 1:
             raise ValueError(f"max_tokens_per_batch must be an int >= 1, got {max_tokens_per_batch!r}")
-        self.store = url if isinstance(url, RouteStore) else open_store(url, storage_options=storage_options,
-                                                                         cache_dir=cache_dir)
+        self.store = url if isinstance(url, RouteStore) else open_store(
+            url, storage_options=storage_options, cache_dir=cache_dir, on_duplicate=on_duplicate)
         self.store.spec.layer_positions(layers)  # fail early on a bad layer
         self.layers = None if layers is None else [int(v) for v in layers]
         self.options = LayoutOptions(layout=layout, cp_size=cp_size, cp_rank=cp_rank, cp_mode=cp_mode,
@@ -221,6 +255,8 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         rank, world = self._rank, self._world_size
         if rank is None and world is None and torch.distributed.is_available() and torch.distributed.is_initialized():
             rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        if rank is None and world is not None and world > 1:
+            raise ValueError(f"world_size={world} needs an explicit rank (torch.distributed is not initialised)")
         rank = 0 if rank is None else int(rank)
         world = 1 if world is None else int(world)
         if world < 1 or not 0 <= rank < world:
@@ -237,7 +273,7 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         """Sample positions of the batches this data-parallel rank gets this epoch."""
         rank, world = self._topology()
         batches = plan_batches(self._num_tokens, self.max_tokens_per_batch, shuffle=self.shuffle,
-                               seed=self.seed, epoch=self.epoch)
+                               seed=self.seed, epoch=self.epoch, num_replicas=world)
         return batches[rank::world]
 
     def __len__(self) -> int:
