@@ -12,7 +12,7 @@ Two traces:
   (2048 tokens x 8 layers x top-6 of 64 experts, 6 bits per id);
 * ``qwen3``: a synthetic Qwen3-30B-A3B-shaped trace (48 layers x top-8 of 128 experts,
   7 bits per id) from :func:`r3store.testing.synthetic.synthetic_routes`, with realistic
-  load skew, adjacent-layer correlation and token repetition (REFERENCE.md section 7).
+  load skew, adjacent-layer correlation and token repetition (as published for Mixtral, OLMoE, DeepSeek-V3 and FLAME-MoE).
 
 Methods, all starting from and ending with an int32 ``(rows, layers, top_k)`` array:
 

@@ -1,4 +1,4 @@
-"""r3store.testing.synthetic: realistic synthetic traces (REFERENCE.md sections 6 and 7)."""
+"""r3store.testing.synthetic: realistic synthetic traces (published model geometries and routing statistics)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_deterministic_by_seed() -> None:
 
 
 def test_load_skew_in_band(qwen_trace: np.ndarray) -> None:
-    # Default target 2.0 with +/-10% per-layer jitter; REFERENCE.md section 7 band 1.1-8,
+    # Default target 2.0 with +/-10% per-layer jitter; published band 1.1-8,
     # the brief's realistic band 1.5-3.
     load = routing_stats(qwen_trace, 128).max_mean_load
     assert ((load > 1.5) & (load < 3.0)).all(), load
@@ -78,7 +78,7 @@ def test_adjacent_layers_agree_more_than_independent_layers(qwen_trace: np.ndarr
     correlated = routing_stats(qwen_trace, 128).adjacent_mi_bits
     independent = routing_stats(
         synthetic_routes(num_tokens=16385, seed=7, layer_correlation=0.0, **QWEN), 128).adjacent_mi_bits
-    # REFERENCE.md section 7: 0.2 to 0.9 bits between adjacent layers.
+    # published: 0.2 to 0.9 bits between adjacent layers.
     assert ((correlated > 0.2) & (correlated < 0.9)).all(), correlated
     assert (np.abs(independent) < 0.05).all(), independent
     assert correlated.min() > independent.max() + 0.15
@@ -124,7 +124,7 @@ def test_routing_stats_on_the_real_flame_trace() -> None:
 
 
 def test_model_geometries_match_reference_table() -> None:
-    # REFERENCE.md section 6: (decoder layers, dense layers, experts, top_k, int32 bytes/token).
+    # published configs: (decoder layers, dense layers, experts, top_k, int32 bytes/token).
     table = {
         "gpt-oss-20b": (24, 0, 32, 4, 384),
         "GLM-4.7-Flash": (47, 1, 64, 4, 752),

@@ -3,9 +3,9 @@
 Typical use: routes an inference engine recorded during rollout (store A) against routes
 a trainer recomputed for the same tokens (store B). A *routing decision* is one (token,
 MoE layer) pair; two decisions agree when their top-k expert **sets** are equal (order
-is ignored: the routing map is a set, ``REFERENCE.md`` section 4). The R3 paper reports
+is ignored: the routing map is a set, the routing map is the set of chosen ids). The R3 paper reports
 about 10% of decisions and 94% of tokens differing between SGLang and Megatron on
-Qwen3-30B-A3B (``REFERENCE.md`` section 1).
+Qwen3-30B-A3B (the R3 paper, arXiv 2510.11370).
 """
 
 from __future__ import annotations

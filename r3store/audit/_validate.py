@@ -1,6 +1,6 @@
 """`validate`: checksum every chunk and look for the known capture faults.
 
-What is checked (``REFERENCE.md`` section 5; each check yields :class:`Finding` s of one
+What is checked (capture faults reported against SGLang, Miles and verl; each check yields :class:`Finding` s of one
 kind, see :data:`r3store.audit.KINDS`):
 
 * every frame of every committed route array is decoded: CRC-32C mismatches
@@ -53,7 +53,7 @@ BLOCK_IDS = 1 << 22
 _CHUNK_PREFIX = re.compile(r"^chunk \([\d, ]*\): ")
 
 LOAD_BOUND = 8.0
-"""Highest per-layer max/mean expert load of real traces (REFERENCE.md section 7)."""
+"""Highest per-layer max/mean expert load of real traces (published routing statistics of Mixtral, OLMoE, DeepSeek-V3 and FLAME-MoE)."""
 
 
 @dataclass
@@ -126,7 +126,7 @@ def zero_layer_min_rows(num_experts: int, top_k: int) -> int | None:
 
     With ``top_k >= 2`` an all-zero row repeats id 0: one row is enough. With top-1,
     routing every row to expert 0 is legal; with a per-layer max/mean load of at most
-    :data:`LOAD_BOUND` (``REFERENCE.md`` section 7) it happens by chance with probability
+    :data:`LOAD_BOUND` (published routing statistics of Mixtral, OLMoE, DeepSeek-V3 and FLAME-MoE) it happens by chance with probability
     at most ``(8 / num_experts) ** rows``, which must fall below the audit's 1e-3.
     None: never (top-1 with 8 experts or fewer).
     """

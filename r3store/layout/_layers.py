@@ -55,7 +55,7 @@ def select_layers(moe_layers: Sequence[int], layers: Sequence[int] | None) -> np
     Notes
     -----
     SGLang indexes the layer axis by decoder layer number, newer vLLM by MoE-layer
-    ordinal (REFERENCE.md section 2); stages address layers globally (section 3, step 6).
+    ordinal (the engines' wire formats: SGLang ``meta_info['routed_experts']``, vLLM ``CompletionOutput.routed_experts``); stages address layers globally (section 3, step 6).
 
     Examples
     --------

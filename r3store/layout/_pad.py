@@ -2,7 +2,7 @@
 
 Replay of pad positions is masked, but the trainer's MoE layer still dispatches
 them. Rows all routed to experts ``0..k-1`` overload one expert-parallel rank
-(REFERENCE.md section 3), so the default pad rows spread round-robin over all
+(Miles' per-micro-batch route layout: pad row, THD/BSHD, zig-zag CP, TP padding, SP split, PP layers), so the default pad rows spread round-robin over all
 experts.
 """
 

@@ -218,7 +218,7 @@ def plan_layout(
 
     Notes
     -----
-    The steps follow Miles / Megatron (REFERENCE.md section 3), in order:
+    The steps follow Miles / Megatron (Miles' per-micro-batch route layout: pad row, THD/BSHD, zig-zag CP, TP padding, SP split, PP layers), in order:
 
     1. every sample keeps all ``num_tokens`` positions (its last one has no
        recorded route; see :func:`route_index`);

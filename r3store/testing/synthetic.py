@@ -2,7 +2,7 @@
 
 Real traces are neither uniform nor independent, and both properties matter to anything
 that compresses, balances or audits them. :func:`synthetic_routes` reproduces the three
-statistics of real traces listed in ``REFERENCE.md`` section 7:
+statistics published for real traces (Mixtral, OLMoE, DeepSeek-V3, FLAME-MoE):
 
 * **load skew** -- per-layer max/mean expert load of 1.1 to 1.9 (Mixtral, FLAME-MoE) and
   2.5 to 8 (OLMoE, DeepSeek-V3, depending on domain). The bundled FLAME-MoE-290M trace
@@ -12,7 +12,7 @@ statistics of real traces listed in ``REFERENCE.md`` section 7:
 * **token repetition** -- consecutive tokens repeat their first-choice expert about 2x
   more often than chance in Mixtral, barely at all in models with shared experts.
 
-:data:`MODEL_GEOMETRIES` holds the routing geometry of the models in ``REFERENCE.md``
+:data:`MODEL_GEOMETRIES` holds the routing geometry of the models in ``the field's published conventions``
 section 6, and :func:`routing_stats` measures the three statistics on any trace.
 
 Examples
@@ -45,7 +45,7 @@ __all__ = [
     "zipf_exponent_for_skew",
 ]
 
-#: Routing geometry of the models in ``REFERENCE.md`` section 6. ``num_layers`` counts
+#: Routing geometry of the models in the models' published configs. ``num_layers`` counts
 #: decoder layers, dense ones included; the dense layers (the first ``first_k_dense``
 #: decoder layers in every model listed) are left out of ``moe_layers``.
 MODEL_GEOMETRIES: dict[str, ModelSpec] = {
@@ -66,7 +66,7 @@ def qwen3_30b_a3b_spec() -> ModelSpec:
     -------
     ModelSpec
         ``ModelSpec(num_layers=48, num_experts=128, top_k=8)``; every layer is an MoE
-        layer. An int32 trace of it takes 1,536 bytes per token (``REFERENCE.md`` section 6).
+        layer. An int32 trace of it takes 1,536 bytes per token (the models' published configs).
 
     Examples
     --------
@@ -279,7 +279,7 @@ def synthetic_routes(
     ----------
     num_tokens : int
         Tokens of the sample (>= 1); the trace has ``num_tokens - 1`` rows, as an engine
-        returns it (``REFERENCE.md`` section 1).
+        returns it (the R3 paper, arXiv 2510.11370).
     num_layers : int
         MoE layers (the stored layer axis; dense layers are not generated).
     num_experts : int
@@ -289,7 +289,7 @@ def synthetic_routes(
     seed : int
         Seed of the generator; equal arguments give equal traces.
     skew : float
-        Target per-layer max/mean expert load (``REFERENCE.md`` section 7: 1.1 to 1.9 for
+        Target per-layer max/mean expert load (published routing statistics of Mixtral, OLMoE, DeepSeek-V3 and FLAME-MoE: 1.1 to 1.9 for
         Mixtral and FLAME-MoE, 2.5 to 8 for OLMoE and DeepSeek-V3). Each layer gets its
         own random expert popularity, a Zipf profile over a random ranking of the experts
         whose exponent gives a load ratio of ``skew`` times a per-layer jitter of up to
@@ -426,7 +426,7 @@ def _repeat_first_choice(cur: np.ndarray, weights: np.ndarray, ratio: float, inh
 
 @dataclass(frozen=True)
 class RoutingStats:
-    """Statistics of a routing trace (``REFERENCE.md`` section 7), per layer."""
+    """Statistics of a routing trace (published routing statistics of Mixtral, OLMoE, DeepSeek-V3 and FLAME-MoE), per layer."""
 
     max_mean_load: np.ndarray
     """float64 (num_layers,): max over experts of the load, over the mean load."""
