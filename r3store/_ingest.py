@@ -65,6 +65,10 @@ def decode_sglang(sample_id: str, payload: Any, spec: ModelSpec) -> np.ndarray:
     rows of zeros; shared experts not included).
     """
     payload = _payload_from_meta(sample_id, payload)
+    if payload is None:
+        raise PayloadDecodeError(sample_id, "routed_experts",
+                                 "is None: the engine returned no routes (is routed-expert capture enabled, "
+                                 "e.g. SGLang --enable-return-routed-experts and return_routed_experts=True?)")
     if isinstance(payload, str | bytes | bytearray | memoryview):
         try:
             raw = base64.b64decode(payload, validate=True)
@@ -80,12 +84,26 @@ def decode_sglang(sample_id: str, payload: Any, spec: ModelSpec) -> np.ndarray:
             return flat
         flat = flat.reshape(-1)
     per_row = spec.num_layers * spec.top_k
+    _reject_int64(sample_id, flat, per_row)
     if flat.size % per_row:
         raise PayloadDecodeError(
             sample_id, "routed_experts",
             f"{flat.size} ids do not divide into (rows, num_layers={spec.num_layers}, top_k={spec.top_k})",
         )
     return flat.reshape(-1, spec.num_layers, spec.top_k)
+
+
+def _reject_int64(sample_id: str, flat: np.ndarray, per_row: int) -> None:
+    """Catch int64 payloads read as int32: every odd word is 0 (or -1) and the even ones are ids."""
+    if flat.size < 2 * per_row or flat.size % 2:
+        return
+    high = flat[1::2]
+    if ((high == 0) | (high == -1)).all() and flat[0::2].any() and (flat[0::2].size % per_row == 0):
+        raise PayloadDecodeError(
+            sample_id, "routed_experts",
+            "looks like int64 (every second 32-bit word is 0); SGLang sends little-endian int32: "
+            "convert with np.frombuffer(raw, '<i8').astype('<i4') before encoding",
+        )
 
 
 def encode_sglang(routes: np.ndarray) -> str:

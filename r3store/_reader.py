@@ -167,9 +167,14 @@ class RouteStore:
         return list(self.committed_shards)
 
     def _locate(self, sample_id: str, include_quarantined: bool) -> int:
+        if not isinstance(sample_id, str):
+            raise TypeError(f"sample_id must be a str, got {type(sample_id).__name__}")
         i = self._where.get(sample_id)
-        if i is None or (self._quarantined[i] and not include_quarantined):
+        if i is None:
             raise SampleNotFoundError(sample_id, self.url)
+        if self._quarantined[i] and not include_quarantined:
+            reason = self.samples.column("reason")[i].as_py() or "no reason recorded"
+            raise SampleNotFoundError(sample_id, self.url, quarantined=reason)
         return i
 
     def num_tokens(self, sample_id: str, *, include_quarantined: bool = False) -> int:
@@ -230,6 +235,8 @@ class RouteStore:
         """
         i = self._locate(sample_id, include_quarantined)
         positions = self.spec.layer_positions(layers)
+        if rows is not None and not isinstance(rows, slice):
+            raise TypeError(f"rows must be a slice such as slice(0, 1024), got {type(rows).__name__}")
         start, stop, step = (rows or slice(None)).indices(int(self._num_rows[i]))
         if step != 1:
             raise ValueError(f"rows must have step 1, got {rows}")
@@ -423,6 +430,9 @@ class RouteStore:
         """
         from r3store._batch import build_batch
         from r3store.layout import LayoutOptions
+
+        if isinstance(sample_ids, str):
+            raise TypeError(f"sample_ids must be a sequence of ids, got the str {sample_ids!r}; use [{sample_ids!r}]")
 
         options = LayoutOptions(layout=layout, cp_size=cp_size, cp_rank=cp_rank, cp_mode=cp_mode, tp_size=tp_size,
                                 tp_rank=tp_rank, pad_multiple=pad_multiple, sequence_parallel=sequence_parallel,

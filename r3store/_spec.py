@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -24,10 +25,11 @@ class ModelSpecDict(TypedDict):
 
 
 def parse_positive(name: str, value: object, *, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise SpecError(f"ModelSpec.{name} must be an int, got {type(value).__name__}")
+    value = int(value)
     if value < 1 or (maximum is not None and value > maximum):
-        bound = f"[1, {maximum}]" if maximum is not None else ">= 1"
+        bound = f"in [1, {maximum}]" if maximum is not None else ">= 1"
         raise SpecError(f"ModelSpec.{name} must be {bound}, got {value}")
     return value
 
@@ -137,6 +139,8 @@ class ModelSpec:
         """
         if layers is None:
             return tuple(range(self.num_moe_layers))
+        if isinstance(layers, numbers.Integral):
+            raise TypeError(f"layers must be a sequence of decoder-layer indices, got the int {layers}; use [{layers}]")
         where = {layer: i for i, layer in enumerate(self.moe_layers)}
         out: list[int] = []
         for layer in layers:

@@ -97,21 +97,27 @@ class SpecError(R3StoreError, ValueError):
 
 
 class SpecMismatchError(SpecError):
-    """Two model specs that must agree (writer vs. store, shard vs. manifest) differ.
+    """Two model specs that must agree (writer vs. store, two stores) differ.
 
     Attributes
     ----------
     url : str
-        The store (or shard) whose spec disagrees.
-    expected, got : dict
-        The two specs, in their dict form.
+        The store whose spec is ``expected``.
+    expected : dict
+        The spec ``url`` holds, in its dict form.
+    got : dict
+        The spec it was compared with.
+    fields : tuple of str
+        The fields that differ.
     """
 
     def __init__(self, url: str, expected: Any, got: Any) -> None:
         self.url = url
         self.expected = expected
         self.got = got
-        super().__init__(f"{url}: store holds ModelSpec {expected}, but got {got}")
+        self.fields = tuple(k for k in expected if expected.get(k) != got.get(k))
+        diffs = "; ".join(f"{k} {_short(expected.get(k))} there vs {_short(got.get(k))}" for k in self.fields)
+        super().__init__(f"{url} holds a different ModelSpec: {diffs}")
 
 
 class RouteValidationError(R3StoreError, ValueError):
@@ -266,15 +272,21 @@ class SampleNotFoundError(R3StoreError, KeyError):
     ----------
     sample_id : str
     url : str
+    quarantined : str or None
+        The quarantine reason, when the sample exists but is quarantined.
     """
 
-    def __init__(self, sample_id: str, url: str = "") -> None:
+    def __init__(self, sample_id: str, url: str = "", quarantined: str | None = None) -> None:
         self.sample_id = sample_id
         self.url = url
+        self.quarantined = quarantined
         super().__init__(sample_id)
 
     def __str__(self) -> str:
         where = f" in {self.url}" if self.url else ""
+        if self.quarantined is not None:
+            return (f"sample {self.sample_id!r}{where} is quarantined ({self.quarantined}); "
+                    "pass include_quarantined=True to read it")
         return f"no committed sample {self.sample_id!r}{where}"
 
 
@@ -408,6 +420,13 @@ class R3StoreWarning(UserWarning):
 
 class DiscardedSampleWarning(R3StoreWarning):
     """Open (non-final) multi-turn samples were discarded when a writer closed."""
+
+
+def _short(value: Any) -> str:
+    """A spec value for a message: layer lists as spans (``3..60``)."""
+    if isinstance(value, list | tuple) and value and all(isinstance(v, int) for v in value):
+        return _span(tuple(value))
+    return repr(value)
 
 
 def _span(layers: tuple[int, ...]) -> str:

@@ -46,3 +46,12 @@ def test_valid_retry_beats_an_earlier_quarantined_copy(tmp_path: Path) -> None:
     store = r3store.open_store(tmp_path, on_duplicate="first")
     assert store.sample_ids == ["s"] and len(store.duplicates["s"]) == 2
     np.testing.assert_array_equal(store.get("s"), good(3, shift=1))
+
+
+def test_reading_a_quarantined_sample_says_why(tmp_path: Path) -> None:
+    bad = good(3)
+    bad[0, 1, 1] = bad[0, 1, 0]
+    with r3store.RouteWriter(tmp_path, SPEC, on_invalid="quarantine") as w:
+        w.append("q", bad)
+    with pytest.raises(SampleNotFoundError, match="quarantined .*repeated.*include_quarantined=True"):
+        r3store.open_store(tmp_path).get("q")

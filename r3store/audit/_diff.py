@@ -117,7 +117,7 @@ def diff(store_a: RouteStore, store_b: RouteStore, *, sample_filter: str | None 
     spec_a, spec_b = store_a.spec, store_b.spec
     layers = sorted(set(spec_a.moe_layers) & set(spec_b.moe_layers))
     if (spec_a.num_experts, spec_a.top_k) != (spec_b.num_experts, spec_b.top_k) or not layers:
-        raise SpecMismatchError(store_b.url, spec_a.to_dict(), spec_b.to_dict())
+        raise SpecMismatchError(store_b.url, spec_b.to_dict(), spec_a.to_dict())
     workers = check_workers(workers, store_a, store_b)
     ids_a = store_a.sample_ids
     in_b = set(store_b.sample_ids)
