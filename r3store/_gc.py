@@ -29,7 +29,8 @@ class Leftover:
     """Seconds since the newest of them was modified."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"shard": self.shard, "keys": list(self.keys), "nbytes": self.nbytes, "age_s": round(self.age_s, 1)}
+        age = round(self.age_s, 1) if self.age_s != float("inf") else None
+        return {"shard": self.shard, "keys": list(self.keys), "nbytes": self.nbytes, "age_s": age}
 
 
 def collect_garbage(
@@ -72,12 +73,11 @@ def collect_garbage(
     groups: dict[str, list[str]] = {}
     for key in listing:
         name = key.rpartition("/")[2]
-        if name.startswith(".") and name.endswith(".tmp"):
+        shard = key.split("/")[1] if key.startswith(ROUTES_PREFIX) and key.count("/") >= 2 else None
+        if shard is not None and shard not in committed:
+            groups.setdefault(shard, []).append(key)
+        elif name.startswith(".") and name.endswith(".tmp"):
             groups[key] = [key]
-        elif key.startswith(ROUTES_PREFIX) and key.count("/") >= 2:
-            shard = key.split("/")[1]
-            if shard not in committed:
-                groups.setdefault(shard, []).append(key)
     found = []
     for shard, keys in sorted(groups.items()):
         times = [listing[k].mtime for k in keys if listing[k].mtime is not None]

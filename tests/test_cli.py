@@ -75,3 +75,33 @@ def test_demo_refuses_non_empty_dir(tmp_path: Path) -> None:
     (tmp_path / "x").write_text("keep me")
     result = CliRunner().invoke(main, ["demo", str(tmp_path)])
     assert result.exit_code == 2 and (tmp_path / "x").read_text() == "keep me"
+
+
+def test_gc_json_validates_and_groups_a_shard(tmp_path: Path) -> None:
+    import jsonschema
+
+    from r3store._format import load_schema
+
+    url = tmp_path / "store"
+    with r3store.RouteWriter(url, flame_spec()) as w:
+        w.append("a", flame_samples()["flame-00"])
+        shard = w.flush()
+    (url / "index" / f"{shard}.parquet").unlink()
+    (url / "routes" / shard / "c" / ".0.tmp").write_bytes(b"partial")  # a torn temp file of that shard
+    result = CliRunner().invoke(main, ["gc", str(url), "--older-than", "0s", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    jsonschema.validate(doc, load_schema("cli-gc"))
+    assert [item["shard"] for item in doc["leftovers"]] == [shard] and not doc["deleted"]
+    assert any(k.endswith(".0.tmp") for k in doc["leftovers"][0]["keys"])
+
+
+def test_show_defaults_to_eight_layers_and_rejects_empty_rows(tmp_path: Path) -> None:
+    spec = r3store.ModelSpec(num_layers=12, num_experts=16, top_k=2)
+    with r3store.RouteWriter(tmp_path, spec) as w:
+        w.append("s", np.tile(np.array([1, 2]), (3, 12, 1)))
+    result = CliRunner().invoke(main, ["show", str(tmp_path), "s"])
+    assert result.exit_code == 0 and "L7" in result.output and "L8" not in result.output
+    assert "pick others with --layers" in result.output
+    result = CliRunner().invoke(main, ["show", str(tmp_path), "s", "--rows", "10:5"])
+    assert result.exit_code == 2 and "empty row range" in result.output

@@ -60,6 +60,8 @@ def parse_rows(text: str) -> slice:
         if start is None:
             raise ValueError(f"expected rows like 'a:b', got {text!r}")
         return slice(start, start + 1)
+    if start is not None and stop is not None and 0 <= stop <= start:
+        raise ValueError(f"empty row range {text!r}: the end must be greater than the start")
     return slice(start, stop)
 
 

@@ -16,6 +16,9 @@ from r3store.cli._scan import echo_json
 
 __all__ = ["render_show", "show"]
 
+MAX_TABLE_LAYERS = 8
+"""Layers shown in the table when --layers is not given (wider tables are unreadable)."""
+
 
 def render_show(result: dict[str, Any], console: Console) -> None:
     """Print a :func:`r3store.audit.show` result: rows x layers, each cell the top-k ids."""
@@ -67,8 +70,13 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
     chosen = _parse(layers, parse_layers, "--layers")
     window = _parse(rows, parse_rows, "--rows")
     store = open_store(url, storage_options=parse_storage_options(storage_options), on_duplicate="first")
+    console = Console()
+    if chosen is None and not as_json and store.spec.num_moe_layers > MAX_TABLE_LAYERS:
+        chosen = list(store.spec.moe_layers[:MAX_TABLE_LAYERS])
+        console.print(f"showing MoE layers {chosen[0]}..{chosen[-1]} of {store.spec.num_moe_layers}; "
+                      "pick others with --layers (--json shows all)", highlight=False)
     result = run_show(store, sample_id, chosen, window)
     if as_json:
         echo_json(result)
     else:
-        render_show(result, Console())
+        render_show(result, console)
