@@ -160,40 +160,83 @@ def check_tokens(sample_id: str, tokens: Any) -> np.ndarray | None:
     return arr
 
 
-def check_metadata(sample_id: str, metadata: Mapping[str, Any] | None, types: dict[str, type]) -> dict[str, Any]:
+def check_sample_id(sample_id: Any) -> str:
+    """A sample id: a non-empty str of valid UTF-8, at most 4096 bytes.
+
+    Raises
+    ------
+    r3store.errors.RouteValidationError
+    """
+    if not isinstance(sample_id, str) or not sample_id:
+        raise RouteValidationError(repr(sample_id), "sample_id", "must be a non-empty str")
+    if not _utf8(sample_id) or len(sample_id.encode("utf-8")) > 4096:
+        raise RouteValidationError(ascii(sample_id)[:80], "sample_id", "must be valid UTF-8 of at most 4096 bytes")
+    return sample_id
+
+
+EXACT_FLOAT_INT = 2**53
+"""Largest int magnitude a float64 column holds exactly."""
+
+
+def check_metadata(sample_id: str, metadata: Mapping[str, Any] | None,
+                   types: dict[str, tuple[type, int]]) -> dict[str, Any]:
     """Validate user metadata: str keys, JSON scalar values, one type per key per writer.
 
-    ``types`` maps each key seen so far to its type; it is updated only when every key passes.
+    ``types`` maps each key seen so far to ``(type, largest int magnitude seen)``; the
+    caller adopts the updated mapping only when every check of the sample passes. An int
+    column becomes a float column when a float arrives, as long as every int in it is
+    exact in float64 (|v| <= 2**53); otherwise Parquet could not hold the column.
     """
     if metadata is None:
         return {}
     if not isinstance(metadata, Mapping):
         raise RouteValidationError(sample_id, "metadata", f"must be a mapping, got {type(metadata).__name__}")
-    seen: dict[str, type] = {}
-    for key, value in metadata.items():
-        if not isinstance(key, str) or not key or key in RESERVED_COLUMNS:
-            raise RouteValidationError(sample_id, f"metadata[{key!r}]",
-                                       f"key must be a non-empty str and not one of {sorted(RESERVED_COLUMNS)}")
+    try:
+        items = list(metadata.items())
+    except Exception as exc:  # noqa: BLE001 - a user mapping may raise anything
+        raise RouteValidationError(sample_id, "metadata", f"cannot be read: {type(exc).__name__}: {exc}") from exc
+    out: dict[str, Any] = {}
+    for key, value in items:
         value = value.item() if isinstance(value, np.generic) else value
-        if value is None:
-            continue
-        if not isinstance(value, _SCALARS) or (isinstance(value, float) and not math.isfinite(value)):
-            raise RouteValidationError(sample_id, f"metadata[{key!r}]", f"must be a finite JSON scalar, got {value!r}")
-        # what Parquet cannot hold would fail only at commit, taking the whole buffer with it
-        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
-            raise RouteValidationError(sample_id, f"metadata[{key!r}]", f"int {value} does not fit in int64")
-        if isinstance(value, str) and not _utf8(value):
-            raise RouteValidationError(sample_id, f"metadata[{key!r}]", f"str {value!r} is not valid UTF-8 (lone surrogate)")
-        kind = type(value)
-        known = types.get(key, kind)
-        if {known, kind} == {int, float}:
-            kind = float
-        elif known is not kind:
+        _check_meta_value(sample_id, key, value)
+        out[key] = value
+        if value is not None:
+            types[key] = _merge_kind(sample_id, key, value, types.get(key))
+    return out
+
+
+def _check_meta_value(sample_id: str, key: Any, value: Any) -> None:
+    if not isinstance(key, str) or not key or key in RESERVED_COLUMNS or not _utf8(key):
+        raise RouteValidationError(sample_id, f"metadata[{key!r}]",
+                                   f"key must be a non-empty str of valid UTF-8 and not one of {sorted(RESERVED_COLUMNS)}")
+    if value is None:
+        return
+    if not isinstance(value, _SCALARS) or (isinstance(value, float) and not math.isfinite(value)):
+        raise RouteValidationError(sample_id, f"metadata[{key!r}]", f"must be a finite JSON scalar, got {value!r}")
+    # what Parquet cannot hold would fail only at commit, taking the whole buffer with it
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        raise RouteValidationError(sample_id, f"metadata[{key!r}]", f"int {value} does not fit in int64")
+    if isinstance(value, str) and not _utf8(value):
+        raise RouteValidationError(sample_id, f"metadata[{key!r}]", f"str {value!r} is not valid UTF-8 (lone surrogate)")
+
+
+def _merge_kind(sample_id: str, key: str, value: Any, known: tuple[type, int] | None) -> tuple[type, int]:
+    kind = type(value)
+    magnitude = abs(value) if kind is int else 0
+    if known is None:
+        return kind, magnitude
+    old_kind, old_magnitude = known
+    magnitude = max(magnitude, old_magnitude)
+    if {old_kind, kind} <= {int, float}:
+        merged = float if float in (old_kind, kind) else int
+        if merged is float and magnitude > EXACT_FLOAT_INT:
             raise RouteValidationError(sample_id, f"metadata[{key!r}]",
-                                       f"is {kind.__name__} here but {known.__name__} in earlier samples")
-        seen[key] = kind
-    types.update(seen)
-    return {k: (v.item() if isinstance(v, np.generic) else v) for k, v in metadata.items()}
+                                       f"mixes floats with ints beyond 2**53 ({magnitude}), which float64 cannot hold")
+        return merged, magnitude
+    if old_kind is not kind:
+        raise RouteValidationError(sample_id, f"metadata[{key!r}]",
+                                   f"is {kind.__name__} here but {old_kind.__name__} in earlier samples")
+    return kind, magnitude
 
 
 def _utf8(text: str) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping
@@ -28,7 +29,7 @@ from r3store._format import (
 )
 from r3store._ingest import decode_sglang
 from r3store._spec import ModelSpec
-from r3store._validate import as_numpy, check_metadata, check_routes, check_row_count, check_tokens
+from r3store._validate import as_numpy, check_metadata, check_sample_id, check_routes, check_row_count, check_tokens
 from r3store.errors import (
     ContinuationError,
     DiscardedSampleWarning,
@@ -37,6 +38,7 @@ from r3store.errors import (
     NotAStoreError,
     RouteValidationError,
     SpecMismatchError,
+    StorageError,
     WriterClosedError,
 )
 from r3store.storage import Store, open_backend
@@ -44,6 +46,21 @@ from r3store.storage import Store, open_backend
 __all__ = ["RouteWriter"]
 
 _OWN_KEYS = (MANIFEST_KEY, "zarr.json", ROUTES_PREFIX, INDEX_PREFIX)
+WRITER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""Syntax of a writer id (shard names are ``<writer_id>-<5 digits>``; see schema/FORMAT.md)."""
+MAX_TOKENS = 2**40
+"""Upper bound on a sample's token count (a forged or garbage value would overflow int64 math)."""
+
+
+@dataclass
+class _Pending:
+    """A commit under way: retried under the same shard name with the same bytes."""
+
+    shard: str
+    layout: ArrayLayout
+    table: bytes
+    count: int
+    """How many of the oldest completed samples it commits."""
 
 
 @dataclass
@@ -134,6 +151,9 @@ class RouteWriter:
                             ("layers_per_chunk", 1 if layers_per_chunk is None else layers_per_chunk), ("shard_bytes", shard_bytes)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if writer_id is not None and (not isinstance(writer_id, str) or not WRITER_ID.fullmatch(writer_id)):
+            raise ValueError(f"writer_id must match {WRITER_ID.pattern} (letters, digits, '.', '_', '-'; "
+                             f"no '/', no leading '.'), got {writer_id!r}")
         self.spec = spec
         self.store = open_backend(url, storage_options)
         self.writer_id = writer_id or f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
@@ -146,8 +166,9 @@ class RouteWriter:
         self._done: list[_Sample] = []
         self._buffered = 0
         self._ids: set[str] = set()
-        self._meta_types: dict[str, type] = {}
+        self._meta_types: dict[str, tuple[type, int]] = {}
         self._seq = 0
+        self._pending: _Pending | None = None
         self._closed = False
         self.shards: list[str] = []
         """Names of the shards this writer has committed."""
@@ -227,8 +248,7 @@ class RouteWriter:
         r3store.errors.WriterClosedError
         """
         self._check_open()
-        if not isinstance(sample_id, str) or not sample_id:
-            raise RouteValidationError(str(sample_id), "sample_id", "must be a non-empty str")
+        check_sample_id(sample_id)
         arr = as_numpy(sample_id, "routes", routes)
         sample = self._sample_for(sample_id, start, len(arr) if arr.ndim else 0)
         types = dict(self._meta_types)  # adopted only if every check passes
@@ -278,6 +298,7 @@ class RouteWriter:
             The payload is not base64 or does not divide into ``(rows, num_layers, top_k)``.
         """
         self._check_open()
+        check_sample_id(sample_id)
         try:
             routes = decode_sglang(sample_id, meta_info, self.spec)
         except RouteValidationError as exc:
@@ -335,7 +356,8 @@ class RouteWriter:
         sample.parts = [] if moe is None else sample.parts + [moe]
         sample.rows = sum(len(p) for p in sample.parts)
         self._buffered += 0 if moe is None else moe.nbytes
-        nt = num_tokens if isinstance(num_tokens, int) and not isinstance(num_tokens, bool) else None
+        valid = isinstance(num_tokens, int | np.integer) and not isinstance(num_tokens, bool)
+        nt = int(num_tokens) if valid and 1 <= num_tokens <= MAX_TOKENS else None
         if nt is None and tokens is not None:
             try:
                 nt = len(tokens)
@@ -370,27 +392,46 @@ class RouteWriter:
         return self._commit()
 
     def _commit(self) -> str | None:
-        if not self._done:
-            return None
-        self._check_spec()
-        shard = f"{self.writer_id}-{self._seq:05d}"
-        # a writer restarted under the same writer_id must not overwrite earlier commits
-        while self.store.exists(f"{INDEX_PREFIX}{shard}.parquet") or self.store.exists(f"{ROUTES_PREFIX}{shard}/zarr.json"):
-            self._seq += 1
-            shard = f"{self.writer_id}-{self._seq:05d}"
-        array = f"{ROUTES_PREFIX}{shard}"
-        rows_total = sum(s.rows for s in self._done)
-        layout = self._layout(rows_total)
-        for i, blob in enumerate(self._encode_shards(layout)):
-            self.store.set(f"{array}/{ArrayLayout.shard_key(i)}", blob)
-        attrs = {"r3store": {"shard": shard, "writer_id": self.writer_id, "spec": dict(self.spec.to_dict())}}
-        self.store.set_json(f"{array}/zarr.json", layout.to_zarr_json(attrs))
-        self.store.set(f"{INDEX_PREFIX}{shard}.parquet", self._table_bytes(shard, array))
-        self.shards.append(shard)
-        self._seq += 1
-        self._done.clear()
-        self._buffered = sum(p.nbytes for s in self._open.values() for p in s.parts)
+        """Commit completed samples; a failed commit is retried under the same name.
+
+        Protocol (schema/FORMAT.md): create ``routes/<shard>/zarr.json`` if absent (this
+        reserves the name: a restarted or duplicated writer id moves on to the next
+        number), write the shard objects, then create ``index/<shard>.parquet`` if absent.
+        If that last create finds our own bytes there, an earlier attempt succeeded
+        although its response was lost: the samples are not committed twice.
+        """
+        shard = None
+        while self._done:
+            self._check_spec()
+            if self._pending is None:
+                self._pending = self._reserve(len(self._done))
+            shard = self._write_pending(self._pending)
+            self.shards.append(shard)
+            del self._done[: self._pending.count]
+            self._pending = None
+            self._buffered = sum(p.nbytes for s in (*self._done, *self._open.values()) for p in s.parts)
         return shard
+
+    def _reserve(self, count: int) -> _Pending:
+        layout = self._layout(sum(s.rows for s in self._done[:count]))
+        while True:
+            shard = f"{self.writer_id}-{self._seq:05d}"
+            self._seq += 1
+            attrs = {"r3store": {"shard": shard, "writer_id": self.writer_id, "spec": dict(self.spec.to_dict())}}
+            doc = (json.dumps(layout.to_zarr_json(attrs), indent=2) + "\n").encode()
+            if self.store.set_if_absent(f"{ROUTES_PREFIX}{shard}/zarr.json", doc):
+                break
+        return _Pending(shard, layout, self._table_bytes(shard, count), count)
+
+    def _write_pending(self, pending: _Pending) -> str:
+        array = f"{ROUTES_PREFIX}{pending.shard}"
+        parts = (p for s in self._done[: pending.count] for p in s.parts)
+        for i, blob in enumerate(self._encode_shards(pending.layout, parts)):
+            self.store.set(f"{array}/{ArrayLayout.shard_key(i)}", blob)
+        key = f"{INDEX_PREFIX}{pending.shard}.parquet"
+        if not self.store.set_if_absent(key, pending.table) and bytes(self.store.get(key)) != pending.table:
+            raise StorageError(self.store.path_of(key), "another writer committed this shard name (writer ids must be unique)")
+        return pending.shard
 
     def _layout(self, rows: int) -> ArrayLayout:
         spec = self.spec
@@ -400,16 +441,18 @@ class RouteWriter:
                                     chunk_rows=self.chunk_rows, layers_per_chunk=self.layers_per_chunk,
                                     shard_rows=shard_rows)
 
-    def _encode_shards(self, layout: ArrayLayout) -> Iterator[bytes]:
+    @staticmethod
+    def _encode_shards(layout: ArrayLayout, parts: Iterator[np.ndarray]) -> Iterator[bytes]:
         """Yield one encoded object per zarr shard, assembling rows chunk by chunk."""
-        blocks = _row_blocks((p for s in self._done for p in s.parts), layout)
+        blocks = _row_blocks(parts, layout)
         for _ in range(layout.num_shards):
             yield encode_shard(blocks, layout)
 
-    def _table_bytes(self, shard: str, array: str) -> bytes:
+    def _table_bytes(self, shard: str, count: int) -> bytes:
         now = datetime.now(UTC)
         rows, start = [], 0
-        for s in self._done:
+        array = f"{ROUTES_PREFIX}{shard}"
+        for s in self._done[:count]:
             rows.append({
                 "sample_id": s.sample_id, "num_tokens": s.num_tokens, "num_rows": s.rows, "row_start": start,
                 "array": array, "shard": shard, "writer_id": self.writer_id, "token_hash": s.token_hash,
@@ -429,17 +472,18 @@ class RouteWriter:
 
         Raises
         ------
+        r3store.errors.StorageError
+            The commit failed: the writer stays open with every sample buffered, so
+            ``close()`` (or ``flush()``) can be called again.
         r3store.errors.IncompleteSampleError
             Multi-turn samples were still open (non-final); they are not stored, the
             completed samples are committed.
         """
         if self._closed:
             return
-        try:
-            self._commit()
-        finally:
-            self._closed = True
-            self.store.close()
+        self._commit()
+        self._closed = True
+        self.store.close()
         if self._open:
             open_ids = sorted(self._open)
             self._open.clear()

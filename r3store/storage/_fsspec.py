@@ -152,7 +152,9 @@ class FsspecStore(Store):
                 self.fs.pipe_file(self._path(key), bytes(data), mode="create")
             except FileExistsError:
                 return False
-            except OSError:
+            except OSError as exc:
+                if not _not_implemented(exc):
+                    raise
                 return super().set_if_absent(key, data)
         return True
 
@@ -239,6 +241,12 @@ def _reopen(fs: AbstractFileSystem) -> AbstractFileSystem:
     """The same filesystem, created anew in this process (fsspec drops its instance
     cache after a fork, so this builds a fresh client)."""
     return type(fs)(*fs.storage_args, **fs.storage_options)
+
+
+def _not_implemented(exc: BaseException) -> bool:
+    """Whether a failed conditional PUT means the server lacks conditional writes (HTTP 501)."""
+    text = f"{exc} {exc.__cause__ or ''}"
+    return "NotImplemented" in text or "501" in text
 
 
 def _protocols(fs: AbstractFileSystem) -> tuple[str, ...]:

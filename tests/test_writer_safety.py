@@ -1,0 +1,126 @@
+"""What a writer must never do: lose its buffer on a failed commit, commit twice on a
+retry, overwrite another writer's shard, or accept input that fails only at commit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import r3store
+from r3store.errors import RouteValidationError, StorageError
+from r3store.storage import LocalStore
+
+SPEC = r3store.ModelSpec(num_layers=2, num_experts=8, top_k=2)
+
+
+def routes(rows: int, shift: int = 0) -> np.ndarray:
+    base = (np.arange(rows)[:, None, None] + np.arange(2)[None, :, None] + shift) % 8
+    return np.concatenate([base, (base + 3) % 8], axis=-1).astype(np.int32)
+
+
+class FlakyStore(LocalStore):
+    """A local store whose writes of keys containing ``fail_on`` fail ``times`` times.
+
+    With ``after_write`` the write lands before the error is raised: a response lost
+    after the server applied the request (an ambiguous commit).
+    """
+
+    def __init__(self, root: Path, fail_on: str, times: int = 1, after_write: bool = False) -> None:
+        super().__init__(root)
+        self.fail_on, self.times, self.after_write = fail_on, times, after_write
+
+    def _maybe_fail(self, key: str, write: object) -> object:
+        if self.fail_on in key and self.times > 0:
+            self.times -= 1
+            if self.after_write:
+                write()  # type: ignore[operator]
+            raise StorageError(self.path_of(key), "injected failure")
+        return write()  # type: ignore[operator]
+
+    def set(self, key: str, data: bytes | memoryview) -> None:
+        self._maybe_fail(key, lambda: super(FlakyStore, self).set(key, data))
+
+    def set_if_absent(self, key: str, data: bytes) -> bool:
+        return bool(self._maybe_fail(key, lambda: super(FlakyStore, self).set_if_absent(key, data)))
+
+
+@pytest.mark.parametrize("bad_id", ["team/w1", ".hidden", "../../escaped", "w\x00x", "", "a" * 200])
+def test_writer_id_syntax_is_enforced(tmp_path: Path, bad_id: str) -> None:
+    with pytest.raises(ValueError, match="writer_id"):
+        r3store.RouteWriter(tmp_path, SPEC, writer_id=bad_id)
+    assert not any(tmp_path.iterdir())
+
+
+def test_failed_close_keeps_every_sample_for_a_retry(tmp_path: Path) -> None:
+    store = FlakyStore(tmp_path, fail_on="c/0/0/0")
+    writer = r3store.RouteWriter(store, SPEC)
+    writer.append("a", routes(5))
+    writer.append("b", routes(3, 1))
+    with pytest.raises(StorageError, match="injected"):
+        writer.close()
+    assert len(r3store.open_store(tmp_path)) == 0  # nothing visible
+    writer.close()  # the retry commits everything
+    got = r3store.open_store(tmp_path)
+    assert got.sample_ids == ["a", "b"]
+    np.testing.assert_array_equal(got.get("b"), routes(3, 1))
+
+
+def test_retry_after_an_ambiguous_commit_does_not_commit_twice(tmp_path: Path) -> None:
+    store = FlakyStore(tmp_path, fail_on="index/", after_write=True)
+    writer = r3store.RouteWriter(store, SPEC)
+    writer.append("a", routes(4))
+    with pytest.raises(StorageError):
+        writer.flush()  # the sample table landed, but the writer was told it failed
+    shard = writer.flush()  # retried: finds its own commit record
+    writer.append("b", routes(2))
+    writer.close()
+    got = r3store.open_store(tmp_path)  # on_duplicate="raise": no duplicate
+    assert got.sample_ids == ["a", "b"] and shard in got.shards and len(got.shards) == 2
+
+
+def test_two_writers_with_one_writer_id_never_share_a_shard(tmp_path: Path) -> None:
+    first = r3store.RouteWriter(tmp_path, SPEC, writer_id="rank0")
+    second = r3store.RouteWriter(tmp_path, SPEC, writer_id="rank0")
+    first.append("a", routes(4))
+    second.append("b", routes(4, 2))
+    first.flush()
+    second.flush()
+    first.close()
+    second.close()
+    got = r3store.open_store(tmp_path)
+    assert sorted(got.shards) == ["rank0-00000", "rank0-00001"]
+    np.testing.assert_array_equal(got.get("a"), routes(4))
+    np.testing.assert_array_equal(got.get("b"), routes(4, 2))
+
+
+@pytest.mark.parametrize("case", ["surrogate-id", "surrogate-key", "int-float-beyond-2**53", "float-then-big-int"])
+def test_input_that_parquet_cannot_hold_is_refused_at_append(tmp_path: Path, case: str) -> None:
+    with r3store.RouteWriter(tmp_path, SPEC) as w:
+        w.append("good", routes(3), metadata={"m": 2**60 + 1 if case == "int-float-beyond-2**53" else 0.5})
+        with pytest.raises(RouteValidationError):
+            if case == "surrogate-id":
+                w.append("bad-\ud800", routes(3))
+            elif case == "surrogate-key":
+                w.append("bad", routes(3), metadata={"k\udc80": 1})
+            elif case == "int-float-beyond-2**53":
+                w.append("bad", routes(3), metadata={"m": 0.5})
+            else:
+                w.append("bad", routes(3), metadata={"m": 2**53 + 1})
+        w.append("later", routes(2), metadata={"m": 1})
+    assert r3store.open_store(tmp_path).sample_ids == ["good", "later"]
+
+
+def test_quarantine_survives_garbage_num_tokens_and_ids(tmp_path: Path) -> None:
+    bad = routes(3)
+    bad[0, 0, 1] = bad[0, 0, 0]
+    with r3store.RouteWriter(tmp_path, SPEC, on_invalid="quarantine") as w:
+        w.append("q", bad, num_tokens=2**70)
+        with pytest.raises(RouteValidationError, match="sample_id"):
+            w.append_sglang(12345, "!!notbase64")  # type: ignore[arg-type]
+        with pytest.raises(RouteValidationError, match="sample_id"):
+            w.append_sglang("", "!!notbase64")
+        w.append("ok", routes(2))
+    got = r3store.open_store(tmp_path)
+    assert got.sample_ids == ["ok"] and got.row("q", include_quarantined=True)["num_tokens"] == 4
