@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -131,7 +132,8 @@ def decode_vllm(sample_id: str, payload: Any) -> np.ndarray:
         A numpy array ``[seq_len - 1, L, top_k]`` of any integer dtype (int16, uint8,
         uint16 or int32 depending on the vLLM version), or over HTTP a base64 ``.npy``
         blob whose header carries dtype and shape. ``.npy`` is read with
-        ``allow_pickle=False``: an object array is rejected, never unpickled.
+        ``allow_pickle=False``: an object array is rejected, never unpickled; a header
+        claiming more data than the blob holds is rejected before anything is allocated.
 
     Returns
     -------
@@ -145,7 +147,34 @@ def decode_vllm(sample_id: str, payload: Any) -> np.ndarray:
     if isinstance(payload, str | bytes | bytearray | memoryview):
         try:
             raw = base64.b64decode(payload, validate=True)
+            _check_npy_header(sample_id, raw)
             return np.load(io.BytesIO(raw), allow_pickle=False)
+        except PayloadDecodeError:
+            raise
         except (binascii.Error, ValueError, OSError, EOFError) as exc:
             raise PayloadDecodeError(sample_id, "routed_experts", f"is not a base64 .npy blob: {exc}") from exc
     return as_numpy(sample_id, "routed_experts", payload)
+
+
+def _check_npy_header(sample_id: str, raw: bytes) -> None:
+    """Check a ``.npy`` header (format 1.0 or 2.0) against the bytes that follow it.
+
+    Raises
+    ------
+    r3store.errors.PayloadDecodeError
+        Another format version, an object dtype, or a shape needing more bytes than present.
+    ValueError
+        The header is malformed.
+    """
+    fp = io.BytesIO(raw)
+    version = np.lib.format.read_magic(fp)
+    read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if read is None:
+        raise PayloadDecodeError(sample_id, "routed_experts", f".npy format version {version} is not read (1.0, 2.0)")
+    shape, _, dtype = read(fp)
+    if dtype.hasobject:
+        raise PayloadDecodeError(sample_id, "routed_experts", f".npy holds dtype {dtype}: never unpickled")
+    need, have = math.prod(shape) * dtype.itemsize, len(raw) - fp.tell()
+    if need > have:
+        fault = f".npy header claims shape {shape} of {dtype} ({need:,} bytes), only {have:,} bytes follow"
+        raise PayloadDecodeError(sample_id, "routed_experts", fault)

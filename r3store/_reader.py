@@ -11,7 +11,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from r3store._format import INDEX_PREFIX, MANIFEST_KEY, ArrayLayout, decode_index, parse_manifest, read_table
+from r3store._format import (
+    INDEX_PREFIX,
+    MANIFEST_KEY,
+    ROUTES_PREFIX,
+    ArrayLayout,
+    array_rows,
+    decode_index,
+    parse_manifest,
+    read_table,
+)
 from r3store._spec import ModelSpec
 from r3store.codecs import BitpackCodec
 from r3store.errors import (
@@ -65,7 +74,10 @@ def open_store(
     r3store.errors.NotAStoreError
         No ``r3store.json`` at ``url``.
     r3store.errors.FormatError
-        The manifest or a sample table is malformed (FormatVersionError: unknown version).
+        The manifest or a sample table is malformed (FormatVersionError: unknown version):
+        a table over the size caps, named other than ``index/<shard>.parquet`` with a valid
+        shard name, or with a row that breaks the rules of ``schema/FORMAT.md`` section 6
+        (an ``array`` other than ``routes/<shard>``, nulls, counts out of range, shared rows).
     r3store.errors.DuplicateSampleError
         With ``on_duplicate="raise"``: names the id and both shards.
     r3store.errors.StorageError
@@ -102,6 +114,7 @@ class RouteStore:
         self.spec = spec
         self.cache_bytes = cache_bytes
         self._layouts: dict[str, ArrayLayout] = {}
+        self._array_rows: dict[str, int] = {}  # rows each committed array must have, from its sample table
         self._indexes: dict[tuple[str, int], np.ndarray] = {}
         self._chunks: OrderedDict[tuple[str, int, int], np.ndarray] = OrderedDict()
         self._cached = 0
@@ -116,10 +129,14 @@ class RouteStore:
         return self.backend.url
 
     def _load_tables(self) -> pa.Table:
+        """Read and check every committed sample table; note the rows each route array must have."""
         keys = [k for k in self.backend.list_prefix(INDEX_PREFIX) if k.endswith(".parquet") and "/." not in k]
         self.committed_shards = [k[len(INDEX_PREFIX) : -len(".parquet")] for k in keys]
         blobs = self.backend.get_many(keys)
-        tables = [read_table(blobs[k], self.backend.path_of(k)) for k in keys]
+        tables = []
+        for key, shard in zip(keys, self.committed_shards, strict=True):
+            tables.append(read_table(blobs.pop(key), self.backend.path_of(key), shard))
+            self._array_rows[f"{ROUTES_PREFIX}{shard}"] = array_rows(tables[-1])
         if not tables:
             from r3store._format import table_schema
 
@@ -150,7 +167,9 @@ class RouteStore:
         return len(self._visible)
 
     def __contains__(self, sample_id: object) -> bool:
-        i = self._where.get(sample_id)  # type: ignore[arg-type]
+        if not isinstance(sample_id, str):
+            return False
+        i = self._where.get(sample_id)
         return i is not None and not self._quarantined[i]
 
     def __iter__(self) -> Iterator[str]:
@@ -236,27 +255,50 @@ class RouteStore:
         i = self._locate(sample_id, include_quarantined)
         positions = self.spec.layer_positions(layers)
         if rows is not None and not isinstance(rows, slice):
-            raise TypeError(f"rows must be a slice such as slice(0, 1024), got {type(rows).__name__}")
+            hint = f"; use slice{tuple(rows)!r}" if isinstance(rows, tuple) and len(rows) == 2 else ""
+            raise TypeError(f"rows must be a slice such as slice(0, 1024), got {type(rows).__name__}{hint}")
         start, stop, step = (rows or slice(None)).indices(int(self._num_rows[i]))
         if step != 1:
             raise ValueError(f"rows must have step 1, got {rows}")
         base = int(self._row_start[i])
+        self.layout_of(self._array[i])  # the whole array must match its sample table
         return self.read_rows(self._array[i], base + start, base + max(start, stop), positions, out=out)
 
     def get_many(self, sample_ids: Sequence[str], layers: Sequence[int] | None = None) -> list[np.ndarray]:
         """Routes of several samples (see :meth:`get`), in the order given."""
         return [self.get(s, layers) for s in sample_ids]
 
-    def layout_of(self, array: str) -> ArrayLayout:
-        """Chunking of a route array (parsed from its ``zarr.json``)."""
+    def layout_of(self, array: str, *, partial: bool = False) -> ArrayLayout:
+        """Chunking of a committed route array (parsed from its ``zarr.json``).
+
+        Parameters
+        ----------
+        array : str
+            ``routes/<shard>`` of a committed shard.
+        partial : bool
+            Accept an array with fewer rows than its sample table names (audits report
+            the samples past its end); never more.
+
+        Raises
+        ------
+        r3store.errors.FormatError
+            ``array`` is not a committed shard's array, or its ``zarr.json`` is malformed,
+            disagrees with the manifest spec, or has other than the rows its sample table
+            names (the end of its last sample).
+        """
+        path = self.backend.path_of(f"{array}/zarr.json")
+        expected = self._array_rows.get(array)
+        if expected is None:
+            raise FormatError(path, f"{array!r} is not the route array of a committed shard")
         layout = self._layouts.get(array)
         if layout is None:
-            path = f"{array}/zarr.json"
-            layout = ArrayLayout.from_zarr_json(self.backend.get_json(path), self.backend.path_of(path))
+            layout = ArrayLayout.from_zarr_json(self.backend.get_json(f"{array}/zarr.json"), path)
             if (layout.num_layers, layout.top_k) != (self.spec.num_moe_layers, self.spec.top_k) or \
                     layout.bits != self.spec.bits_per_id:
-                raise FormatError(self.backend.path_of(path), f"array geometry {layout} disagrees with the manifest spec")
+                raise FormatError(path, f"array geometry {layout} disagrees with the manifest spec")
             self._layouts[array] = layout
+        if layout.rows > expected or (layout.rows < expected and not partial):
+            raise FormatError(path, f"array has {layout.rows} rows; its sample table ends at row {expected}")
         return layout
 
     def read_rows(self, array: str, start: int, stop: int, positions: Sequence[int],
@@ -267,8 +309,16 @@ class RouteStore:
         -------
         ndarray of int32, shape (stop - start, len(positions), top_k)
             ``out`` when given (it must have this shape).
+
+        Raises
+        ------
+        r3store.errors.FormatError
+            The rows lie past the array's end (an array shorter than its sample table is
+            read up to its end, for audits; see :meth:`layout_of`).
         """
-        layout = self.layout_of(array)
+        if start < 0:
+            raise ValueError(f"start must be >= 0, got {start}")
+        layout = self.layout_of(array, partial=True)
         if stop > layout.rows:
             raise FormatError(self.backend.path_of(array), f"rows [{start}, {stop}) beyond the array's {layout.rows} rows")
         shape = (stop - start, len(positions), layout.top_k)
@@ -326,8 +376,11 @@ class RouteStore:
         spans: list[tuple[int, int, int, int]] = []  # (offset, nbytes, row chunk, layer chunk)
         for c, b in keys:
             offset, nbytes = (int(v) for v in index[c - first, b])
-            if offset == 2**64 - 1:
+            if offset == 2**64 - 1 and c * layout.chunk_rows >= layout.rows:
                 got[(c, b)] = np.zeros(shape, np.int32)
+            elif offset == 2**64 - 1 or nbytes == 2**64 - 1:  # writers store every chunk holding rows
+                raise FormatError(f"{array}/{ArrayLayout.shard_key(shard)}",
+                                  f"shard index marks chunk {(c, b, 0)} missing, inside the array's {layout.rows} rows")
             else:
                 spans.append((offset, nbytes, c, b))
         spans.sort()
@@ -433,6 +486,8 @@ class RouteStore:
 
         if isinstance(sample_ids, str):
             raise TypeError(f"sample_ids must be a sequence of ids, got the str {sample_ids!r}; use [{sample_ids!r}]")
+        if return_tensors not in ("pt", "np"):
+            raise ValueError(f"return_tensors must be 'pt' or 'np', got {return_tensors!r}")
 
         options = LayoutOptions(layout=layout, cp_size=cp_size, cp_rank=cp_rank, cp_mode=cp_mode, tp_size=tp_size,
                                 tp_rank=tp_rank, pad_multiple=pad_multiple, sequence_parallel=sequence_parallel,

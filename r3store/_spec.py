@@ -13,6 +13,8 @@ from r3store.errors import LayerError, SpecError
 __all__ = ["ModelSpec", "ModelSpecDict"]
 
 MAX_EXPERTS = 1 << 16
+MAX_LAYERS = 1 << 16
+"""Sanity bound on decoder layers (a forged manifest must not drive huge allocations)."""
 
 
 class ModelSpecDict(TypedDict):
@@ -94,7 +96,7 @@ class ModelSpec:
         top_k: int,
         moe_layers: Sequence[int] | None = None,
     ) -> None:
-        num_layers = parse_positive("num_layers", num_layers)
+        num_layers = parse_positive("num_layers", num_layers, maximum=MAX_LAYERS)
         num_experts = parse_positive("num_experts", num_experts, maximum=MAX_EXPERTS)
         top_k = parse_positive("top_k", top_k, maximum=num_experts)
         object.__setattr__(self, "num_layers", num_layers)
@@ -141,12 +143,18 @@ class ModelSpec:
             return tuple(range(self.num_moe_layers))
         if isinstance(layers, numbers.Integral):
             raise TypeError(f"layers must be a sequence of decoder-layer indices, got the int {layers}; use [{layers}]")
+        if isinstance(layers, str | bytes):
+            raise TypeError(f"layers must be a sequence of decoder-layer indices, got the str {layers!r}")
         where = {layer: i for i, layer in enumerate(self.moe_layers)}
         out: list[int] = []
         for layer in layers:
+            if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+                raise TypeError(f"layers must hold ints (decoder-layer indices), got {layer!r}")
             pos = where.get(int(layer))
-            if pos is None or pos in out:
+            if pos is None:
                 raise LayerError(int(layer), self.moe_layers)
+            if pos in out:
+                raise LayerError(int(layer), self.moe_layers, fault="is requested twice")
             out.append(pos)
         return tuple(out)
 

@@ -27,6 +27,7 @@ from r3store._format import (
     write_table,
     zarr_group_json,
 )
+from r3store._format._array import MAX_CHUNK_IDS, MAX_INDEX_ENTRIES
 from r3store._ingest import decode_sglang
 from r3store._spec import ModelSpec
 from r3store._validate import as_numpy, check_metadata, check_sample_id, check_routes, check_row_count, check_tokens
@@ -154,6 +155,10 @@ class RouteWriter:
         if writer_id is not None and (not isinstance(writer_id, str) or not WRITER_ID.fullmatch(writer_id)):
             raise ValueError(f"writer_id must match {WRITER_ID.pattern} (letters, digits, '.', '_', '-'; "
                              f"no '/', no leading '.'), got {writer_id!r}")
+        lpc = layers_per_chunk if layers_per_chunk is not None else 1
+        if chunk_rows * min(lpc, spec.num_moe_layers) * spec.top_k > MAX_CHUNK_IDS:
+            raise ValueError(f"chunk_rows x layers_per_chunk x top_k must be <= {MAX_CHUNK_IDS} ids "
+                             f"(readers refuse larger chunks), got {chunk_rows} x {lpc} x {spec.top_k}")
         self.spec = spec
         self.store = open_backend(url, storage_options)
         self.writer_id = writer_id or f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
@@ -437,6 +442,8 @@ class RouteWriter:
         spec = self.spec
         row_bytes = spec.num_moe_layers * spec.top_k * spec.bits_per_id / 8
         shard_rows = max(self.chunk_rows, math.ceil(self.shard_bytes / row_bytes))
+        layer_chunks = math.ceil(spec.num_moe_layers / self.layers_per_chunk)
+        shard_rows = min(shard_rows, self.chunk_rows * max(1, MAX_INDEX_ENTRIES // layer_chunks))
         return ArrayLayout.for_rows(rows, num_layers=spec.num_moe_layers, top_k=spec.top_k, bits=spec.bits_per_id,
                                     chunk_rows=self.chunk_rows, layers_per_chunk=self.layers_per_chunk,
                                     shard_rows=shard_rows)

@@ -299,11 +299,11 @@ class LayerError(R3StoreError, IndexError):
     moe_layers : tuple of int
     """
 
-    def __init__(self, layer: int, moe_layers: tuple[int, ...]) -> None:
+    def __init__(self, layer: int, moe_layers: tuple[int, ...], fault: str = "is not a stored MoE layer") -> None:
         self.layer = layer
         self.moe_layers = tuple(moe_layers)
         span = _span(self.moe_layers)
-        super().__init__(f"decoder layer {layer} is not a stored MoE layer (MoE layers: {span})")
+        super().__init__(f"decoder layer {layer} {fault} (MoE layers: {span})")
 
 
 class NotAStoreError(R3StoreError, FileNotFoundError):

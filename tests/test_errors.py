@@ -216,7 +216,7 @@ def test_local_permission_error_is_translated(tmp_path: Path, monkeypatch: pytes
         raise PermissionError(13, "Permission denied", str(self))
 
     monkeypatch.setattr(Path, "is_file", denied)
-    monkeypatch.setattr(Path, "read_bytes", denied)
+    monkeypatch.setattr(LocalStore, "_open", denied)  # reads open the file with os.open (regular files only)
     for call in (lambda: store.exists("obj"), lambda: store.get("obj")):
         with pytest.raises(StorageError, match="permission denied") as info:
             call()

@@ -124,3 +124,23 @@ def test_quarantine_survives_garbage_num_tokens_and_ids(tmp_path: Path) -> None:
         w.append("ok", routes(2))
     got = r3store.open_store(tmp_path)
     assert got.sample_ids == ["ok"] and got.row("q", include_quarantined=True)["num_tokens"] == 4
+
+
+def test_writer_never_writes_what_readers_refuse(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="chunk_rows x layers_per_chunk x top_k"):
+        r3store.RouteWriter(tmp_path, SPEC, chunk_rows=2**26)
+    # one-row chunks: a shard object stays within the reader's index-size bound
+    with r3store.RouteWriter(tmp_path, SPEC, chunk_rows=1, layers_per_chunk=1, shard_bytes=1 << 30) as w:
+        w.append("a", routes(50))
+    np.testing.assert_array_equal(r3store.open_store(tmp_path).get("a"), routes(50))
+
+
+def test_layers_must_be_ints_listed_once(tmp_path: Path) -> None:
+    with r3store.RouteWriter(tmp_path, SPEC) as w:
+        w.append("a", routes(3))
+    store = r3store.open_store(tmp_path)
+    for bad in ("1", [1.0], [True]):
+        with pytest.raises(TypeError, match="layers"):
+            store.get("a", layers=bad)  # type: ignore[arg-type]
+    with pytest.raises(r3store.errors.LayerError, match="requested twice"):
+        store.get("a", layers=[1, 1])

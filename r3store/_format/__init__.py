@@ -6,22 +6,34 @@ from r3store._format._manifest import (
     FORMAT_VERSION,
     INDEX_PREFIX,
     MANIFEST_KEY,
+    MAX_ROWS,
     ROUTES_PREFIX,
+    SHARD_NAME,
     load_schema,
     make_manifest,
     parse_manifest,
     zarr_group_json,
 )
-from r3store._format._table import RESERVED_COLUMNS, read_table, table_schema, token_hash, write_table
+from r3store._format._table import (
+    RESERVED_COLUMNS,
+    array_rows,
+    read_table,
+    table_schema,
+    token_hash,
+    write_table,
+)
 
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "INDEX_PREFIX",
     "MANIFEST_KEY",
+    "MAX_ROWS",
     "RESERVED_COLUMNS",
     "ROUTES_PREFIX",
+    "SHARD_NAME",
     "ArrayLayout",
+    "array_rows",
     "decode_index",
     "encode_shard",
     "load_schema",

@@ -19,13 +19,18 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
+from r3store._format._manifest import MAX_ROWS
 from r3store.codecs import BitpackCodec
 from r3store.errors import ChecksumError, FormatError
 
-__all__ = ["ArrayLayout", "decode_index", "encode_shard"]
+__all__ = ["MAX_CHUNK_IDS", "MAX_INDEX_ENTRIES", "ArrayLayout", "decode_index", "encode_shard"]
 
 EMPTY = np.uint64(2**64 - 1)
 ZARR_CODEC = "r3store.bitpack"
+MAX_CHUNK_IDS = 1 << 26
+"""Readers reject inner chunks of more ids (``chunk_rows * layers_per_chunk * top_k``)."""
+MAX_INDEX_ENTRIES = 1 << 20
+"""Readers reject storage objects whose index has more entries (inner chunks)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,21 +130,50 @@ class ArrayLayout:
             The document does not describe an r3store route array.
         """
         try:
-            rows, num_layers, top_k = (int(v) for v in doc["shape"])
-            shard_rows = int(doc["chunk_grid"]["configuration"]["chunk_shape"][0])
+            rows, num_layers, top_k = _ints(doc["shape"], 3)
+            outer = _ints(doc["chunk_grid"]["configuration"]["chunk_shape"], 3)
             (sharding,) = doc["codecs"]
             config = sharding["configuration"]
-            chunk_rows, lpc, _ = (int(v) for v in config["chunk_shape"])
+            chunk_rows, lpc, inner_k = _ints(config["chunk_shape"], 3)
             (inner,) = config["codecs"]
             ok = (doc["zarr_format"] == 3 and sharding["name"] == "sharding_indexed"
                   and inner["name"] == ZARR_CODEC and config.get("index_location", "end") == "end")
-            bits = int(inner["configuration"]["bits"])
-        except (KeyError, TypeError, ValueError) as exc:
+            (bits,) = _ints([inner["configuration"]["bits"]], 1)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise FormatError(path, f"not an r3store route array ({type(exc).__name__}: {exc})") from exc
         if not ok:
             raise FormatError(path, "not an r3store route array (codecs or zarr_format differ)")
-        return cls(rows=rows, num_layers=num_layers, top_k=top_k, bits=bits, chunk_rows=chunk_rows,
-                   layers_per_chunk=lpc, shard_rows=shard_rows)
+        try:
+            layout = cls(rows=rows, num_layers=num_layers, top_k=top_k, bits=bits, chunk_rows=chunk_rows,
+                         layers_per_chunk=lpc, shard_rows=outer[0])
+        except FormatError as exc:
+            raise FormatError(path, exc.fault) from exc
+        layout._check_bounds(path, outer, inner_k)
+        return layout
+
+    def _check_bounds(self, path: str, outer: list[int], inner_k: int) -> None:
+        """Reject a geometry no writer makes, before anything is sized from it."""
+        faults = [
+            (self.rows >= MAX_ROWS, f"rows {self.rows} >= {MAX_ROWS}"),
+            (self.layers_per_chunk > self.num_layers,
+             f"layers_per_chunk {self.layers_per_chunk} > {self.num_layers} layers"),
+            (outer[1:] != [self.layer_chunks * self.layers_per_chunk, self.top_k] or inner_k != self.top_k,
+             f"chunk shapes {outer} / {[self.chunk_rows, self.layers_per_chunk, inner_k]} do not tile the array"),
+            (self.chunk_size > MAX_CHUNK_IDS, f"{self.chunk_size} ids per inner chunk > {MAX_CHUNK_IDS}"),
+            (self.row_chunks_per_shard * self.layer_chunks > MAX_INDEX_ENTRIES,
+             f"{self.row_chunks_per_shard * self.layer_chunks} inner chunks per storage object > {MAX_INDEX_ENTRIES}"),
+        ]
+        for bad, fault in faults:
+            if bad:
+                raise FormatError(path, f"not an r3store route array: {fault}")
+
+
+def _ints(values: Any, n: int) -> list[int]:
+    """``n`` JSON integers (not bools, not floats), or ValueError."""
+    if not isinstance(values, list) or len(values) != n or \
+            not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"expected {n} integers, got {values!r}")
+    return list(values)
 
 
 def encode_shard(blocks: Iterator[np.ndarray], layout: ArrayLayout) -> bytes:

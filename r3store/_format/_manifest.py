@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from functools import cache
 from importlib.resources import files
@@ -18,7 +19,9 @@ __all__ = [
     "FORMAT_VERSION",
     "INDEX_PREFIX",
     "MANIFEST_KEY",
+    "MAX_ROWS",
     "ROUTES_PREFIX",
+    "SHARD_NAME",
     "load_schema",
     "make_manifest",
     "parse_manifest",
@@ -30,6 +33,11 @@ FORMAT_VERSION = 1
 MANIFEST_KEY = "r3store.json"
 ROUTES_PREFIX = "routes/"
 INDEX_PREFIX = "index/"
+MAX_ROWS = 1 << 40
+"""Readers reject route arrays, samples and row offsets of this many rows or more."""
+SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,239}")
+"""Syntax of a shard name (``<writer_id>-<seq>``): the only names readers accept in
+``index/<shard>.parquet`` and ``routes/<shard>`` (no ``/``, no leading ``.``, no ``..`` path)."""
 
 
 @cache

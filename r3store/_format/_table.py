@@ -10,12 +10,32 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from r3store._format._manifest import FORMAT_VERSION, load_schema
+from r3store._format._manifest import FORMAT_VERSION, MAX_ROWS, ROUTES_PREFIX, SHARD_NAME, load_schema
 from r3store.errors import FormatError, FormatVersionError
 
-__all__ = ["RESERVED_COLUMNS", "read_table", "table_schema", "token_hash", "write_table"]
+__all__ = [
+    "MAX_TABLE_BYTES",
+    "MAX_TABLE_CELLS",
+    "MAX_TABLE_COLUMNS",
+    "RESERVED_COLUMNS",
+    "array_rows",
+    "check_rows",
+    "read_table",
+    "table_schema",
+    "token_hash",
+    "write_table",
+]
+
+MAX_TABLE_BYTES = 1 << 30
+"""Cap on a sample table's decoded size: uncompressed Parquet bytes, fixed-width cells, strings."""
+MAX_TABLE_COLUMNS = 1000
+"""Cap on a sample table's columns (reserved ones plus user metadata)."""
+MAX_TABLE_CELLS = 1 << 27
+"""Cap on rows x columns of a sample table."""
+_CELL_BYTES = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
 
 _ARROW_TYPES = {
     "string": pa.string(),
@@ -68,25 +88,174 @@ def write_table(rows: list[dict[str, Any]], metadata_columns: Sequence[str], spe
     return sink.getvalue()
 
 
-def read_table(buf: bytes, path: str) -> pa.Table:
+def read_table(buf: bytes, path: str, shard: str | None = None) -> pa.Table:
     """Parse and check one shard's sample table.
+
+    Parameters
+    ----------
+    buf : bytes
+        The Parquet file.
+    path : str
+        Its location, for messages.
+    shard : str, optional
+        The shard the file is named after (``index/<shard>.parquet``); when given, every
+        row is checked against the rules of ``schema/FORMAT.md`` section 6 (see
+        :func:`check_rows`).
 
     Raises
     ------
     r3store.errors.FormatError
-        Not Parquet, or a required column is missing or of the wrong type.
+        Not Parquet; larger than the caps on a sample table (:data:`MAX_TABLE_BYTES`
+        decoded, :data:`MAX_TABLE_COLUMNS`, :data:`MAX_TABLE_CELLS`; checked before
+        anything is decompressed); a required column is missing or of the wrong type;
+        or, with ``shard``, a row breaks a rule.
     r3store.errors.FormatVersionError
         Written by an unknown format version.
     """
-    try:
-        table = pq.read_table(pa.BufferReader(buf))
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise FormatError(path, f"not a Parquet sample table: {exc}") from exc
-    version = (table.schema.metadata or {}).get(b"r3store.version", b"").decode()
+    table = _read_capped(buf, path)
+    version = (table.schema.metadata or {}).get(b"r3store.version", b"").decode(errors="replace")
     if version != str(FORMAT_VERSION):
         raise FormatVersionError(path, f"sample table format version {version!r} is not {FORMAT_VERSION}")
     for field in table_schema():
         got = table.schema.field(field.name).type if field.name in table.schema.names else None
         if got != field.type:
             raise FormatError(path, f"column {field.name!r} should be {field.type}, found {got}")
+    if shard is not None:
+        check_rows(table, path, shard)
     return table
+
+
+def _read_capped(buf: bytes, path: str) -> pa.Table:
+    """Read a Parquet file whose decoded size fits the caps (strings measured before decoding)."""
+    try:
+        meta = pq.ParquetFile(pa.BufferReader(buf)).metadata
+        strings = _check_metadata(meta, path)
+        table = pq.read_table(pa.BufferReader(buf), read_dictionary=strings)
+        return _decode_dictionaries(table, path)
+    except FormatError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise FormatError(path, f"not a Parquet sample table: {exc}") from exc
+
+
+def _check_metadata(meta: pq.FileMetaData, path: str) -> list[str]:
+    """Check the footer against the caps; return the string (BYTE_ARRAY) columns."""
+    if meta.num_columns > MAX_TABLE_COLUMNS or meta.num_rows * max(1, meta.num_columns) > MAX_TABLE_CELLS:
+        raise FormatError(path, f"sample table of {meta.num_rows} rows x {meta.num_columns} columns is over the caps "
+                                f"({MAX_TABLE_COLUMNS} columns, {MAX_TABLE_CELLS} cells)")
+    fields = meta.schema.to_arrow_schema()
+    if len(fields) != meta.num_columns or len(set(fields.names)) != len(fields) or \
+            any(pa.types.is_nested(t) for t in fields.types):
+        raise FormatError(path, "sample-table columns must be scalars with distinct names (nested or repeated found)")
+    strings, fixed = [], 0
+    for j in range(meta.num_columns):
+        column = meta.schema.column(j)
+        if column.physical_type == "BYTE_ARRAY":
+            strings.append(column.path)
+        else:
+            fixed += meta.num_rows * _CELL_BYTES.get(column.physical_type, column.length or 8)
+    stored = max(_uncompressed_bytes(meta), fixed)
+    if stored > MAX_TABLE_BYTES:
+        raise FormatError(path, f"sample table decodes to {stored:,} bytes, over the cap of {MAX_TABLE_BYTES:,}")
+    return strings
+
+
+def _uncompressed_bytes(meta: pq.FileMetaData) -> int:
+    """Uncompressed size the footer declares (the larger of its two totals)."""
+    groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
+    by_group = sum(g.total_byte_size for g in groups)
+    by_chunk = sum(g.column(j).total_uncompressed_size for g in groups for j in range(g.num_columns))
+    return max(by_group, by_chunk)
+
+
+def _decode_dictionaries(table: pa.Table, path: str) -> pa.Table:
+    """Turn dictionary columns (string columns are read as such) into plain ones, once
+    their decoded size is known to fit: a few bytes of Parquet (one long dictionary value
+    repeated by run-length encoding) can decode to gigabytes."""
+    columns = [i for i, t in enumerate(table.schema.types) if pa.types.is_dictionary(t)]
+    size = sum(_decoded_size(chunk, path) for i in columns for chunk in table.column(i).chunks)
+    if size > MAX_TABLE_BYTES:
+        raise FormatError(path, f"sample table strings decode to {size:,} bytes, over the cap of {MAX_TABLE_BYTES:,}")
+    for i in columns:
+        column = table.column(i)
+        plain = pa.chunked_array([c.dictionary_decode() for c in column.chunks], type=column.type.value_type)
+        table = table.set_column(i, table.schema.field(i).with_type(plain.type), plain)
+    return table
+
+
+def _decoded_size(chunk: pa.DictionaryArray, path: str) -> int:
+    """Bytes of ``chunk`` once decoded, computed from its dictionary and indices."""
+    kind = chunk.type.value_type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or \
+            pa.types.is_large_binary(kind):
+        return int(pc.sum(pc.take(pc.binary_length(chunk.dictionary), chunk.indices)).as_py() or 0)
+    try:
+        return len(chunk) * -(-kind.bit_width // 8)
+    except ValueError:  # not fixed-width
+        raise FormatError(path, f"dictionary column of {kind} in a sample table") from None
+
+
+def check_rows(table: pa.Table, path: str, shard: str) -> None:
+    """Check the rows of the sample table ``index/<shard>.parquet`` (vectorised).
+
+    No nulls in the non-nullable columns; ``shard`` matches :data:`SHARD_NAME` and every
+    row's ``shard`` is it and ``array`` is ``routes/<shard>``; ``num_tokens >= 1``,
+    ``num_rows >= 0``, ``row_start >= 0`` (all below :data:`MAX_ROWS`);
+    ``num_rows == num_tokens - 1`` unless quarantined; no two samples share a row.
+
+    Raises
+    ------
+    r3store.errors.FormatError
+        Names ``path``, the column and the first offending row.
+    """
+    if not SHARD_NAME.fullmatch(shard):
+        raise FormatError(path, f"shard name {shard!r} does not match {SHARD_NAME.pattern}")
+    for field in table_schema():
+        if not field.nullable and table.column(field.name).null_count:
+            _reject(table, path, field.name, table.column(field.name).is_null(), "must not be null")
+    col = table.column
+    rules = [
+        ("shard", pc.not_equal(col("shard"), shard), f"must be {shard!r}, the shard the file is named after"),
+        ("array", pc.not_equal(col("array"), f"{ROUTES_PREFIX}{shard}"), f"must be {ROUTES_PREFIX + shard!r}"),
+        ("num_tokens", _outside(col("num_tokens"), 1, MAX_ROWS + 1), f"must lie in [1, {MAX_ROWS}]"),
+        ("num_rows", _outside(col("num_rows"), 0, MAX_ROWS), f"must lie in [0, {MAX_ROWS})"),
+        ("row_start", _outside(col("row_start"), 0, MAX_ROWS), f"must lie in [0, {MAX_ROWS})"),
+        ("num_rows", pc.and_(pc.invert(col("quarantined")),
+                             pc.not_equal(col("num_rows"), pc.subtract(col("num_tokens"), 1))),
+         "must be num_tokens - 1 (the sample is not quarantined)"),
+    ]
+    for name, bad, rule in rules:
+        _reject(table, path, name, bad, rule)
+    _check_disjoint(table, path)
+
+
+def _outside(values: pa.ChunkedArray, low: int, high: int) -> pa.ChunkedArray:
+    return pc.or_(pc.less(values, low), pc.greater_equal(values, high))
+
+
+def _reject(table: pa.Table, path: str, column: str, bad: pa.ChunkedArray, rule: str) -> None:
+    """Raise naming the first row where ``bad`` is true (nothing when none is)."""
+    i = pc.index(bad, True).as_py()
+    if i is None or i < 0:
+        return
+    sid, value = table.column("sample_id")[i].as_py(), table.column(column)[i].as_py()
+    raise FormatError(path, f"column {column!r} {rule}; row {i} (sample {sid!r}) has {value!r}")
+
+
+def _check_disjoint(table: pa.Table, path: str) -> None:
+    """No two samples of one array share a row."""
+    order = pc.sort_indices(table, [("row_start", "ascending"), ("num_rows", "ascending")])
+    starts = table.column("row_start").take(order).to_numpy()
+    ends = starts + table.column("num_rows").take(order).to_numpy()
+    overlap = np.flatnonzero(ends[:-1] > starts[1:])
+    if overlap.size:
+        a, b = (int(order[int(overlap[0]) + k].as_py()) for k in (0, 1))
+        ids = table.column("sample_id")
+        raise FormatError(path, f"samples {ids[a].as_py()!r} and {ids[b].as_py()!r} share rows of the route array")
+
+
+def array_rows(table: pa.Table) -> int:
+    """Rows of the route array a checked sample table describes: the end of its last sample."""
+    if not table.num_rows:
+        return 0
+    return int(pc.max(pc.add(table.column("row_start"), table.column("num_rows"))).as_py())

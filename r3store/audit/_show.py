@@ -12,13 +12,18 @@ from r3store._reader import RouteStore
 __all__ = ["parse_layers", "parse_rows", "show"]
 
 
+MAX_LAYERS = 100_000
+"""Most layers :func:`parse_layers` accepts (models have a few hundred at most)."""
+
+
 def parse_layers(text: str) -> list[int]:
     """``"2,3,10-12"`` to ``[2, 3, 10, 11, 12]`` (inclusive ranges, in the order given).
 
     Raises
     ------
     ValueError
-        A part is not an int or an ``a-b`` range with ``a <= b``.
+        A part is not an int or an ``a-b`` range with ``a <= b``, a layer is listed
+        twice, or the list names more than :data:`MAX_LAYERS` layers.
 
     Examples
     --------
@@ -34,16 +39,27 @@ def parse_layers(text: str) -> list[int]:
             raise ValueError(f"expected layers like '2,3,10-12', got {text!r}") from None
         if b < a:
             raise ValueError(f"layer range {part!r} is empty")
+        if b - a + 1 + len(out) > MAX_LAYERS:
+            raise ValueError(f"{text!r} names more than {MAX_LAYERS:,} layers")
         out.extend(range(a, b + 1))
+    seen: set[int] = set()
+    for layer in out:
+        if layer in seen:
+            raise ValueError(f"layer {layer} is listed twice in {text!r}")
+        seen.add(layer)
     return out
 
 
 def parse_rows(text: str) -> slice:
     """``"a:b"`` (either end optional) or ``"a"`` (one row) to a slice.
 
+    Rows are counted from the sample's first row; negative numbers are rejected (they
+    do not count from the end).
+
     Raises
     ------
     ValueError
+        Not ``a:b`` or ``a`` with non-negative ints, or ``b <= a``.
 
     Examples
     --------
@@ -56,11 +72,13 @@ def parse_rows(text: str) -> slice:
         stop = int(hi) if hi.strip() else None
     except ValueError:
         raise ValueError(f"expected rows like 'a:b', got {text!r}") from None
+    if min(v for v in (start, stop, 0) if v is not None) < 0:
+        raise ValueError(f"rows are counted from 0 (no negative numbers), got {text!r}")
     if not sep:
         if start is None:
             raise ValueError(f"expected rows like 'a:b', got {text!r}")
         return slice(start, start + 1)
-    if start is not None and stop is not None and 0 <= stop <= start:
+    if start is not None and stop is not None and stop <= start:
         raise ValueError(f"empty row range {text!r}: the end must be greater than the start")
     return slice(start, stop)
 
@@ -94,7 +112,7 @@ def show(store: RouteStore, sample_id: str, layers: Sequence[int] | None = None,
     r3store.errors.LayerError
         A layer is not a stored MoE layer.
     ValueError
-        ``rows`` has a step other than 1.
+        ``rows`` has a step other than 1, or selects no row of a sample that has rows.
 
     Examples
     --------
@@ -112,6 +130,9 @@ def show(store: RouteStore, sample_id: str, layers: Sequence[int] | None = None,
     start, stop, step = (rows or slice(None)).indices(int(row["num_rows"]))
     if step != 1:
         raise ValueError(f"rows must have step 1, got {rows}")
+    if rows is not None and stop <= start and row["num_rows"]:
+        text = ":".join("" if v is None else str(v) for v in (rows.start, rows.stop))
+        raise ValueError(f"rows {text} select none of the sample's {row['num_rows']} rows (0 to {row['num_rows'] - 1})")
     stop = max(start, stop)
     ids = store.get(sample_id, chosen, rows=slice(start, stop), include_quarantined=True)
     ordered = np.sort(ids, axis=-1)

@@ -299,7 +299,7 @@ def _scan_array(rs: RouteStore, unit: _Unit, ctx: _Context) -> _Result:
     spec = ctx.spec
     res = _Result(np.zeros((spec.num_moe_layers, 1 << spec.bits_per_id), np.int64))
     try:
-        layout = rs.layout_of(unit.array)
+        layout = rs.layout_of(unit.array, partial=True)
     except ObjectNotFoundError as exc:
         res.findings.append(make_finding("missing_object", array=unit.array, detail=f"{exc}"))
         return res

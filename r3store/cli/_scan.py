@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,7 +14,8 @@ from rich.console import Console
 
 from r3store.cli._main import EXIT_ERROR
 
-__all__ = ["MissingExtra", "echo_json", "parse_size", "plot_canvas", "plot_options", "progress_bar", "scan_options"]
+__all__ = ["MissingExtra", "echo_json", "parse_size", "plot_canvas", "plot_options", "progress_bar", "save_plot",
+           "scan_options"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -94,10 +96,27 @@ def parse_size(text: str) -> tuple[int, int]:
     return size
 
 
+def _plot_folder_exists(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Fail before a long scan when the plot's folder does not exist."""
+    if value is not None and not os.path.isdir(os.path.dirname(value) or "."):
+        raise click.BadParameter(f"folder of {value!r} does not exist", ctx=ctx, param=param)
+    return value
+
+
 def plot_options(func: F) -> F:
     """Add ``--plot FILE.png`` and ``--plot-size WIDTHxHEIGHT``."""
     func = click.option("--plot-size", default="1200x800", show_default=True, metavar="WxH",
                         help="Size of the --plot image in pixels.")(func)
     func = click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
-                        metavar="FILE.png", help="Also draw a PNG (needs matplotlib: pip install 'r3store[plot]').")(func)
+                        callback=_plot_folder_exists, metavar="FILE.png",
+                        help="Also draw a PNG (needs matplotlib: pip install 'r3store[plot]').")(func)
     return func
+
+
+def save_plot(draw: Callable[[dict[str, Any], str, tuple[int, int]], None], result: dict[str, Any], path: str,
+              size: tuple[int, int]) -> None:
+    """``draw(result, path, size)``; a file that cannot be written is a usage error (exit 2)."""
+    try:
+        draw(result, path, size)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write {path!r}: {exc.strerror or exc}", param_hint="--plot") from exc

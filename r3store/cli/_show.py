@@ -13,6 +13,7 @@ from r3store.audit import parse_layers, parse_rows
 from r3store.audit import show as run_show
 from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
 from r3store.cli._scan import echo_json
+from r3store.errors import R3StoreError
 
 __all__ = ["render_show", "show"]
 
@@ -56,7 +57,8 @@ def _parse(value: str | None, parser: Any, hint: str) -> Any:
 @click.argument("url")
 @click.argument("sample_id")
 @click.option("--layers", default=None, metavar="LIST", help="Decoder layers, e.g. '2,3,10-12' (default: every MoE layer).")
-@click.option("--rows", default=None, metavar="A:B", help="Rows within the sample, e.g. '0:64' (default: all).")
+@click.option("--rows", default=None, metavar="A:B",
+              help="Rows within the sample, counted from 0, e.g. '0:64' (default: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print the ids as JSON (schema/cli-show.schema.json).")
 @storage_option_flag
 @handle_errors
@@ -75,7 +77,12 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
         chosen = list(store.spec.moe_layers[:MAX_TABLE_LAYERS])
         console.print(f"showing MoE layers {chosen[0]}..{chosen[-1]} of {store.spec.num_moe_layers}; "
                       "pick others with --layers (--json shows all)", highlight=False)
-    result = run_show(store, sample_id, chosen, window)
+    try:
+        result = run_show(store, sample_id, chosen, window)
+    except ValueError as exc:
+        if isinstance(exc, R3StoreError):
+            raise
+        raise click.BadParameter(str(exc), param_hint="--rows") from exc
     if as_json:
         echo_json(result)
     else:

@@ -13,7 +13,8 @@ Frame layout (all integers little-endian; byte offsets)::
 
 Id ``i`` of the payload occupies stream bits ``[i * bits, (i + 1) * bits)``, least
 significant bit first; stream bit ``j`` is bit ``j % 8`` of payload byte ``j // 8``.
-Ids ``n_encoded .. n_total - 1`` decode to 0. The trim makes the zero fill that zarr's
+Ids ``n_encoded .. n_total - 1`` decode to 0. The reserved bytes and the unused high bits
+of the last payload byte are 0 (decoding checks both). The trim makes the zero fill that zarr's
 regular grid puts past the end of an array (and all-zero chunks) cost nothing.
 """
 
@@ -231,7 +232,7 @@ class BitpackCodec(Codec):
     def _check_frame(self, data: np.ndarray) -> tuple[int, int]:
         if data.size < HEADER.size:
             raise FormatError(_FRAME, f"{data.size} bytes is shorter than the {HEADER.size}-byte header")
-        magic, version, bits, _, n_total, n_encoded, crc = HEADER.unpack(data[: HEADER.size].tobytes())
+        magic, version, bits, reserved, n_total, n_encoded, crc = HEADER.unpack(data[: HEADER.size].tobytes())
         if magic != MAGIC:
             raise FormatError(_FRAME, f"bad magic {magic!r} (expected {MAGIC!r})")
         payload = data[HEADER.size :]
@@ -244,4 +245,9 @@ class BitpackCodec(Codec):
             raise FormatError(_FRAME, f"header says {bits} bits, {n_encoded}/{n_total} ids; codec has {self.bits} bits")
         if payload.size != (n_encoded * bits + 7) // 8:
             raise FormatError(_FRAME, f"payload is {payload.size} bytes, expected {(n_encoded * bits + 7) // 8}")
+        if reserved:
+            raise FormatError(_FRAME, f"reserved header bytes are {reserved:#06x}, not 0")
+        used = n_encoded * bits % 8
+        if used and int(payload[-1]) >> used:
+            raise FormatError(_FRAME, f"unused high bits of the last payload byte are set ({int(payload[-1]):#04x})")
         return n_total, n_encoded

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import numbers
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
@@ -14,6 +16,7 @@ from r3store._batch import build_batch
 from r3store._reader import RouteStore, open_store
 from r3store.errors import AlignmentError, ResumeError
 from r3store.layout import LayoutOptions, LayoutPlan
+from r3store.layout._apply import _check_pad_args
 from r3store.storage import Store
 
 __all__ = ["RouteDataset", "apply_plan_tensor", "batch_to_tensors", "plan_batches", "to_device"]
@@ -184,9 +187,12 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
 
     Raises
     ------
-    r3store.errors.NotAStoreError, r3store.errors.LayerError, r3store.errors.LayoutOptionError
+    r3store.errors.NotAStoreError, r3store.errors.LayerError
+    r3store.errors.LayoutOptionError
+        A layout option, ``pad_policy`` or ``fill_value`` is invalid.
     ValueError
-        ``max_tokens_per_batch`` < 1, or ``rank``/``world_size`` out of range.
+        ``max_tokens_per_batch`` < 1, ``seed`` < 0 (or not an int), or
+        ``rank``/``world_size`` out of range.
 
     Notes
     -----
@@ -228,8 +234,10 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         fill_value: int = -1,
     ) -> None:
         super().__init__()
-        if isinstance(max_tokens_per_batch, bool) or not isinstance(max_tokens_per_batch, int) or max_tokens_per_batch < 1:
+        if isinstance(max_tokens_per_batch, bool) or not isinstance(max_tokens_per_batch, numbers.Integral) \
+                or max_tokens_per_batch < 1:
             raise ValueError(f"max_tokens_per_batch must be an int >= 1, got {max_tokens_per_batch!r}")
+        max_tokens_per_batch = int(max_tokens_per_batch)
         self.store = url if isinstance(url, RouteStore) else open_store(
             url, storage_options=storage_options, cache_dir=cache_dir, on_duplicate=on_duplicate)
         self.store.spec.layer_positions(layers)  # fail early on a bad layer
@@ -237,9 +245,10 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         self.options = LayoutOptions(layout=layout, cp_size=cp_size, cp_rank=cp_rank, cp_mode=cp_mode,
                                      tp_size=tp_size, tp_rank=tp_rank, pad_multiple=pad_multiple,
                                      sequence_parallel=sequence_parallel, max_seqlen=max_seqlen)
+        _check_pad_args(self.store.spec.num_experts, pad_policy, fill_value)
         self.max_tokens_per_batch = max_tokens_per_batch
         self.shuffle = bool(shuffle)
-        self.seed = int(seed)
+        self.seed = _non_negative("seed", seed)
         self.pad_policy = pad_policy
         self.fill_value = fill_value
         self._rank, self._world_size = rank, world_size
@@ -247,6 +256,7 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
             self._topology()
         self.sample_ids = self.store.sample_ids
         self._num_tokens = np.array([self.store.num_tokens(s) for s in self.sample_ids], dtype=np.int64)
+        self._fingerprint = sample_fingerprint(self.sample_ids)
         self.epoch = 0
         self._resume_at = 0
         self._yielded = 0
@@ -264,8 +274,14 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         return rank, world
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch (the shuffle order) for the next iteration; restarts it."""
-        self.epoch = int(epoch)
+        """Select the epoch (the shuffle order) for the next iteration; restarts it.
+
+        Raises
+        ------
+        ValueError
+            ``epoch`` is not an int >= 0.
+        """
+        self.epoch = _non_negative("epoch", epoch)
         self._resume_at = 0
         self._yielded = 0
 
@@ -295,11 +311,13 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
             yield batch_to_tensors(batch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Resumption state (JSON values only): epoch, batches yielded, seed, topology."""
+        """Resumption state (JSON values only): epoch, batches yielded, seed, topology, and
+        the store's sample ids (count and :func:`sample_fingerprint`)."""
         rank, world = self._topology()
         return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": self.epoch, "yielded": self._yielded,
                 "seed": self.seed, "shuffle": self.shuffle, "rank": rank, "world_size": world,
-                "max_tokens_per_batch": self.max_tokens_per_batch, "num_samples": len(self.sample_ids)}
+                "max_tokens_per_batch": self.max_tokens_per_batch, "num_samples": len(self.sample_ids),
+                "samples": self._fingerprint}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Resume: the next iteration skips the batches already yielded.
@@ -307,14 +325,34 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         Raises
         ------
         r3store.errors.ResumeError
-            The state is of another format/version, or was saved under another topology,
-            seed, batch budget or store size.
+            The state is of another format/version; was saved under another topology,
+            seed, batch budget or store (sample count, or sample ids: states saved before
+            the ``samples`` fingerprint existed are checked by count only); or its
+            ``epoch`` or ``yielded`` is not an int >= 0.
         """
         if state_dict.get("format") != STATE_FORMAT or state_dict.get("version") != STATE_VERSION:
             raise ResumeError("format", state_dict.get("format"), f"{STATE_FORMAT} v{STATE_VERSION}")
         now = self.state_dict()
-        for key in ("seed", "shuffle", "rank", "world_size", "max_tokens_per_batch", "num_samples"):
+        keys = ["seed", "shuffle", "rank", "world_size", "max_tokens_per_batch", "num_samples"]
+        for key in keys + (["samples"] if "samples" in state_dict else []):
             if state_dict.get(key) != now[key]:
                 raise ResumeError(key, state_dict.get(key), now[key])
-        self.epoch = int(state_dict["epoch"])
-        self._resume_at = self._yielded = int(state_dict["yielded"])
+        for key in ("epoch", "yielded"):
+            value = state_dict.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ResumeError(key, value, "an int >= 0")
+        self.epoch = state_dict["epoch"]
+        self._resume_at = self._yielded = state_dict["yielded"]
+
+
+def sample_fingerprint(sample_ids: Sequence[str]) -> str:
+    """Hex BLAKE2b-128 of the sample ids joined by NUL: tells two stores of equal size apart."""
+    joined = "\0".join(sample_ids).encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(joined, digest_size=16).hexdigest()
+
+
+def _non_negative(name: str, value: Any) -> int:
+    """``value`` as an int >= 0 (numpy ints too, not bools), or ValueError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return int(value)

@@ -131,7 +131,8 @@ def apply_routes(
     AlignmentError
         If ``routes`` has other than ``sum(num_tokens - 1)`` rows.
     LayoutOptionError
-        If ``num_experts``, ``pad_policy`` or ``fill_value`` is invalid.
+        If ``num_experts``, ``pad_policy`` or ``fill_value`` is invalid, or with
+        ``"spread"`` if ``top_k > num_experts`` (pad rows could not hold distinct ids).
 
     Notes
     -----
@@ -140,6 +141,8 @@ def apply_routes(
     """
     _check_pad_args(num_experts, pad_policy, fill_value)
     routes = _check_routes(plan, routes)
+    if pad_policy == "spread":
+        pad_routes(0, 0, routes.shape[2], num_experts)  # checks top_k <= num_experts before any work
     ridx = route_index(plan)
     out = _gather(ridx, routes, fill_value)
     mask = ridx >= 0

@@ -25,12 +25,20 @@ LAYOUTS = ("thd", "bshd")
 CP_MODES = ("zigzag", "contiguous")
 
 
-def _parse_int(name: str, value: Any, minimum: int) -> int:
-    """Return ``value`` as a Python int ``>= minimum``; bools are rejected."""
+MAX_SIZE = 1 << 31
+"""Largest ``cp_size``, ``tp_size`` and ``pad_multiple`` accepted."""
+MAX_SEQLEN = 1 << 40
+"""Largest ``max_seqlen`` (and sample length) accepted."""
+
+
+def _parse_int(name: str, value: Any, minimum: int, maximum: int = MAX_SIZE) -> int:
+    """Return ``value`` as a Python int in ``[minimum, maximum]``; bools are rejected."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise LayoutOptionError(name, value, "must be an integer")
     if value < minimum:
         raise LayoutOptionError(name, value, f"must be >= {minimum}")
+    if value > maximum:
+        raise LayoutOptionError(name, value, f"must be <= {maximum}")
     return int(value)
 
 
@@ -60,7 +68,7 @@ def _parse_max_seqlen(value: Any, layout: str) -> int | None:
     """Return ``value`` as ``None`` or a length ``>= 1``; only BSHD accepts a length."""
     if value is None:
         return None
-    length = _parse_int("max_seqlen", value, 1)
+    length = _parse_int("max_seqlen", value, 1, MAX_SEQLEN)
     if layout != "bshd":
         raise LayoutOptionError("max_seqlen", value, "applies to layout='bshd' only")
     return length
@@ -93,7 +101,8 @@ class LayoutOptions:
     Raises
     ------
     LayoutOptionError
-        If a field has the wrong type or is out of range; the message names the field.
+        If a field has the wrong type or is out of range (sizes and ``pad_multiple``
+        at most ``2**31``, ``max_seqlen`` at most ``2**40``); the message names the field.
     """
 
     layout: Literal["thd", "bshd"] = "thd"

@@ -49,7 +49,8 @@ def pad_routes(num_pad_rows: int, n_layers: int, top_k: int, num_experts: int) -
     Raises
     ------
     LayoutOptionError
-        If an argument is not an integer or is below its minimum.
+        If an argument is not an integer or is below its minimum, or if
+        ``top_k > num_experts`` (a row could not hold distinct ids).
 
     Notes
     -----
@@ -68,5 +69,8 @@ def pad_routes(num_pad_rows: int, n_layers: int, top_k: int, num_experts: int) -
     n_layers = _count("n_layers", n_layers, 0)
     k = _count("top_k", top_k, 1)
     e = _count("num_experts", num_experts, 1)
+    if k > e:
+        raise LayoutOptionError("num_experts", num_experts,
+                                f"pad rows need top_k={k} distinct ids, more than num_experts")
     ids = (np.arange(p * k, dtype=np.int64) % e).astype(np.int32).reshape(p, 1, k)
     return np.ascontiguousarray(np.broadcast_to(ids, (p, n_layers, k)))

@@ -14,9 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from r3store.layout._options import LayoutOptionError, LayoutOptions
+from r3store.layout._options import MAX_SEQLEN, LayoutOptionError, LayoutOptions
 
-__all__ = ["LayoutPlan", "plan_layout", "route_index"]
+__all__ = ["MAX_LOCAL_LENGTH", "LayoutPlan", "plan_layout", "route_index"]
+
+MAX_LOCAL_LENGTH = 2**31 - 1
+"""Most positions one rank's index may hold (before the SP split): ``cu_seqlens`` are int32."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,7 +81,7 @@ class LayoutPlan:
 
 
 def _parse_num_tokens(num_tokens: Any) -> np.ndarray:
-    """Return ``num_tokens`` as an int64 ``(B,)`` array of counts ``>= 1``, ``B >= 1``."""
+    """Return ``num_tokens`` as an int64 ``(B,)`` array of counts in ``[1, 2**40]``, ``B >= 1``."""
     arr = np.asarray(num_tokens)
     if arr.ndim != 1 or arr.shape[0] == 0:
         raise LayoutOptionError("num_tokens", num_tokens, "must be a non-empty 1-D sequence")
@@ -88,7 +91,31 @@ def _parse_num_tokens(num_tokens: Any) -> np.ndarray:
     if bad.size:
         i = int(bad[0])
         raise LayoutOptionError("num_tokens", num_tokens, f"sample {i} has {arr[i]} tokens; need >= 1")
+    big = np.flatnonzero(arr > MAX_SEQLEN)
+    if big.size:
+        i = int(big[0])
+        raise LayoutOptionError("num_tokens", num_tokens, f"sample {i} has {arr[i]} tokens; at most {MAX_SEQLEN}")
     return arr.astype(np.int64)
+
+
+def _check_local_length(seqlens: np.ndarray, opts: LayoutOptions) -> None:
+    """Reject a layout whose per-rank index (CP-local, TP-padded) would exceed
+    :data:`MAX_LOCAL_LENGTH` positions, before anything of that size is allocated."""
+    per_seq = _round_up(seqlens, opts.cp_unit) // opts.cp_size  # int64: each <= 2**41
+    if opts.layout == "thd":
+        rows, width = 1, int(per_seq.sum())
+    else:
+        rows, width = len(seqlens), _bshd_length(seqlens, opts) // opts.cp_size
+    padded = rows * int(_round_up(width, opts.tp_unit))
+    if padded <= MAX_LOCAL_LENGTH:
+        return
+    if rows * width > MAX_LOCAL_LENGTH:
+        option, value = ("max_seqlen", opts.max_seqlen) if opts.max_seqlen else ("num_tokens", int(seqlens.sum()))
+    else:
+        option, value = "tp_size * pad_multiple", opts.tp_unit
+    fault = (f"one rank's token dimension would hold {padded:,} positions; "
+             f"at most {MAX_LOCAL_LENGTH:,} (int32 cu_seqlens)")
+    raise LayoutOptionError(option, value, fault)
 
 
 def _round_up(n: int | np.ndarray, unit: int) -> Any:
@@ -213,8 +240,10 @@ def plan_layout(
     Raises
     ------
     LayoutOptionError
-        If ``num_tokens`` is empty, not integer, or holds a count ``< 1``; if an
-        option is invalid; or if a BSHD sample is longer than ``max_seqlen``.
+        If ``num_tokens`` is empty, not integer, or holds a count ``< 1`` or
+        ``> 2**40``; if an option is invalid; if a BSHD sample is longer than
+        ``max_seqlen``; or if one rank's padded token dimension (before the SP split)
+        would exceed :data:`MAX_LOCAL_LENGTH` positions.
 
     Notes
     -----
@@ -247,6 +276,7 @@ def plan_layout(
     """
     opts = _resolve_options(options, kw)
     seqlens = _parse_num_tokens(num_tokens)
+    _check_local_length(seqlens, opts)
     offsets = np.concatenate(([0], np.cumsum(seqlens)[:-1]))
     build = _thd if opts.layout == "thd" else _bshd
     full, cu = build(seqlens, offsets, opts)

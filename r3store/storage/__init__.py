@@ -54,7 +54,8 @@ def open_backend(
     Raises
     ------
     r3store.errors.StorageError
-        The filesystem cannot be created (unknown protocol, missing s3fs, ...).
+        The filesystem cannot be created (unknown protocol, missing s3fs, an option
+        the filesystem does not take, a ``*_kwargs`` option that is not a mapping, ...).
     """
     store = _open_uncached(url, storage_options)
     return store if cache_dir is None else CachingStore(store, cache_dir)
@@ -71,11 +72,30 @@ def _open_uncached(url: str | os.PathLike[str] | Store, storage_options: Mapping
 
     from r3store.errors import StorageError
 
+    options = _checked_options(_mask_credentials(url), storage_options)
     with map_storage_errors(_mask_credentials(url)):
         try:
-            fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+            fs, root = fsspec.core.url_to_fs(url, **options)
         except ImportError as exc:
             raise StorageError(_mask_credentials(url), f"{exc} (for s3:// URLs: pip install 'r3store[s3]')") from exc
+        except TypeError as exc:  # an option the filesystem's constructor does not take
+            raise StorageError(_mask_credentials(url), f"bad storage options: {exc}") from exc
     if isinstance(fs, LocalFileSystem):
         return LocalStore(root)
     return FsspecStore(fs, root, url)
+
+
+def _checked_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``storage_options`` as a dict of str keys whose ``*_kwargs`` values are mappings
+    (fsspec's convention; s3fs fails deep inside its first request otherwise)."""
+    from r3store.errors import StorageError
+
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise StorageError(url, f"storage_options must be a mapping, got {type(storage_options).__name__}")
+    options = dict(storage_options or {})
+    for key, value in options.items():
+        if not isinstance(key, str):
+            raise StorageError(url, f"storage option names must be str, got {key!r}")
+        if key.endswith("_kwargs") and not isinstance(value, Mapping):
+            raise StorageError(url, f"storage option {key} must be a mapping (a JSON object), got {type(value).__name__}")
+    return options

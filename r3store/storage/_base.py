@@ -159,13 +159,15 @@ class Store(ABC):
         Raises
         ------
         r3store.errors.FormatError
-            The object is not valid UTF-8 JSON.
+            The object is not valid UTF-8 JSON, or nests too deeply to parse.
         """
         raw = self.get(key)
         try:
             return json.loads(bytes(raw).decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise FormatError(self.path_of(key), f"not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise FormatError(self.path_of(key), "not valid JSON: nested too deeply") from None
 
     def set_json(self, key: str, doc: Any) -> None:
         """Write ``doc`` as indented UTF-8 JSON."""

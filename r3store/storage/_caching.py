@@ -39,7 +39,10 @@ class CachingStore(Store):
     keys outside ``cache_prefixes`` (the manifest and the zarr group documents, which
     are small and are re-created if a store is deleted and made again at the same URL).
     Writes and deletes go to ``inner`` and drop the local copy; a download that raced
-    with a write or delete made through this object is served but not kept.
+    with a write or delete made through this object is served but not kept. A key that
+    could leave the cache folder (an empty, ``.`` or ``..`` component, a leading ``/``,
+    a NUL byte: legal S3 keys) is refused by the copies' :class:`LocalStore` with
+    :class:`r3store.errors.StorageError` before anything is fetched or written.
 
     Parameters
     ----------

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
 
+from r3store.errors import StorageError
 from r3store.storage._base import ByteRange, ObjectInfo, Store, SuffixByteRange
 from r3store.storage._errors import map_storage_errors
 
@@ -24,6 +26,11 @@ class LocalStore(Store):
     file in the destination folder, are fsynced, then ``os.replace``-d into place; the
     temporary file is removed on failure.
 
+    Keys stay inside the folder: a key that is absolute or has an empty, ``.`` or ``..``
+    component or a NUL byte raises :class:`r3store.errors.StorageError`, and reading
+    anything but a regular file (a FIFO, a device, a symlink to one) raises it too,
+    instead of blocking or reading forever.
+
     Parameters
     ----------
     root : str or os.PathLike
@@ -38,7 +45,25 @@ class LocalStore(Store):
         self._maps: OrderedDict[str, tuple[mmap.mmap | None, int]] = OrderedDict()
 
     def _path(self, key: str) -> Path:
-        return self.root.joinpath(*key.split("/"))
+        """The file of ``key``; a key that could leave the root raises StorageError."""
+        parts = key.split("/")
+        if "\0" in key or any(p in ("", ".", "..") for p in parts):
+            raise StorageError(self.path_of(ascii(key)[1:-1]), "invalid key: an empty, '.' or '..' component, "
+                                                             "a leading '/' or a NUL byte")
+        return self.root.joinpath(*parts)
+
+    def _open(self, key: str) -> int:
+        """A read-only descriptor of ``key``'s regular file (never blocks on a FIFO)."""
+        fd = os.open(self._path(key), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        except BaseException:
+            os.close(fd)
+            raise
+        if not regular:
+            os.close(fd)
+            raise StorageError(self.path_of(key), "not a regular file (a folder, FIFO, device or socket)")
+        return fd
 
     def __getstate__(self) -> dict[str, object]:
         return {"root": self.root}
@@ -51,7 +76,7 @@ class LocalStore(Store):
         if entry is not None:
             self._maps.move_to_end(key)
             return entry
-        with open(self._path(key), "rb") as f:
+        with open(self._open(key), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         self._maps[key] = (mapped, size)
@@ -62,7 +87,8 @@ class LocalStore(Store):
     def get(self, key: str, byte_range: ByteRange | SuffixByteRange | None = None) -> bytes | memoryview:
         with map_storage_errors(self.path_of(key)):
             if byte_range is None:
-                return self._path(key).read_bytes()
+                with open(self._open(key), "rb") as f:
+                    return f.read()
             mapped, size = self._map(key)
             if isinstance(byte_range, SuffixByteRange):
                 start, end = max(0, size - byte_range.nbytes), size
