@@ -43,4 +43,5 @@ __all__ = [
     "table_schema",
     "token_hash",
     "write_table",
+    "zarr_group_json",
 ]

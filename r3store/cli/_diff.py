@@ -11,7 +11,7 @@ from rich.table import Table
 from r3store._reader import open_store
 from r3store.audit import diff as run_diff
 from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
-from r3store.cli._scan import echo_json, parse_size, plot_canvas, plot_options, progress_bar, save_plot, scan_options
+from r3store.cli._scan import emit, parse_size, plot_canvas, plot_options, progress_bar, scan_options
 
 __all__ = ["diff", "plot_diff", "render_diff"]
 
@@ -92,11 +92,4 @@ def diff(url_a: str, url_b: str, as_json: bool, plot_path: str | None, plot_size
     store_b = open_store(url_b, storage_options=options, on_duplicate="first")
     with progress_bar("diff", enabled=not as_json) as progress:
         result = run_diff(store_a, store_b, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress)
-    if plot_path is not None:
-        save_plot(plot_diff, result, plot_path, size)
-    if as_json:
-        echo_json(result)
-    else:
-        render_diff(result, Console())
-        if plot_path is not None:
-            Console().print(f"plot: {plot_path} ({size[0]}x{size[1]} px)", highlight=False)
+    emit(result, as_json=as_json, render=render_diff, draw=plot_diff, plot_path=plot_path, size=size)

@@ -120,3 +120,18 @@ def save_plot(draw: Callable[[dict[str, Any], str, tuple[int, int]], None], resu
         draw(result, path, size)
     except OSError as exc:
         raise click.BadParameter(f"cannot write {path!r}: {exc.strerror or exc}", param_hint="--plot") from exc
+
+
+def emit(result: dict[str, Any], *, as_json: bool, render: Callable[[dict[str, Any], Console], None],
+         draw: Callable[[dict[str, Any], str, tuple[int, int]], None], plot_path: str | None,
+         size: tuple[int, int]) -> None:
+    """Write the plot (when asked), then print ``result`` as JSON or through ``render``."""
+    if plot_path is not None:
+        save_plot(draw, result, plot_path, size)
+    if as_json:
+        echo_json(result)
+        return
+    console = Console()
+    render(result, console)
+    if plot_path is not None:
+        console.print(f"plot: {plot_path} ({size[0]}x{size[1]} px)", highlight=False)

@@ -11,7 +11,7 @@ from rich.table import Table
 from r3store._reader import open_store
 from r3store.audit import stats as run_stats
 from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
-from r3store.cli._scan import echo_json, parse_size, plot_canvas, plot_options, progress_bar, save_plot, scan_options
+from r3store.cli._scan import emit, parse_size, plot_canvas, plot_options, progress_bar, scan_options
 
 __all__ = ["plot_stats", "render_stats", "stats"]
 
@@ -89,11 +89,4 @@ def stats(url: str, as_json: bool, top: int, plot_path: str | None, plot_size: s
     store = open_store(url, storage_options=parse_storage_options(storage_options), on_duplicate="first")
     with progress_bar("stats", enabled=not as_json) as progress:
         result = run_stats(store, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress, top=top)
-    if plot_path is not None:
-        save_plot(plot_stats, result, plot_path, size)
-    if as_json:
-        echo_json(result)
-    else:
-        render_stats(result, Console())
-        if plot_path is not None:
-            Console().print(f"plot: {plot_path} ({size[0]}x{size[1]} px)", highlight=False)
+    emit(result, as_json=as_json, render=render_stats, draw=plot_stats, plot_path=plot_path, size=size)
