@@ -4,7 +4,8 @@ The layout of a micro-batch is computed once, by :func:`plan_layout`, as an inde
 over token positions. :func:`apply_plan` then lays out any per-token array and
 :func:`apply_routes` lays out the routes through the same plan, so tokens and
 routes cannot drift apart. :func:`select_layers` picks a pipeline stage's layers.
-Conventions follow Miles / Megatron (Miles' per-micro-batch route layout: pad row, THD/BSHD, zig-zag CP, TP padding, SP split, PP layers).
+Conventions follow Miles' per-micro-batch route layout (pad row, THD/BSHD, zig-zag CP,
+TP padding, SP split, PP layers) and Megatron's context parallelism.
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ def apply_routes(
     Notes
     -----
     A sample's last token and every CP / BSHD / TP pad position get a pad row
-    (Miles' per-micro-batch route layout: pad row, THD/BSHD, zig-zag CP, TP padding, SP split, PP layers, step 1); replay must be masked there.
+    (Miles' route layout, step 1: one pad row per sample); replay must be masked there.
     """
     _check_pad_args(num_experts, pad_policy, fill_value)
     routes = _check_routes(plan, routes)

@@ -55,7 +55,8 @@ def select_layers(moe_layers: Sequence[int], layers: Sequence[int] | None) -> np
     Notes
     -----
     SGLang indexes the layer axis by decoder layer number, newer vLLM by MoE-layer
-    ordinal (the engines' wire formats: SGLang ``meta_info['routed_experts']``, vLLM ``CompletionOutput.routed_experts``); stages address layers globally (section 3, step 6).
+    ordinal (SGLang ``meta_info['routed_experts']``, vLLM ``CompletionOutput.routed_experts``);
+    pipeline stages address layers by global decoder-layer index (as Miles does).
 
     Examples
     --------

@@ -76,7 +76,7 @@ def _parse_max_seqlen(value: Any, layout: str) -> int | None:
 
 @dataclass(frozen=True, kw_only=True)
 class LayoutOptions:
-    """How a trainer lays one micro-batch out (Miles' per-micro-batch route layout: pad row, THD/BSHD, zig-zag CP, TP padding, SP split, PP layers).
+    """How a trainer lays one micro-batch out (Miles' per-micro-batch route layout).
 
     Parameters
     ----------

@@ -2,8 +2,8 @@
 
 Replay of pad positions is masked, but the trainer's MoE layer still dispatches
 them. Rows all routed to experts ``0..k-1`` overload one expert-parallel rank
-(Miles' per-micro-batch route layout: pad row, THD/BSHD, zig-zag CP, TP padding, SP split, PP layers), so the default pad rows spread round-robin over all
-experts.
+and ran it out of memory at long context (reported by Miles users), so the default pad
+rows spread round-robin over all experts.
 """
 
 from __future__ import annotations

@@ -247,7 +247,7 @@ def plan_layout(
 
     Notes
     -----
-    The steps follow Miles / Megatron (Miles' per-micro-batch route layout: pad row, THD/BSHD, zig-zag CP, TP padding, SP split, PP layers), in order:
+    The steps follow Miles' per-micro-batch route layout, in order:
 
     1. every sample keeps all ``num_tokens`` positions (its last one has no
        recorded route; see :func:`route_index`);

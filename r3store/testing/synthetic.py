@@ -12,8 +12,8 @@ statistics published for real traces (Mixtral, OLMoE, DeepSeek-V3, FLAME-MoE):
 * **token repetition** -- consecutive tokens repeat their first-choice expert about 2x
   more often than chance in Mixtral, barely at all in models with shared experts.
 
-:data:`MODEL_GEOMETRIES` holds the routing geometry of the models in ``the field's published conventions``
-section 6, and :func:`routing_stats` measures the three statistics on any trace.
+:data:`MODEL_GEOMETRIES` holds the routing geometry of widely used MoE models (from their
+published configs), and :func:`routing_stats` measures the three statistics on any trace.
 
 Examples
 --------
@@ -303,7 +303,7 @@ def synthetic_routes(
         same popularity rank); other slots are drawn afresh. 0 gives independent layers.
         The default, 0.2, gives about 0.4 to 0.9 bits of mutual information between
         adjacent layers' first choices for 32 to 512 experts (0.7 bits for 128 experts,
-        top-8; section 7: 0.2 to 0.9 bits); 1 copies every slot.
+        top-8; published traces: 0.2 to 0.9 bits); 1 copies every slot.
     token_repeat : float
         Target ratio (>= 1) of P(token ``t`` has the first-choice expert of token
         ``t - 1`` in the same layer) to its chance level ``sum_e p_e**2``. Section 7:
