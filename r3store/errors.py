@@ -18,6 +18,7 @@ builtin exception a caller would naturally catch, so ``except KeyError`` around
     ├── ContinuationError (ValueError)           a multi-turn append leaves a gap or overlap
     ├── IncompleteSampleError (RuntimeError)     a writer closed with multi-turn samples still open
     ├── ResumeError (ValueError)                 a dataset state does not fit this dataset
+    ├── ReplayError (ValueError)                 routes cannot be replayed in (or captured from) a model
     ├── SampleNotFoundError (KeyError)           no committed sample has this id
     ├── LayerError (IndexError)                  a layer is not a stored MoE layer
     ├── NotAStoreError (FileNotFoundError)       a URL holds no r3store manifest
@@ -61,6 +62,7 @@ __all__ = [
     "R3StoreError",
     "R3StoreWarning",
     "ReadOnlyStoreError",
+    "ReplayError",
     "ResumeError",
     "RouteShapeError",
     "RouteValidationError",
@@ -263,6 +265,28 @@ class ResumeError(R3StoreError, ValueError):
         self.saved = saved
         self.current = current
         super().__init__(f"cannot resume: state has {key}={saved!r}, this dataset has {current!r}")
+
+
+class ReplayError(R3StoreError, ValueError):
+    """Routes cannot be replayed in a model's forward, or captured from it.
+
+    Raised for routes whose layer count, top-k or row count do not match the model or
+    the batch, ids out of range, a model in which no router is found, or an activation
+    recompute that cannot be matched to the routes of its forward.
+
+    Attributes
+    ----------
+    fault : str
+        What is wrong, in words.
+    layer : int or None
+        The decoder layer at fault, when one is.
+    """
+
+    def __init__(self, fault: str, layer: int | None = None) -> None:
+        self.fault = fault
+        self.layer = layer
+        where = f"decoder layer {layer}: " if layer is not None else ""
+        super().__init__(f"{where}{fault}")
 
 
 class SampleNotFoundError(R3StoreError, KeyError):
