@@ -605,7 +605,8 @@ R3_TARGET_AVX2 static Py_ssize_t unpack_avx2(const uint8_t *p, Py_ssize_t groups
     }
     const __m256i vshuf = _mm256_loadu_si256((const __m256i *)shuf);
     const __m256i vshift = _mm256_loadu_si256((const __m256i *)shifts);
-    const __m256i mask = _mm256_set1_epi32((1 << bits) - 1);
+    /* bytes keep the low 8 bits of a wider id (a cast), not the saturated value packus would give */
+    const __m256i mask = _mm256_set1_epi32(((1 << bits) - 1) & (osize == 1 ? 0xFF : 0xFFFF));
     const __m256i order8 = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     Py_ssize_t g = 0;
 #define R3_GROUP(q) \
@@ -808,6 +809,51 @@ DEF_CHECK(i64, int64_t, int64_t)
 
 static const check_fn check_table[T_COUNT] = {check_u8, check_i8, check_u16, check_i16,
                                               check_u32, check_i32, check_u64, check_i64};
+
+#ifdef R3_X86
+/*
+ * The common case in one vector per (row, layer): 32-bit ids, top_k = 8, each row's
+ * (layers, 8) block contiguous. Range: unsigned max against num_experts - 1 (a negative
+ * id is a huge unsigned one); repeats: compares against the 4 rotations that pair every
+ * two slots. Returns 1 when every check passed (out filled), 0 at the first fault (the
+ * caller reruns the scalar checker, which locates it).
+ */
+R3_TARGET_AVX2 static int check_i32_k8_avx2(const char *base, Py_ssize_t R, Py_ssize_t L, Py_ssize_t s0,
+                                            const uint8_t *kind, uint64_t num_experts, uint16_t *out) {
+    const __m256i lim = _mm256_set1_epi32((int32_t)(uint32_t)(num_experts - 1));
+    const __m256i rot1 = _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 0);
+    const __m256i rot2 = _mm256_setr_epi32(2, 3, 4, 5, 6, 7, 0, 1);
+    const __m256i rot3 = _mm256_setr_epi32(3, 4, 5, 6, 7, 0, 1, 2);
+    const __m256i rot4 = _mm256_setr_epi32(4, 5, 6, 7, 0, 1, 2, 3);
+    Py_ssize_t r, l;
+    for (r = 0; r < R; r++) {
+        const char *row = base + r * s0;
+        __m256i bad = _mm256_setzero_si256();
+        for (l = 0; l < L; l++) {
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(row + l * 32));
+            if (!kind[l]) {
+                bad = _mm256_or_si256(bad, x);
+                continue;
+            }
+            const __m256i in = _mm256_cmpeq_epi32(_mm256_max_epu32(x, lim), lim);
+            __m256i eq = _mm256_cmpeq_epi32(x, _mm256_permutevar8x32_epi32(x, rot1));
+            eq = _mm256_or_si256(eq, _mm256_cmpeq_epi32(x, _mm256_permutevar8x32_epi32(x, rot2)));
+            eq = _mm256_or_si256(eq, _mm256_cmpeq_epi32(x, _mm256_permutevar8x32_epi32(x, rot3)));
+            eq = _mm256_or_si256(eq, _mm256_cmpeq_epi32(x, _mm256_permutevar8x32_epi32(x, rot4)));
+            bad = _mm256_or_si256(bad, _mm256_or_si256(eq, _mm256_xor_si256(in, _mm256_set1_epi32(-1))));
+            if (out) {
+                const __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(x, x), 0x08);
+                _mm_storeu_si128((__m128i *)out, _mm256_castsi256_si128(w));
+                out += 8;
+            }
+        }
+        if (!_mm256_testz_si256(bad, bad)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+#endif
 
 /* ---------------------------------------------------------------------------------
  * base64 (RFC 4648 alphabet, canonical padding only)
@@ -1179,10 +1225,19 @@ static PyObject *py_check_routes(PyObject *self, PyObject *args) {
         strides[1] = strides[2] * routes.shape[2];
         strides[0] = strides[1] * routes.shape[1];
     }
-    int type = buffer_type(&routes);
+    int type = buffer_type(&routes), done = 0;
     Py_BEGIN_ALLOW_THREADS
-    check_table[type]((const char *)routes.buf, routes.shape, strides, kind, has_dense, (uint64_t)num_experts,
-                      has_out ? (uint16_t *)out.buf : NULL, bitmap, &f);
+#ifdef R3_X86
+    if (use_avx2 && (type == T_I32 || type == T_U32) && routes.shape[2] == 8 && strides[2] == 4 &&
+        strides[1] == 32 && num_experts <= 0x80000000u) {
+        done = check_i32_k8_avx2((const char *)routes.buf, routes.shape[0], routes.shape[1], strides[0], kind,
+                                 (uint64_t)num_experts, has_out ? (uint16_t *)out.buf : NULL);
+    }
+#endif
+    if (!done) {
+        check_table[type]((const char *)routes.buf, routes.shape, strides, kind, has_dense, (uint64_t)num_experts,
+                          has_out ? (uint16_t *)out.buf : NULL, bitmap, &f);
+    }
     Py_END_ALLOW_THREADS
     free(bitmap);
     PyBuffer_Release(&routes);
