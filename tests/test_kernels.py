@@ -469,3 +469,17 @@ def test_use_rejects_unknown_names() -> None:
     with kernels.use("numpy"):
         assert kernels.implementation() == "numpy"
     assert kernels.IMPLEMENTATION == before
+
+
+def test_describe_and_version_report_the_implementation() -> None:
+    from click.testing import CliRunner
+
+    from r3store.cli import main
+
+    info = kernels.describe()
+    assert info["implementation"] == kernels.IMPLEMENTATION
+    assert (info["extension"] is None) == (kernels.native_module() is None) == (info["unavailable"] is not None)
+    assert info["disable_env"] == "R3STORE_NO_NATIVE"
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0
+    assert f"(kernels: {kernels.IMPLEMENTATION})" in result.output

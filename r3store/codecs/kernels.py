@@ -6,7 +6,8 @@ compute the same function; the test suite checks that on random inputs of every 
 and odd size. The C kernels release the GIL, accept any integer dtype and memory layout
 (strided, unaligned), and use AVX2/BMI2 where the CPU has them (checked at import).
 
-:data:`IMPLEMENTATION` tells which runs:
+:data:`IMPLEMENTATION` tells which runs (``r3store --version`` prints it,
+:func:`describe` tells more):
 
 * ``"native-avx2"``: the extension, with its AVX2/BMI2 kernels;
 * ``"native"``: the extension, portable C (no AVX2, or another architecture);
@@ -28,6 +29,7 @@ array([ 3, 63,  0, 17], dtype=uint8)
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -54,6 +56,7 @@ __all__ = [
     "RouteFault",
     "b64decode",
     "check_ids",
+    "describe",
     "gather_rows",
     "implementation",
     "native_module",
@@ -77,10 +80,9 @@ def _load() -> tuple[ModuleType | None, str | None]:
     if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
         return None, f"disabled by {DISABLE_ENV}={os.environ[DISABLE_ENV]!r}"
     try:
-        from r3store.codecs import _kernels  # type: ignore[attr-defined]
+        return importlib.import_module("r3store.codecs._kernels"), None
     except ImportError as exc:
         return None, f"the C extension is not built ({exc})"
-    return _kernels, None
 
 
 _built, NATIVE_UNAVAILABLE = _load()
@@ -101,6 +103,26 @@ IMPLEMENTATION = implementation()
 def native_module() -> ModuleType | None:
     """The C extension module when it is in use, else None (for r3store's own fast paths)."""
     return _native
+
+
+def describe() -> dict[str, object]:
+    """What runs here, for bug reports.
+
+    Returns
+    -------
+    dict
+        ``implementation`` (as :data:`IMPLEMENTATION`, but current), ``extension`` (path of
+        the compiled module, or None), ``unavailable`` (why not, or None), ``cpu`` (the
+        features the extension detected: ``avx2``, ``bmi2``, ``sse4.2``; empty without it),
+        ``disable_env`` (the variable that forces numpy).
+    """
+    return {
+        "implementation": implementation(),
+        "extension": getattr(_built, "__file__", None),
+        "unavailable": NATIVE_UNAVAILABLE,
+        "cpu": _built.cpu_features() if _built is not None else {},
+        "disable_env": DISABLE_ENV,
+    }
 
 
 @contextmanager
@@ -399,4 +421,3 @@ def b64decode(text: str | bytes | bytearray | memoryview) -> np.ndarray:
             if _native.b64decode(text, out) == size:
                 return out
     return b64decode_numpy(text)
-
