@@ -28,7 +28,7 @@
 #error "r3store's kernels assume a little-endian machine (the numpy code is used elsewhere)"
 #endif
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(R3_PORTABLE_ONLY)
 #define R3_X86 1
 #include <immintrin.h>
 #define R3_TARGET_AVX2 __attribute__((target("avx2,bmi,bmi2,popcnt,sse4.2")))
@@ -1456,7 +1456,8 @@ static PyObject *py_cpu_features(PyObject *self, PyObject *unused) {
 }
 
 PyDoc_STRVAR(set_simd_doc, "set_simd(level) -> str\n\n"
-"Use 'avx2' (only where the CPU has it) or 'scalar' kernels; returns the previous level.\n"
+"Use 'avx2' (only where the CPU has it; with SSE4.2 CRC-32C) or 'scalar' kernels (the\n"
+"portable C, table CRC-32C included); returns the previous level.\n"
 "For tests and benchmarks: both levels compute the same function.");
 
 static PyObject *py_set_simd(PyObject *self, PyObject *args) {
@@ -1467,6 +1468,7 @@ static PyObject *py_set_simd(PyObject *self, PyObject *args) {
     }
     if (strcmp(level, "scalar") == 0) {
         use_avx2 = 0;
+        use_sse42 = 0; /* the table CRC-32C too: "scalar" is the portable code, all of it */
     } else if (strcmp(level, "avx2") == 0) {
         int ok = 0;
 #ifdef R3_X86
@@ -1478,6 +1480,9 @@ static PyObject *py_set_simd(PyObject *self, PyObject *args) {
             return NULL;
         }
         use_avx2 = 1;
+#ifdef R3_X86
+        use_sse42 = __builtin_cpu_supports("sse4.2") != 0;
+#endif
     } else {
         PyErr_Format(PyExc_ValueError, "level must be 'avx2' or 'scalar', got '%s'", level);
         return NULL;
@@ -1504,6 +1509,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_kernels",
     "Compiled kernels of r3store (bit-packing, frames, route checks, row gather, base64).", -1, methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__kernels(void) {
