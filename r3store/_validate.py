@@ -12,12 +12,7 @@ from r3store._format import RESERVED_COLUMNS
 from r3store._spec import ModelSpec
 from r3store.codecs import kernels
 from r3store.codecs._kernels_numpy import first_repeat
-from r3store.errors import (
-    ExpertIdError,
-    RouteShapeError,
-    RouteValidationError,
-    RowCountError,
-)
+from r3store.errors import ExpertIdError, RouteShapeError, RouteValidationError, RowCountError
 
 __all__ = ["as_numpy", "check_metadata", "check_routes", "check_row_count", "first_repeat"]
 
