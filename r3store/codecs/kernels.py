@@ -97,7 +97,7 @@ def implementation() -> str:
 
 
 IMPLEMENTATION = implementation()
-"""The implementation chosen at import (see the module docstring)."""
+"""The implementation in use: chosen at import (see the module docstring), changed only inside :func:`use`."""
 
 
 def native_module() -> ModuleType | None:
