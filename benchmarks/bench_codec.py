@@ -12,7 +12,9 @@ Two traces:
   (2048 tokens x 8 layers x top-6 of 64 experts, 6 bits per id);
 * ``qwen3``: a synthetic Qwen3-30B-A3B-shaped trace (48 layers x top-8 of 128 experts,
   7 bits per id) from :func:`r3store.testing.synthetic.synthetic_routes`, with realistic
-  load skew, adjacent-layer correlation and token repetition (as published for Mixtral, OLMoE, DeepSeek-V3 and FLAME-MoE).
+  load skew, adjacent-layer correlation and token repetition (as published for Mixtral, OLMoE, DeepSeek-V3 and FLAME-MoE);
+* ``qwen3-next``: the same generator in the Qwen3-Next-80B-A3B shape (48 layers x top-10
+  of 512 experts, 9 bits per id).
 
 Methods, all starting from and ending with an int32 ``(rows, layers, top_k)`` array:
 
@@ -27,6 +29,12 @@ Methods, all starting from and ending with an int32 ``(rows, layers, top_k)`` ar
 * ``blosc zstd5 bitshuffle``: numcodecs ``Blosc(cname="zstd", clevel=5,
   shuffle=Blosc.BITSHUFFLE)`` on the ids cast to uint8 (experts <= 256) and to uint16
   (memory; the casts are timed).
+
+A second table per trace compares the codec alone with Blosc, both single-threaded
+(``numcodecs.blosc.set_nthreads(1)``), on the same ids cut into the writer's default frames
+(4096 rows x 1 layer x top_k), each a contiguous array of the narrowest dtype Blosc can
+take (uint8 up to 256 experts, else uint16): encode to bytes, decode into a preallocated
+array of that dtype (and into int32, what trainers take today). Timings there are medians.
 
 Timings are best-of-N wall clock (``time.perf_counter``) of one full encode or decode of
 the whole trace; throughput is ids per second. Ratios compare with the int32 ``.npy`` row
@@ -59,11 +67,12 @@ from rich.console import Console
 from rich.table import Table
 
 import r3store
-from r3store.codecs import BitpackCodec, pack_bits, unpack_bits
+from r3store.codecs import BitpackCodec, kernels, pack_bits, unpack_bits
 from r3store.testing.synthetic import qwen3_30b_a3b_spec, routing_stats, synthetic_routes
 
 FLAME = "flame-moe-290m/flame_moe_290m_prefill_2048tok_8layers_top6.npz"
 CHUNK_ROWS = 4096  # RouteWriter's default chunk_rows; the raw-codec rows use 1 layer per frame
+QWEN3_NEXT = r3store.ModelSpec(num_layers=48, num_experts=512, top_k=10)  # Qwen3-Next-80B-A3B
 
 
 @dataclass
@@ -113,6 +122,12 @@ def load_traces(tokens: int) -> list[Trace]:
                             top_k=spec.top_k, seed=0)
     gen_s = time.perf_counter() - t0
     traces.append(Trace("qwen3", qwen, spec, f"synthetic Qwen3-30B-A3B, 128 experts (generated in {gen_s:.2f} s)"))
+    t0 = time.perf_counter()
+    nxt = synthetic_routes(num_tokens=tokens, num_layers=QWEN3_NEXT.num_moe_layers,
+                           num_experts=QWEN3_NEXT.num_experts, top_k=QWEN3_NEXT.top_k, seed=1)
+    gen_s = time.perf_counter() - t0
+    traces.append(Trace("qwen3-next", nxt, QWEN3_NEXT,
+                        f"synthetic Qwen3-Next-80B-A3B, 512 experts, top-10 (generated in {gen_s:.2f} s)"))
     return traces
 
 
@@ -215,6 +230,94 @@ def check(trace: Trace, method: str, back: np.ndarray) -> None:
         raise SystemExit(f"{trace.name}/{method}: round trip changed the ids")
 
 
+# -- the codec against Blosc, single-threaded ------------------------------------------
+
+
+def median_loop(repeats: int, fn: Callable[[], Any], min_s: float = 0.02) -> float:
+    """Median over ``repeats`` of the time of one ``fn()``, each repeat looping for >= ``min_s``."""
+    loops = 1
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(loops):
+            fn()
+        if time.perf_counter() - t0 >= min_s:
+            break
+        loops *= 2
+    times = []
+    for _ in range(repeats):
+        gc.collect()
+        t0 = time.perf_counter()
+        for _ in range(loops):
+            fn()
+        times.append((time.perf_counter() - t0) / loops)
+    return float(np.median(times))
+
+
+@dataclass
+class CodecRow:
+    method: str
+    nbytes: int
+    encode_s: float
+    decode_s: float  # into the narrow dtype
+    decode_int32_s: float
+
+
+def codec_vs_blosc(trace: Trace, repeats: int) -> tuple[Table, list[CodecRow]]:
+    """The codec alone vs Blosc (LZ4 and Zstd, bitshuffle, 1 thread) on the writer's frames."""
+    routes, spec = trace.routes, trace.spec
+    narrow = np.uint8 if spec.num_experts <= 256 else np.uint16
+    rows, layers, _ = routes.shape
+    chunks = [np.ascontiguousarray(routes[r : r + CHUNK_ROWS, layer], dtype=narrow)
+              for r in range(0, rows, CHUNK_ROWS) for layer in range(layers)]
+    ids = sum(c.size for c in chunks)
+    outs = [np.empty_like(c) for c in chunks]
+    outs32 = [np.empty(c.shape, dtype=np.int32) for c in chunks]
+    results: list[CodecRow] = []
+
+    def measure(method: str, encode: Callable[[np.ndarray], bytes],
+                decode_into: Callable[[bytes, np.ndarray], Any]) -> None:
+        blobs = [encode(c) for c in chunks]
+        for blob, out, out32, chunk in zip(blobs, outs, outs32, chunks, strict=True):
+            decode_into(blob, out)
+            decode_into(blob, out32)
+            if not (np.array_equal(out, chunk) and np.array_equal(out32, chunk)):
+                raise SystemExit(f"{trace.name}/{method}: round trip changed the ids")
+        enc = median_loop(repeats, lambda: [encode(c) for c in chunks])
+        dec = median_loop(repeats, lambda: [decode_into(b, o) for b, o in zip(blobs, outs, strict=True)])
+        dec32 = median_loop(repeats, lambda: [decode_into(b, o) for b, o in zip(blobs, outs32, strict=True)])
+        results.append(CodecRow(method, sum(map(len, blobs)), enc, dec, dec32))
+
+    codec = BitpackCodec(spec.bits_per_id)
+    impls = [kernels.IMPLEMENTATION] if kernels.IMPLEMENTATION != "numpy" else []
+    for impl in [*impls, "numpy"]:
+        with kernels.use(impl):
+            measure(f"r3store.bitpack ({impl})", codec.encode, lambda b, o: codec.decode(b, out=o))
+    for cname in ("lz4", "zstd"):
+        blosc = Blosc(cname=cname, clevel=5, shuffle=Blosc.BITSHUFFLE)
+
+        def blosc_into(blob: bytes, out: np.ndarray, blosc: Blosc = blosc) -> None:
+            if out.dtype == narrow:
+                blosc.decode(blob, out=out)
+            else:  # Blosc restores the bytes it was given: widening is a second pass
+                np.copyto(out, np.frombuffer(blosc.decode(blob), dtype=narrow).reshape(out.shape))
+
+        measure(f"blosc {cname} clevel=5 bitshuffle", blosc.encode, blosc_into)
+
+    base = next(r for r in results if r.method.startswith("blosc lz4"))
+    table = Table(title=f"{trace.name}: codec vs Blosc, 1 thread, {len(chunks):,} frames of "
+                        f"{chunks[0].size:,} {np.dtype(narrow).name} ids ({ids:,} ids; median of {repeats}; "
+                        f"ratios vs blosc lz4)")
+    for col in ("method", "bytes", "bits/id", "size vs lz4", "encode Mids/s", "decode Mids/s",
+                "decode->int32 Mids/s", "encode vs lz4", "decode vs lz4"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for r in results:
+        table.add_row(r.method, f"{r.nbytes:,}", f"{8 * r.nbytes / ids:.3f}", f"{r.nbytes / base.nbytes:.1%}",
+                      f"{ids / r.encode_s / 1e6:,.0f}", f"{ids / r.decode_s / 1e6:,.0f}",
+                      f"{ids / r.decode_int32_s / 1e6:,.0f}", f"{base.encode_s / r.encode_s:.2f}x",
+                      f"{base.decode_s / r.decode_s:.2f}x")
+    return table, results
+
+
 # -- stage profile -----------------------------------------------------------------
 
 
@@ -286,7 +389,8 @@ def environment(args: argparse.Namespace) -> Table:
         ("cpu", f"{cpu}, os.cpu_count()={os.cpu_count()}, usable={len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'}"),
         ("platform", platform.platform()),
         ("temp dir", tempfile.gettempdir()),
-        ("repeats", f"best of {args.repeats}"),
+        ("repeats", f"best of {args.repeats} (codec vs Blosc: median of {args.repeats})"),
+        ("r3store kernels", kernels.IMPLEMENTATION),
     ]:
         table.add_row(key, str(value))
     return table
@@ -342,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tokens < 2 or args.repeats < 1:
         parser.error("--tokens must be >= 2 and --repeats >= 1")
 
+    numcodecs.blosc.set_nthreads(1)  # single-threaded, like r3store's codec
     console = Console(width=max(Console().width, 150))
     console.print(environment(args))
     started = time.perf_counter()
@@ -357,6 +462,16 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(bench_blosc(trace, args.repeats, np.uint8))
             results.append(bench_blosc(trace, args.repeats, np.uint16))
             console.print(results_table(trace, results))
+        verdicts = []
+        for trace in traces:
+            table, rows = codec_vs_blosc(trace, args.repeats)
+            console.print(table)
+            lz4, ours = rows[-2], rows[0]
+            verdicts.append(f"{trace.name}: {ours.method} encode {lz4.encode_s / ours.encode_s:.2f}x, decode "
+                            f"{lz4.decode_s / ours.decode_s:.2f}x blosc lz4 at {ours.nbytes / lz4.nbytes:.1%} of its size")
+        console.print("target: encode and decode >= 1.0x blosc lz4 (1 thread) at the same or smaller size")
+        for line in verdicts:
+            console.print("  " + line)
     if args.profile:
         console.print(profile_table(traces, args.repeats))
     console.print(f"all round trips exact; total {time.perf_counter() - started:.1f} s")

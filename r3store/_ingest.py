@@ -13,6 +13,7 @@ import numpy as np
 
 from r3store._spec import ModelSpec
 from r3store._validate import as_numpy
+from r3store.codecs import kernels
 from r3store.errors import PayloadDecodeError
 
 __all__ = ["decode_sglang", "decode_vllm", "encode_sglang"]
@@ -72,13 +73,14 @@ def decode_sglang(sample_id: str, payload: Any, spec: ModelSpec) -> np.ndarray:
                                  "e.g. SGLang --enable-return-routed-experts and return_routed_experts=True?)")
     if isinstance(payload, str | bytes | bytearray | memoryview):
         try:
-            raw = base64.b64decode(payload, validate=True)
+            raw = kernels.b64decode(payload)  # a fresh writable uint8 array, as base64.b64decode(validate=True)
         except (binascii.Error, ValueError) as exc:
             raise PayloadDecodeError(sample_id, "routed_experts", f"is not valid base64: {exc}") from exc
-        if len(raw) % 4:
+        if raw.size % 4:
             raise PayloadDecodeError(sample_id, "routed_experts",
-                                     f"decodes to {len(raw)} bytes, not a whole number of int32")
-        flat = np.frombuffer(raw, dtype="<i4").astype(np.int32)
+                                     f"decodes to {raw.size} bytes, not a whole number of int32")
+        flat = raw.view("<i4")
+        flat = flat if flat.dtype.isnative else flat.astype(np.int32)
     else:
         flat = as_numpy(sample_id, "routed_experts", payload)
         if flat.ndim == 3:
@@ -99,6 +101,9 @@ def _reject_int64(sample_id: str, flat: np.ndarray, per_row: int) -> None:
     if flat.size < 2 * per_row or flat.size % 2:
         return
     high = flat[1::2]
+    probe = high[:4096]  # real int32 routes give up here: some odd word is an MoE id
+    if not ((probe == 0) | (probe == -1)).all():
+        return
     if ((high == 0) | (high == -1)).all() and flat[0::2].any() and (flat[0::2].size % per_row == 0):
         raise PayloadDecodeError(
             sample_id, "routed_experts",

@@ -10,6 +10,8 @@ import numpy as np
 
 from r3store._format import RESERVED_COLUMNS
 from r3store._spec import ModelSpec
+from r3store.codecs import kernels
+from r3store.codecs._kernels_numpy import first_repeat
 from r3store.errors import ExpertIdError, RouteShapeError, RouteValidationError, RowCountError
 
 __all__ = ["as_numpy", "check_metadata", "check_routes", "check_row_count", "first_repeat"]
@@ -28,30 +30,6 @@ def as_numpy(sample_id: str, field: str, value: Any) -> np.ndarray:
         return np.asarray(value)
     except (TypeError, ValueError) as exc:
         raise RouteShapeError(sample_id, field, f"cannot be read as an array: {exc}") from exc
-
-
-def first_repeat(routes: np.ndarray) -> tuple[int, int] | None:
-    """(row, layer position) of the first row holding an expert id twice, or None.
-
-    Parameters
-    ----------
-    routes : ndarray of integer dtype, shape (rows, num_layers, top_k)
-    """
-    top_k = routes.shape[-1]
-    if top_k < 2 or routes.size == 0:
-        return None
-    if top_k <= 16:  # pairwise compares beat a sort along a short axis
-        bad = np.zeros(routes.shape[:-1], dtype=bool)
-        for i in range(top_k - 1):
-            for j in range(i + 1, top_k):
-                bad |= routes[..., i] == routes[..., j]
-    else:
-        ordered = np.sort(routes, axis=-1)
-        bad = (ordered[..., 1:] == ordered[..., :-1]).any(axis=-1)
-    if not bad.any():
-        return None
-    hits = np.argwhere(bad)
-    return (int(hits[0][0]), int(hits[0][1])) if hits.size else None
 
 
 def check_routes(sample_id: str, routes: np.ndarray, spec: ModelSpec) -> np.ndarray:
@@ -84,49 +62,39 @@ def check_routes(sample_id: str, routes: np.ndarray, spec: ModelSpec) -> np.ndar
                               f"must have 3 dims (rows, layers, top_k), got shape {routes.shape}")
     if routes.shape[2] != spec.top_k:
         raise RouteShapeError(sample_id, "routes", f"top_k mismatch: last dim is {routes.shape[2]}, spec.top_k is {spec.top_k}")
-    moe = _moe_view(sample_id, routes, spec)
-    _check_range(sample_id, moe, spec)
-    repeat = first_repeat(moe)
-    if repeat is not None:
-        row, pos = repeat
-        raise ExpertIdError(sample_id, "routes",
-                            f"expert id repeated within row {row}, decoder layer {spec.moe_layers[pos]}: "
-                            f"{moe[row, pos].tolist()}")
-    return moe.astype(np.uint16)
-
-
-def _moe_view(sample_id: str, routes: np.ndarray, spec: ModelSpec) -> np.ndarray:
     layers = routes.shape[1]
     if layers == spec.num_moe_layers:
-        return routes
-    if layers != spec.num_layers:
+        moe_mask = None
+    elif layers == spec.num_layers:
+        moe_mask = [layer in spec.moe_layers for layer in range(layers)]
+    else:
         raise RouteShapeError(sample_id, "routes",
                               f"layer dim is {layers}; expected num_layers={spec.num_layers} (all decoder "
                               f"layers) or {spec.num_moe_layers} (MoE layers only)")
-    dense = list(spec.dense_layers)
-    if dense:
-        block = routes[:, dense]
-        hits = np.argwhere(block != 0)
-        if hits.size:
-            row, pos, _ = hits[0]
-            raise ExpertIdError(sample_id, "routes",
-                                f"dense decoder layer {dense[pos]} has non-zero ids at row {row} "
-                                f"({block[row, pos].tolist()}); the ModelSpec's moe_layers may be wrong")
-    return routes[:, list(spec.moe_layers)]
+    moe = np.empty((routes.shape[0], spec.num_moe_layers, spec.top_k), dtype=np.uint16)
+    fault = kernels.check_ids(routes, spec.num_experts, moe=moe_mask, out=moe)
+    if fault is not None:
+        raise _fault_error(sample_id, routes, spec, fault, all_layers=moe_mask is not None)
+    return moe
 
 
-def _check_range(sample_id: str, moe: np.ndarray, spec: ModelSpec) -> None:
-    if moe.size == 0:
-        return
-    lo, hi = int(moe.min()), int(moe.max())
-    if lo >= 0 and hi < spec.num_experts:
-        return
-    bad = np.argwhere((moe < 0) | (moe >= spec.num_experts))[0]
-    value = int(moe[tuple(bad)])
+def _fault_error(sample_id: str, routes: np.ndarray, spec: ModelSpec, fault: kernels.RouteFault,
+                 *, all_layers: bool) -> ExpertIdError:
+    """The error for the first fault :func:`kernels.check_ids` found (its message names the spot)."""
+    row, ids = fault.row, routes[fault.row, fault.layer]
+    if fault.kind == "dense":
+        return ExpertIdError(sample_id, "routes",
+                             f"dense decoder layer {fault.layer} has non-zero ids at row {row} "
+                             f"({ids.tolist()}); the ModelSpec's moe_layers may be wrong")
+    layer = fault.layer if all_layers else spec.moe_layers[fault.layer]
+    if fault.kind == "repeat":
+        return ExpertIdError(sample_id, "routes", f"expert id repeated within row {row}, decoder layer {layer}: "
+                                                  f"{ids.tolist()}")
+    value = int(ids[fault.slot])
     why = "negative" if value < 0 else f">= num_experts ({spec.num_experts})"
     hint = "" if value < 0 else "; physical (EP-remapped) ids instead of logical ids?"
-    raise ExpertIdError(sample_id, "routes",
-                        f"expert id {value} at row {bad[0]}, decoder layer {spec.moe_layers[bad[1]]} is {why}{hint}")
+    return ExpertIdError(sample_id, "routes",
+                         f"expert id {value} at row {row}, decoder layer {layer} is {why}{hint}")
 
 
 def check_row_count(sample_id: str, rows: int, num_tokens: int | None, tokens: np.ndarray | None) -> int:

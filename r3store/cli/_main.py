@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
+from r3store.codecs.kernels import IMPLEMENTATION
 from r3store.errors import R3StoreError
 
 __all__ = ["main"]
@@ -65,7 +66,7 @@ def handle_errors(func: F) -> F:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="r3store")
+@click.version_option(package_name="r3store", message=f"%(prog)s %(version)s (kernels: {IMPLEMENTATION})")
 def main() -> None:
     """r3store: routing traces for Rollout Routing Replay (R3)."""
 

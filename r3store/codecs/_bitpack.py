@@ -27,6 +27,7 @@ import google_crc32c
 import numpy as np
 import numpy.typing as npt
 
+from r3store.codecs import kernels
 from r3store.codecs._abc import Codec
 from r3store.errors import ChecksumError, CodecError, FormatError
 
@@ -58,29 +59,12 @@ def pack_bits(ids: np.ndarray, bits: int) -> np.ndarray:
     Returns
     -------
     ndarray of uint8, shape (ceil(n * bits / 8),)
+
+    Notes
+    -----
+    Runs :func:`r3store.codecs.kernels.pack_bits` (compiled, or its numpy twin).
     """
-    n = ids.size
-    nbytes = (n * bits + 7) // 8
-    if bits == 8:
-        return ids.astype(np.uint8)
-    if bits == 16:
-        return ids.astype("<u2").view(np.uint8)
-    groups = (n + 7) // 8
-    x = np.zeros(groups * 8, dtype=np.uint64)
-    x[:n] = ids
-    x = x.reshape(groups, 8)
-    words = np.zeros((groups, 2), dtype="<u8")
-    lo, hi = words[:, 0], words[:, 1]
-    for j in range(8):
-        shift = j * bits
-        col = x[:, j]
-        if shift >= 64:
-            hi |= col << np.uint64(shift - 64)
-            continue
-        lo |= col << np.uint64(shift)
-        if shift + bits > 64:
-            hi |= col >> np.uint64(64 - shift)
-    return words.view(np.uint8).reshape(groups, 16)[:, :bits].reshape(-1)[:nbytes]
+    return kernels.pack_bits(ids, bits)
 
 
 def unpack_bits(payload: np.ndarray, n: int, bits: int) -> np.ndarray:
@@ -96,33 +80,13 @@ def unpack_bits(payload: np.ndarray, n: int, bits: int) -> np.ndarray:
     Returns
     -------
     ndarray of int32, shape (n,)
+
+    Notes
+    -----
+    Runs :func:`r3store.codecs.kernels.unpack_bits` (compiled, or its numpy twin); that
+    function also writes int16, uint16 and uint8.
     """
-    if bits == 8:
-        return payload[:n].astype(np.int32)
-    if bits == 16:
-        return payload[: 2 * n].view("<u2").astype(np.int32)
-    groups = (n + 7) // 8
-    raw = np.zeros((groups, 16), dtype=np.uint8)
-    flat = payload[: groups * bits]
-    full = flat.size // bits
-    raw[:full, :bits] = flat[: full * bits].reshape(full, bits)
-    if full < groups:
-        tail = flat[full * bits :]
-        raw[full, : tail.size] = tail
-    words = raw.view("<u8")
-    lo, hi = words[:, 0], words[:, 1]
-    mask = np.uint64((1 << bits) - 1)
-    out = np.empty((groups, 8), dtype=np.int32)
-    for j in range(8):
-        shift = j * bits
-        if shift >= 64:
-            col = hi >> np.uint64(shift - 64)
-        elif shift + bits > 64:
-            col = (lo >> np.uint64(shift)) | (hi << np.uint64(64 - shift))
-        else:
-            col = lo >> np.uint64(shift)
-        out[:, j] = col & mask
-    return out.reshape(-1)[:n]
+    return kernels.unpack_bits(payload, n, bits)
 
 
 def pack_bits_reference(ids: npt.ArrayLike, bits: int) -> bytes:
@@ -187,11 +151,17 @@ class BitpackCodec(Codec):
         return {"id": self.codec_id, "bits": self.bits}
 
     def encode(self, ids: npt.ArrayLike) -> bytes:
-        flat = np.asarray(ids).reshape(-1)
-        if flat.size and not np.issubdtype(flat.dtype, np.integer):
-            raise CodecError(self.codec_id, f"ids must be integers, got dtype {flat.dtype}")
-        if flat.size >= 1 << 32:
-            raise CodecError(self.codec_id, f"a frame holds fewer than 2**32 ids, got {flat.size}")
+        arr = np.asarray(ids)
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise CodecError(self.codec_id, f"ids must be integers, got dtype {arr.dtype}")
+        if arr.size >= 1 << 32:
+            raise CodecError(self.codec_id, f"a frame holds fewer than 2**32 ids, got {arr.size}")
+        native = kernels.native_module()
+        if native is not None and arr.dtype.kind in "iu" and arr.dtype.isnative:
+            frame: bytes | None = native.encode_frame(arr, self.bits)  # any layout: no copy
+            if frame is not None:
+                return frame
+        flat = arr.reshape(-1)
         if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= 1 << self.bits):
             raise CodecError(
                 self.codec_id,
@@ -206,6 +176,19 @@ class BitpackCodec(Codec):
 
     def decode(self, buf: bytes | memoryview | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         data = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf.view(np.uint8).reshape(-1)
+        native = kernels.native_module()
+        if native is not None and (out is None or (out.dtype.kind in "iu" and out.dtype.isnative
+                                                   and out.flags.writeable)):
+            status, n_total, n_encoded = native.check_frame(data, self.bits)
+            if status:
+                self._check_frame(data)  # names the fault
+                raise FormatError(_FRAME, f"invalid frame (check {status})")
+            if out is None:
+                out = np.empty(n_total, dtype=np.int32)
+            elif out.size != n_total:
+                raise FormatError(_FRAME, f"out holds {out.size} ids, the frame {n_total}")
+            native.unpack(data, HEADER.size, n_encoded, self.bits, out)  # zeros after n_encoded
+            return out
         n_total, n_encoded = self._check_frame(data)
         if out is not None and out.size != n_total:
             raise FormatError(_FRAME, f"out holds {out.size} ids, the frame {n_total}")

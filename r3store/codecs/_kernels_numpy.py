@@ -1,0 +1,182 @@
+"""numpy twins of the compiled kernels: the reference, and the fallback where none is built.
+
+Each function here computes exactly what its namesake in ``_kernels.c`` computes; the
+test suite checks both agree (and agree with the plain-Python references in
+:mod:`r3store.codecs._bitpack`). :mod:`r3store.codecs.kernels` chooses between them.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "RouteFault",
+    "b64decode_numpy",
+    "check_ids_numpy",
+    "first_repeat",
+    "gather_rows_numpy",
+    "pack_bits_numpy",
+    "unpack_bits_numpy",
+    "unpack_into_numpy",
+]
+
+
+class RouteFault(NamedTuple):
+    """The first fault :func:`r3store.codecs.kernels.check_ids` found in a routes array."""
+
+    kind: str
+    """``"dense"`` (a dense layer holds a non-zero id), ``"range"`` (an id outside
+    ``[0, num_experts)``) or ``"repeat"`` (an id twice in one row of one layer)."""
+    row: int
+    """Row (token position) of the fault."""
+    layer: int
+    """Index along the routes' layer axis (not the decoder layer index)."""
+    slot: int
+    """Top-k slot of the offending id (0 for ``"repeat"``)."""
+
+
+def pack_bits_numpy(ids: np.ndarray, bits: int) -> np.ndarray:
+    """numpy twin of :func:`r3store.codecs.kernels.pack_bits` (ids not range-checked)."""
+    ids = np.asarray(ids).reshape(-1)
+    n = ids.size
+    nbytes = (n * bits + 7) // 8
+    if bits == 8:
+        return ids.astype(np.uint8)
+    if bits == 16:
+        return ids.astype("<u2").view(np.uint8)
+    groups = (n + 7) // 8
+    padded = np.zeros(groups * 8, dtype=np.uint64)
+    padded[:n] = ids
+    x = padded.reshape(groups, 8)
+    words = np.zeros((groups, 2), dtype="<u8")
+    lo, hi = words[:, 0], words[:, 1]
+    for j in range(8):
+        shift = j * bits
+        col = x[:, j]
+        if shift >= 64:
+            hi |= col << np.uint64(shift - 64)
+            continue
+        lo |= col << np.uint64(shift)
+        if shift + bits > 64:
+            hi |= col >> np.uint64(64 - shift)
+    return words.view(np.uint8).reshape(groups, 16)[:, :bits].reshape(-1)[:nbytes]
+
+
+def unpack_bits_numpy(payload: np.ndarray, n: int, bits: int) -> np.ndarray:
+    """numpy twin of :func:`r3store.codecs.kernels.unpack_bits` (int32 output)."""
+    payload = np.asarray(payload).view(np.uint8).reshape(-1)
+    if bits == 8:
+        return payload[:n].astype(np.int32)
+    if bits == 16:
+        return payload[: 2 * n].view("<u2").astype(np.int32)
+    groups = (n + 7) // 8
+    raw = np.zeros((groups, 16), dtype=np.uint8)
+    flat = payload[: groups * bits]
+    full = flat.size // bits
+    raw[:full, :bits] = flat[: full * bits].reshape(full, bits)
+    if full < groups:
+        tail = flat[full * bits :]
+        raw[full, : tail.size] = tail
+    words = raw.view("<u8")
+    lo, hi = words[:, 0], words[:, 1]
+    mask = np.uint64((1 << bits) - 1)
+    out = np.empty((groups, 8), dtype=np.int32)
+    for j in range(8):
+        shift = j * bits
+        if shift >= 64:
+            col = hi >> np.uint64(shift - 64)
+        elif shift + bits > 64:
+            col = (lo >> np.uint64(shift)) | (hi << np.uint64(64 - shift))
+        else:
+            col = lo >> np.uint64(shift)
+        out[:, j] = col & mask
+    return out.reshape(-1)[:n]
+
+
+def unpack_into_numpy(payload: np.ndarray, n: int, bits: int, out: np.ndarray) -> np.ndarray:
+    """numpy twin of :func:`r3store.codecs.kernels.unpack_into`."""
+    ids = unpack_bits_numpy(payload, n, bits)
+    # reshape(-1) of a non-contiguous out is a copy: write through .flat instead
+    flat = out.reshape(-1) if out.flags.c_contiguous else out.flat
+    flat[:n] = ids
+    flat[n:] = 0
+    return out
+
+
+def first_repeat(routes: np.ndarray) -> tuple[int, int] | None:
+    """(row, layer position) of the first row holding an expert id twice, or None.
+
+    Parameters
+    ----------
+    routes : ndarray of integer dtype, shape (rows, num_layers, top_k)
+    """
+    top_k = routes.shape[-1]
+    if top_k < 2 or routes.size == 0:
+        return None
+    if top_k <= 16:  # pairwise compares beat a sort along a short axis
+        bad = np.zeros(routes.shape[:-1], dtype=bool)
+        for i in range(top_k - 1):
+            for j in range(i + 1, top_k):
+                bad |= routes[..., i] == routes[..., j]
+    else:
+        ordered = np.sort(routes, axis=-1)
+        bad = (ordered[..., 1:] == ordered[..., :-1]).any(axis=-1)
+    if not bad.any():
+        return None
+    hits = np.argwhere(bad)
+    return (int(hits[0][0]), int(hits[0][1])) if hits.size else None
+
+
+def check_ids_numpy(routes: np.ndarray, num_experts: int, *, moe: Sequence[bool] | None = None,
+                    out: np.ndarray | None = None) -> RouteFault | None:
+    """numpy twin of :func:`r3store.codecs.kernels.check_ids`."""
+    layers = routes.shape[1]
+    moe_mask = np.ones(layers, dtype=bool) if moe is None else np.asarray(moe, dtype=bool)
+    dense_pos = np.flatnonzero(~moe_mask)
+    moe_pos = np.flatnonzero(moe_mask)
+    if dense_pos.size:
+        hits = np.argwhere(routes[:, dense_pos] != 0)
+        if hits.size:
+            row, pos, slot = (int(v) for v in hits[0])
+            return RouteFault("dense", row, int(dense_pos[pos]), slot)
+    ids = routes if dense_pos.size == 0 else routes[:, moe_pos]
+    if ids.size:
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= num_experts:
+            row, pos, slot = (int(v) for v in np.argwhere((ids < 0) | (ids >= num_experts))[0])
+            return RouteFault("range", row, int(moe_pos[pos]), slot)
+    repeat = first_repeat(ids)
+    if repeat is not None:
+        return RouteFault("repeat", repeat[0], int(moe_pos[repeat[1]]), 0)
+    if out is not None:
+        out[...] = ids
+    return None
+
+
+def gather_rows_numpy(src: np.ndarray, index: np.ndarray, out: np.ndarray, *, fill_value: int = 0,
+                      num_experts: int | None = None, pad_start: int = 0) -> int:
+    """numpy twin of :func:`r3store.codecs.kernels.gather_rows`."""
+    if index.size and (int(index.min()) < -1 or int(index.max()) >= len(src)):
+        raise IndexError("index holds a row outside [-1, rows)")
+    pad = index < 0
+    if len(src):
+        out[...] = np.take(src, np.where(pad, 0, index), axis=0)
+    num_pad = int(pad.sum())
+    if not num_pad:
+        return 0
+    if num_experts is None:
+        out[pad] = np.asarray(fill_value).astype(out.dtype)
+        return num_pad
+    top_k = src.shape[2]
+    ids = (np.arange(pad_start * top_k, (pad_start + num_pad) * top_k, dtype=np.int64) % num_experts)
+    out[pad] = ids.astype(out.dtype).reshape(num_pad, 1, top_k)
+    return num_pad
+
+
+def b64decode_numpy(text: str | bytes | bytearray | memoryview) -> np.ndarray:
+    """numpy twin of :func:`r3store.codecs.kernels.b64decode` (``base64.b64decode(validate=True)``)."""
+    return np.frombuffer(bytearray(base64.b64decode(text, validate=True)), dtype=np.uint8)

@@ -1,0 +1,423 @@
+"""Hot loops of r3store, compiled where possible: bit-packing, route checks, row gather, base64.
+
+Each function runs the C extension ``r3store.codecs._kernels`` when it was built, and
+its numpy twin (:mod:`r3store.codecs._kernels_numpy`, the reference) otherwise. Both
+compute the same function; the test suite checks that on random inputs of every width
+and odd size. The C kernels release the GIL, accept any integer dtype and memory layout
+(strided, unaligned), and use AVX2/BMI2 where the CPU has them (checked at import).
+
+:data:`IMPLEMENTATION` tells which runs (``r3store --version`` prints it,
+:func:`describe` tells more):
+
+* ``"native-avx2"``: the extension, with its AVX2/BMI2 kernels;
+* ``"native"``: the extension, portable C (no AVX2, or another architecture);
+* ``"numpy"``: no extension (not built, or disabled with ``R3STORE_NO_NATIVE=1`` in the
+  environment at import; :data:`NATIVE_UNAVAILABLE` says why).
+
+Examples
+--------
+>>> import numpy as np
+>>> from r3store.codecs import kernels
+>>> kernels.IMPLEMENTATION in ("native-avx2", "native", "numpy")
+True
+>>> payload = kernels.pack_bits(np.array([3, 63, 0, 17]), 6)
+>>> payload.tobytes().hex()
+'c30f44'
+>>> kernels.unpack_bits(payload, 4, 6, dtype=np.uint8)
+array([ 3, 63,  0, 17], dtype=uint8)
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import ModuleType
+
+import numpy as np
+import numpy.typing as npt
+
+from r3store.codecs._kernels_numpy import (
+    RouteFault,
+    b64decode_numpy,
+    check_ids_numpy,
+    gather_rows_numpy,
+    pack_bits_numpy,
+    unpack_into_numpy,
+)
+from r3store.errors import CodecError
+
+__all__ = [
+    "DISABLE_ENV",
+    "IMPLEMENTATION",
+    "NATIVE_UNAVAILABLE",
+    "OUT_DTYPES",
+    "RouteFault",
+    "b64decode",
+    "check_ids",
+    "describe",
+    "gather_rows",
+    "implementation",
+    "native_module",
+    "pack_bits",
+    "unpack_bits",
+    "unpack_into",
+    "use",
+]
+
+DISABLE_ENV = "R3STORE_NO_NATIVE"
+"""Environment variable: set to anything but ``""`` or ``"0"`` to use the numpy code."""
+
+OUT_DTYPES = (np.dtype(np.int32), np.dtype(np.int16), np.dtype(np.uint16), np.dtype(np.uint8))
+"""Output dtypes of :func:`unpack_bits` and :func:`gather_rows` (any integer dtype works
+for :func:`unpack_into`; these are the ones the kernels write directly)."""
+
+_KERNELS = "r3store.kernels"
+
+
+def _load() -> tuple[ModuleType | None, str | None]:
+    if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+        return None, f"disabled by {DISABLE_ENV}={os.environ[DISABLE_ENV]!r}"
+    try:
+        return importlib.import_module("r3store.codecs._kernels"), None
+    except ImportError as exc:
+        return None, f"the C extension is not built ({exc})"
+
+
+_built, NATIVE_UNAVAILABLE = _load()
+_native: ModuleType | None = _built
+
+
+def implementation() -> str:
+    """``"native-avx2"``, ``"native"`` or ``"numpy"``: the code that runs now."""
+    if _native is None:
+        return "numpy"
+    return "native-avx2" if _native.simd() == "avx2" else "native"
+
+
+IMPLEMENTATION = implementation()
+"""The implementation in use: chosen at import (see the module docstring), changed only inside :func:`use`."""
+
+
+def native_module() -> ModuleType | None:
+    """The C extension module when it is in use, else None (for r3store's own fast paths)."""
+    return _native
+
+
+def describe() -> dict[str, object]:
+    """What runs here, for bug reports.
+
+    Returns
+    -------
+    dict
+        ``implementation`` (as :data:`IMPLEMENTATION`, but current), ``extension`` (path of
+        the compiled module, or None), ``unavailable`` (why not, or None), ``cpu`` (the
+        features the extension detected: ``avx2``, ``bmi2``, ``sse4.2``; empty without it),
+        ``disable_env`` (the variable that forces numpy).
+    """
+    return {
+        "implementation": implementation(),
+        "extension": getattr(_built, "__file__", None),
+        "unavailable": NATIVE_UNAVAILABLE,
+        "cpu": _built.cpu_features() if _built is not None else {},
+        "disable_env": DISABLE_ENV,
+    }
+
+
+@contextmanager
+def use(name: str) -> Iterator[None]:
+    """Run the block with implementation ``name`` (for tests and benchmarks).
+
+    Parameters
+    ----------
+    name : {"numpy", "native", "native-avx2"}
+        ``"native"`` runs the extension's portable C even on an AVX2 machine.
+
+    Raises
+    ------
+    r3store.errors.CodecError
+        ``name`` is unknown, or not available here (no extension, no AVX2).
+    """
+    global _native, IMPLEMENTATION
+    if name not in ("numpy", "native", "native-avx2"):
+        raise CodecError(_KERNELS, f"implementation must be 'numpy', 'native' or 'native-avx2', got {name!r}")
+    if name != "numpy" and _built is None:
+        raise CodecError(_KERNELS, f"{name} is not available: {NATIVE_UNAVAILABLE}")
+    saved_native, saved_simd = _native, _built.simd() if _built is not None else None
+    try:
+        if _built is not None and name != "numpy":
+            try:
+                _built.set_simd("avx2" if name == "native-avx2" else "scalar")
+            except ValueError as exc:
+                raise CodecError(_KERNELS, f"{name} is not available: {exc}") from exc
+        _native = None if name == "numpy" else _built
+        IMPLEMENTATION = implementation()
+        yield
+    finally:
+        _native = saved_native
+        if _built is not None and saved_simd is not None:
+            _built.set_simd(saved_simd)
+        IMPLEMENTATION = implementation()
+
+
+# -- bit-packing ---------------------------------------------------------------------
+
+
+def _check_bits(bits: object) -> int:
+    if isinstance(bits, bool) or not isinstance(bits, int | np.integer) or not 1 <= bits <= 16:
+        raise CodecError(_KERNELS, f"bits must be an int in [1, 16], got {bits!r}")
+    return int(bits)
+
+
+def _as_payload(payload: npt.ArrayLike | bytes | memoryview) -> np.ndarray:
+    if isinstance(payload, np.ndarray):
+        return np.ascontiguousarray(payload).view(np.uint8).reshape(-1)
+    return np.frombuffer(payload, dtype=np.uint8)  # type: ignore[call-overload]
+
+
+def _native_ints(arr: np.ndarray) -> bool:
+    return arr.dtype.kind in "iu" and arr.dtype.isnative
+
+
+def pack_bits(ids: npt.ArrayLike, bits: int) -> np.ndarray:
+    """Pack ids into the ``r3store.bitpack`` bit stream (``schema/FORMAT.md`` 5.1).
+
+    Parameters
+    ----------
+    ids : array_like of integer dtype, any shape and memory layout
+        Read in C order; values in ``[0, 2**bits)`` (not checked: higher bits are dropped).
+    bits : int
+        Bits per id, 1 to 16.
+
+    Returns
+    -------
+    ndarray of uint8, shape (ceil(n * bits / 8),)
+        Id ``i`` occupies stream bits ``[i * bits, (i + 1) * bits)``, least significant bit
+        first; the unused high bits of the last byte are 0.
+
+    Raises
+    ------
+    r3store.errors.CodecError
+        ``bits`` is out of range.
+    """
+    bits = _check_bits(bits)
+    arr = np.asarray(ids)
+    if _native is None or not _native_ints(arr):
+        return pack_bits_numpy(arr, bits)
+    out = np.empty((arr.size * bits + 7) // 8, dtype=np.uint8)
+    _native.pack(arr, bits, out)
+    return out
+
+
+def unpack_bits(payload: npt.ArrayLike | bytes | memoryview, n: int, bits: int,
+                dtype: npt.DTypeLike = np.int32) -> np.ndarray:
+    """Inverse of :func:`pack_bits`.
+
+    Parameters
+    ----------
+    payload : bytes-like or ndarray of uint8, at least ceil(n * bits / 8) bytes
+    n : int
+        Ids to read.
+    bits : int
+        Bits per id, 1 to 16.
+    dtype : {int32, int16, uint16, uint8}
+        Output dtype; it must hold ``2**bits - 1``.
+
+    Returns
+    -------
+    ndarray of ``dtype``, shape (n,)
+
+    Raises
+    ------
+    r3store.errors.CodecError
+        ``bits`` is out of range, ``dtype`` cannot hold ``bits``-bit ids, or the payload
+        is too short.
+    """
+    out = np.empty(max(int(n), 0), dtype=_out_dtype(dtype, _check_bits(bits)))
+    return unpack_into(payload, n, bits, out)
+
+
+def _out_dtype(dtype: npt.DTypeLike, bits: int) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt not in OUT_DTYPES:
+        raise CodecError(_KERNELS, f"output dtype must be one of {[str(d) for d in OUT_DTYPES]}, got {dt}")
+    if (1 << bits) - 1 > np.iinfo(dt).max:
+        raise CodecError(_KERNELS, f"{dt} cannot hold {bits}-bit ids")
+    return dt
+
+
+def unpack_into(payload: npt.ArrayLike | bytes | memoryview, n: int, bits: int, out: np.ndarray) -> np.ndarray:
+    """Unpack ``n`` ids into ``out`` (in C order); the rest of ``out`` is set to 0.
+
+    Parameters
+    ----------
+    payload : bytes-like or ndarray of uint8, at least ceil(n * bits / 8) bytes
+    n : int
+        Ids to read (a frame's ``n_encoded``; the zeros after them are its trimmed tail).
+    bits : int
+        Bits per id, 1 to 16.
+    out : ndarray of integer dtype, any shape and memory layout, at least n elements
+        Written in C order; ids wider than its dtype wrap as in a numpy cast.
+
+    Returns
+    -------
+    ndarray
+        ``out``.
+
+    Raises
+    ------
+    r3store.errors.CodecError
+        ``bits`` out of range, ``n`` negative or above ``out.size``, ``out`` not an
+        integer array, or ``payload`` shorter than ``ceil(n * bits / 8)`` bytes.
+    """
+    bits = _check_bits(bits)
+    n = int(n)
+    data = _as_payload(payload)
+    if not isinstance(out, np.ndarray) or out.dtype.kind not in "iu":
+        raise CodecError(_KERNELS, f"out must be an integer ndarray, got {getattr(out, 'dtype', type(out))}")
+    if n < 0 or n > out.size or data.size < (n * bits + 7) // 8:
+        raise CodecError(_KERNELS, f"{n} ids of {bits} bits need {(n * bits + 7) // 8} payload bytes "
+                                   f"(got {data.size}) and room in out ({out.size} elements)")
+    if _native is None or not out.dtype.isnative or not out.flags.writeable:
+        return unpack_into_numpy(data, n, bits, out)
+    _native.unpack(data, 0, n, bits, out)
+    return out
+
+
+# -- routes --------------------------------------------------------------------------
+
+
+def check_ids(routes: np.ndarray, num_experts: int, *, moe: Sequence[bool] | None = None,
+              out: np.ndarray | None = None) -> RouteFault | None:
+    """Find the first fault in routes: a non-zero dense layer, an id out of range, a repeat.
+
+    Parameters
+    ----------
+    routes : ndarray of integer dtype, shape (rows, layers, top_k), any memory layout
+        Global expert ids.
+    num_experts : int
+        Ids must lie in ``[0, num_experts)``.
+    moe : sequence of bool, length layers, optional
+        False for a dense decoder layer (all its ids must be 0, as SGLang sends them);
+        default: every layer is an MoE layer.
+    out : ndarray of uint16, shape (rows, MoE layers, top_k), C-contiguous, optional
+        Receives the MoE layers' ids when there is no fault (the writer's buffer dtype).
+
+    Returns
+    -------
+    RouteFault or None
+        The first fault in this order of precedence: ``"dense"`` (first non-zero id of
+        a dense layer in C order), ``"range"`` (first id outside ``[0, num_experts)`` in
+        C order over the MoE layers), ``"repeat"`` (first (row, layer) holding an id
+        twice). None when the routes are valid.
+
+    Raises
+    ------
+    r3store.errors.CodecError
+        ``routes`` is not a 3-D integer array, ``moe`` or ``out`` does not fit it.
+    """
+    if not isinstance(routes, np.ndarray) or routes.ndim != 3 or routes.dtype.kind not in "iu":
+        raise CodecError(_KERNELS, "routes must be a 3-D integer ndarray (rows, layers, top_k)")
+    mask = [True] * routes.shape[1] if moe is None else [bool(m) for m in moe]
+    if len(mask) != routes.shape[1] or isinstance(num_experts, bool) or int(num_experts) < 1:
+        raise CodecError(_KERNELS, f"moe needs one flag per layer ({routes.shape[1]}), num_experts >= 1")
+    want = (routes.shape[0], sum(mask), routes.shape[2])
+    if out is not None and (out.dtype != np.uint16 or out.shape != want or not out.flags.c_contiguous
+                            or not out.flags.writeable):
+        raise CodecError(_KERNELS, f"out must be a writable C-contiguous uint16 array of shape {want}")
+    if _native is None or not routes.dtype.isnative:
+        return check_ids_numpy(routes, int(num_experts), moe=None if moe is None else mask, out=out)
+    found = _native.check_routes(routes, bytes(mask), int(num_experts), out)
+    if found is None:
+        return None
+    kind, row, layer, slot = found
+    return RouteFault(("dense", "range", "repeat")[kind - 1], row, layer, slot)
+
+
+def gather_rows(src: np.ndarray, index: np.ndarray, out: np.ndarray, *, fill_value: int = 0,
+                num_experts: int | None = None, pad_start: int = 0) -> int:
+    """``out[i] = src[index[i]]`` (converted to ``out.dtype``), pad rows where ``index[i] == -1``.
+
+    Parameters
+    ----------
+    src : ndarray of integer dtype, shape (rows, layers, top_k), any memory layout
+    index : ndarray of int64, shape (n,)
+        Rows of ``src`` in ``[0, rows)``, or -1 for a pad row.
+    out : ndarray of integer dtype, shape (n, layers, top_k), C-contiguous
+        int32, int16, uint16 or uint8 as trainers take them (any integer dtype works);
+        values must fit its dtype (they are cast as numpy casts).
+    fill_value : int
+        Every id of a pad row when ``num_experts`` is None.
+    num_experts : int, optional
+        Spread pad rows over all experts instead: pad row ``p`` (numbered from
+        ``pad_start`` in output order) holds ``(p * top_k + j) % num_experts`` in slot
+        ``j`` of every layer, as :func:`r3store.layout.pad_routes` builds them.
+    pad_start : int
+        Number of the first pad row (to continue a numbering across calls).
+
+    Returns
+    -------
+    int
+        Pad rows written.
+
+    Raises
+    ------
+    r3store.errors.CodecError
+        Shapes or dtypes do not fit, or ``index`` holds a row outside ``[-1, rows)``.
+    """
+    index = np.asarray(index)
+    ok = (isinstance(src, np.ndarray) and src.ndim == 3 and src.dtype.kind in "iu" and index.ndim == 1
+          and index.dtype == np.int64 and isinstance(out, np.ndarray) and out.dtype.kind in "iu"
+          and out.shape == (index.size, *src.shape[1:]) and out.flags.c_contiguous and out.flags.writeable)
+    if not ok:
+        raise CodecError(_KERNELS, "gather_rows needs src (rows, layers, top_k) and out (len(index), layers, "
+                                   "top_k) integer arrays (out C-contiguous) and an int64 index")
+    if num_experts is not None and int(num_experts) < 1:
+        raise CodecError(_KERNELS, f"num_experts must be >= 1, got {num_experts}")
+    try:
+        if _native is None or not (src.dtype.isnative and out.dtype.isnative):
+            return gather_rows_numpy(src, index, out, fill_value=fill_value, num_experts=num_experts,
+                                     pad_start=pad_start)
+        return int(_native.gather_rows(src, np.ascontiguousarray(index), out, int(fill_value),
+                                       int(num_experts or 0), int(pad_start)))
+    except IndexError as exc:
+        raise CodecError(_KERNELS, str(exc)) from exc
+
+
+# -- base64 --------------------------------------------------------------------------
+
+
+def b64decode(text: str | bytes | bytearray | memoryview) -> np.ndarray:
+    """Decode base64 exactly as ``base64.b64decode(text, validate=True)`` does.
+
+    Parameters
+    ----------
+    text : str or bytes-like
+        Standard alphabet (RFC 4648 section 4), ``=`` padding; no whitespace.
+
+    Returns
+    -------
+    ndarray of uint8, shape (decoded bytes,)
+        Writable, freshly allocated (aligned for any dtype view).
+
+    Raises
+    ------
+    binascii.Error
+        Not valid base64 (the message binascii gives).
+    ValueError
+        A str with non-ASCII characters.
+
+    Notes
+    -----
+    The compiled decoder handles canonical input (the only kind base64 encoders
+    produce); anything else goes to :func:`base64.b64decode`, so the result and the error
+    are always the standard library's.
+    """
+    if _native is not None:
+        size = _native.b64_decoded_size(text)
+        if size >= 0:
+            out = np.empty(size, dtype=np.uint8)
+            if _native.b64decode(text, out) == size:
+                return out
+    return b64decode_numpy(text)
