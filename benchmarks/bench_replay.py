@@ -10,18 +10,21 @@ The model is ``r3store.testing.moe.tiny_moe("qwen3_moe")``: 4 decoder layers, hi
 128, 128 experts, top-8, float32, train mode. The routes replayed are a bf16 copy's own
 (captured once, as a rollout engine would record them), for a right-padded batch.
 
-Rows, measured in the same run, **interleaved** (every round runs each row once, in
+Rows, measured in the same run on the same model (hooks attached and removed between
+calls, untimed; the one-time weight check of each router is left out), **interleaved** (every round runs each row once, in
 turn) and reported as the median over rounds:
 
-* ``no RoutingReplay``: a copy of the model (same weights) with no hooks: the baseline;
-* ``attached, idle``: the model with a ``RoutingReplay`` attached, outside any block;
+* ``no RoutingReplay``: the model with no hooks: the baseline;
+* ``attached, idle``: the same model with a ``RoutingReplay`` attached, outside any block;
 * ``replay(routes, attention_mask)``: the whole ``with rr.replay(...)`` block, so the
   per-step set-up (validating the routes, laying them out per token) is included.
 
 Phases: ``forward`` (grad enabled, then the graph is dropped) and ``forward+backward``
 (``loss.backward()`` of the mean token log-prob, ``zero_grad`` untimed; with replay,
 ``rr.clear()`` is in the timed region). ``vs baseline`` is the row's median / the
-baseline's median (target: within 1.05x).
+baseline's median (target: within 1.05x). Times are this process's CPU time on CPU
+(``time.process_time``: other processes on a shared machine do not inflate it) and wall
+time with ``torch.cuda.synchronize`` on CUDA.
 
 **router call**: one MoE router's call alone on ``batch * seqlen`` tokens, without
 hooks and inside a replay block (the hook's selection swap, weight gather and input
@@ -33,7 +36,6 @@ Nothing here asserts on timings.
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import platform
 import statistics
@@ -56,26 +58,53 @@ def _sync(device: torch.device) -> None:
 
 
 def _timed(fn: Callable[[], Any], device: torch.device) -> float:
+    """CPU time of this process on CPU (steadier than wall time on a shared machine); wall time on CUDA."""
+    clock = time.process_time if device.type == "cpu" else time.perf_counter
     _sync(device)
-    t0 = time.perf_counter()
+    t0 = clock()
     fn()
     _sync(device)
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
-def interleaved(rows: dict[str, Callable[[], Any]], rounds: int, device: torch.device,
+Row = tuple[Callable[[], Any], Callable[[], Any]]
+"""(untimed set-up, timed call)."""
+
+
+def interleaved(rows: dict[str, Row], rounds: int, device: torch.device,
                 after: Callable[[], None] = lambda: None) -> dict[str, float]:
     """Median seconds of each row over ``rounds`` rounds; each round runs every row once, in turn."""
-    for fn in rows.values():  # warm-up
+    for setup, fn in rows.values():  # warm-up
+        setup()
         fn()
         after()
     times: dict[str, list[float]] = {name: [] for name in rows}
     for r in range(rounds):
         names = list(rows) if r % 2 == 0 else list(reversed(rows))  # no row always goes first
         for name in names:
-            times[name].append(_timed(rows[name], device))
+            setup, fn = rows[name]
+            setup()
+            times[name].append(_timed(fn, device))
             after()
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+class Hooks:
+    """Attach and detach a RoutingReplay on one model between timed calls (untimed)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.rr: RoutingReplay | None = None
+
+    def attach(self) -> RoutingReplay:
+        if self.rr is None:  # the one-time weight check is left out: it runs once per router per run
+            self.rr = RoutingReplay(self.model, check_weights=False)
+        return self.rr
+
+    def detach(self) -> None:
+        if self.rr is not None:
+            self.rr.remove()
+            self.rr = None
 
 
 def main() -> None:
@@ -95,52 +124,56 @@ def main() -> None:
     console = Console()
 
     engine, model = tiny_moe("qwen3_moe", engine_dtype="bfloat16")
-    plain = copy.deepcopy(model)
-    engine, model, plain = engine.to(device), model.to(device).train(), plain.to(device).train()
+    engine, model = engine.to(device), model.to(device).train()
     ids, mask = random_batch(args.batch, args.seqlen, seed=0)
     ids, mask = ids.to(device), mask.to(device)
     with torch.no_grad(), RoutingReplay(engine) as rr_engine, rr_engine.capture(attention_mask=mask) as cap:
         engine(ids, attention_mask=mask, use_cache=False)
     routes = cap.routes
-    rr = RoutingReplay(model)
+    hooks = Hooks(model)
 
-    def loss(m: torch.nn.Module) -> torch.Tensor:
-        return -token_logprobs(m(ids, attention_mask=mask, use_cache=False).logits, ids, mask).mean()
+    def loss() -> torch.Tensor:
+        return -token_logprobs(model(ids, attention_mask=mask, use_cache=False).logits, ids, mask).mean()
 
     def replayed(backward: bool) -> None:
+        rr = hooks.attach()
         with rr.replay(routes, attention_mask=mask):
-            out = loss(model)
+            out = loss()
             if backward:
                 out.backward()
         rr.clear()
 
     def zero() -> None:
         model.zero_grad(set_to_none=True)
-        plain.zero_grad(set_to_none=True)
 
-    phases = {
-        "forward": {"no RoutingReplay": lambda: loss(plain), "attached, idle": lambda: loss(model),
-                    "replay(routes, attention_mask)": lambda: replayed(False)},
-        "forward+backward": {"no RoutingReplay": lambda: loss(plain).backward(),
-                             "attached, idle": lambda: loss(model).backward(),
-                             "replay(routes, attention_mask)": lambda: replayed(True)},
-    }
+    def rows(backward: bool) -> dict[str, Row]:
+        def plain() -> None:
+            out = loss()
+            if backward:
+                out.backward()
+
+        return {"no RoutingReplay": (hooks.detach, plain), "attached, idle": (hooks.attach, plain),
+                "replay(routes, attention_mask)": (hooks.attach, lambda: replayed(backward))}
+
     tokens = int(mask.sum())
     table = Table(title=f"tiny Qwen3-MoE training step: {args.batch} x {args.seqlen} tokens ({tokens} real), "
-                        f"{len(rr.moe_layers)} MoE layers, top-{rr.top_k} of {rr.num_experts}; median of "
-                        f"{args.rounds} interleaved rounds")
+                        f"4 MoE layers, top-8 of 128; median of {args.rounds} interleaved rounds")
     for col in ("phase", "row", "ms", "vs baseline"):
         table.add_column(col, justify="left" if col in ("phase", "row") else "right")
-    for phase, rows in phases.items():
+    for phase, backward in (("forward", False), ("forward+backward", True)):
         gc.collect()
-        med = interleaved(rows, args.rounds, device, after=zero)
+        med = interleaved(rows(backward), args.rounds, device, after=zero)
         base = med["no RoutingReplay"]
         for name, t in med.items():
             table.add_row(phase, name, f"{t * 1e3:.2f}", f"{t / base:.3f}x")
     console.print(table)
-    console.print(router_table(rr, model, args, device))
+    console.print(router_table(hooks.attach(), model, args, device))
     console.print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, device {device}, "
                   f"python {platform.python_version()}")
+
+
+def _nothing() -> None:
+    return None
 
 
 def router_table(rr: RoutingReplay, model: torch.nn.Module, args: argparse.Namespace, device: torch.device) -> Table:
@@ -155,15 +188,16 @@ def router_table(rr: RoutingReplay, model: torch.nn.Module, args: argparse.Names
     full = torch.ones(args.batch, args.seqlen, dtype=torch.long)
 
     def setup_only() -> None:
-        with rr.replay(routes, attention_mask=full):
-            pass
+        rr._make_plan(routes, full, None)  # what entering a replay block does: check and lay out the routes
 
     rounds = max(args.rounds, 50)
     with rr.replay(routes, attention_mask=full):
-        med = interleaved({"router, no hook": lambda: router.forward(hidden),
-                           "router with the replay hook": lambda: router(hidden),
-                           "fingerprint alone": lambda: fingerprint(hidden)}, rounds, device, after=rr.clear)
-    med.update(interleaved({"replay block set-up (per step)": setup_only}, rounds, device))
+        med = interleaved({"router, no hook": (_nothing, lambda: router.forward(hidden)),
+                           "router with the replay hook": (_nothing, lambda: router(hidden)),
+                           "fingerprint alone": (_nothing, lambda: fingerprint(hidden))}, rounds, device, after=rr.clear)
+        with torch.no_grad():  # every router must run in a replay block (else it raises): one whole forward
+            model(torch.randint(3, 512, (args.batch, args.seqlen), device=device), use_cache=False)
+    med.update(interleaved({"replay block set-up (per step)": (_nothing, setup_only)}, rounds, device))
     table = Table(title=f"one router call on {n} tokens, inside a replay block (median of {rounds} interleaved "
                         "rounds); the block's set-up is paid once per step, not per router")
     for col in ("row", "ms", "vs router"):

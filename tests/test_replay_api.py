@@ -139,8 +139,12 @@ def test_layout_errors(model: nn.Module, batch: Any) -> None:
         with pytest.raises(ReplayError, match=r"router sees 48 token positions; the routes are laid out for 46 \(cu_seqlens\)"), \
                 rr.replay(routes, cu_seqlens=pack(ids, mask)["cu_seqlens"]):
             logits(model, ids, mask)
-        with rr.replay(routes, attention_mask=mask), pytest.raises(ReplayError, match="do not nest"):
+        with pytest.raises(ReplayError, match="do not nest"), rr.replay(routes, attention_mask=mask):
+            logits(model, ids, mask)
             rr.replay(routes, attention_mask=mask).__enter__()
+        with pytest.raises(ReplayError, match=r"routers of decoder layers \[1, 2, 3\] did not run inside the replay"), \
+                rr.replay(routes, attention_mask=mask):
+            pass  # e.g. a hub kernel replacing the MoE forward: never a silent no-op
         with rr.capture(attention_mask=mask), pytest.raises(ReplayError, match="ran a second time"):
             logits(model, ids, mask)
             logits(model, ids, mask)

@@ -116,6 +116,8 @@ class TokenPlan:
     """bool ``(N, L)``: the position has a recorded route in that MoE layer."""
     source: str
     """How the layout was given, for messages."""
+    applied: set[int] = field(default_factory=set)
+    """MoE-layer positions whose router replayed this plan."""
     _on: dict[torch.device, tuple[Tensor, Tensor]] = field(default_factory=dict)
 
     @property

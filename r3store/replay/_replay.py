@@ -180,16 +180,23 @@ class RoutingReplay:
             :attr:`moe_layers`, replay blocks are nested, or the hooks were removed. In
             the forward: the router sees a different number of tokens than the routes
             are laid out for; a weight function does not reproduce its router's weights.
-            In backward: a recompute matches no kept forward call.
+            When the block exits, a router that did not run in it. In backward: a
+            recompute matches no kept forward call.
         """
         self._check_attached()
         if self._plan is not None:
             raise ReplayError("replay blocks do not nest")
-        self._plan = self._make_plan(routes, attention_mask, cu_seqlens)
+        plan = self._plan = self._make_plan(routes, attention_mask, cu_seqlens)
         try:
             yield
         finally:
             self._plan = None
+        idle = [layer for j, layer in enumerate(self.moe_layers) if j not in plan.applied]
+        if idle:
+            raise ReplayError(
+                f"the routers of decoder layers {idle} did not run inside the replay block, so nothing was replayed "
+                "there (run the forward inside the block; kernels that replace the whole MoE forward, such as "
+                "hub MegaBlocks kernels for gpt-oss, bypass the router)")
 
     def check_spec(self, spec: ModelSpec | Any) -> None:
         """Check that a store (or its ``ModelSpec``) holds routes for this model's routers.
@@ -268,6 +275,7 @@ class RoutingReplay:
             raise ReplayError(f"the router sees {n} token positions; the routes are laid out for "
                               f"{plan.num_positions} ({plan.source})", layer=router.layer)
         recorded, has = plan.layer(j, flat_logits.device)
+        plan.applied.add(j)
         own_ids = ids.reshape(n, -1)
         own_weights = weights.reshape(n, -1)
         if self._check_weights and j not in self._checked:
