@@ -79,6 +79,27 @@ class RoutingReplay:
     ``torch.no_grad()`` are not kept: they are never recomputed. Call :meth:`clear` once
     per training step, after the last backward.
     Not thread-safe: one forward at a time per model.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from r3store.testing.moe import random_batch, tiny_moe
+    >>> model = tiny_moe("mixtral")                       # 4 decoder layers, 8 experts, top-2
+    >>> rr = RoutingReplay(model)
+    >>> rr.spec
+    ModelSpec(num_layers=4, num_experts=8, top_k=2, moe_layers=(0, 1, 2, 3))
+    >>> ids, mask = random_batch(2, 8, seed=0)
+    >>> mask[1, 6:] = 0                                    # sequence 1 has 6 tokens
+    >>> with torch.no_grad(), rr.capture(attention_mask=mask) as cap:
+    ...     _ = model(ids, attention_mask=mask, use_cache=False)
+    >>> [r.shape for r in cap.routes]                     # (n_i - 1, MoE layers, top_k)
+    [(7, 4, 2), (5, 4, 2)]
+    >>> routes = [r[:, :, ::-1].copy() for r in cap.routes]  # any valid ids: here the same, top-k reversed
+    >>> with rr.replay(routes, attention_mask=mask), rr.capture(attention_mask=mask) as replayed:
+    ...     model(ids, attention_mask=mask, use_cache=False).logits.sum().backward()
+    >>> all((a == b).all() for a, b in zip(replayed.routes, routes))
+    True
+    >>> rr.remove()
     """
 
     def __init__(self, model: nn.Module, routers: Mapping[Any, Any] | None = None, *,
