@@ -106,6 +106,22 @@ def test_replay_from_store_get(rollout: Rollout) -> None:
     rollout.trainer.zero_grad(set_to_none=True)
 
 
+def test_replay_left_padded(rollout: Rollout) -> None:
+    """Routes recorded right-padded replay into the same sequences left-padded."""
+    shift = rollout.mask.shape[1] - rollout.mask.sum(1)
+    idx = (torch.arange(rollout.mask.shape[1])[None] - shift[:, None]) % rollout.mask.shape[1]
+    ids, mask = rollout.input_ids.gather(1, idx), rollout.mask.gather(1, idx)
+    assert (mask[:, -1] == 1).all() and (mask[:, 0] == 0).any()
+    with torch.no_grad(), rollout.rr.capture(attention_mask=mask) as live:
+        rollout.forward(input_ids=ids, attention_mask=mask)
+    with torch.no_grad(), rollout.rr.replay(rollout.captured, attention_mask=mask), \
+            rollout.rr.capture(attention_mask=mask) as replayed:
+        rollout.forward(input_ids=ids, attention_mask=mask)
+    rollout.rr.clear()
+    assert all(np.array_equal(a, b) for a, b in zip(replayed.routes, rollout.captured, strict=True))
+    assert decision_flips(live.routes, rollout.captured)[0] > 0
+
+
 def _positions(cu_seqlens: torch.Tensor) -> torch.Tensor:
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
     return torch.cat([torch.arange(n) for n in lengths])[None]

@@ -17,8 +17,15 @@ import torch
 from torch import nn
 
 import r3store
-from r3store.replay import RoutingReplay
-from r3store.testing.moe import one_thread, pack, random_batch, tiny_moe, token_logprobs
+from r3store.replay import ROUTER_FAMILIES, RoutingReplay
+from r3store.testing.moe import (
+    FAMILIES,
+    one_thread,
+    pack,
+    random_batch,
+    tiny_moe,
+    token_logprobs,
+)
 
 BATCH, SEQLEN = 4, 24
 
@@ -44,20 +51,7 @@ class Probe:
             h.remove()
 
 
-def qwen3_weights(router: nn.Module, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Qwen3-MoE routing weights written out independently: softmax in fp32, gather, renormalise."""
-    probs = torch.softmax(nn.functional.linear(hidden, router.weight).float(), dim=-1)
-    w = probs.gather(1, ids)
-    return w / w.sum(dim=-1, keepdim=True)
-
-
-@pytest.fixture(scope="module")
-def models() -> tuple[nn.Module, nn.Module]:
-    return tiny_moe("qwen3_moe", engine_dtype="bfloat16")
-
-
-@pytest.fixture(scope="module")
-def recorded(models: tuple[nn.Module, nn.Module]) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
+def _record(models: tuple[nn.Module, nn.Module]) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
     engine, _ = models
     ids, mask = random_batch(BATCH, SEQLEN, seed=5)
     rr = RoutingReplay(engine)
@@ -67,8 +61,28 @@ def recorded(models: tuple[nn.Module, nn.Module]) -> tuple[torch.Tensor, torch.T
     return ids, mask, cap.routes
 
 
+@pytest.fixture(scope="module")
+def models() -> tuple[nn.Module, nn.Module]:
+    return tiny_moe("qwen3_moe", engine_dtype="bfloat16")
+
+
+@pytest.fixture(scope="module")
+def recorded(models: tuple[nn.Module, nn.Module]) -> tuple[torch.Tensor, torch.Tensor, list[np.ndarray]]:
+    return _record(models)
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request: pytest.FixtureRequest) -> tuple[nn.Module, Any]:
+    models = tiny_moe(request.param, engine_dtype="bfloat16")
+    return models[1], _record(models)
+
+
 def check_calls(probe: Probe, expected: np.ndarray, has_route: np.ndarray) -> int:
     """Every call: routed positions carry ``expected`` ids and live weights at them; others are live.
+
+    The live weights at the recorded ids come from the family's weight function (each is
+    checked against its router's own code in test_replay_api.py) applied to the router's
+    logits for the call's input.
 
     Returns the number of routed decisions where the router itself would have chosen otherwise.
     """
@@ -76,13 +90,13 @@ def check_calls(probe: Probe, expected: np.ndarray, has_route: np.ndarray) -> in
     overruled = 0
     for j, (router, hidden, weights, ids) in enumerate(probe.calls):
         with torch.no_grad():
-            _, own_w, own_ids = router.forward(hidden)
+            own_logits, own_w, own_ids = router.forward(hidden)
         routed = torch.from_numpy(has_route[:, j])
         want = torch.from_numpy(expected[:, j]).long()
         assert torch.equal(ids[routed], want[routed])
         assert torch.equal(ids[~routed], own_ids[~routed])
         assert torch.equal(weights[~routed], own_w[~routed])
-        live = qwen3_weights(router, hidden, ids)
+        live = ROUTER_FAMILIES[type(router).__name__].weight_fn(router, own_logits, ids).to(weights.dtype)
         torch.testing.assert_close(weights[routed], live[routed], rtol=1e-6, atol=1e-7)
         assert (weights[routed] > 0).all()  # never the zero-filled post-top-k probabilities
         differ = (ids.sort(-1).values != own_ids.sort(-1).values).any(-1) & routed
@@ -157,10 +171,9 @@ def _reference_logprobs(trainer: nn.Module, recorded: Any) -> torch.Tensor:
     return token_logprobs(logits, ids, mask)
 
 
-def test_rows_without_route_keep_live_routing(models: tuple[nn.Module, nn.Module], recorded: Any) -> None:
+def test_rows_without_route_keep_live_routing(family: tuple[nn.Module, Any]) -> None:
     """Last tokens, padding, a sequence given as None, all -1 rows (one layer or all) route live."""
-    _, trainer = models
-    ids, mask, routes = recorded
+    trainer, (ids, mask, routes) = family
     routes = [r.copy() for r in routes]
     routes[1][5] = -1          # a row the writer marked missing, every layer
     routes[2][3, 1] = -1       # one layer of one row
@@ -172,7 +185,7 @@ def test_rows_without_route_keep_live_routing(models: tuple[nn.Module, nn.Module
             trainer(ids, attention_mask=mask, use_cache=False)
         expected, has = flat_expectation(mask, routes, len(rr.moe_layers), rr.top_k)
         assert not has[1 * SEQLEN + 5].any() and has[1 * SEQLEN + 4].all() and not has[2 * SEQLEN + 3, 1]
-        check_calls(probe, expected, has)
+        assert check_calls(probe, expected, has) > 0  # the trainer would have routed some rows otherwise
     finally:
         probe.remove()
         rr.remove()
