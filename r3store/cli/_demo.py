@@ -26,7 +26,9 @@ def demo(directory: Path | None, writers: int, loader_workers: int) -> None:
     Several rollout-worker processes write 32 samples of 64 tokens (half through
     append_sglang with real base64 payloads) into DIRECTORY (default: a temporary folder,
     removed afterwards), a DataLoader streams packed batches back, every route is checked
-    bit-identical to the source, and the inspect summary is printed.
+    bit-identical to the source, and the inspect summary is printed. Then R3 on a tiny
+    Qwen3-MoE (needs transformers): a bf16 rollout's routes are written, streamed and
+    replayed in an fp32 trainer; flip rates and log-prob gaps with and without replay.
     """
     try:
         from r3store._demo import run_demo
@@ -49,3 +51,6 @@ def demo(directory: Path | None, writers: int, loader_workers: int) -> None:
     console.print(f"read:  {report['read_s']:.2f} s, {report['tokens_per_s']:,.0f} tokens/s, "
                   f"{report['expert_ids_per_s']:,.0f} expert ids/s (DataLoader start-up included)")
     render_summary(report["summary"], console)
+    from r3store._demo_replay import replay_demo_cli
+
+    replay_demo_cli(directory, console)

@@ -1,0 +1,326 @@
+"""`RoutingReplay`: forward hooks on a model's MoE routers for capture and replay."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from functools import partial
+from typing import Any, Self
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from r3store._spec import ModelSpec
+from r3store.errors import ReplayError
+from r3store.replay._capture import Capture
+from r3store.replay._discover import FoundRouter, find_routers
+from r3store.replay._layout import TokenPlan, plan_from_batch, plan_from_routes
+from r3store.replay._recompute import Kept, fingerprint, in_recompute
+
+__all__ = ["RoutingReplay"]
+
+_CHECK_TOL = {torch.float32: 1e-5, torch.float64: 1e-10, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+class RoutingReplay:
+    """Capture and replay the expert selection of every MoE router of a model.
+
+    Attaches one forward hook per router (``register_forward_hook``); the hooks do
+    nothing outside :meth:`capture` / :meth:`replay` blocks and :meth:`remove` detaches
+    them. No class or module attribute is edited.
+
+    Inside ``replay(...)`` each router's own top-k is replaced by the recorded expert
+    ids, and the routing weights are the router's *live* scores gathered at those ids
+    with the family's normalisation (see :mod:`r3store.replay`), so gradients reach the
+    router weights. Positions without a route keep the router's own choice and weights:
+    padding, each sequence's last token, ``replay_mask`` False rows, rows of all ``-1``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Any module; routers are found by class (:data:`r3store.replay.ROUTER_FAMILIES`)
+        or named in ``routers``.
+    routers : mapping, optional
+        Module name (``"model.layers.3.mlp.gate"``) or module class -> a
+        :class:`r3store.replay.RouterSpec`, a weight function
+        ``fn(router, logits, ids) -> weights``, or ``None`` to leave a router alone.
+        Extends and overrides the built-in table.
+    check_weights : bool
+        On each router's first replayed call, check that its weight function
+        reproduces the router's own weights at the router's own ids (one extra gather;
+        a mismatch raises instead of replaying with wrong weights).
+
+    Attributes
+    ----------
+    moe_layers : tuple of int
+        Decoder-layer index of each router found, increasing: the layer axis of routes.
+    num_experts, top_k : int
+        From the routers found.
+    spec : r3store.ModelSpec
+        ``ModelSpec(num_layers=<decoder layers>, num_experts, top_k, moe_layers)``: the
+        spec a store of this model's routes has.
+    router_names : tuple of str
+        Qualified module name of each router, in ``moe_layers`` order.
+
+    Raises
+    ------
+    r3store.errors.ReplayError
+        No router is found, or the routers found are inconsistent (see
+        :func:`r3store.replay.find_routers`).
+
+    Notes
+    -----
+    Activation recompute: every forward router call under replay keeps a fingerprint of
+    its input and its routes until :meth:`clear`, and a recomputed router call (one made
+    inside the autograd engine) replays the routes of the forward with the bitwise
+    equal input; one that matches no kept call raises. Once a replay ran, live forward
+    calls are kept too (their recomputes stay live). Calls in eval mode under
+    ``torch.no_grad()`` are not kept: they are never recomputed. Call :meth:`clear` once
+    per training step, after the last backward.
+    Not thread-safe: one forward at a time per model.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from r3store.testing.moe import random_batch, tiny_moe
+    >>> model = tiny_moe("mixtral")                       # 4 decoder layers, 8 experts, top-2
+    >>> rr = RoutingReplay(model)
+    >>> rr.spec
+    ModelSpec(num_layers=4, num_experts=8, top_k=2, moe_layers=(0, 1, 2, 3))
+    >>> ids, mask = random_batch(2, 8, seed=0)
+    >>> mask[1, 6:] = 0                                    # sequence 1 has 6 tokens
+    >>> with torch.no_grad(), rr.capture(attention_mask=mask) as cap:
+    ...     _ = model(ids, attention_mask=mask, use_cache=False)
+    >>> [r.shape for r in cap.routes]                     # (n_i - 1, MoE layers, top_k)
+    [(7, 4, 2), (5, 4, 2)]
+    >>> routes = [r[:, :, ::-1].copy() for r in cap.routes]  # any valid ids: here the same, top-k reversed
+    >>> with rr.replay(routes, attention_mask=mask), rr.capture(attention_mask=mask) as replayed:
+    ...     model(ids, attention_mask=mask, use_cache=False).logits.sum().backward()
+    >>> all((a == b).all() for a, b in zip(replayed.routes, routes))
+    True
+    >>> rr.remove()
+    """
+
+    def __init__(self, model: nn.Module, routers: Mapping[Any, Any] | None = None, *,
+                 check_weights: bool = True) -> None:
+        found, num_layers = find_routers(model, routers)
+        self._found: list[FoundRouter] = found
+        self.moe_layers: tuple[int, ...] = tuple(r.layer for r in found)
+        self.num_experts: int = found[0].num_experts
+        self.top_k: int = found[0].top_k
+        self.spec = ModelSpec(num_layers=num_layers, num_experts=self.num_experts, top_k=self.top_k,
+                              moe_layers=self.moe_layers)
+        self.router_names: tuple[str, ...] = tuple(r.name for r in found)
+        self._model_name = type(model).__name__
+        self._check_weights = check_weights
+        self._checked: set[int] = set()
+        self._plan: TokenPlan | None = None
+        self._capture: Capture | None = None
+        self._kept = Kept(len(found))
+        self._handles: list[RemovableHandle] = [
+            r.module.register_forward_hook(partial(self._hook, j), with_kwargs=True) for j, r in enumerate(found)
+        ]
+
+    def __repr__(self) -> str:
+        families = sorted({r.spec.family for r in self._found})
+        state = "removed" if not self._handles else f"{len(self._kept)} forward calls kept"
+        return (f"RoutingReplay({self._model_name}: {len(self._found)} routers ({', '.join(families)}) in decoder "
+                f"layers {list(self.moe_layers)} of {self.spec.num_layers}, {self.num_experts} experts, "
+                f"top-{self.top_k}; {state})")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    # -- public blocks ----------------------------------------------------------------
+
+    @contextmanager
+    def capture(self, *, attention_mask: Any = None, cu_seqlens: Any = None) -> Iterator[Capture]:
+        """Record the expert ids the routers use in one forward.
+
+        Parameters
+        ----------
+        attention_mask : array of int or bool, shape (batch, seq), optional
+            Padded batch (left or right): a sequence's tokens are its nonzero entries.
+        cu_seqlens : array of int, shape (num_sequences + 1,), optional
+            Packed sequences in a ``(1, total)`` batch. Without either, the input is one
+            sequence (``(1, seq)``).
+
+        Yields
+        ------
+        Capture
+            ``cap.routes`` (one int32 ``(n_i - 1, len(moe_layers), top_k)`` array per
+            sequence) and ``cap.flat`` are filled when the block exits. Inside a
+            :meth:`replay` block the replayed ids are captured.
+
+        Raises
+        ------
+        r3store.errors.ReplayError
+            A router ran twice or not at all in the block, capture blocks are nested, the
+            layout does not fit the routers' token count, or the hooks were removed.
+        """
+        self._check_attached()
+        if self._capture is not None:
+            raise ReplayError("capture blocks do not nest")
+        cap = Capture(self.moe_layers, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
+        self._capture = cap
+        try:
+            yield cap
+        finally:
+            self._capture = None
+        cap.finish()
+
+    @contextmanager
+    def replay(self, routes: Sequence[Any] | Mapping[str, Any], *, attention_mask: Any = None,
+               cu_seqlens: Any = None) -> Iterator[None]:
+        """Replay recorded routes in every forward inside the block (and in their recomputes).
+
+        Parameters
+        ----------
+        routes : list or batch dict
+            Either one array (numpy or torch, integer) per sequence, shape
+            ``(n_i - 1, len(moe_layers), top_k)`` as ``store.get`` returns them (``None``
+            for a sequence without routes), laid out by ``attention_mask`` /
+            ``cu_seqlens`` (neither: sequences back to back, e.g. an unpadded
+            ``(batch, seq)`` input); or a batch of ``store.assemble`` /
+            ``RouteDataset`` (keys ``routes``, ``replay_mask``, ``layers``, ...), THD
+            for a ``(1, T)`` input or BSHD for ``(B, T)``, on any device.
+        attention_mask : array, shape (batch, seq), optional
+            Padded input (left or right), as passed to the model.
+        cu_seqlens : array, shape (num_sequences + 1,), optional
+            Packed input: boundaries in the ``(1, total)`` token tensor.
+
+        Raises
+        ------
+        r3store.errors.ReplayError
+            Layer count, top-k or row count do not fit the model or the layout, ids out
+            of range or repeated in a row, ``batch["layers"]`` differs from
+            :attr:`moe_layers`, replay blocks are nested, or the hooks were removed. In
+            the forward: the router sees a different number of tokens than the routes
+            are laid out for; a weight function does not reproduce its router's weights.
+            When the block exits, a router that did not run in it. In backward: a
+            recompute matches no kept forward call.
+        """
+        self._check_attached()
+        if self._plan is not None:
+            raise ReplayError("replay blocks do not nest")
+        plan = self._plan = self._make_plan(routes, attention_mask, cu_seqlens)
+        try:
+            yield
+        finally:
+            self._plan = None
+        idle = [layer for j, layer in enumerate(self.moe_layers) if j not in plan.applied]
+        if idle:
+            raise ReplayError(
+                f"the routers of decoder layers {idle} did not run inside the replay block, so nothing was replayed "
+                "there (run the forward inside the block; kernels that replace the whole MoE forward, such as "
+                "hub MegaBlocks kernels for gpt-oss, bypass the router)")
+
+    def check_spec(self, spec: ModelSpec | Any) -> None:
+        """Check that a store (or its ``ModelSpec``) holds routes for this model's routers.
+
+        Parameters
+        ----------
+        spec : r3store.ModelSpec or an object with ``.spec`` (a store)
+
+        Raises
+        ------
+        r3store.errors.ReplayError
+            ``moe_layers``, ``num_experts``, ``top_k`` or ``num_layers`` differ.
+        """
+        other = getattr(spec, "spec", spec)
+        if not isinstance(other, ModelSpec):
+            raise ReplayError(f"check_spec takes a ModelSpec or a store, got {type(spec).__name__}")
+        diffs = [f"{name}: {getattr(other, name)!r} in the store, {getattr(self.spec, name)!r} in the model"
+                 for name in ("moe_layers", "num_experts", "top_k", "num_layers")
+                 if getattr(other, name) != getattr(self.spec, name)]
+        if diffs:
+            raise ReplayError("the store's routes do not fit this model's routers: " + "; ".join(diffs))
+
+    def clear(self) -> None:
+        """Forget the forward calls kept for activation recompute (call after each training step)."""
+        self._kept.clear()
+
+    def remove(self) -> None:
+        """Detach every hook; the model behaves exactly as before. Idempotent."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._kept.clear()
+        self._plan = None
+        self._capture = None
+
+    # -- hooks ------------------------------------------------------------------------
+
+    def _check_attached(self) -> None:
+        if not self._handles:
+            raise ReplayError("this RoutingReplay was removed; create a new one")
+
+    def _make_plan(self, routes: Any, attention_mask: Any, cu_seqlens: Any) -> TokenPlan:
+        if isinstance(routes, Mapping):
+            if attention_mask is not None or cu_seqlens is not None:
+                raise ReplayError("a batch dict carries its own layout; do not pass attention_mask or cu_seqlens")
+            return plan_from_batch(routes, moe_layers=self.moe_layers, num_experts=self.num_experts,
+                                   top_k=self.top_k)
+        return plan_from_routes(routes, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
+                                moe_layers=self.moe_layers, num_experts=self.num_experts, top_k=self.top_k)
+
+    def _hook(self, j: int, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+              output: Any) -> Any:
+        if self._plan is None and self._capture is None and not self._kept.armed:
+            return None
+        hidden = args[0] if args else next(iter(kwargs.values()))
+        if in_recompute():
+            if not self._kept.armed:
+                return None
+            plan = self._kept.match(j, fingerprint(hidden), self.moe_layers[j])
+            return None if plan is None else self._apply(j, output, plan)
+        plan = self._plan
+        new = None if plan is None else self._apply(j, output, plan)
+        if (plan is not None or self._kept.armed) and (module.training or torch.is_grad_enabled()):
+            self._kept.add(j, fingerprint(hidden), plan)  # an eval-mode no_grad call is never recomputed
+        if self._capture is not None:
+            self._capture.record(j, (new if new is not None else output)[self._found[j].spec.ids_index])
+        return new
+
+    def _apply(self, j: int, output: Any, plan: TokenPlan) -> Any:
+        router = self._found[j]
+        spec = router.spec
+        logits, weights, ids = output[spec.logits_index], output[spec.weights_index], output[spec.ids_index]
+        flat_logits = logits.reshape(-1, logits.shape[-1])
+        n = flat_logits.shape[0]
+        if n != plan.num_positions:
+            raise ReplayError(f"the router sees {n} token positions; the routes are laid out for "
+                              f"{plan.num_positions} ({plan.source})", layer=router.layer)
+        recorded, has = plan.layer(j, flat_logits.device)
+        plan.applied.add(j)
+        own_ids = ids.reshape(n, -1)
+        own_weights = weights.reshape(n, -1)
+        if self._check_weights and j not in self._checked:
+            self._verify(j, flat_logits, own_ids, own_weights)
+        new_ids = torch.where(has[:, None], recorded, own_ids)
+        new_weights = router.spec.weight_fn(router.module, flat_logits, new_ids).to(weights.dtype)
+        new_weights = torch.where(has[:, None], new_weights, own_weights)
+        out = list(output)
+        out[spec.weights_index] = new_weights.reshape(weights.shape)
+        out[spec.ids_index] = new_ids.to(ids.dtype).reshape(ids.shape)
+        if isinstance(output, list):
+            return out
+        return output._make(out) if hasattr(output, "_make") else type(output)(out)
+
+    def _verify(self, j: int, logits: Tensor, ids: Tensor, weights: Tensor) -> None:
+        router = self._found[j]
+        with torch.no_grad():
+            mine = router.spec.weight_fn(router.module, logits, ids).to(weights.dtype)
+            tol = _CHECK_TOL.get(weights.dtype, 1e-3)
+            if mine.shape != weights.shape or not torch.allclose(mine.float(), weights.float(), rtol=tol, atol=tol):
+                gap = (mine.float() - weights.float()).abs().max().item() if mine.shape == weights.shape else "n/a"
+                raise ReplayError(
+                    f"the {router.spec.family} weight function does not reproduce the weights of router "
+                    f"{router.name} ({type(router.module).__name__}) at its own ids (max abs difference {gap}); "
+                    "its code differs from what r3store.replay knows: pass routers={RouterClass: RouterSpec(...)}",
+                    layer=router.layer)
+        self._checked.add(j)
