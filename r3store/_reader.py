@@ -21,6 +21,7 @@ from r3store._format import (
     parse_manifest,
     read_table,
 )
+from r3store._checks import parse_choice
 from r3store._spec import ModelSpec
 from r3store.codecs import BitpackCodec
 from r3store.errors import (
@@ -29,6 +30,7 @@ from r3store.errors import (
     FormatError,
     NotAStoreError,
     ObjectNotFoundError,
+    OptionError,
     SampleNotFoundError,
 )
 from r3store.storage import ByteRange, Store, SuffixByteRange, open_backend
@@ -108,8 +110,7 @@ class RouteStore:
 
     def __init__(self, backend: Store, spec: ModelSpec, *, on_duplicate: OnDuplicate = "raise",
                  cache_bytes: int = 64 << 20) -> None:
-        if on_duplicate not in ("raise", "first", "report"):
-            raise ValueError(f"on_duplicate must be 'raise', 'first' or 'report', got {on_duplicate!r}")
+        parse_choice("on_duplicate", on_duplicate, ("raise", "first", "report"))
         self.backend = backend
         self.spec = spec
         self.cache_bytes = cache_bytes
@@ -259,7 +260,7 @@ class RouteStore:
             raise TypeError(f"rows must be a slice such as slice(0, 1024), got {type(rows).__name__}{hint}")
         start, stop, step = (rows or slice(None)).indices(int(self._num_rows[i]))
         if step != 1:
-            raise ValueError(f"rows must have step 1, got {rows}")
+            raise OptionError("rows", rows, "must have step 1")
         base = int(self._row_start[i])
         self.layout_of(self._array[i])  # the whole array must match its sample table
         return self.read_rows(self._array[i], base + start, base + max(start, stop), positions, out=out)
@@ -317,7 +318,7 @@ class RouteStore:
             read up to its end, for audits; see :meth:`layout_of`).
         """
         if start < 0:
-            raise ValueError(f"start must be >= 0, got {start}")
+            raise OptionError("start", start, "must be >= 0")
         layout = self.layout_of(array, partial=True)
         if stop > layout.rows:
             raise FormatError(self.backend.path_of(array), f"rows [{start}, {stop}) beyond the array's {layout.rows} rows")
@@ -325,7 +326,7 @@ class RouteStore:
         if out is None:
             out = np.empty(shape, dtype=np.int32)
         elif out.shape != shape:
-            raise ValueError(f"out has shape {out.shape}, expected {shape}")
+            raise OptionError("out", f"<array of shape {out.shape}>", f"must have shape {shape}")
         if stop <= start or not len(positions):
             return out
         pos = np.asarray(positions)
@@ -487,7 +488,7 @@ class RouteStore:
         if isinstance(sample_ids, str):
             raise TypeError(f"sample_ids must be a sequence of ids, got the str {sample_ids!r}; use [{sample_ids!r}]")
         if return_tensors not in ("pt", "np"):
-            raise ValueError(f"return_tensors must be 'pt' or 'np', got {return_tensors!r}")
+            parse_choice("return_tensors", return_tensors, ("pt", "np"))
 
         options = LayoutOptions(layout=layout, cp_size=cp_size, cp_rank=cp_rank, cp_mode=cp_mode, tp_size=tp_size,
                                 tp_rank=tp_rank, pad_multiple=pad_multiple, sequence_parallel=sequence_parallel,

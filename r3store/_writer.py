@@ -28,6 +28,7 @@ from r3store._format import (
     zarr_group_json,
 )
 from r3store._format._array import MAX_CHUNK_IDS, MAX_INDEX_ENTRIES
+from r3store._checks import parse_choice, parse_int, parse_optional_int
 from r3store._ingest import decode_sglang
 from r3store._spec import ModelSpec
 from r3store._validate import as_numpy, check_metadata, check_sample_id, check_routes, check_row_count, check_tokens
@@ -37,6 +38,7 @@ from r3store.errors import (
     DuplicateSampleError,
     IncompleteSampleError,
     NotAStoreError,
+    OptionError,
     RouteValidationError,
     SpecMismatchError,
     StorageError,
@@ -146,19 +148,18 @@ class RouteWriter:
     ) -> None:
         if not isinstance(spec, ModelSpec):
             raise TypeError(f"spec must be an r3store.ModelSpec, got {type(spec).__name__}")
-        if on_invalid not in ("raise", "quarantine"):
-            raise ValueError(f"on_invalid must be 'raise' or 'quarantine', got {on_invalid!r}")
-        for name, value in (("buffer_bytes", buffer_bytes), ("chunk_rows", chunk_rows),
-                            ("layers_per_chunk", 1 if layers_per_chunk is None else layers_per_chunk), ("shard_bytes", shard_bytes)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        parse_choice("on_invalid", on_invalid, ("raise", "quarantine"))
+        for name, value in (("buffer_bytes", buffer_bytes), ("chunk_rows", chunk_rows), ("shard_bytes", shard_bytes)):
+            parse_int(name, value, minimum=1)
+        parse_optional_int("layers_per_chunk", layers_per_chunk, minimum=1)
         if writer_id is not None and (not isinstance(writer_id, str) or not WRITER_ID.fullmatch(writer_id)):
-            raise ValueError(f"writer_id must match {WRITER_ID.pattern} (letters, digits, '.', '_', '-'; "
-                             f"no '/', no leading '.'), got {writer_id!r}")
+            raise OptionError("writer_id", writer_id, f"must match {WRITER_ID.pattern} (letters, digits, '.', '_', "
+                                                      "'-'; no '/', no leading '.')")
         lpc = layers_per_chunk if layers_per_chunk is not None else 1
         if chunk_rows * min(lpc, spec.num_moe_layers) * spec.top_k > MAX_CHUNK_IDS:
-            raise ValueError(f"chunk_rows x layers_per_chunk x top_k must be <= {MAX_CHUNK_IDS} ids "
-                             f"(readers refuse larger chunks), got {chunk_rows} x {lpc} x {spec.top_k}")
+            raise OptionError("chunk_rows", chunk_rows,
+                              f"chunk_rows x layers_per_chunk x top_k must be <= {MAX_CHUNK_IDS} ids (readers refuse "
+                              f"larger chunks), got {chunk_rows} x {lpc} x {spec.top_k}")
         self.spec = spec
         self.store = open_backend(url, storage_options)
         self.writer_id = writer_id or f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"

@@ -172,6 +172,16 @@ def test_documented_builtin_bases_match() -> None:
     assert checked >= 15
 
 
+def test_option_errors_carry_option_value_and_fault() -> None:
+    err = errors_module.OptionError("buffer_bytes", 0, "must be >= 1")
+    assert (err.option, err.value, err.fault) == ("buffer_bytes", 0, "must be >= 1")
+    assert str(err) == "buffer_bytes=0: must be >= 1"
+    assert isinstance(err, ValueError) and isinstance(err, R3StoreError)
+    layout = errors_module.LayoutOptionError("cp_rank", 2, "must be < cp_size=2")
+    assert isinstance(layout, errors_module.OptionError)
+    assert len(str(errors_module.OptionError("num_tokens", list(range(10_000)), "bad"))) < 250  # long values cut
+
+
 def test_sample_not_found_reads_well() -> None:
     err = SampleNotFoundError("sample-7", "s3://b/traces")
     assert str(err) == "no committed sample 'sample-7' in s3://b/traces"

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from r3store._checks import parse_int, parse_optional_int
 from r3store._reader import RouteStore
 
 __all__ = [
@@ -57,9 +58,7 @@ def default_workers(*stores: RouteStore) -> int:
 def check_workers(workers: int | None, *stores: RouteStore) -> int:
     if workers is None:
         return default_workers(*stores)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
-    return workers
+    return parse_int("workers", workers, minimum=1)
 
 
 def select_samples(table: pa.Table, sample_filter: str | None = None, limit: int | None = None, *,
@@ -77,8 +76,7 @@ def select_samples(table: pa.Table, sample_filter: str | None = None, limit: int
     visible_only : bool
         Drop quarantined samples.
     """
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise ValueError(f"limit must be an int >= 0, got {limit!r}")
+    limit = parse_optional_int("limit", limit, minimum=0)
     keep = list(range(len(table)))
     if visible_only:
         quarantined = table.column("quarantined").to_pylist()

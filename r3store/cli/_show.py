@@ -13,7 +13,7 @@ from r3store.audit import parse_layers, parse_rows
 from r3store.audit import show as run_show
 from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
 from r3store.cli._scan import echo_json
-from r3store.errors import R3StoreError
+from r3store.errors import OptionError
 
 __all__ = ["render_show", "show"]
 
@@ -49,8 +49,8 @@ def _parse(value: str | None, parser: Any, hint: str) -> Any:
         return None
     try:
         return parser(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=hint) from exc
+    except OptionError as exc:
+        raise click.BadParameter(exc.fault, param_hint=hint) from exc
 
 
 @click.command()
@@ -79,10 +79,10 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
                       "pick others with --layers (--json shows all)", highlight=False)
     try:
         result = run_show(store, sample_id, chosen, window)
-    except ValueError as exc:
-        if isinstance(exc, R3StoreError):
+    except OptionError as exc:
+        if exc.option != "rows":
             raise
-        raise click.BadParameter(str(exc), param_hint="--rows") from exc
+        raise click.BadParameter(exc.fault, param_hint="--rows") from exc
     if as_json:
         echo_json(result)
     else:

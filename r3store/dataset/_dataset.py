@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import numbers
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
@@ -14,9 +13,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from r3store._batch import build_batch
 from r3store._reader import RouteStore, open_store
-from r3store.errors import AlignmentError, ResumeError
-from r3store.layout import LayoutOptions, LayoutPlan
-from r3store.layout._apply import _check_pad_args
+from r3store._checks import parse_int
+from r3store.errors import AlignmentError, OptionError, ResumeError
+from r3store.layout import LayoutOptions, LayoutPlan, check_pad_args
 from r3store.storage import Store
 
 __all__ = ["RouteDataset", "apply_plan_tensor", "batch_to_tensors", "plan_batches", "to_device"]
@@ -234,10 +233,7 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         fill_value: int = -1,
     ) -> None:
         super().__init__()
-        if isinstance(max_tokens_per_batch, bool) or not isinstance(max_tokens_per_batch, numbers.Integral) \
-                or max_tokens_per_batch < 1:
-            raise ValueError(f"max_tokens_per_batch must be an int >= 1, got {max_tokens_per_batch!r}")
-        max_tokens_per_batch = int(max_tokens_per_batch)
+        max_tokens_per_batch = parse_int("max_tokens_per_batch", max_tokens_per_batch, minimum=1)
         self.store = url if isinstance(url, RouteStore) else open_store(
             url, storage_options=storage_options, cache_dir=cache_dir, on_duplicate=on_duplicate)
         self.store.spec.layer_positions(layers)  # fail early on a bad layer
@@ -245,7 +241,7 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         self.options = LayoutOptions(layout=layout, cp_size=cp_size, cp_rank=cp_rank, cp_mode=cp_mode,
                                      tp_size=tp_size, tp_rank=tp_rank, pad_multiple=pad_multiple,
                                      sequence_parallel=sequence_parallel, max_seqlen=max_seqlen)
-        _check_pad_args(self.store.spec.num_experts, pad_policy, fill_value)
+        check_pad_args(self.store.spec.num_experts, pad_policy, fill_value)
         self.max_tokens_per_batch = max_tokens_per_batch
         self.shuffle = bool(shuffle)
         self.seed = _non_negative("seed", seed)
@@ -266,11 +262,11 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         if rank is None and world is None and torch.distributed.is_available() and torch.distributed.is_initialized():
             rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         if rank is None and world is not None and world > 1:
-            raise ValueError(f"world_size={world} needs an explicit rank (torch.distributed is not initialised)")
-        rank = 0 if rank is None else int(rank)
-        world = 1 if world is None else int(world)
-        if world < 1 or not 0 <= rank < world:
-            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world}")
+            raise OptionError("world_size", world, "needs an explicit rank (torch.distributed is not initialised)")
+        rank = 0 if rank is None else rank
+        world = 1 if world is None else world
+        world = parse_int("world_size", world, minimum=1)
+        rank = parse_int("rank", rank, minimum=0, maximum=world - 1)
         return rank, world
 
     def set_epoch(self, epoch: int) -> None:
@@ -352,7 +348,5 @@ def sample_fingerprint(sample_ids: Sequence[str]) -> str:
 
 
 def _non_negative(name: str, value: Any) -> int:
-    """``value`` as an int >= 0 (numpy ints too, not bools), or ValueError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    return int(value)
+    """``value`` as an int >= 0 (numpy ints too, not bools), or OptionError."""
+    return parse_int(name, value, minimum=0)

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from r3store.errors import FormatError
+from r3store.errors import FormatError, OptionError
 
 __all__ = ["ByteRange", "ObjectInfo", "Store", "SuffixByteRange"]
 
@@ -32,7 +32,7 @@ class ByteRange:
 
     def __post_init__(self) -> None:
         if self.start < 0 or self.end < self.start:
-            raise ValueError(f"invalid byte range [{self.start}, {self.end})")
+            raise OptionError("byte_range", (self.start, self.end), f"invalid byte range [{self.start}, {self.end})")
 
     @property
     def nbytes(self) -> int:
