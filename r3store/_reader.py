@@ -15,23 +15,26 @@ from r3store._format import (
     INDEX_PREFIX,
     MANIFEST_KEY,
     ROUTES_PREFIX,
-    ArrayLayout,
+    ArrayGeometry,
     array_rows,
     decode_index,
     parse_manifest,
     read_table,
+    route_codec,
 )
 from r3store._checks import parse_choice
 from r3store._spec import ModelSpec
-from r3store.codecs import BitpackCodec
+from r3store.codecs import Codec, SupportsFrameSize, get_codec
 from r3store.errors import (
     ChecksumError,
+    CodecError,
     DuplicateSampleError,
     FormatError,
     NotAStoreError,
     ObjectNotFoundError,
     OptionError,
     SampleNotFoundError,
+    UnknownCodecError,
 )
 from r3store.storage import ByteRange, Store, SuffixByteRange, open_backend
 
@@ -114,7 +117,7 @@ class RouteStore:
         self.backend = backend
         self.spec = spec
         self.cache_bytes = cache_bytes
-        self._layouts: dict[str, ArrayLayout] = {}
+        self._geometries: dict[str, tuple[ArrayGeometry, Codec]] = {}
         self._array_rows: dict[str, int] = {}  # rows each committed array must have, from its sample table
         self._indexes: dict[tuple[str, int], np.ndarray] = {}
         self._chunks: OrderedDict[tuple[str, int, int], np.ndarray] = OrderedDict()
@@ -269,13 +272,13 @@ class RouteStore:
         """Routes of several samples (see :meth:`get`), in the order given."""
         return [self.get(s, layers) for s in sample_ids]
 
-    def layout_of(self, array: str, *, partial: bool = False) -> ArrayLayout:
-        """Chunking of a committed route array (parsed from its ``zarr.json``).
+    def layout_of(self, array: str, *, partial: bool = False) -> ArrayGeometry:
+        """Shape, codec and chunking of a committed route array (parsed from its ``zarr.json``).
 
         Parameters
         ----------
         array : str
-            ``routes/<shard>`` of a committed shard.
+            ``routes/<commit>`` of a committed commit.
         partial : bool
             Accept an array with fewer rows than its sample table names (audits report
             the samples past its end); never more.
@@ -283,24 +286,31 @@ class RouteStore:
         Raises
         ------
         r3store.errors.FormatError
-            ``array`` is not a committed shard's array, or its ``zarr.json`` is malformed,
-            disagrees with the manifest spec, or has other than the rows its sample table
-            names (the end of its last sample).
+            ``array`` is not a committed array, or its ``zarr.json`` is malformed,
+            disagrees with the manifest spec, has other than the rows its sample table
+            names (the end of its last sample), or configures its codec wrongly.
+        r3store.errors.UnknownCodecError
+            The array's codec is not registered (the message says how to install it).
         """
+        return self._geometry(array, partial)[0]
+
+    def _geometry(self, array: str, partial: bool) -> tuple[ArrayGeometry, Codec]:
         path = self.backend.path_of(f"{array}/zarr.json")
         expected = self._array_rows.get(array)
         if expected is None:
             raise FormatError(path, f"{array!r} is not the route array of a committed shard")
-        layout = self._layouts.get(array)
-        if layout is None:
-            layout = ArrayLayout.from_zarr_json(self.backend.get_json(f"{array}/zarr.json"), path)
-            if (layout.num_layers, layout.top_k) != (self.spec.num_moe_layers, self.spec.top_k) or \
-                    layout.bits != self.spec.bits_per_id:
-                raise FormatError(path, f"array geometry {layout} disagrees with the manifest spec")
-            self._layouts[array] = layout
-        if layout.rows > expected or (layout.rows < expected and not partial):
-            raise FormatError(path, f"array has {layout.rows} rows; its sample table ends at row {expected}")
-        return layout
+        known = self._geometries.get(array)
+        if known is None:
+            geometry = ArrayGeometry.from_zarr_json(self.backend.get_json(f"{array}/zarr.json"), path)
+            codec = route_codec(self.spec)
+            if (geometry.num_moe_layers, geometry.top_k) != (self.spec.num_moe_layers, self.spec.top_k) or \
+                    (geometry.codec["id"] == codec["id"] and geometry.codec != codec):
+                raise FormatError(path, f"array geometry {geometry} disagrees with the manifest spec")
+            known = self._geometries[array] = (geometry, _build_codec(geometry.codec, path))
+        geometry = known[0]
+        if geometry.rows > expected or (geometry.rows < expected and not partial):
+            raise FormatError(path, f"array has {geometry.rows} rows; its sample table ends at row {expected}")
+        return known
 
     def read_rows(self, array: str, start: int, stop: int, positions: Sequence[int],
                   out: np.ndarray | None = None) -> np.ndarray:
@@ -319,7 +329,7 @@ class RouteStore:
         """
         if start < 0:
             raise OptionError("start", start, "must be >= 0")
-        layout = self.layout_of(array, partial=True)
+        layout, codec = self._geometry(array, partial=True)
         if stop > layout.rows:
             raise FormatError(self.backend.path_of(array), f"rows [{start}, {stop}) beyond the array's {layout.rows} rows")
         shape = (stop - start, len(positions), layout.top_k)
@@ -330,19 +340,19 @@ class RouteStore:
         if stop <= start or not len(positions):
             return out
         pos = np.asarray(positions)
-        lpc, cr, per_shard = layout.layers_per_chunk, layout.chunk_rows, layout.row_chunks_per_shard
+        lpc, cr, per_shard = layout.layers_per_chunk, layout.chunk_rows, layout.row_chunks_per_object
         by_chunk = {int(b): _as_slices(np.flatnonzero(pos // lpc == b), pos, b * lpc) for b in np.unique(pos // lpc)}
         first, last = start // cr, (stop - 1) // cr
         for shard in range(first // per_shard, last // per_shard + 1):
             row_chunks = range(max(first, shard * per_shard), min(last, (shard + 1) * per_shard - 1) + 1)
-            chunks = self._fetch(array, layout, shard, [(c, b) for c in row_chunks for b in by_chunk])
+            chunks = self._fetch(array, layout, codec, shard, [(c, b) for c in row_chunks for b in by_chunk])
             for c in row_chunks:
                 lo, hi = max(start, c * cr), min(stop, (c + 1) * cr)
                 for b, (dst, src) in by_chunk.items():
                     out[lo - start : hi - start, dst] = chunks[(c, b)][lo - c * cr : hi - c * cr, src]
         return out
 
-    def _fetch(self, array: str, layout: ArrayLayout, shard: int,
+    def _fetch(self, array: str, layout: ArrayGeometry, codec: Codec, shard: int,
                wanted: list[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
         """Decoded chunks ``(row_chunk, layer_chunk)`` of one shard, from the cache or storage."""
         got: dict[tuple[int, int], np.ndarray] = {}
@@ -355,23 +365,23 @@ class RouteStore:
                 self._chunks.move_to_end((array, c, b))
                 got[(c, b)] = hit
         if missing:
-            got.update(self._fetch_shard(array, layout, shard, missing))
+            got.update(self._fetch_shard(array, layout, codec, shard, missing))
         return got
 
-    def _shard_index(self, array: str, layout: ArrayLayout, shard: int) -> np.ndarray:
+    def _shard_index(self, array: str, layout: ArrayGeometry, shard: int) -> np.ndarray:
         index = self._indexes.get((array, shard))
         if index is None:
-            key = f"{array}/{ArrayLayout.shard_key(shard)}"
+            key = f"{array}/{ArrayGeometry.object_key(shard)}"
             raw = self.backend.get(key, SuffixByteRange(layout.index_nbytes))
             index = decode_index(raw, layout, array, shard).copy()
             self._indexes[(array, shard)] = index
         return index
 
-    def _fetch_shard(self, array: str, layout: ArrayLayout, shard: int,
+    def _fetch_shard(self, array: str, layout: ArrayGeometry, codec: Codec, shard: int,
                      keys: list[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
         """Read (coalescing adjacent frames into one range), verify and decode chunks."""
         index = self._shard_index(array, layout, shard)
-        first = shard * layout.row_chunks_per_shard
+        first = shard * layout.row_chunks_per_object
         shape = (layout.chunk_rows, layout.layers_per_chunk, layout.top_k)
         got: dict[tuple[int, int], np.ndarray] = {}
         spans: list[tuple[int, int, int, int]] = []  # (offset, nbytes, row chunk, layer chunk)
@@ -380,14 +390,13 @@ class RouteStore:
             if offset == 2**64 - 1 and c * layout.chunk_rows >= layout.rows:
                 got[(c, b)] = np.zeros(shape, np.int32)
             elif offset == 2**64 - 1 or nbytes == 2**64 - 1:  # writers store every chunk holding rows
-                raise FormatError(f"{array}/{ArrayLayout.shard_key(shard)}",
+                raise FormatError(f"{array}/{ArrayGeometry.object_key(shard)}",
                                   f"shard index marks chunk {(c, b, 0)} missing, inside the array's {layout.rows} rows")
             else:
                 spans.append((offset, nbytes, c, b))
         spans.sort()
         ranges = _coalesce([(o, o + n) for o, n, _, _ in spans])
-        blobs = self.backend.get_ranges(f"{array}/{ArrayLayout.shard_key(shard)}", [ByteRange(s, e) for s, e in ranges])
-        codec = BitpackCodec(layout.bits)
+        blobs = self.backend.get_ranges(f"{array}/{ArrayGeometry.object_key(shard)}", [ByteRange(s, e) for s, e in ranges])
         r = 0
         for offset, nbytes, c, b in spans:
             while offset >= ranges[r][1]:
@@ -399,13 +408,17 @@ class RouteStore:
         return got
 
     @staticmethod
-    def _decode(codec: BitpackCodec, frame: memoryview, shape: tuple[int, int, int], array: str,
+    def _decode(codec: Codec, frame: memoryview, shape: tuple[int, int, int], array: str,
                 chunk: tuple[int, int, int]) -> np.ndarray:
+        size = shape[0] * shape[1] * shape[2]
         try:
-            size = codec.frame_size(frame)
-            if size != shape[0] * shape[1] * shape[2]:  # checked before decode allocates it
-                raise FormatError("r3store.bitpack frame", f"header says {size} ids, the chunk holds {shape}")
-            return codec.decode(frame).reshape(shape)
+            if isinstance(codec, SupportsFrameSize) and codec.frame_size(frame) != size:  # before decode allocates
+                raise FormatError(f"{codec.codec_id} frame", f"header says {codec.frame_size(frame)} ids, "
+                                                             f"the chunk holds {shape}")
+            ids = codec.decode(frame)
+            if ids.size != size:
+                raise FormatError(f"{codec.codec_id} frame", f"decodes to {ids.size} ids, the chunk holds {shape}")
+            return ids.reshape(shape)
         except ChecksumError as exc:
             raise ChecksumError(array, chunk, exc.fault) from exc
         except (FormatError, ValueError) as exc:
@@ -524,6 +537,20 @@ class RouteStore:
         state = self.__dict__.copy()
         state["_chunks"], state["_cached"], state["_indexes"] = OrderedDict(), 0, {}
         return state
+
+
+def _build_codec(config: dict[str, Any], path: str) -> Codec:
+    """The codec an array's metadata names, from the registry.
+
+    A codec that is not installed raises UnknownCodecError (with an install hint); a
+    known codec with a configuration it refuses makes the array metadata malformed.
+    """
+    try:
+        return get_codec(config)
+    except UnknownCodecError:
+        raise
+    except CodecError as exc:
+        raise FormatError(path, f"codec configuration {config!r} is invalid: {exc.fault}") from exc
 
 
 def _clashing_metadata_as_strings(tables: list[pa.Table]) -> list[pa.Table]:

@@ -18,16 +18,18 @@ import numpy as np
 from r3store._format import (
     INDEX_PREFIX,
     MANIFEST_KEY,
+    MAX_CHUNK_IDS,
+    MAX_INDEX_ENTRIES,
     ROUTES_PREFIX,
-    ArrayLayout,
-    encode_shard,
+    ArrayGeometry,
+    encode_object,
     make_manifest,
     parse_manifest,
+    route_codec,
     token_hash,
     write_table,
     zarr_group_json,
 )
-from r3store._format._array import MAX_CHUNK_IDS, MAX_INDEX_ENTRIES
 from r3store._checks import parse_choice, parse_int, parse_optional_int
 from r3store._ingest import decode_sglang
 from r3store._spec import ModelSpec
@@ -60,7 +62,7 @@ class _Pending:
     """A commit under way: retried under the same shard name with the same bytes."""
 
     shard: str
-    layout: ArrayLayout
+    layout: ArrayGeometry
     table: bytes
     count: int
     """How many of the oldest completed samples it commits."""
@@ -433,28 +435,28 @@ class RouteWriter:
         array = f"{ROUTES_PREFIX}{pending.shard}"
         parts = (p for s in self._done[: pending.count] for p in s.parts)
         for i, blob in enumerate(self._encode_shards(pending.layout, parts)):
-            self.store.set(f"{array}/{ArrayLayout.shard_key(i)}", blob)
+            self.store.set(f"{array}/{ArrayGeometry.object_key(i)}", blob)
         key = f"{INDEX_PREFIX}{pending.shard}.parquet"
         if not self.store.set_if_absent(key, pending.table) and bytes(self.store.get(key)) != pending.table:
             raise StorageError(self.store.path_of(key), "another writer committed this shard name (writer ids must be unique)")
         return pending.shard
 
-    def _layout(self, rows: int) -> ArrayLayout:
+    def _layout(self, rows: int) -> ArrayGeometry:
         spec = self.spec
         row_bytes = spec.num_moe_layers * spec.top_k * spec.bits_per_id / 8
         shard_rows = max(self.chunk_rows, math.ceil(self.shard_bytes / row_bytes))
         layer_chunks = math.ceil(spec.num_moe_layers / self.layers_per_chunk)
         shard_rows = min(shard_rows, self.chunk_rows * max(1, MAX_INDEX_ENTRIES // layer_chunks))
-        return ArrayLayout.for_rows(rows, num_layers=spec.num_moe_layers, top_k=spec.top_k, bits=spec.bits_per_id,
-                                    chunk_rows=self.chunk_rows, layers_per_chunk=self.layers_per_chunk,
-                                    shard_rows=shard_rows)
+        return ArrayGeometry.for_rows(rows, num_moe_layers=spec.num_moe_layers, top_k=spec.top_k,
+                                      codec=route_codec(spec), chunk_rows=self.chunk_rows,
+                                      layers_per_chunk=self.layers_per_chunk, object_rows=shard_rows)
 
     @staticmethod
-    def _encode_shards(layout: ArrayLayout, parts: Iterator[np.ndarray]) -> Iterator[bytes]:
+    def _encode_shards(layout: ArrayGeometry, parts: Iterator[np.ndarray]) -> Iterator[bytes]:
         """Yield one encoded object per zarr shard, assembling rows chunk by chunk."""
         blocks = _row_blocks(parts, layout)
-        for _ in range(layout.num_shards):
-            yield encode_shard(blocks, layout)
+        for _ in range(layout.num_objects):
+            yield encode_object(blocks, layout)
 
     def _table_bytes(self, shard: str, count: int) -> bytes:
         now = datetime.now(UTC)
@@ -511,9 +513,9 @@ class RouteWriter:
             warnings.warn(DiscardedSampleWarning(f"discarded open samples {discarded}"), stacklevel=2)
 
 
-def _row_blocks(parts: Iterator[np.ndarray], layout: ArrayLayout) -> Iterator[np.ndarray]:
+def _row_blocks(parts: Iterator[np.ndarray], layout: ArrayGeometry) -> Iterator[np.ndarray]:
     """Re-cut a stream of per-sample arrays into blocks of ``chunk_rows`` rows."""
-    block = np.zeros((layout.chunk_rows, layout.num_layers, layout.top_k), dtype=np.uint16)
+    block = np.zeros((layout.chunk_rows, layout.num_moe_layers, layout.top_k), dtype=np.uint16)
     fill = 0
     for part in parts:
         i = 0

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import r3store
-from r3store._format import ArrayLayout, decode_index
+from r3store._format import ArrayGeometry, decode_index
 from r3store.audit import (
     KINDS,
     Finding,
@@ -265,7 +265,7 @@ def test_uncommitted_leftover(tmp_path: Path) -> None:
 def _frames(tmp_path: Path, array: str, shard: int = 0) -> tuple[Path, np.ndarray]:
     store = r3store.open_store(tmp_path)
     layout = store.layout_of(array)
-    obj = tmp_path.joinpath(array, *ArrayLayout.shard_key(shard).split("/"))
+    obj = tmp_path.joinpath(array, *ArrayGeometry.object_key(shard).split("/"))
     raw = obj.read_bytes()
     return obj, decode_index(raw[-layout.index_nbytes :], layout, array, shard)
 

@@ -73,7 +73,7 @@ def frame_bytes(store: r3store.RouteStore, sample_id: str, layers: list[int] | N
     from the shard index (the upper bound of what a read of that sample may fetch)."""
     row = store.row(sample_id)
     layout = store.layout_of(row["array"])
-    assert layout.num_shards == 1
+    assert layout.num_objects == 1
     index = store._shard_index(row["array"], layout, 0)  # (row chunk, layer chunk, (offset, nbytes))
     cr, lpc = layout.chunk_rows, layout.layers_per_chunk
     layer_chunks = sorted({p // lpc for p in store.spec.layer_positions(layers)})

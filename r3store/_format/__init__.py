@@ -1,6 +1,13 @@
 """On-disk format v1: manifest, route arrays, sample tables (see ``schema/FORMAT.md``)."""
 
-from r3store._format._array import ArrayLayout, decode_index, encode_shard
+from r3store._format._array import (
+    MAX_CHUNK_IDS,
+    MAX_INDEX_ENTRIES,
+    ArrayGeometry,
+    decode_index,
+    encode_object,
+    route_codec,
+)
 from r3store._format._manifest import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -24,22 +31,25 @@ from r3store._format._table import (
 )
 
 __all__ = [
+    "ArrayGeometry",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "INDEX_PREFIX",
     "MANIFEST_KEY",
+    "MAX_CHUNK_IDS",
+    "MAX_INDEX_ENTRIES",
     "MAX_ROWS",
     "RESERVED_COLUMNS",
     "ROUTES_PREFIX",
     "SHARD_NAME",
-    "ArrayLayout",
     "array_rows",
     "decode_index",
-    "encode_shard",
+    "encode_object",
     "load_schema",
     "make_manifest",
     "parse_manifest",
     "read_table",
+    "route_codec",
     "table_schema",
     "token_hash",
     "write_table",

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from r3store._format import ROUTES_PREFIX, ArrayLayout
+from r3store._format import ROUTES_PREFIX, ArrayGeometry
 from r3store._reader import RouteStore
 from r3store.audit._findings import KINDS, Finding, RowRuns, ValidationReport, format_rows, make_finding
 from r3store.audit._physical import ALPHA, physical_id_test
@@ -332,19 +332,19 @@ def _scan_array(rs: RouteStore, unit: _Unit, ctx: _Context) -> _Result:
     return res
 
 
-def _read_block(rs: RouteStore, array: str, layout: ArrayLayout, lo: int, hi: int,
+def _read_block(rs: RouteStore, array: str, layout: ArrayGeometry, lo: int, hi: int,
                 problems: dict[tuple[str, str], _Problem], moe_layers: Sequence[int]) -> tuple[np.ndarray, np.ndarray | None]:
     """Rows ``[lo, hi)`` of all layers; on a failure, chunk by chunk, recording each bad one.
 
     Returns the ids and a bool (rows, layers) mask of readable cells (None: all readable).
     """
-    positions = list(range(layout.num_layers))
+    positions = list(range(layout.num_moe_layers))
     try:
         return rs.read_rows(array, lo, hi, positions), None
     except (FormatError, ObjectNotFoundError):
         pass
-    x = np.zeros((hi - lo, layout.num_layers, layout.top_k), np.int32)
-    valid = np.ones((hi - lo, layout.num_layers), bool)
+    x = np.zeros((hi - lo, layout.num_moe_layers, layout.top_k), np.int32)
+    valid = np.ones((hi - lo, layout.num_moe_layers), bool)
     lpc, cr = layout.layers_per_chunk, layout.chunk_rows
     for c in range(lo // cr, -(-hi // cr)):
         r0, r1 = max(lo, c * cr), min(hi, (c + 1) * cr)
