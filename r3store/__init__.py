@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
-
 from r3store import errors
+from r3store._version import __version__
 from r3store._ingest import decode_sglang, decode_vllm, encode_sglang
 from r3store._reader import RouteStore, open_store
 from r3store._spec import ModelSpec

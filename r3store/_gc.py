@@ -10,7 +10,7 @@ from typing import Any
 
 from r3store._format import INDEX_PREFIX, MANIFEST_KEY, ROUTES_PREFIX
 from r3store.errors import NotAStoreError
-from r3store.storage import Store, open_backend
+from r3store.storage import Backend, open_backend
 
 __all__ = ["Leftover", "collect_garbage"]
 
@@ -34,7 +34,7 @@ class Leftover:
 
 
 def collect_garbage(
-    url: str | os.PathLike[str] | Store,
+    url: str | os.PathLike[str] | Backend,
     *,
     older_than_s: float = 3600.0,
     delete: bool = False,
@@ -48,7 +48,7 @@ def collect_garbage(
 
     Parameters
     ----------
-    url : str, os.PathLike or Store
+    url : str, os.PathLike or Backend
     older_than_s : float
         Only leftovers whose newest object is at least this old (seconds). Choose it
         longer than any writer's flush, so a shard still being written is left alone.

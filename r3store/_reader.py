@@ -18,6 +18,7 @@ from r3store._format import (
     ArrayGeometry,
     array_rows,
     decode_index,
+    is_immutable_key,
     parse_manifest,
     read_table,
     route_codec,
@@ -36,7 +37,7 @@ from r3store.errors import (
     SampleNotFoundError,
     UnknownCodecError,
 )
-from r3store.storage import ByteRange, Store, SuffixByteRange, open_backend
+from r3store.storage import Backend, ByteRange, SuffixByteRange, open_backend
 
 __all__ = ["RouteStore", "open_store"]
 
@@ -44,7 +45,7 @@ OnDuplicate = Literal["raise", "first", "report"]
 
 
 def open_store(
-    url: str | os.PathLike[str] | Store,
+    url: str | os.PathLike[str] | Backend,
     *,
     storage_options: Mapping[str, Any] | None = None,
     on_duplicate: OnDuplicate = "raise",
@@ -55,7 +56,7 @@ def open_store(
 
     Parameters
     ----------
-    url : str, os.PathLike or Store
+    url : str, os.PathLike or Backend
         Local folder or fsspec URL (``memory://``, ``s3://bucket/prefix``).
     storage_options : mapping, optional
         Passed to fsspec (``endpoint_url``, ``key``, ``secret``, ``profile``, ...).
@@ -68,7 +69,7 @@ def open_store(
     cache_dir : str or os.PathLike, optional
         Local read-through cache for remote stores (repeated epochs): each route and
         index object is downloaded whole on first use and read from this folder
-        afterwards (see :class:`r3store.storage.CachingStore`).
+        afterwards (see :class:`r3store.storage.CachingBackend`).
 
     Returns
     -------
@@ -87,7 +88,7 @@ def open_store(
         With ``on_duplicate="raise"``: names the id and both shards.
     r3store.errors.StorageError
     """
-    backend = open_backend(url, storage_options, cache_dir=cache_dir)
+    backend = open_backend(url, storage_options, cache_dir=cache_dir, immutable=is_immutable_key)
     try:
         manifest = backend.get_json(MANIFEST_KEY)
     except ObjectNotFoundError as exc:
@@ -111,7 +112,7 @@ class RouteStore:
         Sample ids committed by more than one shard, with the shards (earliest first).
     """
 
-    def __init__(self, backend: Store, spec: ModelSpec, *, on_duplicate: OnDuplicate = "raise",
+    def __init__(self, backend: Backend, spec: ModelSpec, *, on_duplicate: OnDuplicate = "raise",
                  cache_bytes: int = 64 << 20) -> None:
         parse_choice("on_duplicate", on_duplicate, ("raise", "first", "report"))
         self.backend = backend

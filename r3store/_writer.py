@@ -46,7 +46,7 @@ from r3store.errors import (
     StorageError,
     WriterClosedError,
 )
-from r3store.storage import Store, open_backend
+from r3store.storage import Backend, open_backend
 
 __all__ = ["RouteWriter"]
 
@@ -137,7 +137,7 @@ class RouteWriter:
 
     def __init__(
         self,
-        url: str | os.PathLike[str] | Store,
+        url: str | os.PathLike[str] | Backend,
         spec: ModelSpec,
         *,
         storage_options: Mapping[str, Any] | None = None,

@@ -31,8 +31,9 @@ import r3store
 from r3store._gc import collect_garbage
 from r3store.cli import main
 from r3store.errors import NotAStoreError, ObjectNotFoundError, StorageError
-from r3store.storage import CachingStore, FsspecStore, Store, SuffixByteRange, open_backend
-from r3store.testing import StoreTests
+from r3store._format import is_immutable_key
+from r3store.storage import Backend, CachingBackend, FsspecBackend, SuffixByteRange, open_backend
+from r3store.testing import BackendTests
 from r3store.testing.s3 import ACCESS_KEY, REGION, SECRET_KEY, MotoServer, S3Counter, clear_s3fs_cache
 
 pytestmark = pytest.mark.s3
@@ -200,7 +201,7 @@ def test_set_if_absent_has_one_winner_on_s3(s3_url: str, s3_storage_options: dic
 def test_masks_credentials_in_urls() -> None:
     import fsspec
 
-    store = FsspecStore(fsspec.filesystem("memory"), "/bucket/x", "s3://AKIA123:very-secret@bucket/x")
+    store = FsspecBackend(fsspec.filesystem("memory"), "/bucket/x", "s3://AKIA123:very-secret@bucket/x")
     assert store.url == "s3://***@bucket/x" and "very-secret" not in repr(store)
 
 
@@ -267,7 +268,7 @@ def test_cache_files_appear_whole(s3_url: str, s3_storage_options: dict[str, Any
     ``simplecache::`` writes to the final name; such a reader saw torn files)."""
     data = np.random.default_rng(0).integers(0, 256, 24 << 20, dtype=np.uint8).tobytes()
     open_backend(s3_url, s3_storage_options).set("routes/a/c/0/0/0", data)
-    store = CachingStore(open_backend(s3_url, s3_storage_options), tmp_path / "cache")
+    store = CachingBackend(open_backend(s3_url, s3_storage_options), tmp_path / "cache", immutable=is_immutable_key)
     seen: list[bool] = []
     stop = threading.Event()
 
@@ -290,26 +291,26 @@ def test_cache_files_appear_whole(s3_url: str, s3_storage_options: dict[str, Any
     assert seen and all(seen)
 
 
-class TestCachingStoreOnS3(StoreTests):
-    """The Store conformance kit, with every key cached."""
+class TestCachingBackendOnS3(BackendTests):
+    """The Backend conformance kit, with every key cached."""
 
     @pytest.fixture
-    def store(self, s3_url: str, s3_storage_options: dict[str, Any], tmp_path: Path) -> Iterator[CachingStore]:
-        store = CachingStore(open_backend(s3_url, s3_storage_options), tmp_path / "cache", cache_prefixes=("",))
-        yield store
-        store.close()
+    def backend(self, s3_url: str, s3_storage_options: dict[str, Any], tmp_path: Path) -> Iterator[CachingBackend]:
+        backend = CachingBackend(open_backend(s3_url, s3_storage_options), tmp_path / "cache", immutable=("",))
+        yield backend
+        backend.close()
 
-    def raw_set(self, store: Store, key: str, data: bytes) -> None:
-        assert isinstance(store, CachingStore) and isinstance(store.inner, FsspecStore)
-        store.inner.fs.pipe_file(f"{store.inner.root}/{key}", data)
+    def raw_set(self, backend: Backend, key: str, data: bytes) -> None:
+        assert isinstance(backend, CachingBackend) and isinstance(backend.inner, FsspecBackend)
+        backend.inner.fs.pipe_file(f"{backend.inner.root}/{key}", data)
 
-    def raw_get(self, store: Store, key: str) -> bytes:
-        assert isinstance(store, CachingStore) and isinstance(store.inner, FsspecStore)
-        return bytes(store.inner.fs.cat_file(f"{store.inner.root}/{key}"))
+    def raw_get(self, backend: Backend, key: str) -> bytes:
+        assert isinstance(backend, CachingBackend) and isinstance(backend.inner, FsspecBackend)
+        return bytes(backend.inner.fs.cat_file(f"{backend.inner.root}/{key}"))
 
-    def raw_exists(self, store: Store, key: str) -> bool:
-        assert isinstance(store, CachingStore) and isinstance(store.inner, FsspecStore)
-        return bool(store.inner.fs.isfile(f"{store.inner.root}/{key}"))
+    def raw_exists(self, backend: Backend, key: str) -> bool:
+        assert isinstance(backend, CachingBackend) and isinstance(backend.inner, FsspecBackend)
+        return bool(backend.inner.fs.isfile(f"{backend.inner.root}/{key}"))
 
 
 # -- transient and permanent errors ------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 
 import r3store
 from r3store.errors import RouteValidationError, StorageError
-from r3store.storage import LocalStore
+from r3store.storage import LocalBackend
 
 SPEC = r3store.ModelSpec(num_layers=2, num_experts=8, top_k=2)
 
@@ -20,7 +20,7 @@ def routes(rows: int, shift: int = 0) -> np.ndarray:
     return np.concatenate([base, (base + 3) % 8], axis=-1).astype(np.int32)
 
 
-class FlakyStore(LocalStore):
+class FlakyBackend(LocalBackend):
     """A local store whose writes of keys containing ``fail_on`` fail ``times`` times.
 
     With ``after_write`` the write lands before the error is raised: a response lost
@@ -40,10 +40,10 @@ class FlakyStore(LocalStore):
         return write()  # type: ignore[operator]
 
     def set(self, key: str, data: bytes | memoryview) -> None:
-        self._maybe_fail(key, lambda: super(FlakyStore, self).set(key, data))
+        self._maybe_fail(key, lambda: super(FlakyBackend, self).set(key, data))
 
     def set_if_absent(self, key: str, data: bytes) -> bool:
-        return bool(self._maybe_fail(key, lambda: super(FlakyStore, self).set_if_absent(key, data)))
+        return bool(self._maybe_fail(key, lambda: super(FlakyBackend, self).set_if_absent(key, data)))
 
 
 @pytest.mark.parametrize("bad_id", ["team/w1", ".hidden", "../../escaped", "w\x00x", "", "a" * 200])
@@ -54,7 +54,7 @@ def test_writer_id_syntax_is_enforced(tmp_path: Path, bad_id: str) -> None:
 
 
 def test_failed_close_keeps_every_sample_for_a_retry(tmp_path: Path) -> None:
-    store = FlakyStore(tmp_path, fail_on="c/0/0/0")
+    store = FlakyBackend(tmp_path, fail_on="c/0/0/0")
     writer = r3store.RouteWriter(store, SPEC)
     writer.append("a", routes(5))
     writer.append("b", routes(3, 1))
@@ -68,7 +68,7 @@ def test_failed_close_keeps_every_sample_for_a_retry(tmp_path: Path) -> None:
 
 
 def test_retry_after_an_ambiguous_commit_does_not_commit_twice(tmp_path: Path) -> None:
-    store = FlakyStore(tmp_path, fail_on="index/", after_write=True)
+    store = FlakyBackend(tmp_path, fail_on="index/", after_write=True)
     writer = r3store.RouteWriter(store, SPEC)
     writer.append("a", routes(4))
     with pytest.raises(StorageError):

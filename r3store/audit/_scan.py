@@ -8,8 +8,8 @@ array, or one sample for ``diff``) and, on remote backends, units run on a threa
 Thread safety: :class:`RouteStore` keeps an LRU cache of decoded chunks that is not
 thread-safe, so every worker thread gets its **own** RouteStore, a clone made with
 ``copy.copy`` (``RouteStore.__getstate__`` drops the chunk cache and shard indexes, as
-when a store is shipped to DataLoader workers) on a copy of the backend (a LocalStore copy
-opens its own mmaps; an FsspecStore copy shares the fsspec filesystem, which is
+when a store is shipped to DataLoader workers) on a copy of the backend (a LocalBackend copy
+opens its own mmaps; an FsspecBackend copy shares the fsspec filesystem, which is
 thread-safe). The clones share the immutable sample table, so no index is re-read. No
 lock is held around I/O.
 """

@@ -16,7 +16,7 @@ from r3store._reader import RouteStore, open_store
 from r3store._checks import parse_int
 from r3store.errors import AlignmentError, OptionError, ResumeError
 from r3store.layout import LayoutOptions, LayoutPlan, check_pad_args
-from r3store.storage import Store
+from r3store.storage import Backend
 
 __all__ = ["RouteDataset", "apply_plan_tensor", "batch_to_tensors", "plan_batches", "to_device"]
 
@@ -157,7 +157,7 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
 
     Parameters
     ----------
-    url : str, os.PathLike, Store or RouteStore
+    url : str, os.PathLike, Backend or RouteStore
         The store.
     max_tokens_per_batch : int
         Token budget per batch (see :func:`plan_batches`).
@@ -174,7 +174,7 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
     cache_dir : str or os.PathLike, optional
         Local read-through cache of a remote store's route and index objects: the first
         epoch downloads each object once, later epochs read the local copies (see
-        :class:`r3store.storage.CachingStore`). DataLoader workers may share it.
+        :class:`r3store.storage.CachingBackend`). DataLoader workers may share it.
     on_duplicate : {"raise", "first"}
         A sample id committed twice (e.g. a retried rollout written by two workers):
         raise, or stream the earliest valid commit (see :func:`r3store.open_store`).
@@ -209,7 +209,7 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
 
     def __init__(
         self,
-        url: str | os.PathLike[str] | Store | RouteStore,
+        url: str | os.PathLike[str] | Backend | RouteStore,
         max_tokens_per_batch: int = 65536,
         layers: Sequence[int] | None = None,
         shuffle: bool = False,

@@ -10,13 +10,13 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from r3store.storage._base import ByteRange, ObjectInfo, Store, SuffixByteRange
+from r3store.storage._base import Backend, ByteRange, ObjectInfo, SuffixByteRange
 from r3store.storage._errors import map_storage_errors
 
-__all__ = ["FsspecStore"]
+__all__ = ["FsspecBackend", "mask_credentials"]
 
 
-class FsspecStore(Store):
+class FsspecBackend(Backend):
     """Objects in an fsspec filesystem under ``root``.
 
     Parameters
@@ -59,7 +59,7 @@ class FsspecStore(Store):
     """
 
     def __init__(self, fs: AbstractFileSystem, root: str, url: str) -> None:
-        super().__init__(_mask_credentials(url))
+        super().__init__(mask_credentials(url))
         self._fs = fs
         self._pid = os.getpid()
         self.root = root.rstrip("/")
@@ -232,7 +232,7 @@ class FsspecStore(Store):
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
 
 
-def _mask_credentials(url: str) -> str:
+def mask_credentials(url: str) -> str:
     """``s3://key:secret@bucket/x`` -> ``s3://***@bucket/x`` (for messages and reprs)."""
     return "::".join(_USERINFO.sub(r"\1***@", part) for part in url.split("::"))
 

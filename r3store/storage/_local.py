@@ -10,15 +10,15 @@ from collections import OrderedDict
 from pathlib import Path
 
 from r3store.errors import StorageError
-from r3store.storage._base import ByteRange, ObjectInfo, Store, SuffixByteRange
+from r3store.storage._base import Backend, ByteRange, ObjectInfo, SuffixByteRange
 from r3store.storage._errors import map_storage_errors
 
-__all__ = ["LocalStore"]
+__all__ = ["LocalBackend"]
 
 MAX_OPEN_MAPS = 128
 
 
-class LocalStore(Store):
+class LocalBackend(Backend):
     """Objects as files under a local folder.
 
     Reads of byte ranges go through a bounded cache of read-only ``mmap`` handles, so
