@@ -31,6 +31,7 @@ from r3store._format import (
     zarr_group_json,
 )
 from r3store._checks import parse_choice, parse_int, parse_optional_int
+from r3store._deprecated import renamed_property
 from r3store._ingest import decode_sglang
 from r3store._spec import ModelSpec
 from r3store._validate import as_numpy, check_metadata, check_sample_id, check_routes, check_row_count, check_tokens
@@ -178,9 +179,11 @@ class RouteWriter:
         self._seq = 0
         self._pending: _Pending | None = None
         self._closed = False
-        self.shards: list[str] = []
-        """Names of the shards this writer has committed."""
+        self.commits: list[str] = []
+        """Names of the commits this writer has made (one route array + sample table each)."""
         self._init_store()
+
+    shards = renamed_property("shards", "commits")
 
     def __repr__(self) -> str:
         return f"RouteWriter({self.store.url!r}, writer_id={self.writer_id!r})"
@@ -414,7 +417,7 @@ class RouteWriter:
             if self._pending is None:
                 self._pending = self._reserve(len(self._done))
             shard = self._write_pending(self._pending)
-            self.shards.append(shard)
+            self.commits.append(shard)
             del self._done[: self._pending.count]
             self._pending = None
             self._buffered = sum(p.nbytes for s in (*self._done, *self._open.values()) for p in s.parts)

@@ -44,6 +44,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from r3store._deprecated import renamed_property as _renamed_property
+
 __all__ = [
     "AlignmentError",
     "ChecksumError",
@@ -209,16 +211,18 @@ class DuplicateSampleError(R3StoreError, ValueError):
     Attributes
     ----------
     sample_id : str
-    shards : tuple of str
-        The shards holding the id (empty when the writer caught it before any commit).
+    commits : tuple of str
+        The commits holding the id (empty when the writer caught it before any commit).
     """
 
-    def __init__(self, sample_id: str, shards: tuple[str, ...] = (), detail: str = "") -> None:
+    def __init__(self, sample_id: str, commits: tuple[str, ...] = (), detail: str = "") -> None:
         self.sample_id = sample_id
-        self.shards = tuple(shards)
-        where = f" (committed in shards {', '.join(map(repr, self.shards))})" if shards else ""
+        self.commits = tuple(commits)
+        where = f" (committed in commits {', '.join(map(repr, self.commits))})" if commits else ""
         extra = f"; {detail}" if detail else ""
         super().__init__(f"sample {sample_id!r} is written more than once{where}{extra}")
+
+    shards = _renamed_property("shards", "commits")
 
 
 class ContinuationError(R3StoreError, ValueError):

@@ -8,15 +8,17 @@ import pytest
 
 import r3store
 import r3store.audit
+import r3store.batch
 import r3store.codecs
 import r3store.dataset
 import r3store.errors
 import r3store.layout
+import r3store.reader
 import r3store.storage
 
 
 @pytest.mark.parametrize("module", [r3store, r3store.codecs, r3store.storage, r3store.layout, r3store.errors,
-                                    r3store.audit, r3store.dataset])
+                                    r3store.audit, r3store.dataset, r3store.reader, r3store.batch])
 def test_all_is_sorted_and_complete(module) -> None:
     names = module.__all__
     assert names == sorted(names)
@@ -30,7 +32,7 @@ def test_all_is_sorted_and_complete(module) -> None:
 
 
 def test_top_level_objects_report_public_module() -> None:
-    for name in ("ModelSpec", "RouteWriter", "RouteStore", "RouteDataset", "open_store"):
+    for name in ("ModelSpec", "RouteWriter", "RouteReader", "RouteStore", "RouteDataset", "open_reader", "open_store"):
         assert getattr(r3store, name).__module__ == "r3store"
 
 

@@ -57,7 +57,7 @@ def write(path: Path | str, spec: r3store.ModelSpec, samples: dict[str, np.ndarr
     with r3store.RouteWriter(path, spec, on_invalid="quarantine" if quarantine else "raise", **kw) as w:
         for sid, routes in samples.items():
             w.append(sid, routes, num_tokens=(num_tokens or {}).get(sid, len(routes) + 1))
-    return list(w.shards)
+    return list(w.commits)
 
 
 def audit(path: Path | str, **kw: object) -> ValidationReport:
@@ -264,7 +264,7 @@ def test_uncommitted_leftover(tmp_path: Path) -> None:
 
 def _frames(tmp_path: Path, array: str, shard: int = 0) -> tuple[Path, np.ndarray]:
     store = r3store.open_store(tmp_path)
-    layout = store.layout_of(array)
+    layout = store.geometry_of(array)
     obj = tmp_path.joinpath(array, *ArrayGeometry.object_key(shard).split("/"))
     raw = obj.read_bytes()
     return obj, decode_index(raw[-layout.index_nbytes :], layout, array, shard)

@@ -33,7 +33,7 @@ def test_inspect_json_reports_sizes(flame_store: Path) -> None:
     assert summary["ideal_bits_per_id"] == 6
     assert 6 <= summary["bits_per_id"] < 6 * 1.02
     assert summary["size_vs_int32"] == pytest.approx(summary["route_bytes"] / (4 * summary["expert_ids"]), rel=1e-3)
-    assert summary["shards"] == 1 and summary["writers"] == 1 and summary["metadata_columns"] == ["step"]
+    assert summary["commits"] == 1 and summary["writers"] == 1 and summary["metadata_columns"] == ["step"]
     assert summary["spec"]["moe_layers"] == list(range(2, 10))
 
 
@@ -64,7 +64,7 @@ def test_demo_runs_and_verifies(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "every route bit-identical" in result.output
     store = r3store.open_store(target)
-    assert len(store) == 32 and len(store.shards) == 2
+    assert len(store) == 32 and len(store.commits) == 2
     source = flame_samples()
     for sid in store.sample_ids:
         np.testing.assert_array_equal(store.get(sid), source[sid])
@@ -92,7 +92,7 @@ def test_gc_json_validates_and_groups_a_shard(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     jsonschema.validate(doc, load_schema("cli-gc"))
-    assert [item["shard"] for item in doc["leftovers"]] == [shard] and not doc["deleted"]
+    assert [item["commit"] for item in doc["leftovers"]] == [shard] and not doc["deleted"]
     assert any(k.endswith(".0.tmp") for k in doc["leftovers"][0]["keys"])
 
 

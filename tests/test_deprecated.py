@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import r3store
@@ -58,3 +59,88 @@ def test_store_tests_alias_takes_a_store_fixture() -> None:
     assert issubclass(kit, r3store.testing.BackendTests)
     fixture = kit.__dict__["backend"]  # the old kit named its fixture "store"
     assert "store" in fixture.__wrapped__.__code__.co_varnames
+
+
+# -- commit (was: shard) -----------------------------------------------------------------
+
+SPEC = r3store.ModelSpec(num_layers=2, num_experts=8, top_k=2)
+
+
+def _store(root: Path) -> Any:
+    with r3store.RouteWriter(root, SPEC) as w:
+        w.append("a", np.tile(np.array([0, 1]), (3, 2, 1)))
+        w.flush()
+        w.append("b", np.tile(np.array([2, 3]), (4, 2, 1)))
+    return w
+
+
+def test_writer_shards_alias(tmp_path: Path) -> None:
+    w = _store(tmp_path)
+    with pytest.deprecated_call(match=r"RouteWriter.shards is deprecated.*RouteWriter.commits"):
+        assert w.shards == w.commits and len(w.commits) == 2
+
+
+@pytest.mark.parametrize("old", ["shards", "committed_shards"])
+def test_store_shards_aliases(tmp_path: Path, old: str) -> None:
+    w = _store(tmp_path)
+    store = r3store.open_store(tmp_path)
+    with pytest.deprecated_call(match=f"RouteStore.{old} is deprecated.*commits"):
+        assert getattr(store, old) == store.commits == sorted(w.commits)
+
+
+def test_store_layout_of_alias(tmp_path: Path) -> None:
+    _store(tmp_path)
+    store = r3store.open_store(tmp_path)
+    array = store.row("a")["array"]
+    with pytest.deprecated_call(match="layout_of.*geometry_of"):
+        assert store.layout_of(array) == store.geometry_of(array)
+
+
+def test_duplicate_sample_error_shards_alias() -> None:
+    err = r3store.errors.DuplicateSampleError("x", ("w-00001", "w-00000"))
+    with pytest.deprecated_call(match="DuplicateSampleError.shards"):
+        assert err.shards == err.commits == ("w-00001", "w-00000")
+
+
+def test_leftover_shard_alias() -> None:
+    from r3store.audit import Leftover
+
+    item = Leftover(commit="w-00003", keys=("routes/w-00003/zarr.json",), nbytes=10, age_s=5.0)
+    with pytest.deprecated_call(match="Leftover.shard"):
+        assert item.shard == "w-00003"
+    assert item.to_dict()["shard"] == item.to_dict()["commit"] == "w-00003"  # JSON keeps the old key one release
+
+
+# -- data-parallel rank names ---------------------------------------------------------------
+
+
+def test_route_dataset_rank_and_world_size_keywords(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    _store(tmp_path)
+    with pytest.deprecated_call(match=r"RouteDataset\(rank=...\) is deprecated.*dp_rank="):
+        old = r3store.RouteDataset(tmp_path, max_tokens_per_batch=4, rank=1, dp_size=2)
+    with pytest.deprecated_call(match=r"RouteDataset\(world_size=...\).*dp_size="):
+        also_old = r3store.RouteDataset(tmp_path, max_tokens_per_batch=4, dp_rank=1, world_size=2)
+    new = r3store.RouteDataset(tmp_path, max_tokens_per_batch=4, dp_rank=1, dp_size=2)
+    assert old.state_dict() == also_old.state_dict() == new.state_dict()
+    assert [b["sample_ids"] for b in old] == [b["sample_ids"] for b in new]
+    with pytest.raises(TypeError, match="both rank="):
+        r3store.RouteDataset(tmp_path, rank=0, dp_rank=0)
+
+
+def test_route_dataset_store_attribute(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    _store(tmp_path)
+    ds = r3store.RouteDataset(tmp_path)
+    with pytest.deprecated_call(match="RouteDataset.store.*RouteDataset.reader"):
+        assert ds.store is ds.reader
+
+
+def test_plan_batches_num_replicas_keyword() -> None:
+    pytest.importorskip("torch")
+    from r3store.dataset import plan_batches
+
+    with pytest.deprecated_call(match=r"plan_batches\(num_replicas=...\).*dp_size="):
+        old = plan_batches([5, 5, 5], 5, shuffle=False, seed=0, epoch=0, num_replicas=2)
+    new = plan_batches([5, 5, 5], 5, shuffle=False, seed=0, epoch=0, dp_size=2)
+    assert [b.tolist() for b in old] == [b.tolist() for b in new]

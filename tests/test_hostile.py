@@ -519,7 +519,7 @@ def test_reader_api_misuse(store_dir: Path) -> None:
     assert [1] not in store and None not in store and "s0" in store
     with pytest.raises(ValueError, match="return_tensors"):
         store.assemble(["s0"], return_tensors="tf")  # type: ignore[arg-type]
-    with pytest.raises(FormatError, match="not the route array of a committed shard"):
+    with pytest.raises(FormatError, match="not a committed route array"):
         store.read_rows("routes/elsewhere", 0, 1, [0])
 
 

@@ -81,18 +81,18 @@ def test_flush_commits_and_makes_visible(backend, tmp_path, memory_url) -> None:
     assert len(r3store.open_store(url)) == 0  # buffered, not committed
     shard = w.flush()
     assert isinstance(shard, str) and shard.startswith("w1")
-    assert w.shards == [shard]
+    assert w.commits == [shard]
     assert w.flush() is None
     store = r3store.open_store(url)
     assert store.sample_ids == ["a", "b"]
-    assert store.shards == [shard]
+    assert store.commits == [shard]
     assert set(store.samples.column("shard").to_pylist()) == {shard}
     assert set(store.samples.column("writer_id").to_pylist()) == {"w1"}
     np.testing.assert_array_equal(store.get("b"), b)
     w.append("c", c)
     assert r3store.open_store(url).sample_ids == ["a", "b"]  # "c" only after the next commit
     w.close()
-    assert len(w.shards) == 2 and w.shards[0] == shard
+    assert len(w.commits) == 2 and w.commits[0] == shard
     store = r3store.open_store(url)
     assert store.sample_ids == ["a", "b", "c"]
     np.testing.assert_array_equal(store.get("c"), c)
@@ -106,13 +106,13 @@ def test_buffer_bytes_triggers_automatic_flushes(tmp_path) -> None:
         for i, (sid, r) in enumerate(data.items()):
             w.append(sid, r)
             if i == 1:
-                assert w.shards == []
+                assert w.commits == []
             if i == 2:
-                assert len(w.shards) == 1  # 360 bytes >= 300
+                assert len(w.commits) == 1  # 360 bytes >= 300
                 assert r3store.open_store(tmp_path).sample_ids == ["s0", "s1", "s2"]
-    assert len(w.shards) == 4
+    assert len(w.commits) == 4
     store = r3store.open_store(tmp_path)
-    assert store.shards == sorted(w.shards)
+    assert store.commits == sorted(w.commits)
     assert store.sample_ids == list(data)
     for sid, r in data.items():
         np.testing.assert_array_equal(store.get(sid), r)
@@ -190,7 +190,7 @@ def test_restarted_writer_with_same_id_does_not_overwrite(backend, tmp_path, mem
         w.append("b", second)
     store = r3store.open_store(url)
     assert sorted(store.sample_ids) == ["a", "b", "c"]
-    assert len(store.shards) == 3
+    assert len(store.commits) == 3
     np.testing.assert_array_equal(store.get("a"), first)
     np.testing.assert_array_equal(store.get("b"), second)
     np.testing.assert_array_equal(store.get("c"), third)

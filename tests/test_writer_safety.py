@@ -77,7 +77,7 @@ def test_retry_after_an_ambiguous_commit_does_not_commit_twice(tmp_path: Path) -
     writer.append("b", routes(2))
     writer.close()
     got = r3store.open_store(tmp_path)  # on_duplicate="raise": no duplicate
-    assert got.sample_ids == ["a", "b"] and shard in got.shards and len(got.shards) == 2
+    assert got.sample_ids == ["a", "b"] and shard in got.commits and len(got.commits) == 2
 
 
 def test_two_writers_with_one_writer_id_never_share_a_shard(tmp_path: Path) -> None:
@@ -90,7 +90,7 @@ def test_two_writers_with_one_writer_id_never_share_a_shard(tmp_path: Path) -> N
     first.close()
     second.close()
     got = r3store.open_store(tmp_path)
-    assert sorted(got.shards) == ["rank0-00000", "rank0-00001"]
+    assert sorted(got.commits) == ["rank0-00000", "rank0-00001"]
     np.testing.assert_array_equal(got.get("a"), routes(4))
     np.testing.assert_array_equal(got.get("b"), routes(4, 2))
 

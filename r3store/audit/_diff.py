@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from r3store._reader import RouteStore
+from r3store.reader import RouteReader
 from r3store.audit._scan import Progress, ProgressCallback, check_workers, run_units, select_samples
 from r3store.errors import SpecMismatchError
 
@@ -78,13 +78,13 @@ def compare_routes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return differ, (present & first).sum(axis=-1, dtype=np.int64)
 
 
-def diff(store_a: RouteStore, store_b: RouteStore, *, sample_filter: str | None = None, limit: int | None = None,
+def diff(store_a: RouteReader, store_b: RouteReader, *, sample_filter: str | None = None, limit: int | None = None,
          workers: int | None = None, progress: ProgressCallback | None = None) -> dict[str, Any]:
     """R3 mismatch figures for the samples present (and not quarantined) in both stores.
 
     Parameters
     ----------
-    store_a, store_b : RouteStore
+    store_a, store_b : RouteReader
         Same ``num_experts`` and ``top_k``; compared on the MoE layers they share.
     sample_filter : str, optional
         ``fnmatch`` glob on sample ids.
@@ -141,12 +141,12 @@ def diff(store_a: RouteStore, store_b: RouteStore, *, sample_filter: str | None 
                     sample_filter, limit)
 
 
-def _num_rows(store: RouteStore) -> dict[str, int]:
+def _num_rows(store: RouteReader) -> dict[str, int]:
     cols = store.samples.select(["sample_id", "num_rows", "quarantined"]).to_pydict()
     return {sid: n for sid, n, q in zip(*cols.values(), strict=True) if not q}
 
 
-def _compare_sample(rs: Sequence[RouteStore], unit: tuple[str, int, int], layers: list[int],
+def _compare_sample(rs: Sequence[RouteReader], unit: tuple[str, int, int], layers: list[int],
                     progress: Progress) -> tuple[str, _Tally]:
     sid, rows_a, rows_b = unit
     a, b = rs
@@ -164,7 +164,7 @@ def _compare_sample(rs: Sequence[RouteStore], unit: tuple[str, int, int], layers
     return sid, tally
 
 
-def _figures(store_a: RouteStore, store_b: RouteStore, layers: list[int], tally: _Tally,
+def _figures(store_a: RouteReader, store_b: RouteReader, layers: list[int], tally: _Tally,
              plan: list[tuple[str, int, int]], only_a: list[str], only_b: list[str],
              worst: list[tuple[float, str]], sample_filter: str | None, limit: int | None) -> dict[str, Any]:
     top_k = store_a.spec.top_k

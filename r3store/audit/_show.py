@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from r3store._reader import RouteStore
+from r3store.reader import RouteReader
 from r3store.errors import OptionError
 
 __all__ = ["parse_layers", "parse_rows", "show"]
@@ -84,13 +84,13 @@ def parse_rows(text: str) -> slice:
     return slice(start, stop)
 
 
-def show(store: RouteStore, sample_id: str, layers: Sequence[int] | None = None,
+def show(store: RouteReader, sample_id: str, layers: Sequence[int] | None = None,
          rows: slice | None = None) -> dict[str, Any]:
     """The expert ids of one sample (quarantined samples included).
 
     Parameters
     ----------
-    store : RouteStore
+    store : RouteReader
     sample_id : str
     layers : sequence of int, optional
         Global decoder layers (MoE layers only); default every MoE layer.

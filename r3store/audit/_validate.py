@@ -4,7 +4,7 @@ What is checked (capture faults reported against SGLang, Miles and verl; each ch
 kind, see :data:`r3store.audit.KINDS`):
 
 * every frame of every committed route array is decoded: CRC-32C mismatches
-  (``checksum``), undecodable frames or shard indexes (``malformed_chunk``) and missing
+  (``checksum``), undecodable frames or object indexes (``malformed_chunk``) and missing
   objects (``missing_object``) become findings naming the array and chunk;
 * per sample and MoE layer: all rows zero (``zero_layer``), rows repeating an id
   (``repeated_ids``), rows with ids ``>= num_experts`` (``id_out_of_range``);
@@ -13,7 +13,7 @@ kind, see :data:`r3store.audit.KINDS`):
 * per sample, from the sample table: ``num_rows != num_tokens - 1`` (``row_count``),
   quarantined samples with their reason (``quarantined``), rows past the array end
   (``table_mismatch``);
-* per store: ids committed by two shards (``duplicate_sample``) and route arrays with no
+* per store: ids committed by two commits (``duplicate_sample``) and route arrays with no
   sample table (``uncommitted``).
 """
 
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from r3store._format import ROUTES_PREFIX, ArrayGeometry
-from r3store._reader import RouteStore
+from r3store._format import ArrayGeometry, array_key
+from r3store.reader import RouteReader
 from r3store.audit._findings import KINDS, Finding, RowRuns, ValidationReport, format_rows, make_finding
 from r3store.audit._physical import ALPHA, physical_id_test
 from r3store.audit._scan import (
@@ -42,7 +42,6 @@ from r3store.audit._scan import (
     run_units,
     select_samples,
 )
-from r3store.audit._summary import _route_objects
 from r3store.errors import ChecksumError, FormatError, ObjectNotFoundError
 
 __all__ = ["validate"]
@@ -113,7 +112,7 @@ class _Unit:
 
 @dataclass(frozen=True)
 class _Context:
-    store: RouteStore
+    store: RouteReader
     progress: Progress
 
     @property
@@ -138,14 +137,14 @@ def zero_layer_min_rows(num_experts: int, top_k: int) -> int | None:
     return math.ceil(math.log(ALPHA) / math.log(p0) + 1e-9)
 
 
-def validate(store: RouteStore, *, sample_filter: str | None = None, limit: int | None = None,
+def validate(store: RouteReader, *, sample_filter: str | None = None, limit: int | None = None,
              workers: int | None = None, progress: ProgressCallback | None = None,
              max_findings: int = 10_000) -> ValidationReport:
     """Checksum every chunk and look for capture faults (see the module docstring).
 
     Parameters
     ----------
-    store : RouteStore
+    store : RouteReader
         Open it with ``on_duplicate="report"`` (or ``"first"``) so duplicates are listed.
     sample_filter : str, optional
         ``fnmatch`` glob on sample ids: audit only matching samples (quarantined ones
@@ -155,7 +154,7 @@ def validate(store: RouteStore, *, sample_filter: str | None = None, limit: int 
         Audit the first ``limit`` (matching) samples, in store order.
     workers : int, optional
         Threads reading route arrays concurrently (one array per task); default 1 on
-        local disk, 8 on remote backends. Each thread reads through its own RouteStore.
+        local disk, 8 on remote backends. Each thread reads through its own RouteReader.
     progress : callable, optional
         ``progress(rows_done, rows_total)``, called as row blocks are decoded.
     max_findings : int
@@ -266,27 +265,26 @@ def _table_findings(table: pa.Table) -> list[Finding]:
     return out
 
 
-def _duplicate_findings(store: RouteStore, table: pa.Table, subset: bool) -> list[Finding]:
+def _duplicate_findings(store: RouteReader, table: pa.Table, subset: bool) -> list[Finding]:
     wanted = set(table.column("sample_id").to_pylist()) if subset else None
     return [make_finding("duplicate_sample", sample_id=sid,
-                         detail=f"committed by shards {', '.join(shards)}; readers keep the first")
-            for sid, shards in store.duplicates.items() if wanted is None or sid in wanted]
+                         detail=f"committed by commits {', '.join(commits)}; readers keep the first")
+            for sid, commits in store.duplicates.items() if wanted is None or sid in wanted]
 
 
-def _leftover_findings(store: RouteStore) -> list[Finding]:
-    _, leftover = _route_objects(store)
-    return [make_finding("uncommitted", array=f"{ROUTES_PREFIX}{shard}",
-                         detail=f"{nbytes:,} bytes, no index/<shard>.parquet: a crashed or still-running writer "
+def _leftover_findings(store: RouteReader) -> list[Finding]:
+    return [make_finding("uncommitted", array=array_key(commit),
+                         detail=f"{nbytes:,} bytes, no index/<commit>.parquet: a crashed or still-running writer "
                                 "(r3store gc deletes old leftovers)")
-            for shard, nbytes in leftover.items()]
+            for commit, nbytes in store.storage_usage().uncommitted.items()]
 
 
-def _units(store: RouteStore, table: pa.Table, full: bool) -> list[_Unit]:
+def _units(store: RouteReader, table: pa.Table, full: bool) -> list[_Unit]:
     cols = table.select(["sample_id", "array", "row_start", "num_rows"]).to_pydict()
     by_array: dict[str, list[tuple[str, int, int]]] = {}
     if full:
-        for shard in store.committed_shards:
-            by_array[f"{ROUTES_PREFIX}{shard}"] = []
+        for commit in store.commits:
+            by_array[array_key(commit)] = []
     for sid, array, start, rows in zip(*cols.values(), strict=True):
         by_array.setdefault(array, []).append((sid, start, rows))
     return [_Unit(array, tuple(sorted(samples, key=lambda s: s[1])), full) for array, samples in by_array.items()]
@@ -295,11 +293,11 @@ def _units(store: RouteStore, table: pa.Table, full: bool) -> list[_Unit]:
 # -- scanning one route array ------------------------------------------------------------
 
 
-def _scan_array(rs: RouteStore, unit: _Unit, ctx: _Context) -> _Result:
+def _scan_array(rs: RouteReader, unit: _Unit, ctx: _Context) -> _Result:
     spec = ctx.spec
     res = _Result(np.zeros((spec.num_moe_layers, 1 << spec.bits_per_id), np.int64))
     try:
-        layout = rs.layout_of(unit.array, partial=True)
+        layout = rs.geometry_of(unit.array, partial=True)
     except ObjectNotFoundError as exc:
         res.findings.append(make_finding("missing_object", array=unit.array, detail=f"{exc}"))
         return res
@@ -332,7 +330,7 @@ def _scan_array(rs: RouteStore, unit: _Unit, ctx: _Context) -> _Result:
     return res
 
 
-def _read_block(rs: RouteStore, array: str, layout: ArrayGeometry, lo: int, hi: int,
+def _read_block(rs: RouteReader, array: str, layout: ArrayGeometry, lo: int, hi: int,
                 problems: dict[tuple[str, str], _Problem], moe_layers: Sequence[int]) -> tuple[np.ndarray, np.ndarray | None]:
     """Rows ``[lo, hi)`` of all layers; on a failure, chunk by chunk, recording each bad one.
 

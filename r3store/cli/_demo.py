@@ -29,7 +29,7 @@ def demo(directory: Path | None, writers: int, loader_workers: int) -> None:
     bit-identical to the source, and the inspect summary is printed.
     """
     try:
-        from r3store._demo import run_demo
+        from r3store.cli._demo_job import run_demo
     except ImportError as exc:
         raise click.ClickException(f"{exc}; the demo needs PyTorch: pip install 'r3store[torch]'") from exc
     console = Console()

@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from r3store._reader import open_store
+from r3store.reader import open_reader
 from r3store.audit import diff as run_diff
 from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
 from r3store.cli._scan import emit, parse_size, plot_canvas, plot_options, progress_bar, scan_options
@@ -88,8 +88,8 @@ def diff(url_a: str, url_b: str, as_json: bool, plot_path: str | None, plot_size
     """
     size = parse_size(plot_size)
     options = parse_storage_options(storage_options)
-    store_a = open_store(url_a, storage_options=options, on_duplicate="first")
-    store_b = open_store(url_b, storage_options=options, on_duplicate="first")
+    store_a = open_reader(url_a, storage_options=options, on_duplicate="first")
+    store_b = open_reader(url_b, storage_options=options, on_duplicate="first")
     with progress_bar("diff", enabled=not as_json) as progress:
         result = run_diff(store_a, store_b, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress)
     emit(result, as_json=as_json, render=render_diff, draw=plot_diff, plot_path=plot_path, size=size)

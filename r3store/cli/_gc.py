@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from r3store._gc import collect_garbage
+from r3store.audit import collect_garbage
 from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
 
 __all__ = ["gc", "parse_duration"]
@@ -40,8 +40,8 @@ def gc(url: str, older_than: str, delete: bool, as_json: bool, storage_options: 
         click.echo(json.dumps({"deleted": delete, "leftovers": [f.to_dict() for f in found]}, indent=2))
         return
     table = Table(title=f"uncommitted leftovers older than {older_than}" + (" (deleted)" if delete else ""))
-    for column in ("shard", "objects", "bytes", "age"):
+    for column in ("commit", "objects", "bytes", "age"):
         table.add_column(column)
     for item in found:
-        table.add_row(item.shard, str(len(item.keys)), f"{item.nbytes:,}", f"{item.age_s / 3600:.1f} h")
+        table.add_row(item.commit, str(len(item.keys)), f"{item.nbytes:,}", f"{item.age_s / 3600:.1f} h")
     Console().print(table if found else "no uncommitted leftovers")

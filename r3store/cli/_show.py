@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from r3store._reader import open_store
+from r3store.reader import open_reader
 from r3store.audit import parse_layers, parse_rows
 from r3store.audit import show as run_show
 from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
@@ -71,7 +71,7 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
     """
     chosen = _parse(layers, parse_layers, "--layers")
     window = _parse(rows, parse_rows, "--rows")
-    store = open_store(url, storage_options=parse_storage_options(storage_options), on_duplicate="first")
+    store = open_reader(url, storage_options=parse_storage_options(storage_options), on_duplicate="first")
     console = Console()
     if chosen is None and not as_json and store.spec.num_moe_layers > MAX_TABLE_LAYERS:
         chosen = list(store.spec.moe_layers[:MAX_TABLE_LAYERS])

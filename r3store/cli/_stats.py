@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from r3store._reader import open_store
+from r3store.reader import open_reader
 from r3store.audit import stats as run_stats
 from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
 from r3store.cli._scan import emit, parse_size, plot_canvas, plot_options, progress_bar, scan_options
@@ -86,7 +86,7 @@ def stats(url: str, as_json: bool, top: int, plot_path: str | None, plot_size: s
     the sequence-length distribution. Quarantined samples are left out.
     """
     size = parse_size(plot_size)
-    store = open_store(url, storage_options=parse_storage_options(storage_options), on_duplicate="first")
+    store = open_reader(url, storage_options=parse_storage_options(storage_options), on_duplicate="first")
     with progress_bar("stats", enabled=not as_json) as progress:
         result = run_stats(store, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress, top=top)
     emit(result, as_json=as_json, render=render_stats, draw=plot_stats, plot_path=plot_path, size=size)
