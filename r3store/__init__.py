@@ -17,12 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 from r3store import errors
-from r3store._ingest import decode_sglang, decode_vllm, encode_sglang
 from r3store._spec import ModelSpec
 from r3store._store import RouteStore, open_store
 from r3store._version import __version__
-from r3store._writer import RouteWriter
 from r3store.reader import RouteReader, open_reader
+from r3store.writer import RouteWriter, WriterConfig, decode_sglang, decode_vllm, encode_sglang
 
 __all__ = [
     "ModelSpec",
@@ -30,6 +29,7 @@ __all__ = [
     "RouteReader",
     "RouteStore",
     "RouteWriter",
+    "WriterConfig",
     "__version__",
     "decode_sglang",
     "decode_vllm",
@@ -51,7 +51,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'r3store' has no attribute {name!r}")
 
 
-for _obj in (ModelSpec, RouteReader, RouteStore, RouteWriter, open_reader, open_store, decode_sglang, decode_vllm,
-             encode_sglang):
+for _obj in (ModelSpec, RouteReader, RouteStore, RouteWriter, WriterConfig, open_reader, open_store, decode_sglang,
+             decode_vllm, encode_sglang):
     _obj.__module__ = "r3store"
 del _obj

@@ -13,20 +13,70 @@ Bad sample or route *input* is not checked here: it raises
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from r3store.errors import OptionError
 
-__all__ = ["ErrorFactory", "parse_bool", "parse_choice", "parse_int", "parse_optional_int"]
+__all__ = ["ErrorFactory", "config_fields", "merge_config", "parse_bool", "parse_choice", "parse_int", "parse_optional_int"]
 
 ErrorFactory = Callable[[str, Any, str], Exception]
 """Builds the error to raise from ``(name, value, fault)``."""
 
 T = TypeVar("T", bound=str)
+
+
+class _Config(Protocol):
+    """A frozen dataclass of settings with a dict form (LayoutOptions, WriterConfig)."""
+
+    def to_dict(self) -> Any: ...
+
+
+C = TypeVar("C", bound=_Config)
+
+
+def merge_config(cls: type[C], config: C | Mapping[str, Any] | None, fields: Mapping[str, Any], *,
+                 from_dict: Callable[[Mapping[str, Any]], C], name: str = "config",
+                 error: ErrorFactory = OptionError) -> C:
+    """One settings object from a whole ``config`` and fields given one by one.
+
+    Fields whose value is ``None`` count as not given. A field given both ways must have
+    the same value: ``config`` as a mapping sets exactly its keys; ``config`` as an object
+    sets its fields that differ from the defaults. ``name`` is the parameter ``config``
+    was passed as (for messages).
+
+    Raises
+    ------
+    r3store.errors.OptionError
+        (or what ``error`` builds) ``config`` is neither a ``cls`` nor a mapping, or a
+        field is given both ways with different values; ``from_dict``'s errors.
+    """
+    given = {name: value for name, value in fields.items() if value is not None}
+    if config is None:
+        return from_dict(given)
+    if isinstance(config, Mapping):
+        base, explicit = from_dict(config), dict(config)
+    elif isinstance(config, cls):
+        default = cls().to_dict()
+        base = config
+        explicit = {k: v for k, v in config.to_dict().items() if v != default[k]}
+    else:
+        raise error(name, config, f"must be a {cls.__name__}, a dict of its fields, or None")
+    if not given:
+        return base
+    for field, value in given.items():
+        if field in explicit and explicit[field] != value:
+            raise error(field, value, f"given as a keyword and as {explicit[field]!r} in {name}")
+    return from_dict({**base.to_dict(), **given})
+
+
+def config_fields(cls: type) -> frozenset[str]:
+    """Field names of a dataclass."""
+    return frozenset(f.name for f in dataclasses.fields(cls))
 
 
 def parse_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None,

@@ -144,3 +144,17 @@ def test_plan_batches_num_replicas_keyword() -> None:
         old = plan_batches([5, 5, 5], 5, shuffle=False, seed=0, epoch=0, num_replicas=2)
     new = plan_batches([5, 5, 5], 5, shuffle=False, seed=0, epoch=0, dp_size=2)
     assert [b.tolist() for b in old] == [b.tolist() for b in new]
+
+
+def test_writer_shard_bytes_keyword(tmp_path: Path) -> None:
+    with pytest.deprecated_call(match=r"RouteWriter\(shard_bytes=...\).*object_bytes="):
+        w = r3store.RouteWriter(tmp_path, SPEC, shard_bytes=1000)
+    assert w.config.object_bytes == 1000
+    w.close()
+    with pytest.raises(TypeError, match="both shard_bytes="):
+        r3store.RouteWriter(tmp_path, SPEC, shard_bytes=1000, object_bytes=1000)
+
+
+def test_writer_store_attribute(tmp_path: Path) -> None:
+    with r3store.RouteWriter(tmp_path, SPEC) as w, pytest.deprecated_call(match="RouteWriter.store.*backend"):
+        assert w.store is w.backend

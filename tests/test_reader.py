@@ -81,7 +81,7 @@ def round_trip_cases(draw: st.DrawFn) -> dict:
         "lengths": lengths,
         "chunk_rows": chunk_rows,
         "layers_per_chunk": layers_per_chunk,
-        "shard_bytes": draw(st.sampled_from([1, 97, 1000, 32 << 20])),
+        "object_bytes": draw(st.sampled_from([1, 97, 1000, 32 << 20])),
         "full_layers": draw(st.lists(st.booleans(), min_size=n_samples, max_size=n_samples)),
         "with_tokens": draw(st.lists(st.booleans(), min_size=n_samples, max_size=n_samples)),
         "metadata": draw(st.lists(st.fixed_dictionaries({}, optional=META_KINDS), min_size=n_samples, max_size=n_samples)),
@@ -111,7 +111,7 @@ def test_round_trip_property(case: dict) -> None:
         url = tmp.name
     try:
         with r3store.RouteWriter(url, spec, chunk_rows=case["chunk_rows"], layers_per_chunk=case["layers_per_chunk"],
-                                 shard_bytes=case["shard_bytes"]) as w:
+                                 object_bytes=case["object_bytes"]) as w:
             for i, sid in enumerate(ids):
                 routes = with_dense(spec, data[sid]) if case["full_layers"][i] else data[sid]
                 kwargs = {"tokens": tokens[sid]} if case["with_tokens"][i] else {"num_tokens": case["lengths"][i]}
@@ -172,7 +172,7 @@ def small_store(tmp_path):
     rng = np.random.default_rng(7)
     data = {f"s{i}": uniform_routes(rng, n, SPEC.num_moe_layers, SPEC.num_experts, SPEC.top_k)
             for i, n in enumerate([5, 0, 17, 9, 33])}
-    with r3store.RouteWriter(tmp_path, SPEC, chunk_rows=4, layers_per_chunk=3, shard_bytes=30) as w:
+    with r3store.RouteWriter(tmp_path, SPEC, chunk_rows=4, layers_per_chunk=3, object_bytes=30) as w:
         for sid, r in data.items():
             w.append(sid, r, metadata={"step": int(sid[1:])})
     return tmp_path, data

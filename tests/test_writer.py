@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
@@ -11,14 +12,15 @@ import numpy as np
 import pytest
 
 import r3store
-from r3store.testing.synthetic import uniform_routes
 from r3store.errors import (
     DuplicateSampleError,
     ExpertIdError,
+    OptionError,
     RouteValidationError,
     SampleNotFoundError,
     WriterClosedError,
 )
+from r3store.testing.synthetic import uniform_routes
 
 
 def route_object_bytes(root: Path) -> tuple[int, int]:
@@ -162,17 +164,37 @@ def test_torch_float_tensor_rejected(tmp_path) -> None:
 def test_constructor_arguments(tmp_path) -> None:
     with pytest.raises(TypeError, match="ModelSpec"):
         r3store.RouteWriter(tmp_path, {"num_layers": 1})  # type: ignore[arg-type]
-    for name in ("buffer_bytes", "chunk_rows", "layers_per_chunk", "shard_bytes"):
-        with pytest.raises(ValueError, match=name):
+    for name in ("buffer_bytes", "chunk_rows", "layers_per_chunk", "object_bytes"):
+        with pytest.raises(OptionError, match=name):
             r3store.RouteWriter(tmp_path, SPEC, **{name: 0})
-    with pytest.raises(ValueError, match="on_invalid"):
+        with pytest.raises(OptionError, match=name):
+            r3store.RouteWriter(tmp_path, SPEC, {name: 0})
+    with pytest.raises(OptionError, match="on_invalid"):
         r3store.RouteWriter(tmp_path, SPEC, on_invalid="drop")  # type: ignore[arg-type]
+    with pytest.raises(OptionError, match="not a writer setting"):
+        r3store.RouteWriter(tmp_path, SPEC, {"shard_rows": 5})
     w = r3store.RouteWriter(tmp_path, SPEC, writer_id="mine")
-    assert "mine" in repr(w)
+    assert "mine" in repr(w) and w.config.writer_id == "mine" and w.config.layers_per_chunk == 3
     with pytest.raises(RouteValidationError, match="sample_id"):
         w.append("", np.zeros((0, 3, 2)))
     w.close()
     w.close()  # idempotent
+
+
+def test_writer_config_passed_whole(tmp_path) -> None:
+    """A WriterConfig (or its dict form) sets the writer whole; keywords merge into it."""
+    config = r3store.WriterConfig(chunk_rows=2, object_bytes=1, writer_id="cfg")
+    routes = np.tile(np.array([0, 1]), (5, 3, 1))
+    for i, how in enumerate([dict(config=config), dict(config=config.to_dict()),
+                             dict(config={"chunk_rows": 2}, object_bytes=1, writer_id="cfg")]):
+        with r3store.RouteWriter(tmp_path / str(i), SPEC, **how) as w:
+            w.append("a", routes)
+        assert w.config == dataclasses.replace(config, layers_per_chunk=3)
+        store = r3store.open_store(tmp_path / str(i))
+        geometry = store.geometry_of(store.row("a")["array"])
+        assert (geometry.chunk_rows, geometry.object_rows, w.commits) == (2, 2, ["cfg-00000"])
+    with pytest.raises(OptionError, match="chunk_rows=3: given as a keyword and as 2 in config"):
+        r3store.RouteWriter(tmp_path / "x", SPEC, config, chunk_rows=3)
     with pytest.raises(WriterClosedError):
         w.append("late", np.zeros((0, 3, 2), dtype=np.int32))
 

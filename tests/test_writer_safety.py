@@ -130,7 +130,7 @@ def test_writer_never_writes_what_readers_refuse(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="chunk_rows x layers_per_chunk x top_k"):
         r3store.RouteWriter(tmp_path, SPEC, chunk_rows=2**26)
     # one-row chunks: a shard object stays within the reader's index-size bound
-    with r3store.RouteWriter(tmp_path, SPEC, chunk_rows=1, layers_per_chunk=1, shard_bytes=1 << 30) as w:
+    with r3store.RouteWriter(tmp_path, SPEC, chunk_rows=1, layers_per_chunk=1, object_bytes=1 << 30) as w:
         w.append("a", routes(50))
     np.testing.assert_array_equal(r3store.open_store(tmp_path).get("a"), routes(50))
 

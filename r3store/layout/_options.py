@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
-from r3store._checks import parse_bool, parse_choice, parse_int
+from r3store._checks import merge_config, parse_bool, parse_choice, parse_int
 from r3store.errors import LayoutOptionError
 
 __all__ = ["LayoutOptionError", "LayoutOptions", "LayoutOptionsDict"]
@@ -188,20 +188,4 @@ class LayoutOptions:
         >>> opts.cp_size, opts.cp_rank, opts.tp_size
         (2, 1, 1)
         """
-        given = {name: value for name, value in fields.items() if value is not None}
-        if options is None:
-            return cls.from_dict(given)
-        if isinstance(options, Mapping):
-            base, explicit = cls.from_dict(options), dict(options)
-        elif isinstance(options, LayoutOptions):
-            default = cls().to_dict()
-            base = options
-            explicit = {k: v for k, v in options.to_dict().items() if v != default[k]}  # type: ignore[literal-required]
-        else:
-            raise LayoutOptionError("options", options, "must be a LayoutOptions, a dict of its fields, or None")
-        if not given:
-            return base
-        for name, value in given.items():
-            if name in explicit and explicit[name] != value:
-                raise LayoutOptionError(name, value, f"given as a keyword and as {explicit[name]!r} in options")
-        return cls.from_dict({**base.to_dict(), **given})
+        return merge_config(cls, options, fields, from_dict=cls.from_dict, name="options", error=LayoutOptionError)
