@@ -22,7 +22,15 @@ import numpy as np
 
 from r3store.errors import OptionError
 
-__all__ = ["ErrorFactory", "config_fields", "merge_config", "parse_bool", "parse_choice", "parse_int", "parse_optional_int"]
+__all__ = [
+    "ErrorFactory",
+    "config_fields",
+    "merge_config",
+    "parse_bool",
+    "parse_choice",
+    "parse_int",
+    "parse_optional_int",
+]
 
 ErrorFactory = Callable[[str, Any, str], Exception]
 """Builds the error to raise from ``(name, value, fault)``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from r3store._checks import parse_int
@@ -81,7 +81,7 @@ class ModelSpec:
     """Routed experts per MoE layer."""
     top_k: int
     """Experts chosen per token per MoE layer."""
-    moe_layers: tuple[int, ...] = field(default=None)  # type: ignore[assignment]
+    moe_layers: tuple[int, ...] = ()
     """Global decoder-layer indices of the MoE layers, sorted."""
 
     def __init__(

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import r3store
 from r3store.cli import main
-from r3store.cli._main import parse_storage_options
+from r3store.cli._options import parse_storage_options
 from r3store.data import flame_samples, flame_spec
 
 
@@ -105,3 +105,21 @@ def test_show_defaults_to_eight_layers_and_rejects_empty_rows(tmp_path: Path) ->
     assert "pick others with --layers" in result.output
     result = CliRunner().invoke(main, ["show", str(tmp_path), "s", "--rows", "10:5"])
     assert result.exit_code == 2 and "empty row range" in result.output
+
+
+def test_help_imports_no_command_and_lists_their_help() -> None:
+    """--help is fast: the command modules (audits, readers) are imported when a command runs."""
+    import importlib
+    import subprocess
+    import sys
+
+    from r3store.cli._main import COMMANDS
+
+    code = ("import sys\nfrom r3store.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "assert not [m for m in sys.modules if m.startswith(('r3store.cli._inspect', 'r3store.audit', "
+            "'r3store.cli._gc', 'rich.table'))], sorted(sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    for name, (module, short) in COMMANDS.items():
+        assert name in out
+        command = getattr(importlib.import_module(module), name)
+        assert command.get_short_help_str(limit=1000) == short, name  # the help kept here matches the command's

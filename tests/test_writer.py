@@ -293,3 +293,16 @@ def test_quarantine_is_opt_in(tmp_path) -> None:
     with r3store.RouteWriter(tmp_path, QSPEC) as w, pytest.raises(ExpertIdError, match="repeated"):
         w.append("repeated", bad)
     assert r3store.open_store(tmp_path).samples.num_rows == 0
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 6, 16, 17, 40])
+def test_repeated_ids_matches_a_plain_reference(top_k: int) -> None:
+    """The one "row repeats an id" check (writer, validate, show): both paths vs set()."""
+    from r3store._validate import first_repeat, repeated_ids
+
+    rng = np.random.default_rng(top_k)
+    routes = rng.integers(0, top_k + 3, size=(50, 3, top_k))
+    want = np.array([[len(set(row.tolist())) < top_k for row in layer] for layer in routes])
+    np.testing.assert_array_equal(repeated_ids(routes), want)
+    hits = np.argwhere(want)
+    assert first_repeat(routes) == (tuple(int(v) for v in hits[0]) if hits.size else None)

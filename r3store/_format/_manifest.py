@@ -10,7 +10,6 @@ from typing import Any
 
 import jsonschema
 
-from r3store._format._keys import MANIFEST_KEY
 from r3store._spec import ModelSpec
 from r3store._version import __version__
 from r3store.errors import FormatError, FormatVersionError

@@ -166,7 +166,7 @@ def _uncompressed_bytes(meta: pq.FileMetaData) -> int:
     groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
     by_group = sum(g.total_byte_size for g in groups)
     by_chunk = sum(g.column(j).total_uncompressed_size for g in groups for j in range(g.num_columns))
-    return max(by_group, by_chunk)
+    return int(max(by_group, by_chunk))
 
 
 def _decode_dictionaries(table: pa.Table, path: str) -> pa.Table:
@@ -191,7 +191,7 @@ def _decoded_size(chunk: pa.DictionaryArray, path: str) -> int:
             pa.types.is_large_binary(kind):
         return int(pc.sum(pc.take(pc.binary_length(chunk.dictionary), chunk.indices)).as_py() or 0)
     try:
-        return len(chunk) * -(-kind.bit_width // 8)
+        return int(len(chunk) * -(-kind.bit_width // 8))
     except ValueError:  # not fixed-width
         raise FormatError(path, f"dictionary column of {kind} in a sample table") from None
 

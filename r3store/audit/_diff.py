@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from r3store.reader import RouteReader
 from r3store.audit._scan import Progress, ProgressCallback, check_workers, run_units, select_samples
 from r3store.errors import SpecMismatchError
+from r3store.reader import RouteReader
 
 __all__ = ["compare_routes", "diff"]
 
@@ -122,7 +122,8 @@ def diff(store_a: RouteReader, store_b: RouteReader, *, sample_filter: str | Non
     ids_a = store_a.sample_ids
     in_b = set(store_b.sample_ids)
     in_a = set(ids_a)
-    common = set(select_samples(store_a.samples, sample_filter, None, visible_only=True).column("sample_id").to_pylist())
+    selected = select_samples(store_a.samples, sample_filter, None, visible_only=True)
+    common = set(selected.column("sample_id").to_pylist())
     chosen = [s for s in ids_a if s in in_b and s in common][: limit if limit is not None else None]
     only_a = [s for s in ids_a if s not in in_b]
     only_b = [s for s in store_b.sample_ids if s not in in_a]
@@ -131,7 +132,10 @@ def diff(store_a: RouteReader, store_b: RouteReader, *, sample_filter: str | Non
     ctx = Progress(progress, sum(min(na, nb) for _, na, nb in plan))
     tally = _Tally(len(layers))
     worst: list[tuple[float, str]] = []
-    for sid, part in run_units([store_a, store_b], plan, lambda rs, unit: _compare_sample(rs, unit, layers, ctx), workers):
+    def compare(rs: Sequence[RouteReader], unit: tuple[str, int, int]) -> tuple[str, _Tally]:
+        return _compare_sample(rs, unit, layers, ctx)
+
+    for sid, part in run_units([store_a, store_b], plan, compare, workers):
         tally.add(part)
         if part.rows:
             heapq.heappush(worst, (float(part.differing.sum()) / (part.rows * len(layers)), sid))

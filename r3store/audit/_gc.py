@@ -91,7 +91,8 @@ def collect_garbage(
         age = now - max(times) if times else float("inf")
         if age < older_than_s:
             continue
-        found.append(Leftover(commit=name, keys=tuple(objects), nbytes=sum(i.size for i in objects.values()), age_s=age))
+        nbytes = sum(info.size for info in objects.values())
+        found.append(Leftover(commit=name, keys=tuple(objects), nbytes=nbytes, age_s=age))
         if delete and not backend.exists(table_key(name)):
             for key in objects:
                 backend.delete(key)

@@ -141,7 +141,7 @@ def run_units(stores: Sequence[RouteReader], units: Iterable[U],
             mine = local.stores = [worker_store(s) for s in stores]
             with made_lock:
                 made.extend(mine)
-        return mine  # type: ignore[no-any-return]
+        return mine
 
     def call(unit: U) -> R:
         return fn(stores_here(), unit)

@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from r3store.reader import RouteReader
+from r3store._validate import repeated_ids
 from r3store.errors import OptionError
+from r3store.reader import RouteReader
 
 __all__ = ["parse_layers", "parse_rows", "show"]
 
@@ -133,11 +134,11 @@ def show(store: RouteReader, sample_id: str, layers: Sequence[int] | None = None
         raise OptionError("rows", rows, "must have step 1")
     if rows is not None and stop <= start and row["num_rows"]:
         text = ":".join("" if v is None else str(v) for v in (rows.start, rows.stop))
-        raise OptionError("rows", text, f"select none of the sample's {row['num_rows']} rows (0 to {row['num_rows'] - 1})")
+        n = row["num_rows"]
+        raise OptionError("rows", text, f"select none of the sample's {n} rows (0 to {n - 1})")
     stop = max(start, stop)
     ids = store.get(sample_id, chosen, rows=slice(start, stop), include_quarantined=True)
-    ordered = np.sort(ids, axis=-1)
-    repeated = (ordered[..., 1:] == ordered[..., :-1]).any(axis=-1)
+    repeated = repeated_ids(ids)
     out_of_range = (ids >= spec.num_experts).any(axis=-1)
     return {
         "url": store.url,

@@ -113,7 +113,8 @@ def _units(table: pa.Table) -> list[tuple[str, list[tuple[int, int]]]]:
     return [(array, merge_ranges(ranges)) for array, ranges in by_array.items()]
 
 
-def _count_array(rs: RouteReader, unit: tuple[str, list[tuple[int, int]]], nbins: int, progress: Progress) -> np.ndarray:
+def _count_array(rs: RouteReader, unit: tuple[str, list[tuple[int, int]]], nbins: int,
+                 progress: Progress) -> np.ndarray:
     array, ranges = unit
     spec = rs.spec
     counts = np.zeros(spec.num_moe_layers * nbins, np.int64)

@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from r3store._format import ArrayGeometry, array_key
-from r3store.reader import RouteReader
+from r3store._validate import repeated_ids
 from r3store.audit._findings import KINDS, Finding, RowRuns, ValidationReport, format_rows, make_finding
 from r3store.audit._physical import ALPHA, physical_id_test
 from r3store.audit._scan import (
@@ -43,6 +43,7 @@ from r3store.audit._scan import (
     select_samples,
 )
 from r3store.errors import ChecksumError, FormatError, ObjectNotFoundError
+from r3store.reader import RouteReader
 
 __all__ = ["validate"]
 
@@ -52,7 +53,8 @@ BLOCK_IDS = 1 << 22
 _CHUNK_PREFIX = re.compile(r"^chunk \([\d, ]*\): ")
 
 LOAD_BOUND = 8.0
-"""Highest per-layer max/mean expert load of real traces (published routing statistics of Mixtral, OLMoE, DeepSeek-V3 and FLAME-MoE)."""
+"""Highest per-layer max/mean expert load of real traces (published routing statistics of
+Mixtral, OLMoE, DeepSeek-V3 and FLAME-MoE)."""
 
 
 @dataclass
@@ -125,9 +127,9 @@ def zero_layer_min_rows(num_experts: int, top_k: int) -> int | None:
 
     With ``top_k >= 2`` an all-zero row repeats id 0: one row is enough. With top-1,
     routing every row to expert 0 is legal; with a per-layer max/mean load of at most
-    :data:`LOAD_BOUND` (published routing statistics of Mixtral, OLMoE, DeepSeek-V3 and FLAME-MoE) it happens by chance with probability
-    at most ``(8 / num_experts) ** rows``, which must fall below the audit's 1e-3.
-    None: never (top-1 with 8 experts or fewer).
+    :data:`LOAD_BOUND` (published routing statistics of Mixtral, OLMoE, DeepSeek-V3 and
+    FLAME-MoE) it happens by chance with probability at most ``(8 / num_experts) ** rows``,
+    which must fall below the audit's 1e-3. None: never (top-1 with 8 experts or fewer).
     """
     if top_k >= 2:
         return 1
@@ -180,8 +182,9 @@ def validate(store: RouteReader, *, sample_filter: str | None = None, limit: int
     ...     w.append("ok", np.array([[[0, 1], [2, 3]]] * 4), num_tokens=5)
     ...     w.append("bad", np.array([[[5, 5], [2, 3]]] * 4), num_tokens=5)
     >>> report = validate(r3store.open_store(path))
-    >>> [str(f) for f in report.findings if f.kind == "repeated_ids"]  # doctest: +ELLIPSIS
-    ["error repeated_ids: sample 'bad', decoder layer 0, rows 0-3, routes/...: 4 of 4 rows hold an expert id more than once"]
+    >>> [str(f) for f in report.findings if f.kind == "repeated_ids"]  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
+    ["error repeated_ids: sample 'bad', decoder layer 0, rows 0-3, routes/...:
+      4 of 4 rows hold an expert id more than once"]
     """
     workers = check_workers(workers, store)
     spec = store.spec
@@ -260,8 +263,8 @@ def _table_findings(table: pa.Table) -> list[Finding]:
         if rows != tokens - 1 and (rows or not quarantined):
             extra = " (a row for the last token too)" if rows == tokens else ""
             span = ((0, rows - 1),) if rows else ()
-            out.append(make_finding("row_count", sample_id=sid, array=array, rows=span,
-                                    detail=f"{rows} rows for {tokens} tokens; expected num_tokens - 1 = {tokens - 1}{extra}"))
+            detail = f"{rows} rows for {tokens} tokens; expected num_tokens - 1 = {tokens - 1}{extra}"
+            out.append(make_finding("row_count", sample_id=sid, array=array, rows=span, detail=detail))
     return out
 
 
@@ -297,7 +300,7 @@ def _scan_array(rs: RouteReader, unit: _Unit, ctx: _Context) -> _Result:
     spec = ctx.spec
     res = _Result(np.zeros((spec.num_moe_layers, 1 << spec.bits_per_id), np.int64))
     try:
-        layout = rs.geometry_of(unit.array, partial=True)
+        geometry = rs.geometry_of(unit.array, partial=True)
     except ObjectNotFoundError as exc:
         res.findings.append(make_finding("missing_object", array=unit.array, detail=f"{exc}"))
         return res
@@ -306,22 +309,22 @@ def _scan_array(rs: RouteReader, unit: _Unit, ctx: _Context) -> _Result:
         return res
     samples = []
     for sid, start, rows in unit.samples:
-        if start + rows > layout.rows:
+        if start + rows > geometry.rows:
             res.findings.append(make_finding(
                 "table_mismatch", sample_id=sid, array=unit.array,
-                detail=f"rows [{start}, {start + rows}) of the array, which has {layout.rows} rows"))
+                detail=f"rows [{start}, {start + rows}) of the array, which has {geometry.rows} rows"))
         else:
             samples.append(_Sample(sid, start, rows, spec.num_moe_layers))
     res.samples = len(samples)
-    wanted = [(0, layout.rows)] if unit.full else [(s.start, s.stop) for s in samples]
-    ranges = aligned_ranges(wanted, layout.chunk_rows, layout.rows)
-    block_rows = max(1, BLOCK_IDS // (spec.num_moe_layers * spec.top_k) // layout.chunk_rows) * layout.chunk_rows
+    wanted = [(0, geometry.rows)] if unit.full else [(s.start, s.stop) for s in samples]
+    ranges = aligned_ranges(wanted, geometry.chunk_rows, geometry.rows)
+    block_rows = max(1, BLOCK_IDS // (spec.num_moe_layers * spec.top_k) // geometry.chunk_rows) * geometry.chunk_rows
     problems: dict[tuple[str, str], _Problem] = {}
     scanner = _SampleScanner(samples, spec, res, unit.array)
     for lo, hi in row_blocks(ranges, block_rows):
-        x, valid = _read_block(rs, unit.array, layout, lo, hi, problems, spec.moe_layers)
+        x, valid = _read_block(rs, unit.array, geometry, lo, hi, problems, spec.moe_layers)
         res.rows += hi - lo
-        res.frames += (-(-hi // layout.chunk_rows) - lo // layout.chunk_rows) * layout.layer_chunks
+        res.frames += (-(-hi // geometry.chunk_rows) - lo // geometry.chunk_rows) * geometry.layer_chunks
         scanner.feed(lo, x, valid)
         ctx.progress.advance(hi - lo)
     scanner.finish()
@@ -330,24 +333,26 @@ def _scan_array(rs: RouteReader, unit: _Unit, ctx: _Context) -> _Result:
     return res
 
 
-def _read_block(rs: RouteReader, array: str, layout: ArrayGeometry, lo: int, hi: int,
-                problems: dict[tuple[str, str], _Problem], moe_layers: Sequence[int]) -> tuple[np.ndarray, np.ndarray | None]:
+def _read_block(rs: RouteReader, array: str, geometry: ArrayGeometry, lo: int, hi: int,
+                problems: dict[tuple[str, str], _Problem],
+                moe_layers: Sequence[int]) -> tuple[np.ndarray, np.ndarray | None]:
     """Rows ``[lo, hi)`` of all layers; on a failure, chunk by chunk, recording each bad one.
 
     Returns the ids and a bool (rows, layers) mask of readable cells (None: all readable).
     """
-    positions = list(range(layout.num_moe_layers))
+    positions = list(range(geometry.num_moe_layers))
     try:
         return rs.read_rows(array, lo, hi, positions), None
     except (FormatError, ObjectNotFoundError):
         pass
-    x = np.zeros((hi - lo, layout.num_moe_layers, layout.top_k), np.int32)
-    valid = np.ones((hi - lo, layout.num_moe_layers), bool)
-    lpc, cr = layout.layers_per_chunk, layout.chunk_rows
+    x = np.zeros((hi - lo, geometry.num_moe_layers, geometry.top_k), np.int32)
+    valid = np.ones((hi - lo, geometry.num_moe_layers), bool)
+    lpc, cr = geometry.layers_per_chunk, geometry.chunk_rows
     for c in range(lo // cr, -(-hi // cr)):
         r0, r1 = max(lo, c * cr), min(hi, (c + 1) * cr)
-        for b in range(layout.layer_chunks):
+        for b in range(geometry.layer_chunks):
             pos = positions[b * lpc : (b + 1) * lpc]
+            err: Exception
             try:
                 x[r0 - lo : r1 - lo, pos] = rs.read_rows(array, r0, r1, pos)
                 continue
@@ -359,7 +364,7 @@ def _read_block(rs: RouteReader, array: str, layout: ArrayGeometry, lo: int, hi:
                 kind, chunk, err, what = "missing_object", None, exc, str(exc)
             valid[r0 - lo : r1 - lo, pos] = False
             what = _CHUNK_PREFIX.sub("", what)  # the chunk has its own field
-            problem = problems.setdefault((kind, str(err)), _Problem(kind, chunk, set(), what))  # type: ignore[arg-type]
+            problem = problems.setdefault((kind, str(err)), _Problem(kind, chunk, set(), what))
             problem.layers.update(moe_layers[p] for p in pos)
             problem.rows.add_range(r0, r1)
     return x, valid
@@ -413,10 +418,9 @@ class _SampleScanner:
         hi = lo + len(x)
         if self.next >= len(self.samples) or self.samples[self.next].start >= hi:
             return
-        ordered = np.sort(x, axis=-1)
-        top = ordered[..., -1]  # (rows, layers); ids are >= 0, so top == 0 means all zeros
+        top = x.max(axis=-1)  # (rows, layers); ids are >= 0, so top == 0 means all zeros
         ok = np.ones(top.shape, bool) if valid is None else valid
-        repeated = (ordered[..., 1:] == ordered[..., :-1]).any(axis=-1) & ok
+        repeated = repeated_ids(x) & ok
         out_of_range = (top >= self.spec.num_experts) & ok
         in_sample = np.zeros(len(x), bool)
         i = self.next

@@ -29,8 +29,8 @@ def _check_tokens(reader: RouteReader, sample_ids: Sequence[str], tokens: Sequen
         arr = as_numpy(sid, "tokens", toks).reshape(-1)
         row = reader.row(sid)
         if len(arr) - 1 != row["num_rows"]:
-            raise AlignmentError(sid, f"len(tokens) - 1 = {len(arr) - 1} but the sample has {row['num_rows']} route rows"
-                                      f" (recorded for num_tokens = {row['num_tokens']})")
+            raise AlignmentError(sid, f"len(tokens) - 1 = {len(arr) - 1} but the sample has {row['num_rows']} "
+                                      f"route rows (recorded for num_tokens = {row['num_tokens']})")
         stored = row["token_hash"]
         if stored is not None and token_hash(arr) != stored:
             raise AlignmentError(sid, f"token ids do not match the tokens the routes were recorded for "

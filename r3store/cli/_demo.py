@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 
 from r3store.cli._inspect import render_summary
-from r3store.cli._main import handle_errors
+from r3store.cli._options import handle_errors
 
 __all__ = ["demo"]
 
@@ -37,7 +37,8 @@ def demo(directory: Path | None, writers: int, loader_workers: int) -> None:
         raise click.BadParameter(f"{directory} is not empty", param_hint="DIRECTORY")
     target = directory or Path(tempfile.mkdtemp(prefix="r3store-demo-"))
     try:
-        report = run_demo(target, num_writers=writers, loader_workers=loader_workers, log=lambda line: console.print(line, highlight=False, soft_wrap=True))
+        report = run_demo(target, num_writers=writers, loader_workers=loader_workers,
+                          log=lambda line: console.print(line, highlight=False, soft_wrap=True))
     finally:
         if directory is None:
             shutil.rmtree(target, ignore_errors=True)

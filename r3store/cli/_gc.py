@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from r3store.audit import collect_garbage
-from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
 
 __all__ = ["gc", "parse_duration"]
 
@@ -21,7 +21,8 @@ def parse_duration(text: str) -> float:
     """``"90s"``, ``"15m"``, ``"1h"``, ``"2d"`` or a bare number of seconds, to seconds."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
     if not match:
-        raise click.BadParameter(f"expected a duration like 90s, 15m, 1h or 2d, got {text!r}", param_hint="--older-than")
+        raise click.BadParameter(f"expected a duration like 90s, 15m, 1h or 2d, got {text!r}",
+                                 param_hint="--older-than")
     return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 

@@ -9,9 +9,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from r3store.reader import open_reader
 from r3store.audit import summarize
-from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
+from r3store.reader import open_reader
 
 __all__ = ["inspect", "render_summary"]
 
@@ -27,6 +27,7 @@ def _bytes(n: int) -> str:
 def render_summary(summary: dict[str, Any], console: Console) -> None:
     """Print a :func:`r3store.audit.summarize` result as a table."""
     spec = summary["spec"]
+    quarantined = summary["quarantined"]
     moe = spec["moe_layers"]
     span = f"{moe[0]}..{moe[-1]}" if moe == list(range(moe[0], moe[-1] + 1)) else ", ".join(map(str, moe))
     table = Table(title=f"r3store {summary['url']}", show_header=False, title_justify="left")
@@ -34,8 +35,9 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     table.add_column("value")
     rows = [
         ("format version", str(summary["format_version"])),
-        ("spec", f"{spec['num_layers']} decoder layers (MoE: {span}), {spec['num_experts']} experts, top-{spec['top_k']}"),
-        ("samples", f"{summary['samples']:,}" + (f" (+{summary['quarantined']} quarantined)" if summary["quarantined"] else "")),
+        ("spec", f"{spec['num_layers']} decoder layers (MoE: {span}), {spec['num_experts']} experts, "
+                 f"top-{spec['top_k']}"),
+        ("samples", f"{summary['samples']:,}" + (f" (+{quarantined} quarantined)" if quarantined else "")),
         ("tokens", f"{summary['tokens']:,}"),
         ("route rows", f"{summary['route_rows']:,}"),
         ("expert ids", f"{summary['expert_ids']:,}"),

@@ -8,12 +8,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from r3store.reader import open_reader
 from r3store.audit import parse_layers, parse_rows
 from r3store.audit import show as run_show
-from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
 from r3store.cli._scan import echo_json
 from r3store.errors import OptionError
+from r3store.reader import open_reader
 
 __all__ = ["render_show", "show"]
 
@@ -25,7 +25,8 @@ def render_show(result: dict[str, Any], console: Console) -> None:
     """Print a :func:`r3store.audit.show` result: rows x layers, each cell the top-k ids."""
     flag = ", quarantined: " + (result["reason"] or "") if result["quarantined"] else ""
     title = (f"{result['sample_id']}: {result['num_tokens']:,} tokens, {result['num_rows']:,} rows{flag}; "
-             f"rows {result['row_start']}-{result['row_stop'] - 1}, top-{result['top_k']} of {result['num_experts']} experts")
+             f"rows {result['row_start']}-{result['row_stop'] - 1}, "
+             f"top-{result['top_k']} of {result['num_experts']} experts")
     table = Table(title=title, title_justify="left")
     table.add_column("row", justify="right", style="bold")
     for layer in result["layers"]:
@@ -56,7 +57,8 @@ def _parse(value: str | None, parser: Any, hint: str) -> Any:
 @click.command()
 @click.argument("url")
 @click.argument("sample_id")
-@click.option("--layers", default=None, metavar="LIST", help="Decoder layers, e.g. '2,3,10-12' (default: every MoE layer).")
+@click.option("--layers", default=None, metavar="LIST",
+              help="Decoder layers, e.g. '2,3,10-12' (default: every MoE layer).")
 @click.option("--rows", default=None, metavar="A:B",
               help="Rows within the sample, counted from 0, e.g. '0:64' (default: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print the ids as JSON (schema/cli-show.schema.json).")

@@ -6,11 +6,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from r3store.reader import open_reader
 from r3store.audit import ValidationReport
 from r3store.audit import validate as run_validate
-from r3store.cli._main import EXIT_FINDINGS, EXIT_OK, handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import EXIT_FINDINGS, EXIT_OK, handle_errors, parse_storage_options, storage_option_flag
 from r3store.cli._scan import echo_json, progress_bar, scan_options
+from r3store.reader import open_reader
 
 __all__ = ["render_report", "validate"]
 

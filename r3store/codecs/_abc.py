@@ -81,7 +81,7 @@ class Codec(ABC):
         return cls(**params)
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.get_config() == self.get_config()  # type: ignore[attr-defined]
+        return isinstance(other, Codec) and type(other) is type(self) and other.get_config() == self.get_config()
 
     def __hash__(self) -> int:
         return hash(tuple(sorted(self.get_config().items())))

@@ -78,7 +78,8 @@ def _check_routes(plan: LayoutPlan, routes: Any) -> np.ndarray:
             f"sum(num_tokens - 1) = {plan.total_routes}"
         )
         raise AlignmentError(_BATCH, fault)
-    return routes.astype(np.int32, copy=False)
+    checked: np.ndarray = routes.astype(np.int32, copy=False)
+    return checked
 
 
 def check_pad_args(num_experts: Any, pad_policy: Any, fill_value: Any) -> None:

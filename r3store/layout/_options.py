@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, cast
 
-from r3store._checks import merge_config, parse_bool, parse_choice, parse_int
+from r3store._checks import config_fields, merge_config, parse_bool, parse_choice, parse_int
 from r3store.errors import LayoutOptionError
 
 __all__ = ["LayoutOptionError", "LayoutOptions", "LayoutOptionsDict"]
@@ -138,7 +138,7 @@ class LayoutOptions:
 
     def to_dict(self) -> LayoutOptionsDict:
         """Return the options as a JSON-ready ``dict`` (field name -> value)."""
-        return LayoutOptionsDict(**dataclasses.asdict(self))  # type: ignore[typeddict-item]
+        return cast(LayoutOptionsDict, dataclasses.asdict(self))
 
     @classmethod
     def from_dict(cls, d: LayoutOptionsDict | Mapping[str, Any]) -> LayoutOptions:
@@ -153,11 +153,11 @@ class LayoutOptions:
         """
         if not isinstance(d, Mapping):
             raise LayoutOptionError("options", d, "must be a mapping")
-        known = {f.name for f in dataclasses.fields(cls)}
-        for key in d:
-            if key not in known:
-                raise LayoutOptionError(str(key), d[key], "is not a layout option")
-        return cls(**d)
+        data: dict[str, Any] = dict(d)
+        for key, value in data.items():
+            if key not in config_fields(cls):
+                raise LayoutOptionError(str(key), value, "is not a layout option")
+        return cls(**data)
 
     @classmethod
     def resolve(cls, options: LayoutOptions | LayoutOptionsDict | Mapping[str, Any] | None = None,

@@ -100,7 +100,8 @@ def storage_usage(backend: Backend, committed: Collection[str]) -> StorageUsage:
     sizes = backend.list_sizes(ROUTES_PREFIX)
     done = sum(size for key, size in sizes.items()
                if commit_of_route_key(key) in committed and key.split("/")[2] == "c")
-    leftover = {commit: sum(objects.values()) for commit, objects in uncommitted_route_objects(sizes, committed).items()}
+    groups = uncommitted_route_objects(sizes, committed)
+    leftover = {commit: sum(objects.values()) for commit, objects in groups.items()}
     index_bytes = sum(backend.list_sizes(INDEX_PREFIX).values())
     return StorageUsage(route_bytes=done, index_bytes=index_bytes, uncommitted=leftover)
 
@@ -163,11 +164,13 @@ class SampleCatalog:
             table = pa.concat_tables(tables, promote_options="permissive")
         except (pa.ArrowTypeError, pa.ArrowInvalid):  # writers disagree on a metadata column's type
             table = pa.concat_tables(_clashing_metadata_as_strings(tables), promote_options="permissive")
-        order = pc.sort_indices(table, [("committed_at", "ascending"), ("shard", "ascending"), ("row_start", "ascending")])
+        sort_keys = [("committed_at", "ascending"), ("shard", "ascending"), ("row_start", "ascending")]
+        order = pc.sort_indices(table, sort_keys)
         return table.take(order)
 
     def _build_lookup(self) -> None:
-        cols = self.samples.select(["sample_id", "array", "row_start", "num_rows", "num_tokens", "quarantined"]).to_pydict()
+        names = ["sample_id", "array", "row_start", "num_rows", "num_tokens", "quarantined"]
+        cols = self.samples.select(names).to_pydict()
         self._where = {sid: i for i, sid in enumerate(cols["sample_id"])}
         self.array: list[str] = cols["array"]
         """Route array of each row of :attr:`samples`."""

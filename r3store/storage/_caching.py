@@ -76,7 +76,7 @@ class CachingBackend(Backend):
     temp-and-rename fix is PR #2075, not in that release). They also cache every key
     (so a store deleted and re-created at the same URL would serve its old manifest),
     fail a negative-start ``cat_file`` (the cached file object has no ``size``), so each
-    shard-index read through them still costs a HEAD for the object's size, and read
+    object-index read through them still costs a HEAD for the object's size, and read
     through ``open()``/``read()`` copies instead of mmap. ``blockcache::`` caches
     blocks of open files only, not ``cat_ranges``.
     Writing whole write-once objects atomically is all this class adds.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -184,11 +185,8 @@ class FsspecBackend(Backend):
         return True
 
     def delete(self, key: str) -> None:
-        with map_storage_errors(self.path_of(key)):
-            try:
-                self.fs.rm_file(self._path(key))
-            except FileNotFoundError:
-                pass
+        with map_storage_errors(self.path_of(key)), contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self._path(key))
 
     def list_prefix(self, prefix: str) -> list[str]:
         return list(self.list_info(prefix))

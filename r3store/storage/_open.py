@@ -99,5 +99,6 @@ def _checked_options(url: str, storage_options: Mapping[str, Any] | None) -> dic
         if not isinstance(key, str):
             raise StorageError(url, f"storage option names must be str, got {key!r}")
         if key.endswith("_kwargs") and not isinstance(value, Mapping):
-            raise StorageError(url, f"storage option {key} must be a mapping (a JSON object), got {type(value).__name__}")
+            raise StorageError(url, f"storage option {key} must be a mapping (a JSON object), "
+                                    f"got {type(value).__name__}")
     return options

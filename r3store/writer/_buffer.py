@@ -6,6 +6,7 @@ or not at all. Samples wait here, as uint16 MoE-layer ids, until the writer comm
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -152,10 +153,8 @@ class SampleBuffer:
         sample.rows = sum(len(p) for p in sample.parts)
         self.nbytes += 0 if moe is None else moe.nbytes
         sample.num_tokens = _quarantined_num_tokens(num_tokens, tokens, sample.rows)
-        try:
+        with contextlib.suppress(RouteValidationError):
             sample.metadata.update(check_metadata(sample.sample_id, metadata, self.meta_types))
-        except RouteValidationError:
-            pass
         sample.reason = sample.reason or f"{exc.field}: {exc.fault}{stored}"
         self._finish(sample)
 

@@ -111,7 +111,8 @@ class Committer:
             foreign = [k for k in self.backend.list_prefix("")
                        if not k.startswith(_OWN_KEYS) and not k.rpartition("/")[2].startswith(".")]
             if foreign:
-                raise NotAStoreError(self.backend.url, f"folder holds other files ({foreign[0]!r}, ...) and no r3store.json")
+                raise NotAStoreError(self.backend.url,
+                                     f"folder holds other files ({foreign[0]!r}, ...) and no r3store.json")
             self.backend.set_if_absent(MANIFEST_KEY, (json.dumps(doc, indent=2) + "\n").encode())
         self.check_spec()
         for key, attrs in (("zarr.json", {"r3store": {"manifest": MANIFEST_KEY}}), (f"{ROUTES_PREFIX}zarr.json", {})):

@@ -6,7 +6,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, cast
 
 from r3store._checks import config_fields, merge_config, parse_choice, parse_int, parse_optional_int
 from r3store.errors import OptionError
@@ -76,7 +76,7 @@ class WriterConfig:
 
     def to_dict(self) -> WriterConfigDict:
         """The settings as a JSON-ready dict."""
-        return WriterConfigDict(**dataclasses.asdict(self))  # type: ignore[typeddict-item]
+        return cast(WriterConfigDict, dataclasses.asdict(self))
 
     @classmethod
     def from_dict(cls, d: WriterConfigDict | Mapping[str, Any]) -> WriterConfig:
@@ -89,10 +89,11 @@ class WriterConfig:
         """
         if not isinstance(d, Mapping):
             raise OptionError("config", d, "must be a mapping")
-        for key in d:
+        data: dict[str, Any] = dict(d)
+        for key, value in data.items():
             if key not in config_fields(cls):
-                raise OptionError(str(key), d[key], "is not a writer setting")
-        return cls(**d)
+                raise OptionError(str(key), value, "is not a writer setting")
+        return cls(**data)
 
     @classmethod
     def resolve(cls, config: WriterConfig | WriterConfigDict | Mapping[str, Any] | None = None,
