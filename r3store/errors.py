@@ -42,9 +42,8 @@ build their message from them.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
-
-from r3store._deprecated import renamed_property as _renamed_property
 
 __all__ = [
     "AlignmentError",
@@ -222,7 +221,12 @@ class DuplicateSampleError(R3StoreError, ValueError):
         extra = f"; {detail}" if detail else ""
         super().__init__(f"sample {sample_id!r} is written more than once{where}{extra}")
 
-    shards = _renamed_property("shards", "commits")
+    @property
+    def shards(self) -> tuple[str, ...]:
+        """Deprecated name of :attr:`commits` (removed in the next release)."""
+        warnings.warn("DuplicateSampleError.shards is deprecated and will be removed in the next release; use "
+                      "DuplicateSampleError.commits", DeprecationWarning, stacklevel=2)
+        return self.commits
 
 
 class ContinuationError(R3StoreError, ValueError):

@@ -91,7 +91,7 @@ def diff(store_a: RouteReader, store_b: RouteReader, *, sample_filter: str | Non
     limit : int, optional
         Compare the first ``limit`` (matching) common samples, in store A's order.
     workers : int, optional
-        Threads (one sample per task, each thread with its own RouteStores); default 1
+        Threads (one sample per task, each thread with its own RouteReaders); default 1
         when both stores are on local disk, else 8.
     progress : callable, optional
         ``progress(rows_done, rows_total)``.
