@@ -13,6 +13,7 @@ Deprecated names are never listed in ``__all__``.
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -67,10 +68,12 @@ def renamed_keyword(func: str, old: str, new: str, old_value: T | None, new_valu
 
 
 def renamed_property(old: str, new: str) -> property:
-    """A read-only property ``old`` returning attribute ``new`` (warns on each read)."""
+    """A read-only property ``old`` returning attribute ``new`` (a dotted path such as
+    ``config.buffer_bytes`` too); warns on each read."""
+    get = operator.attrgetter(new)
 
     def getter(self: Any) -> Any:
         warn(f"{type(self).__name__}.{old}", f"{type(self).__name__}.{new}")
-        return getattr(self, new)
+        return get(self)
 
     return property(getter, doc=f"Deprecated alias of :attr:`{new}`.")

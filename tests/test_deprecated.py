@@ -158,3 +158,12 @@ def test_writer_shard_bytes_keyword(tmp_path: Path) -> None:
 def test_writer_store_attribute(tmp_path: Path) -> None:
     with r3store.RouteWriter(tmp_path, SPEC) as w, pytest.deprecated_call(match="RouteWriter.store.*backend"):
         assert w.store is w.backend
+
+
+@pytest.mark.parametrize(("old", "new"), [("buffer_bytes", "buffer_bytes"), ("chunk_rows", "chunk_rows"),
+                                          ("layers_per_chunk", "layers_per_chunk"), ("shard_bytes", "object_bytes"),
+                                          ("on_invalid", "on_invalid")])
+def test_writer_setting_attributes(tmp_path: Path, old: str, new: str) -> None:
+    with r3store.RouteWriter(tmp_path, SPEC, object_bytes=999, chunk_rows=7) as w, \
+            pytest.deprecated_call(match=f"RouteWriter.{old} is deprecated.*RouteWriter.config.{new}"):
+        assert getattr(w, old) == getattr(w.config, new)

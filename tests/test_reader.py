@@ -364,6 +364,10 @@ def test_fork_has_its_own_cache_and_shares_the_catalogue(tmp_path) -> None:
     assert fork._chunks._chunks == {} and reader._chunks._chunks
     np.testing.assert_array_equal(fork.get("s2"), source["s2"])
     assert not any(key[0] == reader.row("s2")["array"] and key[1] == 2 for key in reader._chunks._chunks)
+    reader.cache_bytes = 1 << 20
+    assert reader.cache_bytes == 1 << 20 and fork.cache_bytes == 1 << 10
+    with pytest.raises(r3store.errors.OptionError, match="cache_bytes"):
+        reader.cache_bytes = -1
 
 
 def test_assemble_returns_numpy_and_takes_options_whole(tmp_path) -> None:

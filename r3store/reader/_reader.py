@@ -10,6 +10,7 @@ from typing import Any, Self
 import numpy as np
 import pyarrow as pa
 
+from r3store._checks import parse_int
 from r3store._format import MANIFEST_KEY, ArrayGeometry, is_immutable_key, parse_manifest
 from r3store._spec import ModelSpec
 from r3store.errors import NotAStoreError, ObjectNotFoundError, OptionError
@@ -116,8 +117,12 @@ class RouteReader:
 
     @property
     def cache_bytes(self) -> int:
-        """Budget for decoded chunks kept in memory."""
+        """Budget for decoded chunks kept in memory (settable)."""
         return self._chunks.cache_bytes
+
+    @cache_bytes.setter
+    def cache_bytes(self, value: int) -> None:
+        self._chunks.cache_bytes = parse_int("cache_bytes", value, minimum=0)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r}, samples={len(self)}, spec={self.spec})"

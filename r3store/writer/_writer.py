@@ -118,6 +118,11 @@ class RouteWriter:
 
     shards = renamed_property("shards", "commits")
     store = renamed_property("store", "backend")
+    buffer_bytes = renamed_property("buffer_bytes", "config.buffer_bytes")
+    chunk_rows = renamed_property("chunk_rows", "config.chunk_rows")
+    layers_per_chunk = renamed_property("layers_per_chunk", "config.layers_per_chunk")
+    shard_bytes = renamed_property("shard_bytes", "config.object_bytes")
+    on_invalid = renamed_property("on_invalid", "config.on_invalid")
 
     def __repr__(self) -> str:
         return f"RouteWriter({self.backend.url!r}, writer_id={self.writer_id!r})"
