@@ -428,3 +428,12 @@ def test_zarr_rejects_float_arrays() -> None:
             store=MemoryStore(), shape=(4,), chunks=(4,), dtype="float32",
             serializer=ZarrBitpackCodec(bits=4), compressors=None,
         )
+
+
+def test_validate_reports_an_unknown_codec_as_a_finding(tmp_path: Path) -> None:
+    from r3store.audit import validate
+
+    store = _store_with_codec_name(tmp_path, "no.such.codec")
+    report = validate(store)
+    (finding,) = [f for f in report.findings if f.kind == "malformed_chunk"]
+    assert "no.such.codec" in finding.detail and "entry-point group" in finding.detail

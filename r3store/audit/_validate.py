@@ -42,7 +42,7 @@ from r3store.audit._scan import (
     run_units,
     select_samples,
 )
-from r3store.errors import ChecksumError, FormatError, ObjectNotFoundError
+from r3store.errors import ChecksumError, FormatError, ObjectNotFoundError, UnknownCodecError
 from r3store.reader import RouteReader
 
 __all__ = ["validate"]
@@ -304,7 +304,7 @@ def _scan_array(rs: RouteReader, unit: _Unit, ctx: _Context) -> _Result:
     except ObjectNotFoundError as exc:
         res.findings.append(make_finding("missing_object", array=unit.array, detail=f"{exc}"))
         return res
-    except FormatError as exc:
+    except (FormatError, UnknownCodecError) as exc:  # an unknown codec: its chunks cannot be decoded here
         res.findings.append(make_finding("malformed_chunk", array=unit.array, detail=f"{exc}"))
         return res
     samples = []
