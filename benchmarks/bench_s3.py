@@ -282,7 +282,7 @@ def child_append(url: str, gib: float, buffer_bytes: int, options_json: str) -> 
     seconds = time.perf_counter() - t0
     peak = peak_rss()
     print(json.dumps({"before": before, "peak": peak, "seconds": seconds, "int32_bytes": count * template.nbytes,
-                      "shards": len(writer.shards)}))
+                      "commits": len(writer.commits)}))
 
 
 def run_append(url: str, gib: float, buffer_bytes: int, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -342,13 +342,13 @@ def request_table(steps: list[Result], num_samples: int) -> Table:
 def memory_table(rows: list[tuple[str, int, dict[str, Any]]]) -> Table:
     table = Table(title="writer process memory over a long append (child process; peak = VmHWM)")
     for col in ("store", "int32 appended", "buffer", "RSS before", "peak RSS", "growth", "growth / buffer",
-                "peak / appended", "shards", "seconds", "int32 MB/s"):
+                "peak / appended", "commits", "seconds", "int32 MB/s"):
         table.add_column(col, justify="left" if col == "store" else "right")
     for name, buffer_bytes, r in rows:
         growth = r["peak"] - r["before"]
         table.add_row(name, f"{r['int32_bytes'] / (1 << 30):.2f} GiB", f"{buffer_bytes // MIB} MiB",
                       f"{r['before'] / MIB:,.0f} MiB", f"{r['peak'] / MIB:,.0f} MiB", f"{growth / MIB:,.0f} MiB",
-                      f"{growth / buffer_bytes:.2f}x", f"{r['peak'] / r['int32_bytes']:.3f}x", str(r["shards"]),
+                      f"{growth / buffer_bytes:.2f}x", f"{r['peak'] / r['int32_bytes']:.3f}x", str(r["commits"]),
                       f"{r['seconds']:.1f}", mb(r["int32_bytes"] / r["seconds"]))
     return table
 

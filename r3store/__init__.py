@@ -1,6 +1,6 @@
 """r3store: store and stream MoE routing traces for Rollout Routing Replay (R3).
 
-Writer -> codec -> store -> reader -> layout -> dataset::
+Writer -> codec -> storage -> reader -> batch (layout applied) -> dataset (torch)::
 
     import r3store
     spec = r3store.ModelSpec(num_layers=48, num_experts=128, top_k=8)
@@ -16,24 +16,26 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
-
 from r3store import errors
-from r3store._ingest import decode_sglang, decode_vllm, encode_sglang
-from r3store._reader import RouteStore, open_store
 from r3store._spec import ModelSpec
-from r3store._writer import RouteWriter
+from r3store._store import RouteStore, open_store
+from r3store._version import __version__
+from r3store.reader import RouteReader, open_reader
+from r3store.writer import RouteWriter, WriterConfig, decode_sglang, decode_vllm, encode_sglang
 
 __all__ = [
     "ModelSpec",
     "RouteDataset",
+    "RouteReader",
     "RouteStore",
     "RouteWriter",
+    "WriterConfig",
     "__version__",
     "decode_sglang",
     "decode_vllm",
     "encode_sglang",
     "errors",
+    "open_reader",
     "open_store",
     "to_device",
 ]
@@ -49,6 +51,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'r3store' has no attribute {name!r}")
 
 
-for _obj in (ModelSpec, RouteStore, RouteWriter, open_store, decode_sglang, decode_vllm, encode_sglang):
+for _obj in (ModelSpec, RouteReader, RouteStore, RouteWriter, WriterConfig, open_reader, open_store, decode_sglang,
+             decode_vllm, encode_sglang):
     _obj.__module__ = "r3store"
 del _obj

@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from r3store._checks import parse_int
 from r3store.errors import LayerError, SpecError
 
-__all__ = ["ModelSpec", "ModelSpecDict"]
+__all__ = ["ModelSpec", "ModelSpecDict", "layer_positions"]
 
 MAX_EXPERTS = 1 << 16
 MAX_LAYERS = 1 << 16
@@ -26,14 +27,8 @@ class ModelSpecDict(TypedDict):
     moe_layers: list[int]
 
 
-def parse_positive(name: str, value: object, *, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise SpecError(f"ModelSpec.{name} must be an int, got {type(value).__name__}")
-    value = int(value)
-    if value < 1 or (maximum is not None and value > maximum):
-        bound = f"in [1, {maximum}]" if maximum is not None else ">= 1"
-        raise SpecError(f"ModelSpec.{name} must be {bound}, got {value}")
-    return value
+def _spec_error(name: str, value: Any, fault: str) -> SpecError:
+    return SpecError(f"ModelSpec.{name} {fault}, got {value!r}")
 
 
 def parse_moe_layers(value: Sequence[int] | None, num_layers: int) -> tuple[int, ...]:
@@ -86,7 +81,7 @@ class ModelSpec:
     """Routed experts per MoE layer."""
     top_k: int
     """Experts chosen per token per MoE layer."""
-    moe_layers: tuple[int, ...] = field(default=None)  # type: ignore[assignment]
+    moe_layers: tuple[int, ...] = ()
     """Global decoder-layer indices of the MoE layers, sorted."""
 
     def __init__(
@@ -96,9 +91,9 @@ class ModelSpec:
         top_k: int,
         moe_layers: Sequence[int] | None = None,
     ) -> None:
-        num_layers = parse_positive("num_layers", num_layers, maximum=MAX_LAYERS)
-        num_experts = parse_positive("num_experts", num_experts, maximum=MAX_EXPERTS)
-        top_k = parse_positive("top_k", top_k, maximum=num_experts)
+        num_layers = parse_int("num_layers", num_layers, minimum=1, maximum=MAX_LAYERS, error=_spec_error)
+        num_experts = parse_int("num_experts", num_experts, minimum=1, maximum=MAX_EXPERTS, error=_spec_error)
+        top_k = parse_int("top_k", top_k, minimum=1, maximum=num_experts, error=_spec_error)
         object.__setattr__(self, "num_layers", num_layers)
         object.__setattr__(self, "num_experts", num_experts)
         object.__setattr__(self, "top_k", top_k)
@@ -138,25 +133,10 @@ class ModelSpec:
         r3store.errors.LayerError
             A layer is not an MoE layer of this spec (dense, negative or too large),
             or is requested twice.
+        TypeError
+            ``layers`` is an int or a str, or holds a value that is not an int.
         """
-        if layers is None:
-            return tuple(range(self.num_moe_layers))
-        if isinstance(layers, numbers.Integral):
-            raise TypeError(f"layers must be a sequence of decoder-layer indices, got the int {layers}; use [{layers}]")
-        if isinstance(layers, str | bytes):
-            raise TypeError(f"layers must be a sequence of decoder-layer indices, got the str {layers!r}")
-        where = {layer: i for i, layer in enumerate(self.moe_layers)}
-        out: list[int] = []
-        for layer in layers:
-            if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
-                raise TypeError(f"layers must hold ints (decoder-layer indices), got {layer!r}")
-            pos = where.get(int(layer))
-            if pos is None:
-                raise LayerError(int(layer), self.moe_layers)
-            if pos in out:
-                raise LayerError(int(layer), self.moe_layers, fault="is requested twice")
-            out.append(pos)
-        return tuple(out)
+        return layer_positions(self.moe_layers, layers)
 
     def to_dict(self) -> ModelSpecDict:
         """Return the JSON-ready dict form."""
@@ -185,3 +165,61 @@ class ModelSpec:
             top_k=data["top_k"],
             moe_layers=data.get("moe_layers"),
         )
+
+
+def layer_positions(moe_layers: Sequence[int], layers: Sequence[int] | None) -> tuple[int, ...]:
+    """Positions of global decoder layers on a stored MoE-layer axis (the one mapping).
+
+    Parameters
+    ----------
+    moe_layers : sequence of int, shape (L,)
+        Global decoder-layer index of each entry of the stored layer axis.
+    layers : sequence of int or None
+        Global decoder-layer indices wanted, in the order wanted; ``None`` selects every
+        entry of ``moe_layers``.
+
+    Returns
+    -------
+    tuple of int
+        Index into the stored layer axis of each requested layer.
+
+    Raises
+    ------
+    r3store.errors.LayerError
+        (an IndexError) a layer is not in ``moe_layers`` (a dense layer, negative or too
+        large), or is requested twice; or ``moe_layers`` lists a layer twice.
+    TypeError
+        ``layers`` is an int or a str, or ``layers`` / ``moe_layers`` holds a value that
+        is not an int.
+
+    Examples
+    --------
+    >>> layer_positions([1, 2, 3, 5], [5, 1])
+    (3, 0)
+    """
+    stored = tuple(_layer_int(layer) for layer in moe_layers)
+    where = {layer: i for i, layer in enumerate(stored)}
+    if len(where) != len(stored):
+        twice = next(layer for i, layer in enumerate(stored) if where[layer] != i)
+        raise LayerError(twice, stored, fault="is listed twice in moe_layers")
+    if layers is None:
+        return tuple(range(len(stored)))
+    if isinstance(layers, numbers.Integral):
+        raise TypeError(f"layers must be a sequence of decoder-layer indices, got the int {layers}; use [{layers}]")
+    if isinstance(layers, str | bytes):
+        raise TypeError(f"layers must be a sequence of decoder-layer indices, got the str {layers!r}")
+    out: list[int] = []
+    for layer in map(_layer_int, layers):
+        pos = where.get(layer)
+        if pos is None:
+            raise LayerError(layer, stored)
+        if pos in out:
+            raise LayerError(layer, stored, fault="is requested twice")
+        out.append(pos)
+    return tuple(out)
+
+
+def _layer_int(layer: object) -> int:
+    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+        raise TypeError(f"layers must hold ints (decoder-layer indices), got {layer!r}")
+    return int(layer)

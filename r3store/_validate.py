@@ -11,10 +11,19 @@ import numpy as np
 from r3store._format import RESERVED_COLUMNS
 from r3store._spec import ModelSpec
 from r3store.codecs import kernels
-from r3store.codecs._kernels_numpy import first_repeat
+from r3store.codecs.kernels import first_repeat, repeated_ids
 from r3store.errors import ExpertIdError, RouteShapeError, RouteValidationError, RowCountError
 
-__all__ = ["as_numpy", "check_metadata", "check_routes", "check_row_count", "first_repeat"]
+__all__ = [
+    "as_numpy",
+    "check_metadata",
+    "check_routes",
+    "check_row_count",
+    "check_sample_id",
+    "check_tokens",
+    "first_repeat",
+    "repeated_ids",
+]
 
 _SCALARS = (bool, int, float, str)
 
@@ -61,7 +70,8 @@ def check_routes(sample_id: str, routes: np.ndarray, spec: ModelSpec) -> np.ndar
         raise RouteShapeError(sample_id, "routes",
                               f"must have 3 dims (rows, layers, top_k), got shape {routes.shape}")
     if routes.shape[2] != spec.top_k:
-        raise RouteShapeError(sample_id, "routes", f"top_k mismatch: last dim is {routes.shape[2]}, spec.top_k is {spec.top_k}")
+        raise RouteShapeError(sample_id, "routes",
+                              f"top_k mismatch: last dim is {routes.shape[2]}, spec.top_k is {spec.top_k}")
     layers = routes.shape[1]
     if layers == spec.num_moe_layers:
         moe_mask = None
@@ -124,7 +134,8 @@ def check_tokens(sample_id: str, tokens: Any) -> np.ndarray | None:
         return None
     arr = as_numpy(sample_id, "tokens", tokens)
     if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise RouteValidationError(sample_id, "tokens", f"must be a 1-D integer sequence, got shape {arr.shape}, dtype {arr.dtype}")
+        raise RouteValidationError(sample_id, "tokens",
+                                   f"must be a 1-D integer sequence, got shape {arr.shape}, dtype {arr.dtype}")
     return arr
 
 
@@ -161,7 +172,7 @@ def check_metadata(sample_id: str, metadata: Mapping[str, Any] | None,
         raise RouteValidationError(sample_id, "metadata", f"must be a mapping, got {type(metadata).__name__}")
     try:
         items = list(metadata.items())
-    except Exception as exc:  # noqa: BLE001 - a user mapping may raise anything
+    except Exception as exc:
         raise RouteValidationError(sample_id, "metadata", f"cannot be read: {type(exc).__name__}: {exc}") from exc
     out: dict[str, Any] = {}
     for key, value in items:
@@ -175,8 +186,8 @@ def check_metadata(sample_id: str, metadata: Mapping[str, Any] | None,
 
 def _check_meta_value(sample_id: str, key: Any, value: Any) -> None:
     if not isinstance(key, str) or not key or key in RESERVED_COLUMNS or not _utf8(key):
-        raise RouteValidationError(sample_id, f"metadata[{key!r}]",
-                                   f"key must be a non-empty str of valid UTF-8 and not one of {sorted(RESERVED_COLUMNS)}")
+        raise RouteValidationError(sample_id, f"metadata[{key!r}]", "key must be a non-empty str of valid UTF-8 and "
+                                                                    f"not one of {sorted(RESERVED_COLUMNS)}")
     if value is None:
         return
     if not isinstance(value, _SCALARS) or (isinstance(value, float) and not math.isfinite(value)):
@@ -185,7 +196,8 @@ def _check_meta_value(sample_id: str, key: Any, value: Any) -> None:
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
         raise RouteValidationError(sample_id, f"metadata[{key!r}]", f"int {value} does not fit in int64")
     if isinstance(value, str) and not _utf8(value):
-        raise RouteValidationError(sample_id, f"metadata[{key!r}]", f"str {value!r} is not valid UTF-8 (lone surrogate)")
+        raise RouteValidationError(sample_id, f"metadata[{key!r}]",
+                                   f"str {value!r} is not valid UTF-8 (lone surrogate)")
 
 
 def _merge_kind(sample_id: str, key: str, value: Any, known: tuple[type, int] | None) -> tuple[type, int]:

@@ -12,7 +12,8 @@ builtin exception a caller would naturally catch, so ``except KeyError`` around
     │   ├── ExpertIdError                        id out of range or repeated in a row
     │   ├── RowCountError                        rows != num_tokens - 1
     │   └── PayloadDecodeError                   an engine payload cannot be decoded
-    ├── LayoutOptionError (ValueError)           a layout option has a bad value
+    ├── OptionError (ValueError)                 a setting or argument has a bad value
+    │   └── LayoutOptionError                    a layout option has a bad value
     ├── AlignmentError (ValueError)              routes and tokens do not belong together
     ├── DuplicateSampleError (ValueError)        a sample id is written twice
     ├── ContinuationError (ValueError)           a multi-turn append leaves a gap or overlap
@@ -41,6 +42,7 @@ build their message from them.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 __all__ = [
@@ -58,6 +60,7 @@ __all__ = [
     "LayoutOptionError",
     "NotAStoreError",
     "ObjectNotFoundError",
+    "OptionError",
     "PayloadDecodeError",
     "R3StoreError",
     "R3StoreWarning",
@@ -158,13 +161,17 @@ class PayloadDecodeError(RouteValidationError):
     """An engine payload (SGLang base64, vLLM ``.npy``) cannot be decoded or reshaped."""
 
 
-class LayoutOptionError(R3StoreError, ValueError):
-    """A layout option (or an argument of a layout function) has a bad value.
+class OptionError(R3StoreError, ValueError):
+    """A setting or argument (writer, reader, dataset or audit option) has a bad value.
+
+    Bad *input data* (routes, tokens, metadata of a sample) raises
+    :class:`RouteValidationError` instead; a bad :class:`r3store.ModelSpec` raises
+    :class:`SpecError`.
 
     Attributes
     ----------
     option : str
-        Name of the option or argument at fault (``"cp_rank"``, ``"max_seqlen"``, ...).
+        Name of the option or argument at fault (``"buffer_bytes"``, ``"cp_rank"``, ...).
     value : object
         The rejected value.
     fault : str
@@ -175,7 +182,11 @@ class LayoutOptionError(R3StoreError, ValueError):
         self.option = option
         self.value = value
         self.fault = fault
-        super().__init__(f"{option}={value!r}: {fault}")
+        super().__init__(f"{option}={_short_repr(value)}: {fault}")
+
+
+class LayoutOptionError(OptionError):
+    """A layout option (or an argument of a layout function) has a bad value."""
 
 
 class AlignmentError(R3StoreError, ValueError):
@@ -199,16 +210,23 @@ class DuplicateSampleError(R3StoreError, ValueError):
     Attributes
     ----------
     sample_id : str
-    shards : tuple of str
-        The shards holding the id (empty when the writer caught it before any commit).
+    commits : tuple of str
+        The commits holding the id (empty when the writer caught it before any commit).
     """
 
-    def __init__(self, sample_id: str, shards: tuple[str, ...] = (), detail: str = "") -> None:
+    def __init__(self, sample_id: str, commits: tuple[str, ...] = (), detail: str = "") -> None:
         self.sample_id = sample_id
-        self.shards = tuple(shards)
-        where = f" (committed in shards {', '.join(map(repr, self.shards))})" if shards else ""
+        self.commits = tuple(commits)
+        where = f" (committed in commits {', '.join(map(repr, self.commits))})" if commits else ""
         extra = f"; {detail}" if detail else ""
         super().__init__(f"sample {sample_id!r} is written more than once{where}{extra}")
+
+    @property
+    def shards(self) -> tuple[str, ...]:
+        """Deprecated name of :attr:`commits` (removed in the next release)."""
+        warnings.warn("DuplicateSampleError.shards is deprecated and will be removed in the next release; use "
+                      "DuplicateSampleError.commits", DeprecationWarning, stacklevel=2)
+        return self.commits
 
 
 class ContinuationError(R3StoreError, ValueError):
@@ -451,6 +469,12 @@ def _short(value: Any) -> str:
     if isinstance(value, list | tuple) and value and all(isinstance(v, int) for v in value):
         return _span(tuple(value))
     return repr(value)
+
+
+def _short_repr(value: Any, limit: int = 200) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a bad value may be a huge list)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _span(layers: tuple[int, ...]) -> str:

@@ -8,15 +8,17 @@ import pytest
 
 import r3store
 import r3store.audit
+import r3store.batch
 import r3store.codecs
 import r3store.dataset
 import r3store.errors
 import r3store.layout
+import r3store.reader
 import r3store.storage
 
 
 @pytest.mark.parametrize("module", [r3store, r3store.codecs, r3store.storage, r3store.layout, r3store.errors,
-                                    r3store.audit, r3store.dataset])
+                                    r3store.audit, r3store.dataset, r3store.reader, r3store.batch])
 def test_all_is_sorted_and_complete(module) -> None:
     names = module.__all__
     assert names == sorted(names)
@@ -30,7 +32,7 @@ def test_all_is_sorted_and_complete(module) -> None:
 
 
 def test_top_level_objects_report_public_module() -> None:
-    for name in ("ModelSpec", "RouteWriter", "RouteStore", "RouteDataset", "open_store"):
+    for name in ("ModelSpec", "RouteWriter", "RouteReader", "RouteStore", "RouteDataset", "open_reader", "open_store"):
         assert getattr(r3store, name).__module__ == "r3store"
 
 
@@ -52,3 +54,35 @@ def test_error_tree_is_rooted_in_builtins() -> None:
         assert issubclass(cls, r3store.errors.R3StoreError)
         if cls is not r3store.errors.R3StoreError:
             assert issubclass(cls, builtins), name
+
+
+def test_readme_calls_keep_working(tmp_path) -> None:
+    """The calls README.md shows, keyword forms included, on a small local store (no warnings)."""
+    import numpy as np
+
+    spec = r3store.ModelSpec(num_layers=6, num_experts=16, top_k=2, moe_layers=range(2, 6))
+    rng = np.random.default_rng(0)
+
+    def routes(rows: int) -> np.ndarray:
+        return np.stack([np.stack([rng.permutation(16)[:2] for _ in range(6)]) for _ in range(rows)]) * \
+            np.isin(np.arange(6), spec.moe_layers)[None, :, None]  # dense layers as zero rows
+
+    token_ids = np.arange(9)
+    with r3store.RouteWriter(tmp_path, spec, storage_options=None) as w:
+        w.append("step3/prompt17/sample2", routes(8), tokens=token_ids, metadata={"step": 3, "reward": 0.5})
+        w.append_sglang("step3/prompt17/sample3", {"routed_experts": r3store.encode_sglang(routes(5))}, num_tokens=6)
+        turn1, turn2 = routes(4), routes(3)
+        w.append("chat-9", turn1, start=0, final=False)
+        w.append("chat-9", turn2, start=len(turn1), num_tokens=8)
+    store = r3store.open_store(tmp_path, on_duplicate="first")
+    assert (store.spec, len(store), len(store.sample_ids), store.samples.num_rows) == (spec, 3, 3, 3)
+    assert store.get("step3/prompt17/sample2").shape == (8, 4, 2)
+    assert store.get("step3/prompt17/sample2", layers=range(3, 5), rows=slice(0, 4)).shape == (4, 2, 2)
+    batch = store.assemble(["step3/prompt17/sample2", "chat-9"], layout="thd", cp_size=2, cp_rank=0,
+                           tp_size=4, sequence_parallel=True, tp_rank=1, layers=range(3, 5),
+                           tokens=[token_ids, np.arange(8)])
+    assert {"routes", "replay_mask", "cu_seqlens", "tokens"} <= set(batch)
+    assert isinstance(batch["routes"], np.ndarray) and batch["routes"].shape[1:] == (2, 2)
+    ds = r3store.RouteDataset(tmp_path, max_tokens_per_batch=64, shuffle=True, seed=0, dp_rank=0, dp_size=1,
+                              cp_size=2, cp_rank=0)
+    assert sorted(s for b in ds for s in r3store.to_device(b, "cpu")["sample_ids"]) == sorted(store.sample_ids)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import r3store
-from r3store._format import ArrayLayout, decode_index
+from r3store._format import ArrayGeometry, decode_index
 from r3store.audit import (
     KINDS,
     Finding,
@@ -57,7 +57,7 @@ def write(path: Path | str, spec: r3store.ModelSpec, samples: dict[str, np.ndarr
     with r3store.RouteWriter(path, spec, on_invalid="quarantine" if quarantine else "raise", **kw) as w:
         for sid, routes in samples.items():
             w.append(sid, routes, num_tokens=(num_tokens or {}).get(sid, len(routes) + 1))
-    return list(w.shards)
+    return list(w.commits)
 
 
 def audit(path: Path | str, **kw: object) -> ValidationReport:
@@ -80,8 +80,8 @@ def clean_samples() -> dict[str, np.ndarray]:
 
 
 def test_clean_store_has_no_findings(tmp_path: Path, clean_samples: dict[str, np.ndarray]) -> None:
-    write(tmp_path, SPEC, dict(list(clean_samples.items())[:3]), chunk_rows=16, shard_bytes=64)
-    write(tmp_path, SPEC, dict(list(clean_samples.items())[3:]), chunk_rows=16, shard_bytes=64)
+    write(tmp_path, SPEC, dict(list(clean_samples.items())[:3]), chunk_rows=16, object_bytes=64)
+    write(tmp_path, SPEC, dict(list(clean_samples.items())[3:]), chunk_rows=16, object_bytes=64)
     report = audit(tmp_path)
     assert report.ok and report.findings == () and report.counts == {}
     assert report.samples_checked == 6 and report.arrays_checked == 2 and report.rows_checked == 6 * 80
@@ -264,8 +264,8 @@ def test_uncommitted_leftover(tmp_path: Path) -> None:
 
 def _frames(tmp_path: Path, array: str, shard: int = 0) -> tuple[Path, np.ndarray]:
     store = r3store.open_store(tmp_path)
-    layout = store.layout_of(array)
-    obj = tmp_path.joinpath(array, *ArrayLayout.shard_key(shard).split("/"))
+    layout = store.geometry_of(array)
+    obj = tmp_path.joinpath(array, *ArrayGeometry.object_key(shard).split("/"))
     raw = obj.read_bytes()
     return obj, decode_index(raw[-layout.index_nbytes :], layout, array, shard)
 
@@ -323,7 +323,7 @@ def test_bad_magic_is_malformed_and_other_chunks_are_still_checked(tmp_path: Pat
 def test_corrupt_index_and_missing_object(tmp_path: Path) -> None:
     rng = np.random.default_rng(10)
     (shard,) = write(tmp_path, SPEC, {f"s{i}": distinct_routes(rng, 8, 4, 64, 2) for i in range(4)},
-                     chunk_rows=8, shard_bytes=1)  # one storage object per 8 rows
+                     chunk_rows=8, object_bytes=1)  # one storage object per 8 rows
     array = f"routes/{shard}"
     first = tmp_path.joinpath(array, "c", "0", "0", "0")
     data = bytearray(first.read_bytes())

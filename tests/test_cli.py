@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import r3store
 from r3store.cli import main
-from r3store.cli._main import parse_storage_options
+from r3store.cli._options import parse_storage_options
 from r3store.data import flame_samples, flame_spec
 
 
@@ -33,7 +33,7 @@ def test_inspect_json_reports_sizes(flame_store: Path) -> None:
     assert summary["ideal_bits_per_id"] == 6
     assert 6 <= summary["bits_per_id"] < 6 * 1.02
     assert summary["size_vs_int32"] == pytest.approx(summary["route_bytes"] / (4 * summary["expert_ids"]), rel=1e-3)
-    assert summary["shards"] == 1 and summary["writers"] == 1 and summary["metadata_columns"] == ["step"]
+    assert summary["commits"] == 1 and summary["writers"] == 1 and summary["metadata_columns"] == ["step"]
     assert summary["spec"]["moe_layers"] == list(range(2, 10))
 
 
@@ -64,7 +64,7 @@ def test_demo_runs_and_verifies(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "every route bit-identical" in result.output
     store = r3store.open_store(target)
-    assert len(store) == 32 and len(store.shards) == 2
+    assert len(store) == 32 and len(store.commits) == 2
     source = flame_samples()
     for sid in store.sample_ids:
         np.testing.assert_array_equal(store.get(sid), source[sid])
@@ -92,7 +92,7 @@ def test_gc_json_validates_and_groups_a_shard(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     jsonschema.validate(doc, load_schema("cli-gc"))
-    assert [item["shard"] for item in doc["leftovers"]] == [shard] and not doc["deleted"]
+    assert [item["commit"] for item in doc["leftovers"]] == [shard] and not doc["deleted"]
     assert any(k.endswith(".0.tmp") for k in doc["leftovers"][0]["keys"])
 
 
@@ -105,3 +105,21 @@ def test_show_defaults_to_eight_layers_and_rejects_empty_rows(tmp_path: Path) ->
     assert "pick others with --layers" in result.output
     result = CliRunner().invoke(main, ["show", str(tmp_path), "s", "--rows", "10:5"])
     assert result.exit_code == 2 and "empty row range" in result.output
+
+
+def test_help_imports_no_command_and_lists_their_help() -> None:
+    """--help is fast: the command modules (audits, readers) are imported when a command runs."""
+    import importlib
+    import subprocess
+    import sys
+
+    from r3store.cli._main import COMMANDS
+
+    code = ("import sys\nfrom r3store.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "assert not [m for m in sys.modules if m.startswith(('r3store.cli._inspect', 'r3store.audit', "
+            "'r3store.cli._gc', 'rich.table'))], sorted(sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    for name, (module, short) in COMMANDS.items():
+        assert name in out
+        command = getattr(importlib.import_module(module), name)
+        assert command.get_short_help_str(limit=1000) == short, name  # the help kept here matches the command's

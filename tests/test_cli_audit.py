@@ -73,7 +73,7 @@ def faulty(tmp_path: Path) -> Path:
         w.append("good", routes_of(rng, 16))
         w.append("rep", rep)
         w.append("fork", routes_of(rng, 8), num_tokens=8)
-    (shard,) = w.shards
+    (shard,) = w.commits
     obj = path / "routes" / shard / "c" / "0" / "0" / "0"
     data = bytearray(obj.read_bytes())
     data[25] ^= 0x01  # a payload byte of frame (0, 0): rows 0-7 of decoder layer 1
@@ -240,7 +240,7 @@ def test_inspect_and_validate_on_s3(s3_url: str, s3_storage_options: dict[str, A
     opts = ["-o", f"key={ACCESS_KEY}", "-o", f"secret={SECRET_KEY}", "-o", f"endpoint_url={endpoint}",
             "-o", f"region_name={REGION}"]
     inspected = checked_json(run("inspect", s3_url, "--json", *opts), "inspect")
-    assert inspected["samples"] == 2 and inspected["quarantined"] == 2 and inspected["shards"] == 2
+    assert inspected["samples"] == 2 and inspected["quarantined"] == 2 and inspected["commits"] == 2
     result = run("validate", s3_url, "--json", *opts)
     assert result.exit_code == 1
     doc = checked_json(result, "validate")

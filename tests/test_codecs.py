@@ -26,6 +26,7 @@ from r3store._validate import check_routes
 from r3store.codecs import (
     BitpackCodec,
     Codec,
+    SupportsFrameSize,
     get_codec,
     pack_bits,
     pack_bits_reference,
@@ -125,7 +126,7 @@ def test_payload_corruption_is_a_checksum_error() -> None:
 
 @pytest.mark.parametrize("bits", [0, 17, -1, True, 6.0, "6", None])
 def test_invalid_bits(bits: Any) -> None:
-    with pytest.raises(CodecError, match="bits must be an int in"):
+    with pytest.raises(CodecError, match=r"bits must be (in \[1, 16\]|an int)"):
         BitpackCodec(bits)
     with pytest.raises(CodecError):
         get_codec({"id": "r3store.bitpack", "bits": bits})
@@ -255,6 +256,56 @@ def test_unknown_codec_id() -> None:
         get_codec({"id": "no.such.codec"})
     assert info.value.codec_id == "no.such.codec"
     assert isinstance(info.value, ValueError)
+    assert "'r3store.codecs' entry-point group" in info.value.hint  # how to install one
+
+
+def test_frame_size_is_an_optional_ability() -> None:
+    assert isinstance(BitpackCodec(6), SupportsFrameSize)
+    assert not isinstance(_NoFrameSize(6), SupportsFrameSize)
+    assert "frame_size" not in Codec.__abstractmethods__
+
+
+class _NoFrameSize(Codec):
+    """A codec without the optional ability: bitpack frames, decoded by delegation."""
+
+    codec_id = "r3store.test-no-frame-size"
+
+    def __init__(self, bits: int) -> None:
+        self.inner = BitpackCodec(bits)
+
+    def encode(self, ids: Any) -> bytes:
+        return self.inner.encode(ids)
+
+    def decode(self, buf: Any, out: np.ndarray | None = None) -> np.ndarray:
+        return self.inner.decode(buf, out)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"id": self.codec_id, "bits": self.inner.bits}
+
+
+def _store_with_codec_name(root: Path, name: str) -> Any:
+    """A small store whose route array's metadata names the codec ``name``."""
+    import r3store
+
+    spec = r3store.ModelSpec(num_layers=2, num_experts=16, top_k=2)
+    with r3store.RouteWriter(root, spec) as w:
+        w.append("s", np.tile(np.array([3, 9]), (7, 2, 1)))
+    (array,) = [p for p in (root / "routes").iterdir() if p.is_dir()]
+    doc = json.loads((array / "zarr.json").read_text())
+    doc["codecs"][0]["configuration"]["codecs"][0]["name"] = name
+    (array / "zarr.json").write_text(json.dumps(doc))
+    return r3store.open_store(root)
+
+
+def test_reader_takes_the_codec_from_the_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read path names no codec class: the array metadata's codec id goes through get_codec."""
+    store = _store_with_codec_name(tmp_path / "a", "no.such.codec")
+    with pytest.raises(UnknownCodecError, match="no.such.codec.*entry-point group"):
+        store.get("s")
+    monkeypatch.setattr(registry_module, "_registry", dict(registry_module._registry))
+    register_codec(_NoFrameSize)
+    store = _store_with_codec_name(tmp_path / "b", _NoFrameSize.codec_id)
+    np.testing.assert_array_equal(store.get("s"), np.tile(np.array([3, 9]), (7, 2, 1)))
 
 
 @pytest.mark.parametrize("config", [None, [], {}, {"id": 5}, {"bits": 6}], ids=repr)
@@ -377,3 +428,12 @@ def test_zarr_rejects_float_arrays() -> None:
             store=MemoryStore(), shape=(4,), chunks=(4,), dtype="float32",
             serializer=ZarrBitpackCodec(bits=4), compressors=None,
         )
+
+
+def test_validate_reports_an_unknown_codec_as_a_finding(tmp_path: Path) -> None:
+    from r3store.audit import validate
+
+    store = _store_with_codec_name(tmp_path, "no.such.codec")
+    report = validate(store)
+    (finding,) = [f for f in report.findings if f.kind == "malformed_chunk"]
+    assert "no.such.codec" in finding.detail and "entry-point group" in finding.detail

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import r3store
-from r3store._gc import collect_garbage
+from r3store.audit import collect_garbage
 
 WRITER = Path(__file__).parent / "procs" / "writer.py"
 sys.path.insert(0, str(WRITER.parent))
@@ -66,7 +66,7 @@ def test_sigkill_mid_write_leaves_store_readable(tmp_path: Path) -> None:
         committed_before = len(store)
         check_intact(store)
     leftovers = collect_garbage(url, older_than_s=0)
-    assert all(not (Path(url) / "index" / f"{item.shard}.parquet").exists() for item in leftovers)
+    assert all(not (Path(url) / "index" / f"{item.commit}.parquet").exists() for item in leftovers)
     collect_garbage(url, older_than_s=0, delete=True)
     after = r3store.open_store(url)
     assert len(after) == committed_before
@@ -88,7 +88,7 @@ def test_writer_memory_is_bounded_by_its_buffer(tmp_path: Path) -> None:
     assert growth < buffer_bytes + (64 << 20), f"RSS grew by {growth / 2**20:.0f} MiB"
     store = r3store.open_store(tmp_path / "store")
     assert len(store) == 1024
-    assert len(store.shards) >= 1024 * (1 << 19) // buffer_bytes - 1
+    assert len(store.commits) >= 1024 * (1 << 19) // buffer_bytes - 1
 
 
 def test_gc_never_touches_committed_data(tmp_path: Path) -> None:
@@ -102,7 +102,7 @@ def test_gc_never_touches_committed_data(tmp_path: Path) -> None:
     (url / "index" / f"{shard}.parquet").unlink()
     assert collect_garbage(url, older_than_s=3600) == []  # too young
     found = collect_garbage(url, older_than_s=0)
-    assert [f.shard for f in found] == [shard] and found[0].nbytes > 0
+    assert [f.commit for f in found] == [shard] and found[0].nbytes > 0
     collect_garbage(url, older_than_s=0, delete=True)
     assert not [p for p in (url / "routes" / shard).rglob("*") if p.is_file()]
     store = r3store.open_store(url)

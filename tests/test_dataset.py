@@ -15,6 +15,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 import r3store
 from r3store.errors import AlignmentError, LayerError, ResumeError
+from r3store.layout import LayoutOptions
 
 SPEC = r3store.ModelSpec(num_layers=6, num_experts=16, top_k=4, moe_layers=[1, 2, 4, 5])
 
@@ -71,12 +72,12 @@ def _pad_bound_holds(batch: dict[str, Any]) -> bool:
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-@pytest.mark.parametrize("world_size", [1, 3])
-def test_every_sample_exactly_once_across_ranks_and_workers(store_dir, world_size: int, num_workers: int) -> None:
+@pytest.mark.parametrize("dp_size", [1, 3])
+def test_every_sample_exactly_once_across_ranks_and_workers(store_dir, dp_size: int, num_workers: int) -> None:
     path, source, _ = store_dir
     seen: Counter[str] = Counter()
-    for rank in range(world_size):
-        ds = r3store.RouteDataset(path, max_tokens_per_batch=256, shuffle=True, seed=3, rank=rank, world_size=world_size)
+    for dp_rank in range(dp_size):
+        ds = r3store.RouteDataset(path, max_tokens_per_batch=256, shuffle=True, seed=3, dp_rank=dp_rank, dp_size=dp_size)
         for batch in DataLoader(ds, batch_size=None, num_workers=num_workers):
             _check_batch(batch, source)
             assert _pad_bound_holds(batch)
@@ -155,14 +156,27 @@ def test_state_dict_is_json_and_checks_topology(store_dir) -> None:
     import json
 
     path, _, _ = store_dir
-    ds = r3store.RouteDataset(path, max_tokens_per_batch=100, rank=0, world_size=2)
+    ds = r3store.RouteDataset(path, max_tokens_per_batch=100, dp_rank=0, dp_size=2)
     it = iter(ds)
     next(it)
     state = json.loads(json.dumps(ds.state_dict()))
-    assert state["yielded"] == 1 and state["world_size"] == 2
-    other = r3store.RouteDataset(path, max_tokens_per_batch=100, rank=1, world_size=2)
-    with pytest.raises(ResumeError, match="rank"):
+    assert state["yielded"] == 1 and state["dp_size"] == 2 and state["version"] == 2
+    other = r3store.RouteDataset(path, max_tokens_per_batch=100, dp_rank=1, dp_size=2)
+    with pytest.raises(ResumeError, match="dp_rank"):
         other.load_state_dict(state)
+
+
+def test_state_dict_of_version_1_loads(store_dir) -> None:
+    """States saved before the DP rank was named dp_rank (rank/world_size) still resume."""
+    path, _, _ = store_dir
+    ds = r3store.RouteDataset(path, max_tokens_per_batch=100, dp_rank=1, dp_size=2)
+    state = ds.state_dict()
+    old = {k: v for k, v in state.items() if k not in ("dp_rank", "dp_size")}
+    old.update(version=1, rank=1, world_size=2, yielded=2)
+    ds.load_state_dict(old)
+    assert ds.state_dict()["yielded"] == 2
+    with pytest.raises(ResumeError, match="dp_rank"):
+        ds.load_state_dict({**old, "rank": 0})
 
 
 def test_rank_from_torch_distributed(store_dir, tmp_path: Path) -> None:
@@ -172,7 +186,7 @@ def test_rank_from_torch_distributed(store_dir, tmp_path: Path) -> None:
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
         ds = r3store.RouteDataset(path, max_tokens_per_batch=500)
-        assert ds.state_dict()["world_size"] == 1
+        assert ds.state_dict()["dp_size"] == 1
         assert sorted(s for b in ds for s in b["sample_ids"]) == sorted(source)
     finally:
         dist.destroy_process_group()
@@ -183,7 +197,7 @@ def test_assemble_matches_dataset_batch(store_dir) -> None:
     ds = r3store.RouteDataset(path, max_tokens_per_batch=256, cp_size=2, cp_rank=1, tp_size=2, pad_multiple=2)
     batch = next(iter(ds))
     store = r3store.open_store(path)
-    again = store.assemble(batch["sample_ids"], cp_size=2, cp_rank=1, tp_size=2, pad_multiple=2)
+    again = store.assemble(batch["sample_ids"], cp_size=2, cp_rank=1, tp_size=2, pad_multiple=2, return_tensors="pt")
     assert again.keys() == batch.keys()
     for key, value in batch.items():
         if isinstance(value, torch.Tensor):
@@ -243,8 +257,8 @@ def test_bad_options_rejected(store_dir) -> None:
     path, _, _ = store_dir
     with pytest.raises(ValueError, match="max_tokens_per_batch"):
         r3store.RouteDataset(path, max_tokens_per_batch=0)
-    with pytest.raises(ValueError, match="rank"):
-        r3store.RouteDataset(path, rank=2, world_size=2)
+    with pytest.raises(r3store.errors.OptionError, match="dp_rank"):
+        r3store.RouteDataset(path, dp_rank=2, dp_size=2)
     with pytest.raises(r3store.errors.LayoutOptionError):
         r3store.RouteDataset(path, cp_size=2, cp_rank=2)
 
@@ -268,26 +282,40 @@ def test_apply_plan_tensor_matches_numpy(layout: str) -> None:
         apply_plan_tensor(plan, torch.zeros(3))
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4, 7])
-def test_every_rank_steps_the_same_number_of_times(store_dir, world_size: int) -> None:
+@pytest.mark.parametrize("dp_size", [2, 3, 4, 7])
+def test_every_rank_steps_the_same_number_of_times(store_dir, dp_size: int) -> None:
     """Synchronous DP hangs when ranks disagree on the number of steps."""
     path, source, _ = store_dir
     for budget in (100_000, 300, 64):
-        datasets = [r3store.RouteDataset(path, max_tokens_per_batch=budget, shuffle=True, rank=r,
-                                         world_size=world_size) for r in range(world_size)]
+        datasets = [r3store.RouteDataset(path, max_tokens_per_batch=budget, shuffle=True, dp_rank=r,
+                                         dp_size=dp_size) for r in range(dp_size)]
         counts = [len(ds) for ds in datasets]
         if sum(counts) < len(source):  # splitting had room: equal counts are required
             assert len(set(counts)) == 1, (budget, counts)
-        else:  # one sample per batch and too few samples for a multiple of world_size
+        else:  # one sample per batch and too few samples for a multiple of dp_size
             assert max(counts) - min(counts) <= 1 and counts == sorted(counts, reverse=True), (budget, counts)
         seen = Counter(s for ds in datasets for b in ds for s in b["sample_ids"])
         assert seen == Counter(list(source))
 
 
-def test_world_size_without_rank_is_an_error(store_dir) -> None:
+def test_dp_size_without_dp_rank_is_an_error(store_dir) -> None:
     path, _, _ = store_dir
-    with pytest.raises(ValueError, match="explicit rank"):
-        r3store.RouteDataset(path, world_size=4)
+    with pytest.raises(r3store.errors.OptionError, match="explicit dp_rank"):
+        r3store.RouteDataset(path, dp_size=4)
+
+
+def test_layout_options_passed_whole(store_dir) -> None:
+    """RouteDataset takes LayoutOptions (or its dict form) whole; per-field keywords merge in."""
+    path, _, _ = store_dir
+    options = LayoutOptions(cp_size=2, cp_rank=1, tp_size=2)
+    whole = next(iter(r3store.RouteDataset(path, max_tokens_per_batch=256, options=options)))
+    as_dict = next(iter(r3store.RouteDataset(path, max_tokens_per_batch=256, options=options.to_dict())))
+    merged = next(iter(r3store.RouteDataset(path, max_tokens_per_batch=256, options={"cp_size": 2}, cp_rank=1,
+                                            tp_size=2)))
+    for other in (as_dict, merged):
+        assert torch.equal(whole["routes"], other["routes"]) and torch.equal(whole["cu_seqlens"], other["cu_seqlens"])
+    with pytest.raises(r3store.errors.LayoutOptionError, match="given as a keyword"):
+        r3store.RouteDataset(path, options=options, cp_rank=0)
 
 
 def test_on_duplicate_passes_through(tmp_path: Path) -> None:
@@ -300,3 +328,19 @@ def test_on_duplicate_passes_through(tmp_path: Path) -> None:
         r3store.RouteDataset(tmp_path)
     batch = next(iter(r3store.RouteDataset(tmp_path, on_duplicate="first")))
     np.testing.assert_array_equal(batch["routes"].numpy()[:-1], first)
+
+
+def test_topology_is_one_frozen_object() -> None:
+    from dataclasses import FrozenInstanceError
+
+    from r3store.dataset import Topology
+
+    top = Topology.detect(dp_rank=2, dp_size=3)
+    assert (top.dp_rank, top.dp_size, top.worker, top.num_workers) == (2, 3, 0, 1)
+    assert Topology.detect() == Topology()
+    with pytest.raises(FrozenInstanceError):
+        top.dp_rank = 0  # type: ignore[misc]
+    with pytest.raises(r3store.errors.OptionError, match="dp_rank=3: must be in"):
+        Topology.detect(dp_rank=3, dp_size=3)
+    with pytest.raises(r3store.errors.OptionError, match="worker"):
+        Topology(worker=2, num_workers=2)

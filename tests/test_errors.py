@@ -5,6 +5,8 @@ from __future__ import annotations
 import builtins
 import pickle
 import socket
+import subprocess
+import sys
 import traceback
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from r3store.errors import (
     SampleNotFoundError,
     StorageError,
 )
-from r3store.storage import HANDLED_EXCEPTIONS, FsspecStore, LocalStore, map_storage_errors, open_backend
+from r3store.storage import FsspecBackend, LocalBackend, handled_exceptions, map_storage_errors, open_backend
 from r3store.testing.s3 import SECRET_KEY, storage_options
 
 URL = "s3://bucket/store/routes/shard-0"
@@ -41,14 +43,11 @@ def _client_error(code: str, status: int) -> ClientError:
 # (foreign exception, r3store error it must become, a fragment of the message)
 FOREIGN: list[tuple[BaseException, type[StorageError], str]] = [
     (FileNotFoundError(2, "No such file or directory", "/x"), ObjectNotFoundError, "no such object"),
-    (KeyError("routes/shard-0"), ObjectNotFoundError, "no such object"),
     (PermissionError(13, "Permission denied"), StorageError, "permission denied (Permission denied)"),
     (TimeoutError("read timed out"), StorageError, "TimeoutError: read timed out"),
     (ConnectionError("connection reset"), StorageError, "ConnectionError: connection reset"),
     (ConnectionResetError(104, "Connection reset by peer"), StorageError, "Connection reset by peer"),
     (OSError(5, "Input/output error"), StorageError, "OSError: [Errno 5] Input/output error"),
-    (ValueError("bad range"), StorageError, "ValueError: bad range"),
-    (RuntimeError("event loop closed"), StorageError, "RuntimeError: event loop closed"),
     (_client_error("NoSuchKey", 404), ObjectNotFoundError, "no such object"),
     (_client_error("NoSuchBucket", 404), ObjectNotFoundError, "no such object"),
     (_client_error("AccessDenied", 403), StorageError, "ClientError: An error occurred (AccessDenied)"),
@@ -77,14 +76,14 @@ def test_foreign_exception_is_translated(exc: BaseException, expected: type[Stor
 
 
 def test_every_handled_exception_has_a_case() -> None:
-    """A type added to HANDLED_EXCEPTIONS needs a row in FOREIGN.
+    """A type added to handled_exceptions() needs a row in FOREIGN.
 
     (The pattern of httpx's ``test_httpcore_all_exceptions_mapped``.)
     """
     covered = {type(exc) for exc, _, _ in FOREIGN}
-    missing = [t.__qualname__ for t in HANDLED_EXCEPTIONS if not any(issubclass(c, t) for c in covered)]
+    missing = [t.__qualname__ for t in handled_exceptions() if not any(issubclass(c, t) for c in covered)]
     assert missing == []
-    assert {OSError, TimeoutError, ClientError, aiohttp.ClientError} <= set(HANDLED_EXCEPTIONS)
+    assert {OSError, ClientError, aiohttp.ClientError} <= set(handled_exceptions())
 
 
 @pytest.mark.parametrize(
@@ -104,11 +103,24 @@ def test_own_errors_pass_through(exc: R3StoreError) -> None:
     assert info.value.__cause__ is None
 
 
-@pytest.mark.parametrize("exc", [TypeError("programming error"), AttributeError("x"), KeyboardInterrupt()], ids=repr)
+@pytest.mark.parametrize("exc", [TypeError("programming error"), AttributeError("x"), KeyboardInterrupt(),
+                                 KeyError("routes/shard-0"), ValueError("bad range"), RuntimeError("loop closed")],
+                         ids=repr)
 def test_unhandled_exceptions_are_not_translated(exc: BaseException) -> None:
+    """The mapping is narrow: a bug inside a storage block (a KeyError from a dict lookup, a
+    ValueError) shows as itself, never as "no such object" or a storage failure."""
     with pytest.raises(type(exc)) as info, map_storage_errors(URL):
         raise exc
     assert info.value is exc
+
+
+def test_mapping_imports_no_optional_library() -> None:
+    """botocore and aiohttp (the s3 extra) are looked up, never imported, by the mapping."""
+    code = ("import sys, r3store, r3store.storage as s\n"
+            "with s.map_storage_errors('u'):\n    pass\n"
+            "try:\n    with s.map_storage_errors('u'):\n        raise ValueError('bug')\nexcept ValueError:\n    pass\n"
+            "assert not {'botocore', 'aiohttp', 's3fs'} & set(sys.modules), sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_long_foreign_messages_are_shortened() -> None:
@@ -172,6 +184,16 @@ def test_documented_builtin_bases_match() -> None:
     assert checked >= 15
 
 
+def test_option_errors_carry_option_value_and_fault() -> None:
+    err = errors_module.OptionError("buffer_bytes", 0, "must be >= 1")
+    assert (err.option, err.value, err.fault) == ("buffer_bytes", 0, "must be >= 1")
+    assert str(err) == "buffer_bytes=0: must be >= 1"
+    assert isinstance(err, ValueError) and isinstance(err, R3StoreError)
+    layout = errors_module.LayoutOptionError("cp_rank", 2, "must be < cp_size=2")
+    assert isinstance(layout, errors_module.OptionError)
+    assert len(str(errors_module.OptionError("num_tokens", list(range(10_000)), "bad"))) < 250  # long values cut
+
+
 def test_sample_not_found_reads_well() -> None:
     err = SampleNotFoundError("sample-7", "s3://b/traces")
     assert str(err) == "no committed sample 'sample-7' in s3://b/traces"
@@ -209,14 +231,14 @@ def test_errors_pickle(err: R3StoreError) -> None:
 
 
 def test_local_permission_error_is_translated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = LocalStore(tmp_path)
+    store = LocalBackend(tmp_path)
     store.set("obj", b"x")
 
     def denied(self: Path, *args: Any, **kwargs: Any) -> bool:
         raise PermissionError(13, "Permission denied", str(self))
 
     monkeypatch.setattr(Path, "is_file", denied)
-    monkeypatch.setattr(LocalStore, "_open", denied)  # reads open the file with os.open (regular files only)
+    monkeypatch.setattr(LocalBackend, "_open", denied)  # reads open the file with os.open (regular files only)
     for call in (lambda: store.exists("obj"), lambda: store.get("obj")):
         with pytest.raises(StorageError, match="permission denied") as info:
             call()
@@ -263,7 +285,7 @@ def test_s3_unreachable_endpoint_is_a_storage_error() -> None:
     options["config_kwargs"] = {"retries": {"max_attempts": 1, "mode": "standard"}, "connect_timeout": 1}
     options["skip_instance_cache"] = True
     store = open_backend("s3://bucket/store", options)
-    assert isinstance(store, FsspecStore)
+    assert isinstance(store, FsspecBackend)
     store.fs.retries = 1  # s3fs's own retry loop (a class attribute, not an option)
     for call in (lambda: store.get("k"), lambda: store.exists("k")):
         with pytest.raises(StorageError) as info:

@@ -80,7 +80,7 @@ def test_flame_round_trip(backend, tmp_path: Path, memory_url: str, samples) -> 
 
 
 def test_flame_zarr_view_and_size(tmp_path: Path, samples) -> None:
-    write_flame(str(tmp_path), samples, chunk_rows=128, shard_bytes=4096)
+    write_flame(str(tmp_path), samples, chunk_rows=128, object_bytes=4096)
     store = r3store.open_store(tmp_path)
     arrays = {}
     for row in store.samples.to_pylist():

@@ -36,7 +36,8 @@ from r3store.errors import (
     StorageError,
 )
 from r3store.layout import apply_routes, pad_routes, plan_layout
-from r3store.storage import ByteRange, CachingStore, LocalStore, open_backend
+from r3store._format import is_immutable_key
+from r3store.storage import ByteRange, CachingBackend, LocalBackend, open_backend
 
 SPEC = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
 
@@ -153,7 +154,7 @@ ESCAPING_KEYS = ["../x", "routes/../../x", "/abs", "a//b", "./x", "a/./b", "a/",
 
 @pytest.mark.parametrize("key", ESCAPING_KEYS)
 def test_local_store_refuses_keys_that_leave_the_root(tmp_path: Path, key: str) -> None:
-    store = LocalStore(tmp_path / "root" / "deeper")
+    store = LocalBackend(tmp_path / "root" / "deeper")
     calls = [lambda: store.get(key), lambda: store.set(key, b"x"), lambda: store.exists(key),
              lambda: store.delete(key), lambda: store.info(key), lambda: store.set_if_absent(key, b"x")]
     for call in calls:
@@ -190,7 +191,7 @@ def test_caching_store_never_writes_outside_cache_dir(tmp_path: Path, s3_url: st
     # ... and the cache refuses the key itself (defense in depth)
     inner = open_backend(s3_url, s3_storage_options)
     assert bytes(inner.get(f"{evil}/zarr.json"))  # the object is there, at that literal key
-    cached = CachingStore(inner, cache)
+    cached = CachingBackend(inner, cache, immutable=is_immutable_key)
     for read in (lambda: cached.get(f"{evil}/c/0/0/0"), lambda: cached.get_many([f"{evil}/zarr.json"]),
                  lambda: cached.get_ranges(f"{evil}/c/0/0/0", [ByteRange(0, 4)])):
         with pytest.raises(StorageError, match="invalid key"):
@@ -518,7 +519,7 @@ def test_reader_api_misuse(store_dir: Path) -> None:
     assert [1] not in store and None not in store and "s0" in store
     with pytest.raises(ValueError, match="return_tensors"):
         store.assemble(["s0"], return_tensors="tf")  # type: ignore[arg-type]
-    with pytest.raises(FormatError, match="not the route array of a committed shard"):
+    with pytest.raises(FormatError, match="not a committed route array"):
         store.read_rows("routes/elsewhere", 0, 1, [0])
 
 

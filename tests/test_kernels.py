@@ -27,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import r3store
-from r3store._ingest import decode_sglang, encode_sglang
+from r3store import decode_sglang, encode_sglang
 from r3store._validate import check_routes
 from r3store.codecs import (
     BitpackCodec,

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import r3store
 from r3store.errors import AlignmentError, LayerError, R3StoreError, RouteShapeError
 from r3store.layout import (
     LayoutOptionError,
@@ -216,8 +217,17 @@ def test_select_layers():
         select_layers(moe, [3, 4])
     assert isinstance(info.value, IndexError)
     assert info.value.layer == 4 and info.value.moe_layers == (1, 2, 3, 5)
-    with pytest.raises(LayoutOptionError, match="layers"):
+    with pytest.raises(LayerError, match="requested twice"):  # one error policy with ModelSpec.layer_positions
         select_layers(moe, [3, 3])
+    with pytest.raises(LayerError, match="listed twice in moe_layers"):
+        select_layers([1, 1], None)
+    with pytest.raises(TypeError, match="ints"):
+        select_layers(moe, [3.0])
+    with pytest.raises(TypeError, match=r"use \[3\]"):
+        select_layers(moe, 3)  # type: ignore[arg-type]
+    spec = r3store.ModelSpec(num_layers=6, num_experts=8, top_k=2, moe_layers=moe)
+    for wanted in (None, [5, 1], [2]):
+        assert spec.layer_positions(wanted) == tuple(select_layers(moe, wanted).tolist())
 
 
 def test_doctests():
@@ -388,3 +398,20 @@ def test_parity_property(batch):
             seen.append(tp_tokens[0][tp_tokens[0] >= 0])
     # reassembling all CP (and SP) ranks recovers every token exactly once
     np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.arange(sum(num_tokens)))
+
+
+def test_options_resolve_merges_keywords_and_refuses_conflicts():
+    opts = LayoutOptions(cp_size=2, cp_rank=1)
+    assert LayoutOptions.resolve(None) == LayoutOptions()
+    assert LayoutOptions.resolve(opts) is opts
+    assert LayoutOptions.resolve({"cp_size": 2, "cp_rank": 1}) == opts
+    assert LayoutOptions.resolve(opts, tp_size=2, cp_rank=1) == LayoutOptions(cp_size=2, cp_rank=1, tp_size=2)
+    assert LayoutOptions.resolve(opts, layout=None, max_seqlen=None) is opts  # None: not given
+    with pytest.raises(LayoutOptionError, match="cp_rank=0: given as a keyword and as 1 in options"):
+        LayoutOptions.resolve(opts, cp_rank=0)
+    with pytest.raises(LayoutOptionError, match="given as a keyword and as 1 in options"):
+        LayoutOptions.resolve({"tp_size": 1}, tp_size=2)  # a dict says exactly which fields it sets
+    with pytest.raises(LayoutOptionError, match="options"):
+        LayoutOptions.resolve("thd")  # type: ignore[arg-type]
+    with pytest.raises(LayoutOptionError, match="cp_sise"):
+        LayoutOptions.resolve({"cp_sise": 2})

@@ -141,7 +141,7 @@ def test_auto_flush_keeps_open_samples(tmp_path) -> None:
         for i, part in enumerate(parts):
             w.append("mt", part, start=5 * i, final=i == 3)
             w.append(f"d{i}", done[f"d{i}"])
-    assert len(w.shards) >= 3
+    assert len(w.commits) >= 3
     store = r3store.open_store(tmp_path)
     np.testing.assert_array_equal(store.get("mt"), np.concatenate(parts))
     for sid, r in done.items():

@@ -81,7 +81,7 @@ def round_trip_cases(draw: st.DrawFn) -> dict:
         "lengths": lengths,
         "chunk_rows": chunk_rows,
         "layers_per_chunk": layers_per_chunk,
-        "shard_bytes": draw(st.sampled_from([1, 97, 1000, 32 << 20])),
+        "object_bytes": draw(st.sampled_from([1, 97, 1000, 32 << 20])),
         "full_layers": draw(st.lists(st.booleans(), min_size=n_samples, max_size=n_samples)),
         "with_tokens": draw(st.lists(st.booleans(), min_size=n_samples, max_size=n_samples)),
         "metadata": draw(st.lists(st.fixed_dictionaries({}, optional=META_KINDS), min_size=n_samples, max_size=n_samples)),
@@ -111,7 +111,7 @@ def test_round_trip_property(case: dict) -> None:
         url = tmp.name
     try:
         with r3store.RouteWriter(url, spec, chunk_rows=case["chunk_rows"], layers_per_chunk=case["layers_per_chunk"],
-                                 shard_bytes=case["shard_bytes"]) as w:
+                                 object_bytes=case["object_bytes"]) as w:
             for i, sid in enumerate(ids):
                 routes = with_dense(spec, data[sid]) if case["full_layers"][i] else data[sid]
                 kwargs = {"tokens": tokens[sid]} if case["with_tokens"][i] else {"num_tokens": case["lengths"][i]}
@@ -172,7 +172,7 @@ def small_store(tmp_path):
     rng = np.random.default_rng(7)
     data = {f"s{i}": uniform_routes(rng, n, SPEC.num_moe_layers, SPEC.num_experts, SPEC.top_k)
             for i, n in enumerate([5, 0, 17, 9, 33])}
-    with r3store.RouteWriter(tmp_path, SPEC, chunk_rows=4, layers_per_chunk=3, shard_bytes=30) as w:
+    with r3store.RouteWriter(tmp_path, SPEC, chunk_rows=4, layers_per_chunk=3, object_bytes=30) as w:
         for sid, r in data.items():
             w.append(sid, r, metadata={"step": int(sid[1:])})
     return tmp_path, data
@@ -224,7 +224,7 @@ def test_lookup_api(small_store) -> None:
     assert "'nope'" in str(info.value) and str(path) in str(info.value)
     with pytest.raises(KeyError):
         store.num_tokens("nope")
-    assert len(store.shards) == 1
+    assert len(store.commits) == 1
     assert repr(store).startswith("RouteStore(")
 
 
@@ -256,7 +256,7 @@ def test_memory_url_round_trip(memory_url) -> None:
 def test_empty_store(tmp_path) -> None:
     r3store.RouteWriter(tmp_path, SPEC).close()
     store = r3store.open_store(tmp_path)
-    assert len(store) == 0 and store.sample_ids == [] and store.shards == [] and store.duplicates == {}
+    assert len(store) == 0 and store.sample_ids == [] and store.commits == [] and store.duplicates == {}
     assert store.samples.num_rows == 0
 
 
@@ -291,7 +291,7 @@ def test_duplicate_across_writers(backend, tmp_path, memory_url) -> None:
     msg = str(info.value)
     assert "'x'" in msg and shard_a in msg and shard_b in msg
     assert info.value.sample_id == "x"
-    assert info.value.shards == (shard_b, shard_a)
+    assert info.value.commits == (shard_b, shard_a)
 
     first = r3store.open_store(url, on_duplicate="first")
     assert first.sample_ids == ["x", "only-b"]
@@ -326,3 +326,66 @@ def test_metadata_types_differing_between_writers(tmp_path) -> None:
     assert cols["flag"] == ["true", None, "2"]
     np.testing.assert_array_equal(store.get("w3"), routes)
 
+
+
+# -- the read core, the facade and batches ----------------------------------------------------
+
+LAYOUT_SPEC = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2, moe_layers=[1, 2, 3])
+
+
+def _layout_store(root) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(5)
+    source = {f"s{i}": uniform_routes(rng, n - 1, 3, 16, 2) for i, n in enumerate([9, 4, 13])}
+    with r3store.RouteWriter(root, LAYOUT_SPEC, chunk_rows=4) as w:
+        for sid, routes in source.items():
+            w.append(sid, routes)
+    return source
+
+
+def test_open_reader_is_the_read_core(tmp_path) -> None:
+    source = _layout_store(tmp_path)
+    reader = r3store.open_reader(tmp_path)
+    assert type(reader) is r3store.RouteReader and not hasattr(reader, "assemble")
+    assert reader.sample_ids == list(source) and reader.is_local and len(reader.commits) == 1
+    for sid, routes in source.items():
+        np.testing.assert_array_equal(reader.get(sid, [3, 1]), routes[:, [2, 0]])
+    usage = reader.storage_usage()
+    assert usage.route_bytes > 0 and usage.index_bytes > 0 and usage.uncommitted == {}
+    assert isinstance(r3store.open_store(tmp_path), r3store.RouteReader)
+
+
+def test_fork_has_its_own_cache_and_shares_the_catalogue(tmp_path) -> None:
+    source = _layout_store(tmp_path)
+    reader = r3store.open_reader(tmp_path)
+    reader.get("s0")
+    fork = reader.fork(cache_bytes=1 << 10)
+    assert fork.cache_bytes == 1 << 10 and reader.cache_bytes == 64 << 20
+    assert fork.samples is reader.samples and fork.backend is not reader.backend
+    assert fork._chunks._chunks == {} and reader._chunks._chunks
+    np.testing.assert_array_equal(fork.get("s2"), source["s2"])
+    assert not any(key[0] == reader.row("s2")["array"] and key[1] == 2 for key in reader._chunks._chunks)
+    reader.cache_bytes = 1 << 20
+    assert reader.cache_bytes == 1 << 20 and fork.cache_bytes == 1 << 10
+    with pytest.raises(r3store.errors.OptionError, match="cache_bytes"):
+        reader.cache_bytes = -1
+
+
+def test_assemble_returns_numpy_and_takes_options_whole(tmp_path) -> None:
+    from r3store.batch import BATCH_KEYS, assemble
+    from r3store.layout import LayoutOptions
+
+    _layout_store(tmp_path)
+    store = r3store.open_store(tmp_path)
+    options = LayoutOptions(cp_size=2, cp_rank=1, tp_size=2)
+    by_keywords = store.assemble(["s0", "s2"], cp_size=2, cp_rank=1, tp_size=2, layers=[2])
+    assert set(BATCH_KEYS) == set(by_keywords) and isinstance(by_keywords["routes"], np.ndarray)
+    for same in (store.assemble(["s0", "s2"], options, layers=[2]),
+                 store.assemble(["s0", "s2"], options=options.to_dict(), layers=[2]),
+                 store.assemble(["s0", "s2"], {"cp_size": 2}, cp_rank=1, tp_size=2, layers=[2]),
+                 assemble(r3store.open_reader(tmp_path), ["s0", "s2"], options, layers=[2])):
+        for key in BATCH_KEYS:
+            np.testing.assert_array_equal(np.asarray(same[key]), np.asarray(by_keywords[key]), err_msg=key)
+    with pytest.raises(r3store.errors.LayoutOptionError, match="cp_rank=0: given as a keyword and as 1"):
+        store.assemble(["s0"], options, cp_rank=0)
+    with pytest.raises(r3store.errors.OptionError, match="return_tensors"):
+        store.assemble(["s0"], return_tensors="tf")  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 import r3store
-from r3store._demo_replay import HINT, replay_demo_cli
+from r3store.cli._demo_replay import HINT, replay_demo_cli
 from r3store.audit import diff
 from r3store.cli import main
 

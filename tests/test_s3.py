@@ -28,11 +28,12 @@ from click.testing import CliRunner
 from torch.utils.data import DataLoader
 
 import r3store
-from r3store._gc import collect_garbage
+from r3store.audit import collect_garbage
 from r3store.cli import main
 from r3store.errors import NotAStoreError, ObjectNotFoundError, StorageError
-from r3store.storage import CachingStore, FsspecStore, Store, SuffixByteRange, open_backend
-from r3store.testing import StoreTests
+from r3store._format import is_immutable_key
+from r3store.storage import Backend, CachingBackend, FsspecBackend, SuffixByteRange, open_backend
+from r3store.testing import BackendTests
 from r3store.testing.s3 import ACCESS_KEY, REGION, SECRET_KEY, MotoServer, S3Counter, clear_s3fs_cache
 
 pytestmark = pytest.mark.s3
@@ -72,9 +73,9 @@ def frame_bytes(store: r3store.RouteStore, sample_id: str, layers: list[int] | N
     """Bytes of the inner chunks (frames) that hold ``sample_id``'s rows at ``layers``,
     from the shard index (the upper bound of what a read of that sample may fetch)."""
     row = store.row(sample_id)
-    layout = store.layout_of(row["array"])
-    assert layout.num_shards == 1
-    index = store._shard_index(row["array"], layout, 0)  # (row chunk, layer chunk, (offset, nbytes))
+    layout = store.geometry_of(row["array"])
+    assert layout.num_objects == 1
+    index = store._chunks.object_index(row["array"], layout, 0)  # (row chunk, layer chunk, (offset, nbytes))
     cr, lpc = layout.chunk_rows, layout.layers_per_chunk
     layer_chunks = sorted({p // lpc for p in store.spec.layer_positions(layers)})
     row_chunks = range(row["row_start"] // cr, (row["row_start"] + row["num_rows"] - 1) // cr + 1)
@@ -92,7 +93,7 @@ def test_s3_url_round_trip_in_few_objects(fifty: dict[str, int], s3_url: str,
     np.testing.assert_array_equal(store.get("sample-000003", [2, 5], rows=slice(10, 20)),
                                   routes_for(3, rows_of(3))[10:20, [2, 5]])
     # one commit = one storage object of routes + its array metadata + its sample table
-    (shard,) = store.shards
+    (shard,) = store.commits
     assert store.backend.list_prefix("") == sorted([
         "r3store.json", "zarr.json", "routes/zarr.json", f"routes/{shard}/zarr.json",
         f"routes/{shard}/c/0/0/0", f"index/{shard}.parquet",
@@ -105,7 +106,7 @@ def test_open_is_manifest_listing_and_one_get_per_shard(fifty: dict[str, int], s
     store = r3store.open_store(s3_url, storage_options=s3_storage_options)
     log = s3_counter.log
     assert [(r.method, r.key, r.range) for r in log if not r.is_listing] == [
-        ("GET", "store/r3store.json", None), ("GET", f"store/index/{store.shards[0]}.parquet", None),
+        ("GET", "store/r3store.json", None), ("GET", f"store/index/{store.commits[0]}.parquet", None),
     ]
     assert sum(r.is_listing for r in log) == 1 and len(log) == 3
 
@@ -114,14 +115,14 @@ def test_one_sample_read_fetches_only_its_chunks(fifty: dict[str, int], s3_url: 
                                                  s3_storage_options: dict[str, Any],
                                                  s3_counter: S3Counter) -> None:
     store = r3store.open_store(s3_url, storage_options=s3_storage_options)
-    (shard,) = store.shards
+    (shard,) = store.commits
     chunk_key = f"store/routes/{shard}/c/0/0/0"
     s3_counter.reset()
     sid = "sample-000025"
     np.testing.assert_array_equal(store.get(sid), routes_for(25, rows_of(25)))
     log = list(s3_counter.log)
 
-    layout = store.layout_of(f"routes/{shard}")
+    layout = store.geometry_of(f"routes/{shard}")
     needed = frame_bytes(store, sid)
     object_size = store.backend.info(f"routes/{shard}/c/0/0/0").size
     assert [r.method for r in log] == ["GET"] * 3, log
@@ -200,7 +201,7 @@ def test_set_if_absent_has_one_winner_on_s3(s3_url: str, s3_storage_options: dic
 def test_masks_credentials_in_urls() -> None:
     import fsspec
 
-    store = FsspecStore(fsspec.filesystem("memory"), "/bucket/x", "s3://AKIA123:very-secret@bucket/x")
+    store = FsspecBackend(fsspec.filesystem("memory"), "/bucket/x", "s3://AKIA123:very-secret@bucket/x")
     assert store.url == "s3://***@bucket/x" and "very-secret" not in repr(store)
 
 
@@ -224,7 +225,7 @@ def test_cache_dir_second_epoch_makes_no_route_or_index_requests(
     assert len(s3_counter.requests_for("store/index/")) == 1
 
     s3_counter.reset()
-    ds.store.clear_cache()  # drop decoded chunks held in memory: epoch 2 reads storage again
+    ds.reader.clear_cache()  # drop decoded chunks held in memory: epoch 2 reads storage again
     ds.set_epoch(1)
     second = _batches(ds)
     assert s3_counter.requests == 0
@@ -267,7 +268,7 @@ def test_cache_files_appear_whole(s3_url: str, s3_storage_options: dict[str, Any
     ``simplecache::`` writes to the final name; such a reader saw torn files)."""
     data = np.random.default_rng(0).integers(0, 256, 24 << 20, dtype=np.uint8).tobytes()
     open_backend(s3_url, s3_storage_options).set("routes/a/c/0/0/0", data)
-    store = CachingStore(open_backend(s3_url, s3_storage_options), tmp_path / "cache")
+    store = CachingBackend(open_backend(s3_url, s3_storage_options), tmp_path / "cache", immutable=is_immutable_key)
     seen: list[bool] = []
     stop = threading.Event()
 
@@ -290,26 +291,26 @@ def test_cache_files_appear_whole(s3_url: str, s3_storage_options: dict[str, Any
     assert seen and all(seen)
 
 
-class TestCachingStoreOnS3(StoreTests):
-    """The Store conformance kit, with every key cached."""
+class TestCachingBackendOnS3(BackendTests):
+    """The Backend conformance kit, with every key cached."""
 
     @pytest.fixture
-    def store(self, s3_url: str, s3_storage_options: dict[str, Any], tmp_path: Path) -> Iterator[CachingStore]:
-        store = CachingStore(open_backend(s3_url, s3_storage_options), tmp_path / "cache", cache_prefixes=("",))
-        yield store
-        store.close()
+    def backend(self, s3_url: str, s3_storage_options: dict[str, Any], tmp_path: Path) -> Iterator[CachingBackend]:
+        backend = CachingBackend(open_backend(s3_url, s3_storage_options), tmp_path / "cache", immutable=("",))
+        yield backend
+        backend.close()
 
-    def raw_set(self, store: Store, key: str, data: bytes) -> None:
-        assert isinstance(store, CachingStore) and isinstance(store.inner, FsspecStore)
-        store.inner.fs.pipe_file(f"{store.inner.root}/{key}", data)
+    def raw_set(self, backend: Backend, key: str, data: bytes) -> None:
+        assert isinstance(backend, CachingBackend) and isinstance(backend.inner, FsspecBackend)
+        backend.inner.fs.pipe_file(f"{backend.inner.root}/{key}", data)
 
-    def raw_get(self, store: Store, key: str) -> bytes:
-        assert isinstance(store, CachingStore) and isinstance(store.inner, FsspecStore)
-        return bytes(store.inner.fs.cat_file(f"{store.inner.root}/{key}"))
+    def raw_get(self, backend: Backend, key: str) -> bytes:
+        assert isinstance(backend, CachingBackend) and isinstance(backend.inner, FsspecBackend)
+        return bytes(backend.inner.fs.cat_file(f"{backend.inner.root}/{key}"))
 
-    def raw_exists(self, store: Store, key: str) -> bool:
-        assert isinstance(store, CachingStore) and isinstance(store.inner, FsspecStore)
-        return bool(store.inner.fs.isfile(f"{store.inner.root}/{key}"))
+    def raw_exists(self, backend: Backend, key: str) -> bool:
+        assert isinstance(backend, CachingBackend) and isinstance(backend.inner, FsspecBackend)
+        return bool(backend.inner.fs.isfile(f"{backend.inner.root}/{key}"))
 
 
 # -- transient and permanent errors ------------------------------------------------------
@@ -348,7 +349,7 @@ def test_permanent_errors_name_the_url_and_never_the_secret(fifty: dict[str, int
                                                             s3_storage_options: dict[str, Any],
                                                             s3_counter: S3Counter) -> None:
     store = r3store.open_store(s3_url, storage_options=s3_storage_options)
-    (shard,) = store.shards
+    (shard,) = store.commits
     s3_counter.fail_next(1, 403, methods={"GET"})
     with pytest.raises(StorageError, match=f"{s3_url}/routes/{shard}/zarr.json: permission denied") as info:
         store.get("sample-000001")
@@ -429,7 +430,7 @@ def test_cli_inspect_s3_with_options_and_cache(fifty: dict[str, int], s3_url: st
         result = CliRunner().invoke(main, args + extra)
         assert result.exit_code == 0, result.output
         summary = json.loads(result.output)
-        assert summary["url"] == s3_url and summary["samples"] == NUM_SAMPLES and summary["shards"] == 1
+        assert summary["url"] == s3_url and summary["samples"] == NUM_SAMPLES and summary["commits"] == 1
     missing = CliRunner().invoke(main, ["inspect", "s3://r3store-test/elsewhere", *args[3:]])
     assert missing.exit_code == 2 and "s3://r3store-test/elsewhere" in missing.output
     assert SECRET_KEY not in missing.output

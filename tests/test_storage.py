@@ -1,4 +1,4 @@
-"""Storage backends: the StoreTests kit on local disk, memory:// and S3 (moto), plus specifics."""
+"""Storage backends: the BackendTests kit on local disk, memory:// and S3 (moto), plus specifics."""
 
 from __future__ import annotations
 
@@ -12,66 +12,66 @@ import fsspec
 import pytest
 
 from r3store.errors import ObjectNotFoundError, StorageError
-from r3store.storage import ByteRange, FsspecStore, LocalStore, Store, SuffixByteRange, open_backend
-from r3store.testing import StoreTests
+from r3store.storage import Backend, ByteRange, FsspecBackend, LocalBackend, SuffixByteRange, open_backend
+from r3store.testing import BackendTests
 from r3store.testing.s3 import S3Counter
 
 # -- the conformance kit on every backend --------------------------------------------
 
 
-class TestLocalStore(StoreTests):
+class TestLocalBackend(BackendTests):
     @pytest.fixture
-    def store(self, tmp_path: Path) -> Iterator[LocalStore]:
-        store = LocalStore(tmp_path / "store")
-        yield store
-        store.close()
+    def backend(self, tmp_path: Path) -> Iterator[LocalBackend]:
+        backend = LocalBackend(tmp_path / "store")
+        yield backend
+        backend.close()
 
-    def raw_set(self, store: Store, key: str, data: bytes) -> None:
-        assert isinstance(store, LocalStore)
-        path = store.root / key
+    def raw_set(self, backend: Backend, key: str, data: bytes) -> None:
+        assert isinstance(backend, LocalBackend)
+        path = backend.root / key
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
 
-    def raw_get(self, store: Store, key: str) -> bytes:
-        assert isinstance(store, LocalStore)
-        return (store.root / key).read_bytes()
+    def raw_get(self, backend: Backend, key: str) -> bytes:
+        assert isinstance(backend, LocalBackend)
+        return (backend.root / key).read_bytes()
 
-    def raw_exists(self, store: Store, key: str) -> bool:
-        assert isinstance(store, LocalStore)
-        return (store.root / key).is_file()
-
-
-class FsspecStoreTests(StoreTests):
-    """Raw access through the store's own fsspec filesystem, not the Store API."""
-
-    def raw_set(self, store: Store, key: str, data: bytes) -> None:
-        assert isinstance(store, FsspecStore)
-        store.fs.pipe_file(f"{store.root}/{key}", data)
-
-    def raw_get(self, store: Store, key: str) -> bytes:
-        assert isinstance(store, FsspecStore)
-        return bytes(store.fs.cat_file(f"{store.root}/{key}"))
-
-    def raw_exists(self, store: Store, key: str) -> bool:
-        assert isinstance(store, FsspecStore)
-        return bool(store.fs.isfile(f"{store.root}/{key}"))
+    def raw_exists(self, backend: Backend, key: str) -> bool:
+        assert isinstance(backend, LocalBackend)
+        return (backend.root / key).is_file()
 
 
-class TestMemoryStore(FsspecStoreTests):
+class FsspecBackendTests(BackendTests):
+    """Raw access through the backend's own fsspec filesystem, not the Backend API."""
+
+    def raw_set(self, backend: Backend, key: str, data: bytes) -> None:
+        assert isinstance(backend, FsspecBackend)
+        backend.fs.pipe_file(f"{backend.root}/{key}", data)
+
+    def raw_get(self, backend: Backend, key: str) -> bytes:
+        assert isinstance(backend, FsspecBackend)
+        return bytes(backend.fs.cat_file(f"{backend.root}/{key}"))
+
+    def raw_exists(self, backend: Backend, key: str) -> bool:
+        assert isinstance(backend, FsspecBackend)
+        return bool(backend.fs.isfile(f"{backend.root}/{key}"))
+
+
+class TestMemoryBackend(FsspecBackendTests):
     @pytest.fixture
-    def store(self, memory_url: str) -> FsspecStore:
-        store = open_backend(memory_url)
-        assert isinstance(store, FsspecStore)
-        return store
+    def backend(self, memory_url: str) -> FsspecBackend:
+        backend = open_backend(memory_url)
+        assert isinstance(backend, FsspecBackend)
+        return backend
 
 
 @pytest.mark.s3
-class TestS3Store(FsspecStoreTests):
+class TestS3Backend(FsspecBackendTests):
     @pytest.fixture
-    def store(self, s3_url: str, s3_storage_options: dict[str, Any]) -> FsspecStore:
-        store = open_backend(s3_url, s3_storage_options)
-        assert isinstance(store, FsspecStore)
-        return store
+    def backend(self, s3_url: str, s3_storage_options: dict[str, Any]) -> FsspecBackend:
+        backend = open_backend(s3_url, s3_storage_options)
+        assert isinstance(backend, FsspecBackend)
+        return backend
 
 
 # -- open_backend ---------------------------------------------------------------------
@@ -80,14 +80,14 @@ class TestS3Store(FsspecStoreTests):
 def test_open_backend_local(tmp_path: Path) -> None:
     for url in (tmp_path / "s", str(tmp_path / "s"), f"file://{tmp_path}/s"):
         store = open_backend(url)
-        assert isinstance(store, LocalStore)
+        assert isinstance(store, LocalBackend)
         assert store.root == tmp_path / "s"
         assert store.is_local
 
 
 def test_open_backend_memory(memory_url: str) -> None:
     store = open_backend(memory_url + "/")
-    assert isinstance(store, FsspecStore)
+    assert isinstance(store, FsspecBackend)
     assert store.url == memory_url
     assert not store.is_local
     assert open_backend(store) is store
@@ -101,14 +101,14 @@ def test_open_backend_unknown_protocol() -> None:
 
 def test_fsspec_store_never_closes_shared_filesystem(memory_url: str) -> None:
     store = open_backend(memory_url)
-    assert isinstance(store, FsspecStore)
+    assert isinstance(store, FsspecBackend)
     store.set("k", b"v")
     store.close()
     assert store.fs is fsspec.filesystem("memory")
     assert bytes(store.get("k")) == b"v"
 
 
-# -- LocalStore specifics -------------------------------------------------------------
+# -- LocalBackend specifics -------------------------------------------------------------
 
 
 def _leftovers(folder: Path) -> list[str]:
@@ -116,7 +116,7 @@ def _leftovers(folder: Path) -> list[str]:
 
 
 def test_local_failed_replace_keeps_old_object(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = LocalStore(tmp_path)
+    store = LocalBackend(tmp_path)
     store.set("a/obj", b"old")
 
     def failing_replace(src: str, dst: str) -> None:
@@ -133,7 +133,7 @@ def test_local_failed_replace_keeps_old_object(tmp_path: Path, monkeypatch: pyte
 
 
 def test_local_failed_fsync_leaves_no_temp_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = LocalStore(tmp_path)
+    store = LocalBackend(tmp_path)
     store.set("obj", b"old")
 
     def failing_fsync(fd: int) -> None:
@@ -151,7 +151,7 @@ def test_local_failed_fsync_leaves_no_temp_file(tmp_path: Path, monkeypatch: pyt
 
 
 def test_local_write_of_bad_data_leaves_no_temp_file(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path)
+    store = LocalBackend(tmp_path)
     store.set("obj", b"old")
     with pytest.raises(TypeError):
         store.set("obj", "text is not bytes")  # type: ignore[arg-type]
@@ -160,7 +160,7 @@ def test_local_write_of_bad_data_leaves_no_temp_file(tmp_path: Path) -> None:
 
 
 def test_local_ranged_reads_come_through_mmap(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path)
+    store = LocalBackend(tmp_path)
     store.set("obj", b"0123456789")
     got = store.get("obj", ByteRange(2, 6))
     assert isinstance(got, memoryview)
@@ -175,7 +175,7 @@ def test_local_ranged_reads_come_through_mmap(tmp_path: Path) -> None:
 
 def test_local_view_survives_overwrite_and_close(tmp_path: Path) -> None:
     """A view handed out before an overwrite keeps the old bytes (os.replace makes a new file)."""
-    store = LocalStore(tmp_path)
+    store = LocalBackend(tmp_path)
     store.set("obj", b"old bytes")
     view = store.get("obj", ByteRange(0, 9))
     store.set("obj", b"NEW BYTES, longer")
@@ -186,7 +186,7 @@ def test_local_view_survives_overwrite_and_close(tmp_path: Path) -> None:
 
 def test_local_map_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("r3store.storage._local.MAX_OPEN_MAPS", 4)
-    store = LocalStore(tmp_path)
+    store = LocalBackend(tmp_path)
     for i in range(10):
         store.set(f"k{i}", bytes([i]) * 8)
     for i in range(10):
@@ -196,7 +196,7 @@ def test_local_map_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_local_set_if_absent_race_has_one_winner(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path)
+    store = LocalBackend(tmp_path)
     barrier = threading.Barrier(8)
     results: dict[int, bool] = {}
 
@@ -218,7 +218,7 @@ def test_local_set_if_absent_race_has_one_winner(tmp_path: Path) -> None:
 def test_local_store_pickles(tmp_path: Path) -> None:
     import pickle
 
-    store = LocalStore(tmp_path)
+    store = LocalBackend(tmp_path)
     store.set("obj", b"abc")
     store.get("obj", ByteRange(0, 1))
     clone = pickle.loads(pickle.dumps(store))
@@ -229,7 +229,7 @@ def test_local_store_pickles(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="needs a non-root POSIX user")
 def test_local_permission_denied(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path)
+    store = LocalBackend(tmp_path)
     store.set("obj", b"abc")
     (tmp_path / "obj").chmod(0)
     try:

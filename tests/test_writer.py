@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
@@ -11,14 +12,15 @@ import numpy as np
 import pytest
 
 import r3store
-from r3store.testing.synthetic import uniform_routes
 from r3store.errors import (
     DuplicateSampleError,
     ExpertIdError,
+    OptionError,
     RouteValidationError,
     SampleNotFoundError,
     WriterClosedError,
 )
+from r3store.testing.synthetic import uniform_routes
 
 
 def route_object_bytes(root: Path) -> tuple[int, int]:
@@ -81,18 +83,18 @@ def test_flush_commits_and_makes_visible(backend, tmp_path, memory_url) -> None:
     assert len(r3store.open_store(url)) == 0  # buffered, not committed
     shard = w.flush()
     assert isinstance(shard, str) and shard.startswith("w1")
-    assert w.shards == [shard]
+    assert w.commits == [shard]
     assert w.flush() is None
     store = r3store.open_store(url)
     assert store.sample_ids == ["a", "b"]
-    assert store.shards == [shard]
+    assert store.commits == [shard]
     assert set(store.samples.column("shard").to_pylist()) == {shard}
     assert set(store.samples.column("writer_id").to_pylist()) == {"w1"}
     np.testing.assert_array_equal(store.get("b"), b)
     w.append("c", c)
     assert r3store.open_store(url).sample_ids == ["a", "b"]  # "c" only after the next commit
     w.close()
-    assert len(w.shards) == 2 and w.shards[0] == shard
+    assert len(w.commits) == 2 and w.commits[0] == shard
     store = r3store.open_store(url)
     assert store.sample_ids == ["a", "b", "c"]
     np.testing.assert_array_equal(store.get("c"), c)
@@ -106,13 +108,13 @@ def test_buffer_bytes_triggers_automatic_flushes(tmp_path) -> None:
         for i, (sid, r) in enumerate(data.items()):
             w.append(sid, r)
             if i == 1:
-                assert w.shards == []
+                assert w.commits == []
             if i == 2:
-                assert len(w.shards) == 1  # 360 bytes >= 300
+                assert len(w.commits) == 1  # 360 bytes >= 300
                 assert r3store.open_store(tmp_path).sample_ids == ["s0", "s1", "s2"]
-    assert len(w.shards) == 4
+    assert len(w.commits) == 4
     store = r3store.open_store(tmp_path)
-    assert store.shards == sorted(w.shards)
+    assert store.commits == sorted(w.commits)
     assert store.sample_ids == list(data)
     for sid, r in data.items():
         np.testing.assert_array_equal(store.get(sid), r)
@@ -162,17 +164,37 @@ def test_torch_float_tensor_rejected(tmp_path) -> None:
 def test_constructor_arguments(tmp_path) -> None:
     with pytest.raises(TypeError, match="ModelSpec"):
         r3store.RouteWriter(tmp_path, {"num_layers": 1})  # type: ignore[arg-type]
-    for name in ("buffer_bytes", "chunk_rows", "layers_per_chunk", "shard_bytes"):
-        with pytest.raises(ValueError, match=name):
+    for name in ("buffer_bytes", "chunk_rows", "layers_per_chunk", "object_bytes"):
+        with pytest.raises(OptionError, match=name):
             r3store.RouteWriter(tmp_path, SPEC, **{name: 0})
-    with pytest.raises(ValueError, match="on_invalid"):
+        with pytest.raises(OptionError, match=name):
+            r3store.RouteWriter(tmp_path, SPEC, {name: 0})
+    with pytest.raises(OptionError, match="on_invalid"):
         r3store.RouteWriter(tmp_path, SPEC, on_invalid="drop")  # type: ignore[arg-type]
+    with pytest.raises(OptionError, match="not a writer setting"):
+        r3store.RouteWriter(tmp_path, SPEC, {"shard_rows": 5})
     w = r3store.RouteWriter(tmp_path, SPEC, writer_id="mine")
-    assert "mine" in repr(w)
+    assert "mine" in repr(w) and w.config.writer_id == "mine" and w.config.layers_per_chunk == 3
     with pytest.raises(RouteValidationError, match="sample_id"):
         w.append("", np.zeros((0, 3, 2)))
     w.close()
     w.close()  # idempotent
+
+
+def test_writer_config_passed_whole(tmp_path) -> None:
+    """A WriterConfig (or its dict form) sets the writer whole; keywords merge into it."""
+    config = r3store.WriterConfig(chunk_rows=2, object_bytes=1, writer_id="cfg")
+    routes = np.tile(np.array([0, 1]), (5, 3, 1))
+    for i, how in enumerate([dict(config=config), dict(config=config.to_dict()),
+                             dict(config={"chunk_rows": 2}, object_bytes=1, writer_id="cfg")]):
+        with r3store.RouteWriter(tmp_path / str(i), SPEC, **how) as w:
+            w.append("a", routes)
+        assert w.config == dataclasses.replace(config, layers_per_chunk=3)
+        store = r3store.open_store(tmp_path / str(i))
+        geometry = store.geometry_of(store.row("a")["array"])
+        assert (geometry.chunk_rows, geometry.object_rows, w.commits) == (2, 2, ["cfg-00000"])
+    with pytest.raises(OptionError, match="chunk_rows=3: given as a keyword and as 2 in config"):
+        r3store.RouteWriter(tmp_path / "x", SPEC, config, chunk_rows=3)
     with pytest.raises(WriterClosedError):
         w.append("late", np.zeros((0, 3, 2), dtype=np.int32))
 
@@ -190,7 +212,7 @@ def test_restarted_writer_with_same_id_does_not_overwrite(backend, tmp_path, mem
         w.append("b", second)
     store = r3store.open_store(url)
     assert sorted(store.sample_ids) == ["a", "b", "c"]
-    assert len(store.shards) == 3
+    assert len(store.commits) == 3
     np.testing.assert_array_equal(store.get("a"), first)
     np.testing.assert_array_equal(store.get("b"), second)
     np.testing.assert_array_equal(store.get("c"), third)
@@ -271,3 +293,16 @@ def test_quarantine_is_opt_in(tmp_path) -> None:
     with r3store.RouteWriter(tmp_path, QSPEC) as w, pytest.raises(ExpertIdError, match="repeated"):
         w.append("repeated", bad)
     assert r3store.open_store(tmp_path).samples.num_rows == 0
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 6, 16, 17, 40])
+def test_repeated_ids_matches_a_plain_reference(top_k: int) -> None:
+    """The one "row repeats an id" check (writer, validate, show): both paths vs set()."""
+    from r3store._validate import first_repeat, repeated_ids
+
+    rng = np.random.default_rng(top_k)
+    routes = rng.integers(0, top_k + 3, size=(50, 3, top_k))
+    want = np.array([[len(set(row.tolist())) < top_k for row in layer] for layer in routes])
+    np.testing.assert_array_equal(repeated_ids(routes), want)
+    hits = np.argwhere(want)
+    assert first_repeat(routes) == (tuple(int(v) for v in hits[0]) if hits.size else None)

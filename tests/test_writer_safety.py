@@ -10,7 +10,7 @@ import pytest
 
 import r3store
 from r3store.errors import RouteValidationError, StorageError
-from r3store.storage import LocalStore
+from r3store.storage import LocalBackend
 
 SPEC = r3store.ModelSpec(num_layers=2, num_experts=8, top_k=2)
 
@@ -20,7 +20,7 @@ def routes(rows: int, shift: int = 0) -> np.ndarray:
     return np.concatenate([base, (base + 3) % 8], axis=-1).astype(np.int32)
 
 
-class FlakyStore(LocalStore):
+class FlakyBackend(LocalBackend):
     """A local store whose writes of keys containing ``fail_on`` fail ``times`` times.
 
     With ``after_write`` the write lands before the error is raised: a response lost
@@ -40,10 +40,10 @@ class FlakyStore(LocalStore):
         return write()  # type: ignore[operator]
 
     def set(self, key: str, data: bytes | memoryview) -> None:
-        self._maybe_fail(key, lambda: super(FlakyStore, self).set(key, data))
+        self._maybe_fail(key, lambda: super(FlakyBackend, self).set(key, data))
 
     def set_if_absent(self, key: str, data: bytes) -> bool:
-        return bool(self._maybe_fail(key, lambda: super(FlakyStore, self).set_if_absent(key, data)))
+        return bool(self._maybe_fail(key, lambda: super(FlakyBackend, self).set_if_absent(key, data)))
 
 
 @pytest.mark.parametrize("bad_id", ["team/w1", ".hidden", "../../escaped", "w\x00x", "", "a" * 200])
@@ -54,7 +54,7 @@ def test_writer_id_syntax_is_enforced(tmp_path: Path, bad_id: str) -> None:
 
 
 def test_failed_close_keeps_every_sample_for_a_retry(tmp_path: Path) -> None:
-    store = FlakyStore(tmp_path, fail_on="c/0/0/0")
+    store = FlakyBackend(tmp_path, fail_on="c/0/0/0")
     writer = r3store.RouteWriter(store, SPEC)
     writer.append("a", routes(5))
     writer.append("b", routes(3, 1))
@@ -68,7 +68,7 @@ def test_failed_close_keeps_every_sample_for_a_retry(tmp_path: Path) -> None:
 
 
 def test_retry_after_an_ambiguous_commit_does_not_commit_twice(tmp_path: Path) -> None:
-    store = FlakyStore(tmp_path, fail_on="index/", after_write=True)
+    store = FlakyBackend(tmp_path, fail_on="index/", after_write=True)
     writer = r3store.RouteWriter(store, SPEC)
     writer.append("a", routes(4))
     with pytest.raises(StorageError):
@@ -77,7 +77,7 @@ def test_retry_after_an_ambiguous_commit_does_not_commit_twice(tmp_path: Path) -
     writer.append("b", routes(2))
     writer.close()
     got = r3store.open_store(tmp_path)  # on_duplicate="raise": no duplicate
-    assert got.sample_ids == ["a", "b"] and shard in got.shards and len(got.shards) == 2
+    assert got.sample_ids == ["a", "b"] and shard in got.commits and len(got.commits) == 2
 
 
 def test_two_writers_with_one_writer_id_never_share_a_shard(tmp_path: Path) -> None:
@@ -90,7 +90,7 @@ def test_two_writers_with_one_writer_id_never_share_a_shard(tmp_path: Path) -> N
     first.close()
     second.close()
     got = r3store.open_store(tmp_path)
-    assert sorted(got.shards) == ["rank0-00000", "rank0-00001"]
+    assert sorted(got.commits) == ["rank0-00000", "rank0-00001"]
     np.testing.assert_array_equal(got.get("a"), routes(4))
     np.testing.assert_array_equal(got.get("b"), routes(4, 2))
 
@@ -130,7 +130,7 @@ def test_writer_never_writes_what_readers_refuse(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="chunk_rows x layers_per_chunk x top_k"):
         r3store.RouteWriter(tmp_path, SPEC, chunk_rows=2**26)
     # one-row chunks: a shard object stays within the reader's index-size bound
-    with r3store.RouteWriter(tmp_path, SPEC, chunk_rows=1, layers_per_chunk=1, shard_bytes=1 << 30) as w:
+    with r3store.RouteWriter(tmp_path, SPEC, chunk_rows=1, layers_per_chunk=1, object_bytes=1 << 30) as w:
         w.append("a", routes(50))
     np.testing.assert_array_equal(r3store.open_store(tmp_path).get("a"), routes(50))
 

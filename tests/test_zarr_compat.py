@@ -30,7 +30,7 @@ def build_store(url: str) -> dict[str, np.ndarray]:
     array holding 0 rows."""
     rng = np.random.default_rng(42)
     data: dict[str, np.ndarray] = {}
-    with r3store.RouteWriter(url, SPEC, chunk_rows=7, layers_per_chunk=3, shard_bytes=200, writer_id="wa") as w:
+    with r3store.RouteWriter(url, SPEC, chunk_rows=7, layers_per_chunk=3, object_bytes=200, writer_id="wa") as w:
         for i, n in enumerate([30, 1, 64, 9, 200, 2, 33]):
             data[f"a{i}"] = random_routes(rng, n)
             w.append(f"a{i}", data[f"a{i}"])

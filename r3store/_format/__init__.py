@@ -1,14 +1,29 @@
-"""On-disk format v1: manifest, route arrays, sample tables (see ``schema/FORMAT.md``)."""
+"""On-disk format v1: object keys, manifest, route arrays, sample tables (see ``schema/FORMAT.md``)."""
 
-from r3store._format._array import ArrayLayout, decode_index, encode_shard
+from r3store._format._array import (
+    MAX_CHUNK_IDS,
+    MAX_INDEX_ENTRIES,
+    ArrayGeometry,
+    decode_index,
+    encode_object,
+    route_codec,
+)
+from r3store._format._keys import (
+    COMMIT_NAME,
+    INDEX_PREFIX,
+    MANIFEST_KEY,
+    ROUTES_PREFIX,
+    array_key,
+    commit_of_route_key,
+    commit_of_table_key,
+    is_immutable_key,
+    is_temporary_key,
+    table_key,
+)
 from r3store._format._manifest import (
     FORMAT_NAME,
     FORMAT_VERSION,
-    INDEX_PREFIX,
-    MANIFEST_KEY,
     MAX_ROWS,
-    ROUTES_PREFIX,
-    SHARD_NAME,
     load_schema,
     make_manifest,
     parse_manifest,
@@ -24,22 +39,31 @@ from r3store._format._table import (
 )
 
 __all__ = [
+    "ArrayGeometry",
+    "COMMIT_NAME",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "INDEX_PREFIX",
     "MANIFEST_KEY",
+    "MAX_CHUNK_IDS",
+    "MAX_INDEX_ENTRIES",
     "MAX_ROWS",
     "RESERVED_COLUMNS",
     "ROUTES_PREFIX",
-    "SHARD_NAME",
-    "ArrayLayout",
+    "array_key",
     "array_rows",
+    "commit_of_route_key",
+    "commit_of_table_key",
     "decode_index",
-    "encode_shard",
+    "encode_object",
+    "is_immutable_key",
+    "is_temporary_key",
     "load_schema",
     "make_manifest",
     "parse_manifest",
     "read_table",
+    "route_codec",
+    "table_key",
     "table_schema",
     "token_hash",
     "write_table",

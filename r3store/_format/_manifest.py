@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from datetime import UTC, datetime
 from functools import cache
 from importlib.resources import files
@@ -12,16 +11,13 @@ from typing import Any
 import jsonschema
 
 from r3store._spec import ModelSpec
+from r3store._version import __version__
 from r3store.errors import FormatError, FormatVersionError
 
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
-    "INDEX_PREFIX",
-    "MANIFEST_KEY",
     "MAX_ROWS",
-    "ROUTES_PREFIX",
-    "SHARD_NAME",
     "load_schema",
     "make_manifest",
     "parse_manifest",
@@ -30,14 +26,8 @@ __all__ = [
 
 FORMAT_NAME = "r3store"
 FORMAT_VERSION = 1
-MANIFEST_KEY = "r3store.json"
-ROUTES_PREFIX = "routes/"
-INDEX_PREFIX = "index/"
 MAX_ROWS = 1 << 40
 """Readers reject route arrays, samples and row offsets of this many rows or more."""
-SHARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,239}")
-"""Syntax of a shard name (``<writer_id>-<seq>``): the only names readers accept in
-``index/<shard>.parquet`` and ``routes/<shard>`` (no ``/``, no leading ``.``, no ``..`` path)."""
 
 
 @cache
@@ -57,8 +47,6 @@ def _validator(name: str) -> Any:
 
 def make_manifest(spec: ModelSpec) -> dict[str, Any]:
     """The manifest document for a new store."""
-    from r3store import __version__
-
     return {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,

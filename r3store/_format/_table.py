@@ -1,4 +1,4 @@
-"""The Parquet sample table: one row per sample, one file per committed shard."""
+"""The Parquet sample table: one row per sample, one file per commit (its column ``shard`` names it)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from r3store._format._manifest import FORMAT_VERSION, MAX_ROWS, ROUTES_PREFIX, SHARD_NAME, load_schema
+from r3store._format._keys import COMMIT_NAME, array_key
+from r3store._format._manifest import FORMAT_VERSION, MAX_ROWS, load_schema
 from r3store.errors import FormatError, FormatVersionError
 
 __all__ = [
@@ -88,8 +89,8 @@ def write_table(rows: list[dict[str, Any]], metadata_columns: Sequence[str], spe
     return sink.getvalue()
 
 
-def read_table(buf: bytes, path: str, shard: str | None = None) -> pa.Table:
-    """Parse and check one shard's sample table.
+def read_table(buf: bytes, path: str, commit: str | None = None) -> pa.Table:
+    """Parse and check one commit's sample table.
 
     Parameters
     ----------
@@ -97,8 +98,8 @@ def read_table(buf: bytes, path: str, shard: str | None = None) -> pa.Table:
         The Parquet file.
     path : str
         Its location, for messages.
-    shard : str, optional
-        The shard the file is named after (``index/<shard>.parquet``); when given, every
+    commit : str, optional
+        The commit the file is named after (``index/<commit>.parquet``); when given, every
         row is checked against the rules of ``schema/FORMAT.md`` section 6 (see
         :func:`check_rows`).
 
@@ -108,7 +109,7 @@ def read_table(buf: bytes, path: str, shard: str | None = None) -> pa.Table:
         Not Parquet; larger than the caps on a sample table (:data:`MAX_TABLE_BYTES`
         decoded, :data:`MAX_TABLE_COLUMNS`, :data:`MAX_TABLE_CELLS`; checked before
         anything is decompressed); a required column is missing or of the wrong type;
-        or, with ``shard``, a row breaks a rule.
+        or, with ``commit``, a row breaks a rule.
     r3store.errors.FormatVersionError
         Written by an unknown format version.
     """
@@ -120,8 +121,8 @@ def read_table(buf: bytes, path: str, shard: str | None = None) -> pa.Table:
         got = table.schema.field(field.name).type if field.name in table.schema.names else None
         if got != field.type:
             raise FormatError(path, f"column {field.name!r} should be {field.type}, found {got}")
-    if shard is not None:
-        check_rows(table, path, shard)
+    if commit is not None:
+        check_rows(table, path, commit)
     return table
 
 
@@ -165,7 +166,7 @@ def _uncompressed_bytes(meta: pq.FileMetaData) -> int:
     groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
     by_group = sum(g.total_byte_size for g in groups)
     by_chunk = sum(g.column(j).total_uncompressed_size for g in groups for j in range(g.num_columns))
-    return max(by_group, by_chunk)
+    return int(max(by_group, by_chunk))
 
 
 def _decode_dictionaries(table: pa.Table, path: str) -> pa.Table:
@@ -190,16 +191,16 @@ def _decoded_size(chunk: pa.DictionaryArray, path: str) -> int:
             pa.types.is_large_binary(kind):
         return int(pc.sum(pc.take(pc.binary_length(chunk.dictionary), chunk.indices)).as_py() or 0)
     try:
-        return len(chunk) * -(-kind.bit_width // 8)
+        return int(len(chunk) * -(-kind.bit_width // 8))
     except ValueError:  # not fixed-width
         raise FormatError(path, f"dictionary column of {kind} in a sample table") from None
 
 
-def check_rows(table: pa.Table, path: str, shard: str) -> None:
-    """Check the rows of the sample table ``index/<shard>.parquet`` (vectorised).
+def check_rows(table: pa.Table, path: str, commit: str) -> None:
+    """Check the rows of the sample table ``index/<commit>.parquet`` (vectorised).
 
-    No nulls in the non-nullable columns; ``shard`` matches :data:`SHARD_NAME` and every
-    row's ``shard`` is it and ``array`` is ``routes/<shard>``; ``num_tokens >= 1``,
+    No nulls in the non-nullable columns; ``commit`` matches :data:`COMMIT_NAME` and every
+    row's ``shard`` is it and ``array`` is ``routes/<commit>``; ``num_tokens >= 1``,
     ``num_rows >= 0``, ``row_start >= 0`` (all below :data:`MAX_ROWS`);
     ``num_rows == num_tokens - 1`` unless quarantined; no two samples share a row.
 
@@ -208,15 +209,15 @@ def check_rows(table: pa.Table, path: str, shard: str) -> None:
     r3store.errors.FormatError
         Names ``path``, the column and the first offending row.
     """
-    if not SHARD_NAME.fullmatch(shard):
-        raise FormatError(path, f"shard name {shard!r} does not match {SHARD_NAME.pattern}")
+    if not COMMIT_NAME.fullmatch(commit):
+        raise FormatError(path, f"commit name {commit!r} does not match {COMMIT_NAME.pattern}")
     for field in table_schema():
         if not field.nullable and table.column(field.name).null_count:
             _reject(table, path, field.name, table.column(field.name).is_null(), "must not be null")
     col = table.column
     rules = [
-        ("shard", pc.not_equal(col("shard"), shard), f"must be {shard!r}, the shard the file is named after"),
-        ("array", pc.not_equal(col("array"), f"{ROUTES_PREFIX}{shard}"), f"must be {ROUTES_PREFIX + shard!r}"),
+        ("shard", pc.not_equal(col("shard"), commit), f"must be {commit!r}, the commit the file is named after"),
+        ("array", pc.not_equal(col("array"), array_key(commit)), f"must be {array_key(commit)!r}"),
         ("num_tokens", _outside(col("num_tokens"), 1, MAX_ROWS + 1), f"must lie in [1, {MAX_ROWS}]"),
         ("num_rows", _outside(col("num_rows"), 0, MAX_ROWS), f"must lie in [0, {MAX_ROWS})"),
         ("row_start", _outside(col("row_start"), 0, MAX_ROWS), f"must lie in [0, {MAX_ROWS})"),

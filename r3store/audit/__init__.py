@@ -5,14 +5,16 @@
   :class:`ValidationReport`;
 * :func:`stats` -- per-layer expert load and sequence lengths;
 * :func:`diff` -- R3 mismatch figures between two stores of the same samples;
-* :func:`show` -- the ids of one sample.
+* :func:`show` -- the ids of one sample;
+* :func:`collect_garbage` -- uncommitted leftovers of crashed writers (``r3store gc``).
 
 Scans stream row block by row block and use a thread pool on remote backends (see
-``r3store/audit/_scan.py`` for the thread-safety rule: one RouteStore per thread).
+``r3store/audit/_scan.py`` for the thread-safety rule: one RouteReader per thread).
 """
 
 from r3store.audit._diff import diff
 from r3store.audit._findings import KINDS, Finding, ValidationReport, format_rows
+from r3store.audit._gc import Leftover, collect_garbage
 from r3store.audit._physical import physical_id_test
 from r3store.audit._show import parse_layers, parse_rows, show
 from r3store.audit._stats import stats
@@ -22,7 +24,9 @@ from r3store.audit._validate import validate, zero_layer_min_rows
 __all__ = [
     "Finding",
     "KINDS",
+    "Leftover",
     "ValidationReport",
+    "collect_garbage",
     "diff",
     "format_rows",
     "parse_layers",

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from r3store._reader import RouteStore
 from r3store.audit._scan import Progress, ProgressCallback, check_workers, run_units, select_samples
 from r3store.errors import SpecMismatchError
+from r3store.reader import RouteReader
 
 __all__ = ["compare_routes", "diff"]
 
@@ -78,20 +78,20 @@ def compare_routes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return differ, (present & first).sum(axis=-1, dtype=np.int64)
 
 
-def diff(store_a: RouteStore, store_b: RouteStore, *, sample_filter: str | None = None, limit: int | None = None,
+def diff(store_a: RouteReader, store_b: RouteReader, *, sample_filter: str | None = None, limit: int | None = None,
          workers: int | None = None, progress: ProgressCallback | None = None) -> dict[str, Any]:
     """R3 mismatch figures for the samples present (and not quarantined) in both stores.
 
     Parameters
     ----------
-    store_a, store_b : RouteStore
+    store_a, store_b : RouteReader
         Same ``num_experts`` and ``top_k``; compared on the MoE layers they share.
     sample_filter : str, optional
         ``fnmatch`` glob on sample ids.
     limit : int, optional
         Compare the first ``limit`` (matching) common samples, in store A's order.
     workers : int, optional
-        Threads (one sample per task, each thread with its own RouteStores); default 1
+        Threads (one sample per task, each thread with its own RouteReaders); default 1
         when both stores are on local disk, else 8.
     progress : callable, optional
         ``progress(rows_done, rows_total)``.
@@ -122,7 +122,8 @@ def diff(store_a: RouteStore, store_b: RouteStore, *, sample_filter: str | None 
     ids_a = store_a.sample_ids
     in_b = set(store_b.sample_ids)
     in_a = set(ids_a)
-    common = set(select_samples(store_a.samples, sample_filter, None, visible_only=True).column("sample_id").to_pylist())
+    selected = select_samples(store_a.samples, sample_filter, None, visible_only=True)
+    common = set(selected.column("sample_id").to_pylist())
     chosen = [s for s in ids_a if s in in_b and s in common][: limit if limit is not None else None]
     only_a = [s for s in ids_a if s not in in_b]
     only_b = [s for s in store_b.sample_ids if s not in in_a]
@@ -131,7 +132,10 @@ def diff(store_a: RouteStore, store_b: RouteStore, *, sample_filter: str | None 
     ctx = Progress(progress, sum(min(na, nb) for _, na, nb in plan))
     tally = _Tally(len(layers))
     worst: list[tuple[float, str]] = []
-    for sid, part in run_units([store_a, store_b], plan, lambda rs, unit: _compare_sample(rs, unit, layers, ctx), workers):
+    def compare(rs: Sequence[RouteReader], unit: tuple[str, int, int]) -> tuple[str, _Tally]:
+        return _compare_sample(rs, unit, layers, ctx)
+
+    for sid, part in run_units([store_a, store_b], plan, compare, workers):
         tally.add(part)
         if part.rows:
             heapq.heappush(worst, (float(part.differing.sum()) / (part.rows * len(layers)), sid))
@@ -141,12 +145,12 @@ def diff(store_a: RouteStore, store_b: RouteStore, *, sample_filter: str | None 
                     sample_filter, limit)
 
 
-def _num_rows(store: RouteStore) -> dict[str, int]:
+def _num_rows(store: RouteReader) -> dict[str, int]:
     cols = store.samples.select(["sample_id", "num_rows", "quarantined"]).to_pydict()
     return {sid: n for sid, n, q in zip(*cols.values(), strict=True) if not q}
 
 
-def _compare_sample(rs: Sequence[RouteStore], unit: tuple[str, int, int], layers: list[int],
+def _compare_sample(rs: Sequence[RouteReader], unit: tuple[str, int, int], layers: list[int],
                     progress: Progress) -> tuple[str, _Tally]:
     sid, rows_a, rows_b = unit
     a, b = rs
@@ -164,7 +168,7 @@ def _compare_sample(rs: Sequence[RouteStore], unit: tuple[str, int, int], layers
     return sid, tally
 
 
-def _figures(store_a: RouteStore, store_b: RouteStore, layers: list[int], tally: _Tally,
+def _figures(store_a: RouteReader, store_b: RouteReader, layers: list[int], tally: _Tally,
              plan: list[tuple[str, int, int]], only_a: list[str], only_b: list[str],
              worst: list[tuple[float, str]], sample_filter: str | None, limit: int | None) -> dict[str, Any]:
     top_k = store_a.spec.top_k

@@ -20,8 +20,8 @@ Severity = Literal["error", "warning"]
 
 #: Every finding kind: its severity and what it means.
 KINDS: Mapping[str, tuple[Severity, str]] = {
-    "checksum": ("error", "a frame or shard index of a committed route array fails its CRC-32C"),
-    "malformed_chunk": ("error", "a frame, shard index or array document cannot be decoded"),
+    "checksum": ("error", "a frame or object index of a committed route array fails its CRC-32C"),
+    "malformed_chunk": ("error", "a frame, object index or array document cannot be decoded"),
     "missing_object": ("error", "an object of a committed route array is missing"),
     "table_mismatch": ("error", "a sample table row points past the end of its route array"),
     "zero_layer": ("error", "every row of an MoE layer of a sample is all zeros (capture never ran)"),
@@ -29,9 +29,9 @@ KINDS: Mapping[str, tuple[Severity, str]] = {
     "id_out_of_range": ("error", "rows holding ids >= num_experts"),
     "physical_ids": ("error", "a layer's id distribution looks like physical (EP-remapped) expert ids"),
     "row_count": ("error", "num_rows != num_tokens - 1"),
-    "duplicate_sample": ("error", "a sample id committed by more than one shard"),
+    "duplicate_sample": ("error", "a sample id committed by more than one commit"),
     "quarantined": ("warning", "a sample the writer quarantined (kept for audit, hidden from readers)"),
-    "uncommitted": ("warning", "a route array under routes/ with no index/<shard>.parquet"),
+    "uncommitted": ("warning", "a route array under routes/ with no index/<commit>.parquet"),
 }
 
 _SEVERITY_RANK = {"error": 0, "warning": 1}
@@ -67,7 +67,7 @@ class Finding:
     sample_id: str | None = None
     """The sample at fault; None for array-, chunk- or layer-level findings."""
     array: str | None = None
-    """The route array (``routes/<shard>``), when one is concerned."""
+    """The route array (``routes/<commit>``), when one is concerned."""
     layer: int | None = None
     """Global decoder-layer index, when one layer is concerned."""
     rows: tuple[tuple[int, int], ...] = ()

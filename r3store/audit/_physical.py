@@ -92,7 +92,8 @@ def physical_id_test(counts: np.ndarray, num_experts: int, *, alpha: float = ALP
     fraction = above / total if total else 0.0
     reasons = []
     if total and fraction >= min_fraction:
-        reasons.append(f"{fraction:.1%} of ids are >= num_experts ({num_experts}), max id {int(np.flatnonzero(counts)[-1])}")
+        top = int(np.flatnonzero(counts)[-1])
+        reasons.append(f"{fraction:.1%} of ids are >= num_experts ({num_experts}), max id {top}")
     if seen and p_value < alpha:
         block = f"0-{low - 1}" if low >= high else f"{num_experts - high}-{num_experts - 1}"
         reasons.append(f"ids {block} are never used ({run} of {unused} unused ids form an end block; "

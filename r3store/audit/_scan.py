@@ -1,22 +1,19 @@
 """Shared machinery of the audit scans: sample selection, row blocks, worker threads.
 
 Every scan streams: route arrays are read row block by row block through
-:meth:`RouteStore.read_rows` (at most ``block_rows`` rows of all layers at a time), so
+:meth:`RouteReader.read_rows` (at most ``block_rows`` rows of all layers at a time), so
 memory stays bounded whatever the size of the store. Work is cut into *units* (one route
 array, or one sample for ``diff``) and, on remote backends, units run on a thread pool.
 
-Thread safety: :class:`RouteStore` keeps an LRU cache of decoded chunks that is not
-thread-safe, so every worker thread gets its **own** RouteStore, a clone made with
-``copy.copy`` (``RouteStore.__getstate__`` drops the chunk cache and shard indexes, as
-when a store is shipped to DataLoader workers) on a copy of the backend (a LocalStore copy
-opens its own mmaps; an FsspecStore copy shares the fsspec filesystem, which is
-thread-safe). The clones share the immutable sample table, so no index is re-read. No
-lock is held around I/O.
+Thread safety: a :class:`RouteReader` keeps an LRU cache of decoded chunks that is not
+thread-safe, so every worker thread gets its **own** reader, made by
+:meth:`RouteReader.fork` (own chunk cache and backend handles: a local backend's own
+mmaps, an fsspec backend's shared thread-safe filesystem). The forks share the immutable
+sample catalogue, so no sample table is re-read. No lock is held around I/O.
 """
 
 from __future__ import annotations
 
-import copy
 import fnmatch
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -25,14 +22,14 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from r3store._reader import RouteStore
+from r3store._checks import parse_int, parse_optional_int
+from r3store.reader import RouteReader, merge_ranges
 
 __all__ = [
     "Progress",
     "ProgressCallback",
     "aligned_ranges",
     "default_workers",
-    "merge_ranges",
     "row_blocks",
     "run_units",
     "select_samples",
@@ -49,17 +46,15 @@ REMOTE_WORKERS = 8
 WORKER_CACHE_BYTES = 16 << 20
 
 
-def default_workers(*stores: RouteStore) -> int:
+def default_workers(*stores: RouteReader) -> int:
     """1 when every store is on local disk (mmap reads gain nothing from threads), else 8."""
-    return 1 if all(s.backend.is_local for s in stores) else REMOTE_WORKERS
+    return 1 if all(s.is_local for s in stores) else REMOTE_WORKERS
 
 
-def check_workers(workers: int | None, *stores: RouteStore) -> int:
+def check_workers(workers: int | None, *stores: RouteReader) -> int:
     if workers is None:
         return default_workers(*stores)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
-    return workers
+    return parse_int("workers", workers, minimum=1)
 
 
 def select_samples(table: pa.Table, sample_filter: str | None = None, limit: int | None = None, *,
@@ -69,7 +64,7 @@ def select_samples(table: pa.Table, sample_filter: str | None = None, limit: int
     Parameters
     ----------
     table : pyarrow.Table
-        ``RouteStore.samples``.
+        ``RouteReader.samples``.
     sample_filter : str, optional
         ``fnmatch`` glob on sample ids (case-sensitive), e.g. ``"step-3-*"``.
     limit : int, optional
@@ -77,8 +72,7 @@ def select_samples(table: pa.Table, sample_filter: str | None = None, limit: int
     visible_only : bool
         Drop quarantined samples.
     """
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise ValueError(f"limit must be an int >= 0, got {limit!r}")
+    limit = parse_optional_int("limit", limit, minimum=0)
     keep = list(range(len(table)))
     if visible_only:
         quarantined = table.column("quarantined").to_pylist()
@@ -91,17 +85,6 @@ def select_samples(table: pa.Table, sample_filter: str | None = None, limit: int
     if len(keep) == len(table):
         return table
     return table.take(pa.array(keep, type=pa.int64()))
-
-
-def merge_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Sort half-open ranges and merge the overlapping or touching ones; drop empty ones."""
-    merged: list[list[int]] = []
-    for a, b in sorted(r for r in ranges if r[1] > r[0]):
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    return [(a, b) for a, b in merged]
 
 
 def aligned_ranges(ranges: Iterable[tuple[int, int]], chunk_rows: int, rows: int) -> list[tuple[int, int]]:
@@ -117,12 +100,9 @@ def row_blocks(ranges: Sequence[tuple[int, int]], block_rows: int) -> Iterator[t
             yield lo, min(b, lo + block_rows)
 
 
-def worker_store(store: RouteStore) -> RouteStore:
-    """A RouteStore for one worker thread: own chunk cache and backend handles (see module doc)."""
-    clone = copy.copy(store)
-    clone.backend = copy.copy(store.backend)
-    clone.cache_bytes = min(store.cache_bytes, WORKER_CACHE_BYTES)
-    return clone
+def worker_store(store: RouteReader) -> RouteReader:
+    """A RouteReader for one worker thread: own chunk cache and backend handles (see module doc)."""
+    return store.fork(cache_bytes=min(store.cache_bytes, WORKER_CACHE_BYTES))
 
 
 class Progress:
@@ -144,24 +124,24 @@ class Progress:
             self.callback(min(self.done, self.total), self.total)
 
 
-def run_units(stores: Sequence[RouteStore], units: Iterable[U],
-              fn: Callable[[Sequence[RouteStore], U], R], workers: int) -> Iterator[R]:
+def run_units(stores: Sequence[RouteReader], units: Iterable[U],
+              fn: Callable[[Sequence[RouteReader], U], R], workers: int) -> Iterator[R]:
     """Run ``fn(worker_stores, unit)`` for every unit; yield results as they complete.
 
     With ``workers == 1`` units run in order in the calling thread. Otherwise at most
     ``2 * workers`` units are in flight, so results never pile up in memory.
     """
-    made: list[RouteStore] = []
+    made: list[RouteReader] = []
     made_lock = threading.Lock()
     local = threading.local()
 
-    def stores_here() -> Sequence[RouteStore]:
+    def stores_here() -> Sequence[RouteReader]:
         mine = getattr(local, "stores", None)
         if mine is None:
             mine = local.stores = [worker_store(s) for s in stores]
             with made_lock:
                 made.extend(mine)
-        return mine  # type: ignore[no-any-return]
+        return mine
 
     def call(unit: U) -> R:
         return fn(stores_here(), unit)

@@ -7,7 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from r3store._reader import RouteStore
+from r3store._validate import repeated_ids
+from r3store.errors import OptionError
+from r3store.reader import RouteReader
 
 __all__ = ["parse_layers", "parse_rows", "show"]
 
@@ -21,8 +23,8 @@ def parse_layers(text: str) -> list[int]:
 
     Raises
     ------
-    ValueError
-        A part is not an int or an ``a-b`` range with ``a <= b``, a layer is listed
+    r3store.errors.OptionError
+        (a ValueError) a part is not an int or an ``a-b`` range with ``a <= b``, a layer is listed
         twice, or the list names more than :data:`MAX_LAYERS` layers.
 
     Examples
@@ -36,16 +38,16 @@ def parse_layers(text: str) -> list[int]:
         try:
             a, b = int(lo), int(hi if sep else lo)
         except ValueError:
-            raise ValueError(f"expected layers like '2,3,10-12', got {text!r}") from None
+            raise OptionError("layers", text, "expected layers like '2,3,10-12'") from None
         if b < a:
-            raise ValueError(f"layer range {part!r} is empty")
+            raise OptionError("layers", text, f"layer range {part!r} is empty")
         if b - a + 1 + len(out) > MAX_LAYERS:
-            raise ValueError(f"{text!r} names more than {MAX_LAYERS:,} layers")
+            raise OptionError("layers", text, f"names more than {MAX_LAYERS:,} layers")
         out.extend(range(a, b + 1))
     seen: set[int] = set()
     for layer in out:
         if layer in seen:
-            raise ValueError(f"layer {layer} is listed twice in {text!r}")
+            raise OptionError("layers", text, f"layer {layer} is listed twice")
         seen.add(layer)
     return out
 
@@ -58,8 +60,8 @@ def parse_rows(text: str) -> slice:
 
     Raises
     ------
-    ValueError
-        Not ``a:b`` or ``a`` with non-negative ints, or ``b <= a``.
+    r3store.errors.OptionError
+        (a ValueError) not ``a:b`` or ``a`` with non-negative ints, or ``b <= a``.
 
     Examples
     --------
@@ -71,25 +73,25 @@ def parse_rows(text: str) -> slice:
         start = int(lo) if lo.strip() else None
         stop = int(hi) if hi.strip() else None
     except ValueError:
-        raise ValueError(f"expected rows like 'a:b', got {text!r}") from None
+        raise OptionError("rows", text, "expected rows like 'a:b'") from None
     if min(v for v in (start, stop, 0) if v is not None) < 0:
-        raise ValueError(f"rows are counted from 0 (no negative numbers), got {text!r}")
+        raise OptionError("rows", text, "rows are counted from 0 (no negative numbers)")
     if not sep:
         if start is None:
-            raise ValueError(f"expected rows like 'a:b', got {text!r}")
+            raise OptionError("rows", text, "expected rows like 'a:b'")
         return slice(start, start + 1)
     if start is not None and stop is not None and stop <= start:
-        raise ValueError(f"empty row range {text!r}: the end must be greater than the start")
+        raise OptionError("rows", text, "empty row range: the end must be greater than the start")
     return slice(start, stop)
 
 
-def show(store: RouteStore, sample_id: str, layers: Sequence[int] | None = None,
+def show(store: RouteReader, sample_id: str, layers: Sequence[int] | None = None,
          rows: slice | None = None) -> dict[str, Any]:
     """The expert ids of one sample (quarantined samples included).
 
     Parameters
     ----------
-    store : RouteStore
+    store : RouteReader
     sample_id : str
     layers : sequence of int, optional
         Global decoder layers (MoE layers only); default every MoE layer.
@@ -111,7 +113,7 @@ def show(store: RouteStore, sample_id: str, layers: Sequence[int] | None = None,
     r3store.errors.SampleNotFoundError
     r3store.errors.LayerError
         A layer is not a stored MoE layer.
-    ValueError
+    r3store.errors.OptionError
         ``rows`` has a step other than 1, or selects no row of a sample that has rows.
 
     Examples
@@ -129,14 +131,14 @@ def show(store: RouteStore, sample_id: str, layers: Sequence[int] | None = None,
     chosen = list(spec.moe_layers) if layers is None else [int(v) for v in layers]
     start, stop, step = (rows or slice(None)).indices(int(row["num_rows"]))
     if step != 1:
-        raise ValueError(f"rows must have step 1, got {rows}")
+        raise OptionError("rows", rows, "must have step 1")
     if rows is not None and stop <= start and row["num_rows"]:
         text = ":".join("" if v is None else str(v) for v in (rows.start, rows.stop))
-        raise ValueError(f"rows {text} select none of the sample's {row['num_rows']} rows (0 to {row['num_rows'] - 1})")
+        n = row["num_rows"]
+        raise OptionError("rows", text, f"select none of the sample's {n} rows (0 to {n - 1})")
     stop = max(start, stop)
     ids = store.get(sample_id, chosen, rows=slice(start, stop), include_quarantined=True)
-    ordered = np.sort(ids, axis=-1)
-    repeated = (ordered[..., 1:] == ordered[..., :-1]).any(axis=-1)
+    repeated = repeated_ids(ids)
     out_of_range = (ids >= spec.num_experts).any(axis=-1)
     return {
         "url": store.url,

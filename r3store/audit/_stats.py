@@ -8,16 +8,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from r3store._reader import RouteStore
 from r3store.audit._scan import (
     Progress,
     ProgressCallback,
     check_workers,
-    merge_ranges,
     row_blocks,
     run_units,
     select_samples,
 )
+from r3store.reader import RouteReader, merge_ranges
 
 __all__ = ["stats"]
 
@@ -25,17 +24,17 @@ BLOCK_IDS = 1 << 22
 MAX_UNUSED_LISTED = 64
 
 
-def stats(store: RouteStore, *, sample_filter: str | None = None, limit: int | None = None,
+def stats(store: RouteReader, *, sample_filter: str | None = None, limit: int | None = None,
           workers: int | None = None, progress: ProgressCallback | None = None, top: int = 10,
           length_bins: int = 20) -> dict[str, Any]:
     """Expert load per MoE layer and sequence lengths, over the committed samples.
 
     Quarantined samples are left out. Routes are read row block by row block (one route
-    array per task; threads on remote backends, each with its own RouteStore).
+    array per task; threads on remote backends, each with its own RouteReader).
 
     Parameters
     ----------
-    store : RouteStore
+    store : RouteReader
     sample_filter : str, optional
         ``fnmatch`` glob on sample ids.
     limit : int, optional
@@ -82,7 +81,7 @@ def stats(store: RouteStore, *, sample_filter: str | None = None, limit: int | N
     nbins = 1 << spec.bits_per_id
     counts = np.zeros((spec.num_moe_layers, nbins), np.int64)
 
-    def count(rs: list[RouteStore], unit: tuple[str, list[tuple[int, int]]]) -> np.ndarray:
+    def count(rs: list[RouteReader], unit: tuple[str, list[tuple[int, int]]]) -> np.ndarray:
         return _count_array(rs[0], unit, nbins, ctx)
 
     for part in run_units([store], units, count, workers):  # type: ignore[arg-type]
@@ -114,7 +113,8 @@ def _units(table: pa.Table) -> list[tuple[str, list[tuple[int, int]]]]:
     return [(array, merge_ranges(ranges)) for array, ranges in by_array.items()]
 
 
-def _count_array(rs: RouteStore, unit: tuple[str, list[tuple[int, int]]], nbins: int, progress: Progress) -> np.ndarray:
+def _count_array(rs: RouteReader, unit: tuple[str, list[tuple[int, int]]], nbins: int,
+                 progress: Progress) -> np.ndarray:
     array, ranges = unit
     spec = rs.spec
     counts = np.zeros(spec.num_moe_layers * nbins, np.int64)

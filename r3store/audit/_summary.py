@@ -6,35 +6,18 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from r3store._format import INDEX_PREFIX, RESERVED_COLUMNS, ROUTES_PREFIX, FORMAT_VERSION
-from r3store._reader import RouteStore
+from r3store._format import FORMAT_VERSION, RESERVED_COLUMNS
+from r3store.reader import RouteReader
 
 __all__ = ["summarize"]
 
 
-def _route_objects(store: RouteStore) -> tuple[dict[str, int], dict[str, int]]:
-    """Bytes of route chunk objects per committed array, and per uncommitted shard."""
-    committed = set(store.committed_shards)
-    done: dict[str, int] = {}
-    leftover: dict[str, int] = {}
-    for key, size in store.backend.list_sizes(ROUTES_PREFIX).items():
-        parts = key.split("/")
-        if len(parts) < 3:
-            continue
-        shard = parts[1]
-        target = done if shard in committed else leftover
-        if shard in committed and parts[2] != "c":
-            continue
-        target[shard] = target.get(shard, 0) + size
-    return done, leftover
-
-
-def summarize(store: RouteStore) -> dict[str, Any]:
-    """Summary of a store: counts, spec, bytes, bits per expert id, shards.
+def summarize(store: RouteReader) -> dict[str, Any]:
+    """Summary of a store: counts, spec, bytes, bits per expert id, commits.
 
     Parameters
     ----------
-    store : RouteStore
+    store : RouteReader
 
     Returns
     -------
@@ -45,17 +28,17 @@ def summarize(store: RouteStore) -> dict[str, Any]:
         ``index_bytes`` (Parquet sample tables), ``bits_per_id`` (route_bytes * 8 /
         expert_ids), ``ideal_bits_per_id`` (``ceil(log2(num_experts))``),
         ``overhead_pct`` (over the ideal), ``size_vs_int32`` (route_bytes / (4 *
-        expert_ids)), ``int32_bytes``, ``shards``, ``writers``, ``uncommitted_shards``,
+        expert_ids)), ``int32_bytes``, ``commits``, ``writers``, ``uncommitted_commits``,
         ``uncommitted_bytes``, ``first_commit``/``last_commit`` (ISO 8601, UTC) and
-        ``metadata_columns``.
+        ``metadata_columns``; ``shards`` and ``uncommitted_shards`` repeat ``commits``
+        and ``uncommitted_commits`` under their deprecated names (for one release).
     """
     spec = store.spec
     table = store.samples
     rows = int(pc.sum(table.column("num_rows")).as_py() or 0)
     ids = rows * spec.num_moe_layers * spec.top_k
-    done, leftover = _route_objects(store)
-    route_bytes = sum(done.values())
-    index_bytes = sum(store.backend.list_sizes(INDEX_PREFIX).values())
+    usage = store.storage_usage()
+    route_bytes = usage.route_bytes
     committed = table.column("committed_at")
     quarantined = int(pc.sum(table.column("quarantined")).as_py() or 0)
     bits = route_bytes * 8 / ids if ids else 0.0
@@ -70,16 +53,18 @@ def summarize(store: RouteStore) -> dict[str, Any]:
         "route_rows": rows,
         "expert_ids": ids,
         "route_bytes": route_bytes,
-        "index_bytes": index_bytes,
+        "index_bytes": usage.index_bytes,
         "int32_bytes": ids * 4,
         "bits_per_id": round(bits, 4),
         "ideal_bits_per_id": spec.bits_per_id,
         "overhead_pct": round((bits / spec.bits_per_id - 1) * 100, 3) if ids else 0.0,
         "size_vs_int32": round(route_bytes / (ids * 4), 5) if ids else 0.0,
-        "shards": len(store.committed_shards),
+        "commits": len(store.commits),
+        "shards": len(store.commits),  # deprecated name of "commits", kept for one release
         "writers": len(set(table.column("writer_id").to_pylist())),
-        "uncommitted_shards": sorted(leftover),
-        "uncommitted_bytes": sum(leftover.values()),
+        "uncommitted_commits": sorted(usage.uncommitted),
+        "uncommitted_shards": sorted(usage.uncommitted),  # deprecated name of "uncommitted_commits"
+        "uncommitted_bytes": sum(usage.uncommitted.values()),
         "first_commit": pc.min(committed).as_py().isoformat() if len(table) else None,
         "last_commit": pc.max(committed).as_py().isoformat() if len(table) else None,
         "metadata_columns": [c for c in table.column_names if c not in RESERVED_COLUMNS],

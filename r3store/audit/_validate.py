@@ -4,7 +4,7 @@ What is checked (capture faults reported against SGLang, Miles and verl; each ch
 kind, see :data:`r3store.audit.KINDS`):
 
 * every frame of every committed route array is decoded: CRC-32C mismatches
-  (``checksum``), undecodable frames or shard indexes (``malformed_chunk``) and missing
+  (``checksum``), undecodable frames or object indexes (``malformed_chunk``) and missing
   objects (``missing_object``) become findings naming the array and chunk;
 * per sample and MoE layer: all rows zero (``zero_layer``), rows repeating an id
   (``repeated_ids``), rows with ids ``>= num_experts`` (``id_out_of_range``);
@@ -13,7 +13,7 @@ kind, see :data:`r3store.audit.KINDS`):
 * per sample, from the sample table: ``num_rows != num_tokens - 1`` (``row_count``),
   quarantined samples with their reason (``quarantined``), rows past the array end
   (``table_mismatch``);
-* per store: ids committed by two shards (``duplicate_sample``) and route arrays with no
+* per store: ids committed by two commits (``duplicate_sample``) and route arrays with no
   sample table (``uncommitted``).
 """
 
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from r3store._format import ROUTES_PREFIX, ArrayLayout
-from r3store._reader import RouteStore
+from r3store._format import ArrayGeometry, array_key
+from r3store._validate import repeated_ids
 from r3store.audit._findings import KINDS, Finding, RowRuns, ValidationReport, format_rows, make_finding
 from r3store.audit._physical import ALPHA, physical_id_test
 from r3store.audit._scan import (
@@ -42,8 +42,8 @@ from r3store.audit._scan import (
     run_units,
     select_samples,
 )
-from r3store.audit._summary import _route_objects
-from r3store.errors import ChecksumError, FormatError, ObjectNotFoundError
+from r3store.errors import ChecksumError, FormatError, ObjectNotFoundError, UnknownCodecError
+from r3store.reader import RouteReader
 
 __all__ = ["validate"]
 
@@ -53,7 +53,8 @@ BLOCK_IDS = 1 << 22
 _CHUNK_PREFIX = re.compile(r"^chunk \([\d, ]*\): ")
 
 LOAD_BOUND = 8.0
-"""Highest per-layer max/mean expert load of real traces (published routing statistics of Mixtral, OLMoE, DeepSeek-V3 and FLAME-MoE)."""
+"""Highest per-layer max/mean expert load of real traces (published routing statistics of
+Mixtral, OLMoE, DeepSeek-V3 and FLAME-MoE)."""
 
 
 @dataclass
@@ -113,7 +114,7 @@ class _Unit:
 
 @dataclass(frozen=True)
 class _Context:
-    store: RouteStore
+    store: RouteReader
     progress: Progress
 
     @property
@@ -126,9 +127,9 @@ def zero_layer_min_rows(num_experts: int, top_k: int) -> int | None:
 
     With ``top_k >= 2`` an all-zero row repeats id 0: one row is enough. With top-1,
     routing every row to expert 0 is legal; with a per-layer max/mean load of at most
-    :data:`LOAD_BOUND` (published routing statistics of Mixtral, OLMoE, DeepSeek-V3 and FLAME-MoE) it happens by chance with probability
-    at most ``(8 / num_experts) ** rows``, which must fall below the audit's 1e-3.
-    None: never (top-1 with 8 experts or fewer).
+    :data:`LOAD_BOUND` (published routing statistics of Mixtral, OLMoE, DeepSeek-V3 and
+    FLAME-MoE) it happens by chance with probability at most ``(8 / num_experts) ** rows``,
+    which must fall below the audit's 1e-3. None: never (top-1 with 8 experts or fewer).
     """
     if top_k >= 2:
         return 1
@@ -138,14 +139,14 @@ def zero_layer_min_rows(num_experts: int, top_k: int) -> int | None:
     return math.ceil(math.log(ALPHA) / math.log(p0) + 1e-9)
 
 
-def validate(store: RouteStore, *, sample_filter: str | None = None, limit: int | None = None,
+def validate(store: RouteReader, *, sample_filter: str | None = None, limit: int | None = None,
              workers: int | None = None, progress: ProgressCallback | None = None,
              max_findings: int = 10_000) -> ValidationReport:
     """Checksum every chunk and look for capture faults (see the module docstring).
 
     Parameters
     ----------
-    store : RouteStore
+    store : RouteReader
         Open it with ``on_duplicate="report"`` (or ``"first"``) so duplicates are listed.
     sample_filter : str, optional
         ``fnmatch`` glob on sample ids: audit only matching samples (quarantined ones
@@ -155,7 +156,7 @@ def validate(store: RouteStore, *, sample_filter: str | None = None, limit: int 
         Audit the first ``limit`` (matching) samples, in store order.
     workers : int, optional
         Threads reading route arrays concurrently (one array per task); default 1 on
-        local disk, 8 on remote backends. Each thread reads through its own RouteStore.
+        local disk, 8 on remote backends. Each thread reads through its own RouteReader.
     progress : callable, optional
         ``progress(rows_done, rows_total)``, called as row blocks are decoded.
     max_findings : int
@@ -181,8 +182,9 @@ def validate(store: RouteStore, *, sample_filter: str | None = None, limit: int 
     ...     w.append("ok", np.array([[[0, 1], [2, 3]]] * 4), num_tokens=5)
     ...     w.append("bad", np.array([[[5, 5], [2, 3]]] * 4), num_tokens=5)
     >>> report = validate(r3store.open_store(path))
-    >>> [str(f) for f in report.findings if f.kind == "repeated_ids"]  # doctest: +ELLIPSIS
-    ["error repeated_ids: sample 'bad', decoder layer 0, rows 0-3, routes/...: 4 of 4 rows hold an expert id more than once"]
+    >>> [str(f) for f in report.findings if f.kind == "repeated_ids"]  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
+    ["error repeated_ids: sample 'bad', decoder layer 0, rows 0-3, routes/...:
+      4 of 4 rows hold an expert id more than once"]
     """
     workers = check_workers(workers, store)
     spec = store.spec
@@ -261,32 +263,31 @@ def _table_findings(table: pa.Table) -> list[Finding]:
         if rows != tokens - 1 and (rows or not quarantined):
             extra = " (a row for the last token too)" if rows == tokens else ""
             span = ((0, rows - 1),) if rows else ()
-            out.append(make_finding("row_count", sample_id=sid, array=array, rows=span,
-                                    detail=f"{rows} rows for {tokens} tokens; expected num_tokens - 1 = {tokens - 1}{extra}"))
+            detail = f"{rows} rows for {tokens} tokens; expected num_tokens - 1 = {tokens - 1}{extra}"
+            out.append(make_finding("row_count", sample_id=sid, array=array, rows=span, detail=detail))
     return out
 
 
-def _duplicate_findings(store: RouteStore, table: pa.Table, subset: bool) -> list[Finding]:
+def _duplicate_findings(store: RouteReader, table: pa.Table, subset: bool) -> list[Finding]:
     wanted = set(table.column("sample_id").to_pylist()) if subset else None
     return [make_finding("duplicate_sample", sample_id=sid,
-                         detail=f"committed by shards {', '.join(shards)}; readers keep the first")
-            for sid, shards in store.duplicates.items() if wanted is None or sid in wanted]
+                         detail=f"committed by commits {', '.join(commits)}; readers keep the first")
+            for sid, commits in store.duplicates.items() if wanted is None or sid in wanted]
 
 
-def _leftover_findings(store: RouteStore) -> list[Finding]:
-    _, leftover = _route_objects(store)
-    return [make_finding("uncommitted", array=f"{ROUTES_PREFIX}{shard}",
-                         detail=f"{nbytes:,} bytes, no index/<shard>.parquet: a crashed or still-running writer "
+def _leftover_findings(store: RouteReader) -> list[Finding]:
+    return [make_finding("uncommitted", array=array_key(commit),
+                         detail=f"{nbytes:,} bytes, no index/<commit>.parquet: a crashed or still-running writer "
                                 "(r3store gc deletes old leftovers)")
-            for shard, nbytes in leftover.items()]
+            for commit, nbytes in store.storage_usage().uncommitted.items()]
 
 
-def _units(store: RouteStore, table: pa.Table, full: bool) -> list[_Unit]:
+def _units(store: RouteReader, table: pa.Table, full: bool) -> list[_Unit]:
     cols = table.select(["sample_id", "array", "row_start", "num_rows"]).to_pydict()
     by_array: dict[str, list[tuple[str, int, int]]] = {}
     if full:
-        for shard in store.committed_shards:
-            by_array[f"{ROUTES_PREFIX}{shard}"] = []
+        for commit in store.commits:
+            by_array[array_key(commit)] = []
     for sid, array, start, rows in zip(*cols.values(), strict=True):
         by_array.setdefault(array, []).append((sid, start, rows))
     return [_Unit(array, tuple(sorted(samples, key=lambda s: s[1])), full) for array, samples in by_array.items()]
@@ -295,35 +296,35 @@ def _units(store: RouteStore, table: pa.Table, full: bool) -> list[_Unit]:
 # -- scanning one route array ------------------------------------------------------------
 
 
-def _scan_array(rs: RouteStore, unit: _Unit, ctx: _Context) -> _Result:
+def _scan_array(rs: RouteReader, unit: _Unit, ctx: _Context) -> _Result:
     spec = ctx.spec
     res = _Result(np.zeros((spec.num_moe_layers, 1 << spec.bits_per_id), np.int64))
     try:
-        layout = rs.layout_of(unit.array, partial=True)
+        geometry = rs.geometry_of(unit.array, partial=True)
     except ObjectNotFoundError as exc:
         res.findings.append(make_finding("missing_object", array=unit.array, detail=f"{exc}"))
         return res
-    except FormatError as exc:
+    except (FormatError, UnknownCodecError) as exc:  # an unknown codec: its chunks cannot be decoded here
         res.findings.append(make_finding("malformed_chunk", array=unit.array, detail=f"{exc}"))
         return res
     samples = []
     for sid, start, rows in unit.samples:
-        if start + rows > layout.rows:
+        if start + rows > geometry.rows:
             res.findings.append(make_finding(
                 "table_mismatch", sample_id=sid, array=unit.array,
-                detail=f"rows [{start}, {start + rows}) of the array, which has {layout.rows} rows"))
+                detail=f"rows [{start}, {start + rows}) of the array, which has {geometry.rows} rows"))
         else:
             samples.append(_Sample(sid, start, rows, spec.num_moe_layers))
     res.samples = len(samples)
-    wanted = [(0, layout.rows)] if unit.full else [(s.start, s.stop) for s in samples]
-    ranges = aligned_ranges(wanted, layout.chunk_rows, layout.rows)
-    block_rows = max(1, BLOCK_IDS // (spec.num_moe_layers * spec.top_k) // layout.chunk_rows) * layout.chunk_rows
+    wanted = [(0, geometry.rows)] if unit.full else [(s.start, s.stop) for s in samples]
+    ranges = aligned_ranges(wanted, geometry.chunk_rows, geometry.rows)
+    block_rows = max(1, BLOCK_IDS // (spec.num_moe_layers * spec.top_k) // geometry.chunk_rows) * geometry.chunk_rows
     problems: dict[tuple[str, str], _Problem] = {}
     scanner = _SampleScanner(samples, spec, res, unit.array)
     for lo, hi in row_blocks(ranges, block_rows):
-        x, valid = _read_block(rs, unit.array, layout, lo, hi, problems, spec.moe_layers)
+        x, valid = _read_block(rs, unit.array, geometry, lo, hi, problems, spec.moe_layers)
         res.rows += hi - lo
-        res.frames += (-(-hi // layout.chunk_rows) - lo // layout.chunk_rows) * layout.layer_chunks
+        res.frames += (-(-hi // geometry.chunk_rows) - lo // geometry.chunk_rows) * geometry.layer_chunks
         scanner.feed(lo, x, valid)
         ctx.progress.advance(hi - lo)
     scanner.finish()
@@ -332,24 +333,26 @@ def _scan_array(rs: RouteStore, unit: _Unit, ctx: _Context) -> _Result:
     return res
 
 
-def _read_block(rs: RouteStore, array: str, layout: ArrayLayout, lo: int, hi: int,
-                problems: dict[tuple[str, str], _Problem], moe_layers: Sequence[int]) -> tuple[np.ndarray, np.ndarray | None]:
+def _read_block(rs: RouteReader, array: str, geometry: ArrayGeometry, lo: int, hi: int,
+                problems: dict[tuple[str, str], _Problem],
+                moe_layers: Sequence[int]) -> tuple[np.ndarray, np.ndarray | None]:
     """Rows ``[lo, hi)`` of all layers; on a failure, chunk by chunk, recording each bad one.
 
     Returns the ids and a bool (rows, layers) mask of readable cells (None: all readable).
     """
-    positions = list(range(layout.num_layers))
+    positions = list(range(geometry.num_moe_layers))
     try:
         return rs.read_rows(array, lo, hi, positions), None
     except (FormatError, ObjectNotFoundError):
         pass
-    x = np.zeros((hi - lo, layout.num_layers, layout.top_k), np.int32)
-    valid = np.ones((hi - lo, layout.num_layers), bool)
-    lpc, cr = layout.layers_per_chunk, layout.chunk_rows
+    x = np.zeros((hi - lo, geometry.num_moe_layers, geometry.top_k), np.int32)
+    valid = np.ones((hi - lo, geometry.num_moe_layers), bool)
+    lpc, cr = geometry.layers_per_chunk, geometry.chunk_rows
     for c in range(lo // cr, -(-hi // cr)):
         r0, r1 = max(lo, c * cr), min(hi, (c + 1) * cr)
-        for b in range(layout.layer_chunks):
+        for b in range(geometry.layer_chunks):
             pos = positions[b * lpc : (b + 1) * lpc]
+            err: Exception
             try:
                 x[r0 - lo : r1 - lo, pos] = rs.read_rows(array, r0, r1, pos)
                 continue
@@ -361,7 +364,7 @@ def _read_block(rs: RouteStore, array: str, layout: ArrayLayout, lo: int, hi: in
                 kind, chunk, err, what = "missing_object", None, exc, str(exc)
             valid[r0 - lo : r1 - lo, pos] = False
             what = _CHUNK_PREFIX.sub("", what)  # the chunk has its own field
-            problem = problems.setdefault((kind, str(err)), _Problem(kind, chunk, set(), what))  # type: ignore[arg-type]
+            problem = problems.setdefault((kind, str(err)), _Problem(kind, chunk, set(), what))
             problem.layers.update(moe_layers[p] for p in pos)
             problem.rows.add_range(r0, r1)
     return x, valid
@@ -415,10 +418,9 @@ class _SampleScanner:
         hi = lo + len(x)
         if self.next >= len(self.samples) or self.samples[self.next].start >= hi:
             return
-        ordered = np.sort(x, axis=-1)
-        top = ordered[..., -1]  # (rows, layers); ids are >= 0, so top == 0 means all zeros
+        top = x.max(axis=-1)  # (rows, layers); ids are >= 0, so top == 0 means all zeros
         ok = np.ones(top.shape, bool) if valid is None else valid
-        repeated = (ordered[..., 1:] == ordered[..., :-1]).any(axis=-1) & ok
+        repeated = repeated_ids(x) & ok
         out_of_range = (top >= self.spec.num_experts) & ok
         in_sample = np.zeros(len(x), bool)
         i = self.next

@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 
 from r3store.cli._inspect import render_summary
-from r3store.cli._main import handle_errors
+from r3store.cli._options import handle_errors
 
 __all__ = ["demo"]
 
@@ -31,7 +31,7 @@ def demo(directory: Path | None, writers: int, loader_workers: int) -> None:
     replayed in an fp32 trainer; flip rates and log-prob gaps with and without replay.
     """
     try:
-        from r3store._demo import run_demo
+        from r3store.cli._demo_job import run_demo
     except ImportError as exc:
         raise click.ClickException(f"{exc}; the demo needs PyTorch: pip install 'r3store[torch]'") from exc
     console = Console()
@@ -39,7 +39,8 @@ def demo(directory: Path | None, writers: int, loader_workers: int) -> None:
         raise click.BadParameter(f"{directory} is not empty", param_hint="DIRECTORY")
     target = directory or Path(tempfile.mkdtemp(prefix="r3store-demo-"))
     try:
-        report = run_demo(target, num_writers=writers, loader_workers=loader_workers, log=lambda line: console.print(line, highlight=False, soft_wrap=True))
+        report = run_demo(target, num_writers=writers, loader_workers=loader_workers,
+                          log=lambda line: console.print(line, highlight=False, soft_wrap=True))
     finally:
         if directory is None:
             shutil.rmtree(target, ignore_errors=True)
@@ -51,6 +52,6 @@ def demo(directory: Path | None, writers: int, loader_workers: int) -> None:
     console.print(f"read:  {report['read_s']:.2f} s, {report['tokens_per_s']:,.0f} tokens/s, "
                   f"{report['expert_ids_per_s']:,.0f} expert ids/s (DataLoader start-up included)")
     render_summary(report["summary"], console)
-    from r3store._demo_replay import replay_demo_cli
+    from r3store.cli._demo_replay import replay_demo_cli
 
     replay_demo_cli(directory, console)

@@ -8,10 +8,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from r3store._reader import open_store
 from r3store.audit import diff as run_diff
-from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
 from r3store.cli._scan import emit, parse_size, plot_canvas, plot_options, progress_bar, scan_options
+from r3store.reader import open_reader
 
 __all__ = ["diff", "plot_diff", "render_diff"]
 
@@ -28,7 +28,8 @@ def render_diff(result: dict[str, Any], console: Console) -> None:
         ("tokens compared", f"{result['tokens']:,}"),
         ("MoE layers compared", f"{len(result['layers'])}"),
         ("routing decisions (token x layer)", f"{result['decisions']:,}"),
-        ("decisions whose expert sets differ", f"{result['decision_flip_rate']:.4%} ({result['differing_decisions']:,})"),
+        ("decisions whose expert sets differ",
+         f"{result['decision_flip_rate']:.4%} ({result['differing_decisions']:,})"),
         ("tokens with >= 1 differing layer", f"{result['token_flip_rate']:.4%} ({result['tokens_with_diff']:,})"),
         ("mean differing layers per token", f"{result['mean_differing_layers_per_token']:.4f}"),
         (f"set overlap |A&B|/top_k (top-{result['top_k']})", f"{result['set_overlap']:.4f}"),
@@ -48,7 +49,8 @@ def render_diff(result: dict[str, Any], console: Console) -> None:
     for side in ("a", "b"):
         if result[f"only_in_{side}"]:
             ids = ", ".join(result[f"only_in_{side}_examples"][:5])
-            console.print(f"only in {side.upper()}: {result[f'only_in_{side}']:,} samples (e.g. {ids})", highlight=False)
+            count = result[f"only_in_{side}"]
+            console.print(f"only in {side.upper()}: {count:,} samples (e.g. {ids})", highlight=False)
 
 
 def plot_diff(result: dict[str, Any], path: str, size: tuple[int, int]) -> None:
@@ -88,8 +90,9 @@ def diff(url_a: str, url_b: str, as_json: bool, plot_path: str | None, plot_size
     """
     size = parse_size(plot_size)
     options = parse_storage_options(storage_options)
-    store_a = open_store(url_a, storage_options=options, on_duplicate="first")
-    store_b = open_store(url_b, storage_options=options, on_duplicate="first")
+    store_a = open_reader(url_a, storage_options=options, on_duplicate="first")
+    store_b = open_reader(url_b, storage_options=options, on_duplicate="first")
     with progress_bar("diff", enabled=not as_json) as progress:
-        result = run_diff(store_a, store_b, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress)
+        result = run_diff(store_a, store_b, sample_filter=sample_filter, limit=limit, workers=workers,
+                          progress=progress)
     emit(result, as_json=as_json, render=render_diff, draw=plot_diff, plot_path=plot_path, size=size)

@@ -9,8 +9,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from r3store._gc import collect_garbage
-from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
+from r3store.audit import collect_garbage
+from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
 
 __all__ = ["gc", "parse_duration"]
 
@@ -21,7 +21,8 @@ def parse_duration(text: str) -> float:
     """``"90s"``, ``"15m"``, ``"1h"``, ``"2d"`` or a bare number of seconds, to seconds."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
     if not match:
-        raise click.BadParameter(f"expected a duration like 90s, 15m, 1h or 2d, got {text!r}", param_hint="--older-than")
+        raise click.BadParameter(f"expected a duration like 90s, 15m, 1h or 2d, got {text!r}",
+                                 param_hint="--older-than")
     return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
@@ -40,8 +41,8 @@ def gc(url: str, older_than: str, delete: bool, as_json: bool, storage_options: 
         click.echo(json.dumps({"deleted": delete, "leftovers": [f.to_dict() for f in found]}, indent=2))
         return
     table = Table(title=f"uncommitted leftovers older than {older_than}" + (" (deleted)" if delete else ""))
-    for column in ("shard", "objects", "bytes", "age"):
+    for column in ("commit", "objects", "bytes", "age"):
         table.add_column(column)
     for item in found:
-        table.add_row(item.shard, str(len(item.keys)), f"{item.nbytes:,}", f"{item.age_s / 3600:.1f} h")
+        table.add_row(item.commit, str(len(item.keys)), f"{item.nbytes:,}", f"{item.age_s / 3600:.1f} h")
     Console().print(table if found else "no uncommitted leftovers")

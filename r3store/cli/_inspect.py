@@ -9,9 +9,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from r3store._reader import open_store
 from r3store.audit import summarize
-from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
+from r3store.reader import open_reader
 
 __all__ = ["inspect", "render_summary"]
 
@@ -27,6 +27,7 @@ def _bytes(n: int) -> str:
 def render_summary(summary: dict[str, Any], console: Console) -> None:
     """Print a :func:`r3store.audit.summarize` result as a table."""
     spec = summary["spec"]
+    quarantined = summary["quarantined"]
     moe = spec["moe_layers"]
     span = f"{moe[0]}..{moe[-1]}" if moe == list(range(moe[0], moe[-1] + 1)) else ", ".join(map(str, moe))
     table = Table(title=f"r3store {summary['url']}", show_header=False, title_justify="left")
@@ -34,8 +35,9 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     table.add_column("value")
     rows = [
         ("format version", str(summary["format_version"])),
-        ("spec", f"{spec['num_layers']} decoder layers (MoE: {span}), {spec['num_experts']} experts, top-{spec['top_k']}"),
-        ("samples", f"{summary['samples']:,}" + (f" (+{summary['quarantined']} quarantined)" if summary["quarantined"] else "")),
+        ("spec", f"{spec['num_layers']} decoder layers (MoE: {span}), {spec['num_experts']} experts, "
+                 f"top-{spec['top_k']}"),
+        ("samples", f"{summary['samples']:,}" + (f" (+{quarantined} quarantined)" if quarantined else "")),
         ("tokens", f"{summary['tokens']:,}"),
         ("route rows", f"{summary['route_rows']:,}"),
         ("expert ids", f"{summary['expert_ids']:,}"),
@@ -44,15 +46,15 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         ("bits per expert id", f"{summary['bits_per_id']:.4f} (ideal {summary['ideal_bits_per_id']}, "
                                f"+{summary['overhead_pct']:.3f}%)"),
         ("size vs int32", f"{summary['size_vs_int32'] * 100:.2f}% ({_bytes(summary['int32_bytes'])} as int32)"),
-        ("shards", f"{summary['shards']:,}"),
+        ("commits", f"{summary['commits']:,}"),
         ("writers", f"{summary['writers']:,}"),
         ("commits", f"{summary['first_commit']} .. {summary['last_commit']}"),
         ("metadata columns", ", ".join(summary["metadata_columns"]) or "-"),
     ]
     if summary["duplicates"]:
         rows.append(("duplicate ids", f"{len(summary['duplicates'])}"))
-    if summary["uncommitted_shards"]:
-        rows.append(("uncommitted leftovers", f"{len(summary['uncommitted_shards'])} shards, "
+    if summary["uncommitted_commits"]:
+        rows.append(("uncommitted leftovers", f"{len(summary['uncommitted_commits'])} commits, "
                                               f"{_bytes(summary['uncommitted_bytes'])} (see r3store gc)"))
     for name, value in rows:
         table.add_row(name, value)
@@ -67,8 +69,8 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
 @storage_option_flag
 @handle_errors
 def inspect(url: str, as_json: bool, cache_dir: str | None, storage_options: tuple[str, ...]) -> None:
-    """Summarise the store at URL: samples, tokens, spec, bytes, bits per expert id, shards."""
-    store = open_store(url, storage_options=parse_storage_options(storage_options), on_duplicate="report",
+    """Summarise the store at URL: samples, tokens, spec, bytes, bits per expert id, commits."""
+    store = open_reader(url, storage_options=parse_storage_options(storage_options), on_duplicate="report",
                        cache_dir=cache_dir)
     summary = summarize(store)
     if as_json:

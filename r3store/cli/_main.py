@@ -1,92 +1,62 @@
-"""``r3store`` command group and shared option handling."""
+"""The ``r3store`` command group: commands are imported when they run (``--help`` imports none)."""
 
 from __future__ import annotations
 
-import json
-import sys
-from collections.abc import Callable
-from functools import wraps
-from typing import Any, TypeVar
+import importlib
 
 import click
-from rich.console import Console
 
-from r3store.codecs.kernels import IMPLEMENTATION
-from r3store.errors import R3StoreError
+__all__ = ["COMMANDS", "main"]
 
-__all__ = ["main"]
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
-
-
-def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``key=value`` pairs to fsspec storage options (values parsed as JSON when they parse).
-
-    ``endpoint_url`` and ``region_name`` go into s3fs's ``client_kwargs``.
-    """
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected key=value, got {pair!r}", param_hint="--storage-option")
-        try:
-            value: Any = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        if key in ("endpoint_url", "region_name"):
-            options.setdefault("client_kwargs", {})[key] = value
-        else:
-            options[key] = value
-    return options
+COMMANDS: dict[str, tuple[str, str]] = {
+    "inspect": ("r3store.cli._inspect",
+                "Summarise the store at URL: samples, tokens, spec, bytes, bits per expert id, commits."),
+    "validate": ("r3store.cli._validate",
+                 "Check every chunk checksum and look for capture faults in the store at URL."),
+    "stats": ("r3store.cli._stats", "Expert load per MoE layer and sequence lengths of the store at URL."),
+    "diff": ("r3store.cli._diff",
+             "R3 routing mismatch between the stores at URL_A and URL_B (e.g. rollout vs. trainer routes)."),
+    "show": ("r3store.cli._show",
+             "Show the expert ids of SAMPLE_ID in the store at URL: rows x layers, each cell the top-k ids."),
+    "demo": ("r3store.cli._demo", "Run the main job on the bundled real FLAME-MoE-290M trace."),
+    "gc": ("r3store.cli._gc", "List (or --delete) uncommitted leftovers of crashed writers."),
+}
+"""Command name -> (module defining a click command of that name, its short help)."""
 
 
-def storage_option_flag(func: F) -> F:
-    """Add ``--storage-option/-o key=value`` (repeatable) to a command."""
-    return click.option(
-        "--storage-option", "-o", "storage_options", multiple=True, metavar="KEY=VALUE",
-        help="fsspec/s3fs option, repeatable (e.g. -o endpoint_url=http://127.0.0.1:9000 -o anon=false). "
-             "AWS_* environment variables are honoured by s3fs.",
-    )(func)
+class LazyGroup(click.Group):
+    """A group whose commands are imported on first use (their short help is kept here)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        command = getattr(importlib.import_module(COMMANDS[cmd_name][0]), cmd_name)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{COMMANDS[cmd_name][0]}.{cmd_name} is not a click command")
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, short) for name, (_, short) in COMMANDS.items()])
 
 
-def handle_errors(func: F) -> F:
-    """Print r3store errors as one line on stderr and exit 2."""
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``: the release and which codec kernels run (imported only when asked)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib.metadata import version
 
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except R3StoreError as exc:
-            Console(stderr=True).print(f"[bold red]error:[/] {type(exc).__name__}: {exc}", highlight=False)
-            sys.exit(EXIT_ERROR)
+    from r3store.codecs.kernels import IMPLEMENTATION
 
-    return wrapper  # type: ignore[return-value]
+    click.echo(f"{ctx.find_root().info_name} {version('r3store')} (kernels: {IMPLEMENTATION})")
+    ctx.exit()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="r3store", message=f"%(prog)s %(version)s (kernels: {IMPLEMENTATION})")
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version (and which codec kernels run) and exit.")
 def main() -> None:
     """r3store: routing traces for Rollout Routing Replay (R3)."""
-
-
-def _register() -> None:
-    from r3store.cli._demo import demo
-    from r3store.cli._diff import diff
-    from r3store.cli._gc import gc
-    from r3store.cli._inspect import inspect
-    from r3store.cli._show import show
-    from r3store.cli._stats import stats
-    from r3store.cli._validate import validate
-
-    main.add_command(inspect)
-    main.add_command(validate)
-    main.add_command(stats)
-    main.add_command(diff)
-    main.add_command(show)
-    main.add_command(demo)
-    main.add_command(gc)
-
-
-_register()

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
-from r3store.cli._main import EXIT_ERROR
+from r3store.cli._options import EXIT_ERROR
 
 __all__ = ["MissingExtra", "echo_json", "parse_size", "plot_canvas", "plot_options", "progress_bar", "save_plot",
            "scan_options"]
@@ -26,9 +26,8 @@ def scan_options(func: F) -> F:
                         help="Reader threads (default: 1 on local disk, 8 on remote stores).")(func)
     func = click.option("--limit", type=click.IntRange(min=0), default=None, metavar="N",
                         help="Audit only the first N (matching) samples, in store order.")(func)
-    func = click.option("--sample-filter", default=None, metavar="GLOB",
+    return click.option("--sample-filter", default=None, metavar="GLOB",
                         help="Audit only samples whose id matches this fnmatch glob (e.g. 'step-3-*').")(func)
-    return func
 
 
 @contextmanager
@@ -107,10 +106,9 @@ def plot_options(func: F) -> F:
     """Add ``--plot FILE.png`` and ``--plot-size WIDTHxHEIGHT``."""
     func = click.option("--plot-size", default="1200x800", show_default=True, metavar="WxH",
                         help="Size of the --plot image in pixels.")(func)
-    func = click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+    return click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
                         callback=_plot_folder_exists, metavar="FILE.png",
                         help="Also draw a PNG (needs matplotlib: pip install 'r3store[plot]').")(func)
-    return func
 
 
 def save_plot(draw: Callable[[dict[str, Any], str, tuple[int, int]], None], result: dict[str, Any], path: str,

@@ -8,12 +8,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from r3store._reader import open_store
 from r3store.audit import parse_layers, parse_rows
 from r3store.audit import show as run_show
-from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
 from r3store.cli._scan import echo_json
-from r3store.errors import R3StoreError
+from r3store.errors import OptionError
+from r3store.reader import open_reader
 
 __all__ = ["render_show", "show"]
 
@@ -25,7 +25,8 @@ def render_show(result: dict[str, Any], console: Console) -> None:
     """Print a :func:`r3store.audit.show` result: rows x layers, each cell the top-k ids."""
     flag = ", quarantined: " + (result["reason"] or "") if result["quarantined"] else ""
     title = (f"{result['sample_id']}: {result['num_tokens']:,} tokens, {result['num_rows']:,} rows{flag}; "
-             f"rows {result['row_start']}-{result['row_stop'] - 1}, top-{result['top_k']} of {result['num_experts']} experts")
+             f"rows {result['row_start']}-{result['row_stop'] - 1}, "
+             f"top-{result['top_k']} of {result['num_experts']} experts")
     table = Table(title=title, title_justify="left")
     table.add_column("row", justify="right", style="bold")
     for layer in result["layers"]:
@@ -49,14 +50,15 @@ def _parse(value: str | None, parser: Any, hint: str) -> Any:
         return None
     try:
         return parser(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint=hint) from exc
+    except OptionError as exc:
+        raise click.BadParameter(exc.fault, param_hint=hint) from exc
 
 
 @click.command()
 @click.argument("url")
 @click.argument("sample_id")
-@click.option("--layers", default=None, metavar="LIST", help="Decoder layers, e.g. '2,3,10-12' (default: every MoE layer).")
+@click.option("--layers", default=None, metavar="LIST",
+              help="Decoder layers, e.g. '2,3,10-12' (default: every MoE layer).")
 @click.option("--rows", default=None, metavar="A:B",
               help="Rows within the sample, counted from 0, e.g. '0:64' (default: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print the ids as JSON (schema/cli-show.schema.json).")
@@ -71,7 +73,7 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
     """
     chosen = _parse(layers, parse_layers, "--layers")
     window = _parse(rows, parse_rows, "--rows")
-    store = open_store(url, storage_options=parse_storage_options(storage_options), on_duplicate="first")
+    store = open_reader(url, storage_options=parse_storage_options(storage_options), on_duplicate="first")
     console = Console()
     if chosen is None and not as_json and store.spec.num_moe_layers > MAX_TABLE_LAYERS:
         chosen = list(store.spec.moe_layers[:MAX_TABLE_LAYERS])
@@ -79,10 +81,10 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
                       "pick others with --layers (--json shows all)", highlight=False)
     try:
         result = run_show(store, sample_id, chosen, window)
-    except ValueError as exc:
-        if isinstance(exc, R3StoreError):
+    except OptionError as exc:
+        if exc.option != "rows":
             raise
-        raise click.BadParameter(str(exc), param_hint="--rows") from exc
+        raise click.BadParameter(exc.fault, param_hint="--rows") from exc
     if as_json:
         echo_json(result)
     else:

@@ -8,10 +8,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from r3store._reader import open_store
 from r3store.audit import stats as run_stats
-from r3store.cli._main import handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
 from r3store.cli._scan import emit, parse_size, plot_canvas, plot_options, progress_bar, scan_options
+from r3store.reader import open_reader
 
 __all__ = ["plot_stats", "render_stats", "stats"]
 
@@ -29,15 +29,16 @@ def render_stats(result: dict[str, Any], console: Console) -> None:
         if lay["unused"]:
             listed = ", ".join(map(str, lay["unused"][:8]))
             unused += f" ({listed}{', ...' if lay['unused_experts'] > 8 else ''})"
-        table.add_row(str(lay["layer"]), f"{lay['mean_load']:,.1f}", f"{lay['max_load']:,}", f"{lay['max_over_mean']:.2f}",
-                      f"{lay['entropy_bits']:.3f} / {lay['max_entropy_bits']:.3f}", unused, str(lay["hottest_expert"]),
-                      f"{lay['ids_out_of_range']:,}")
+        table.add_row(str(lay["layer"]), f"{lay['mean_load']:,.1f}", f"{lay['max_load']:,}",
+                      f"{lay['max_over_mean']:.2f}", f"{lay['entropy_bits']:.3f} / {lay['max_entropy_bits']:.3f}",
+                      unused, str(lay["hottest_expert"]), f"{lay['ids_out_of_range']:,}")
     console.print(table)
     hot = Table(title="hottest experts", title_justify="left")
     for name in ("layer", "expert", "tokens", "share of layer", "load / mean"):
         hot.add_column(name, justify="right")
     for h in result["hottest"]:
-        hot.add_row(str(h["layer"]), str(h["expert"]), f"{h['tokens']:,}", f"{h['share']:.2%}", f"{h['load_over_mean']:.2f}")
+        hot.add_row(str(h["layer"]), str(h["expert"]), f"{h['tokens']:,}", f"{h['share']:.2%}",
+                    f"{h['load_over_mean']:.2f}")
     console.print(hot)
     n = result["lengths"]
     console.print(f"sequence length (tokens): {n['samples']:,} samples, min {n['min']:,}, p50 {n['p50']:,.0f}, "
@@ -86,7 +87,7 @@ def stats(url: str, as_json: bool, top: int, plot_path: str | None, plot_size: s
     the sequence-length distribution. Quarantined samples are left out.
     """
     size = parse_size(plot_size)
-    store = open_store(url, storage_options=parse_storage_options(storage_options), on_duplicate="first")
+    store = open_reader(url, storage_options=parse_storage_options(storage_options), on_duplicate="first")
     with progress_bar("stats", enabled=not as_json) as progress:
         result = run_stats(store, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress, top=top)
     emit(result, as_json=as_json, render=render_stats, draw=plot_stats, plot_path=plot_path, size=size)

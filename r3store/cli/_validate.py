@@ -6,11 +6,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from r3store._reader import open_store
 from r3store.audit import ValidationReport
 from r3store.audit import validate as run_validate
-from r3store.cli._main import EXIT_FINDINGS, EXIT_OK, handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import EXIT_FINDINGS, EXIT_OK, handle_errors, parse_storage_options, storage_option_flag
 from r3store.cli._scan import echo_json, progress_bar, scan_options
+from r3store.reader import open_reader
 
 __all__ = ["render_report", "validate"]
 
@@ -22,7 +22,7 @@ def render_report(report: ValidationReport, console: Console) -> None:
     if report.findings:
         table = Table(title=f"r3store validate {report.url}", title_justify="left")
         for name, wrap in (("severity", False), ("kind", False), ("sample", True), ("layer", False),
-                           ("rows", True), ("shard / chunk", True), ("detail", True)):
+                           ("rows", True), ("commit / chunk", True), ("detail", True)):
             table.add_column(name, overflow="fold", no_wrap=not wrap)
         for f in report.findings:
             where = (f.array or "").removeprefix("routes/")
@@ -59,7 +59,7 @@ def validate(url: str, as_json: bool, sample_filter: str | None, limit: int | No
 
     Exit status: 0 clean, 1 findings, 2 usage or I/O error.
     """
-    store = open_store(url, storage_options=parse_storage_options(storage_options), on_duplicate="report")
+    store = open_reader(url, storage_options=parse_storage_options(storage_options), on_duplicate="report")
     with progress_bar("validate", enabled=not as_json) as progress:
         report = run_validate(store, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress)
     if as_json:

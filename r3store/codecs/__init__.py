@@ -1,9 +1,11 @@
 """Codecs: expert ids to bytes and back.
 
-The contract lives in :class:`Codec`; codecs are looked up by id with :func:`get_codec`.
+The contract lives in :class:`Codec` (optional abilities: :class:`SupportsFrameSize`);
+codecs are looked up by id with :func:`get_codec` (built-in ``r3store.bitpack``, then the
+``r3store.codecs`` entry-point group).
 """
 
-from r3store.codecs._abc import Codec
+from r3store.codecs._abc import Codec, SupportsFrameSize
 from r3store.codecs._bitpack import (
     BitpackCodec,
     pack_bits,
@@ -11,13 +13,13 @@ from r3store.codecs._bitpack import (
     unpack_bits,
     unpack_bits_reference,
 )
-from r3store.codecs._registry import get_codec, register_codec, registry
-
-register_codec(BitpackCodec)
+from r3store.codecs._registry import ENTRY_POINT_GROUP, get_codec, register_codec, registry
 
 __all__ = [
     "BitpackCodec",
     "Codec",
+    "ENTRY_POINT_GROUP",
+    "SupportsFrameSize",
     "get_codec",
     "pack_bits",
     "pack_bits_reference",

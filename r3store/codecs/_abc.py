@@ -11,17 +11,21 @@ A codec turns a flat array of expert ids into bytes and back. Rules every codec 
 * Malformed or corrupt input raises :class:`r3store.errors.FormatError` (a checksum
   mismatch raises its subclass :class:`r3store.errors.ChecksumError`); input a codec
   cannot represent raises :class:`r3store.errors.CodecError`.
+
+Optional abilities are :class:`typing.Protocol` s checked at run time, never extra
+abstract methods: :class:`SupportsFrameSize` (the id count of a frame, read from its
+header, so a reader can reject a frame before decoding allocates for it).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Codec"]
+__all__ = ["Codec", "SupportsFrameSize"]
 
 JSON = Any
 
@@ -77,7 +81,7 @@ class Codec(ABC):
         return cls(**params)
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.get_config() == self.get_config()  # type: ignore[attr-defined]
+        return isinstance(other, Codec) and type(other) is type(self) and other.get_config() == self.get_config()
 
     def __hash__(self) -> int:
         return hash(tuple(sorted(self.get_config().items())))
@@ -85,3 +89,23 @@ class Codec(ABC):
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "id")
         return f"{type(self).__name__}({params})"
+
+
+@runtime_checkable
+class SupportsFrameSize(Protocol):
+    """A codec that can tell how many ids a frame decodes to without decoding it.
+
+    Readers use it to reject a frame whose header disagrees with the chunk it is stored
+    for before :meth:`Codec.decode` allocates its output (a forged header must not drive
+    a huge allocation). Codecs without it are decoded first and checked after.
+    """
+
+    def frame_size(self, buf: bytes | memoryview | np.ndarray) -> int:
+        """Ids the frame ``buf`` decodes to, read from its header.
+
+        Raises
+        ------
+        r3store.errors.FormatError
+            ``buf`` is too short to hold a header.
+        """
+        ...

@@ -27,6 +27,7 @@ import google_crc32c
 import numpy as np
 import numpy.typing as npt
 
+from r3store._checks import parse_int
 from r3store.codecs import kernels
 from r3store.codecs._abc import Codec
 from r3store.errors import ChecksumError, CodecError, FormatError
@@ -40,10 +41,12 @@ MAX_BITS = 16
 _FRAME = "r3store.bitpack frame"
 
 
+def _codec_error(name: str, value: object, fault: str) -> CodecError:
+    return CodecError(BitpackCodec.codec_id, f"{name} {fault}, got {value!r}")
+
+
 def _check_bits(bits: object) -> int:
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= MAX_BITS:
-        raise CodecError(BitpackCodec.codec_id, f"bits must be an int in [1, {MAX_BITS}], got {bits!r}")
-    return bits
+    return parse_int("bits", bits, minimum=1, maximum=MAX_BITS, error=_codec_error)
 
 
 def pack_bits(ids: np.ndarray, bits: int) -> np.ndarray:

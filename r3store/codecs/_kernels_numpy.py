@@ -20,6 +20,7 @@ __all__ = [
     "first_repeat",
     "gather_rows_numpy",
     "pack_bits_numpy",
+    "repeated_ids",
     "unpack_bits_numpy",
     "unpack_into_numpy",
 ]
@@ -107,6 +108,39 @@ def unpack_into_numpy(payload: np.ndarray, n: int, bits: int, out: np.ndarray) -
     return out
 
 
+def repeated_ids(routes: np.ndarray) -> np.ndarray:
+    """Which rows hold an expert id more than once (the one "row repeats an id" check).
+
+    Used by the writer's checks (:func:`first_repeat`, the numpy twin of the compiled route
+    check) and by the audits (``validate``, ``show``).
+
+    Parameters
+    ----------
+    routes : ndarray of integer dtype, shape (..., top_k)
+
+    Returns
+    -------
+    ndarray of bool, shape routes.shape[:-1]
+
+    Examples
+    --------
+    >>> repeated_ids(np.array([[[1, 2], [3, 3]]])).tolist()
+    [[False, True]]
+    """
+    top_k = routes.shape[-1]
+    if top_k < 2:
+        return np.zeros(routes.shape[:-1], dtype=bool)
+    if top_k <= 16:  # pairwise compares beat a sort along a short axis
+        bad = np.zeros(routes.shape[:-1], dtype=bool)
+        for i in range(top_k - 1):
+            for j in range(i + 1, top_k):
+                bad |= routes[..., i] == routes[..., j]
+        return bad
+    ordered = np.sort(routes, axis=-1)
+    repeats: np.ndarray = (ordered[..., 1:] == ordered[..., :-1]).any(axis=-1)
+    return repeats
+
+
 def first_repeat(routes: np.ndarray) -> tuple[int, int] | None:
     """(row, layer position) of the first row holding an expert id twice, or None.
 
@@ -114,20 +148,9 @@ def first_repeat(routes: np.ndarray) -> tuple[int, int] | None:
     ----------
     routes : ndarray of integer dtype, shape (rows, num_layers, top_k)
     """
-    top_k = routes.shape[-1]
-    if top_k < 2 or routes.size == 0:
+    if routes.shape[-1] < 2 or routes.size == 0:
         return None
-    if top_k <= 16:  # pairwise compares beat a sort along a short axis
-        bad = np.zeros(routes.shape[:-1], dtype=bool)
-        for i in range(top_k - 1):
-            for j in range(i + 1, top_k):
-                bad |= routes[..., i] == routes[..., j]
-    else:
-        ordered = np.sort(routes, axis=-1)
-        bad = (ordered[..., 1:] == ordered[..., :-1]).any(axis=-1)
-    if not bad.any():
-        return None
-    hits = np.argwhere(bad)
+    hits = np.argwhere(repeated_ids(routes))
     return (int(hits[0][0]), int(hits[0][1])) if hits.size else None
 
 

@@ -8,11 +8,13 @@ from types import MappingProxyType
 from typing import Any
 
 from r3store.codecs._abc import Codec
+from r3store.codecs._bitpack import BitpackCodec
 from r3store.errors import CodecError, UnknownCodecError
 
-__all__ = ["get_codec", "register_codec", "registry"]
+__all__ = ["ENTRY_POINT_GROUP", "get_codec", "register_codec", "registry"]
 
 ENTRY_POINT_GROUP = "r3store.codecs"
+"""Entry-point group searched for codec ids that are not registered (plugins)."""
 
 _registry: dict[str, type[Codec]] = {}
 registry: Mapping[str, type[Codec]] = MappingProxyType(_registry)
@@ -50,7 +52,7 @@ def get_codec(config: Mapping[str, Any]) -> Codec:
     Raises
     ------
     r3store.errors.UnknownCodecError
-        No codec is registered under the id.
+        No codec is registered under the id (the message says how to install one).
     r3store.errors.CodecError
         The config is not a mapping with an ``"id"``, or its parameters are invalid.
     """
@@ -59,8 +61,13 @@ def get_codec(config: Mapping[str, Any]) -> Codec:
     codec_id = config["id"]
     cls = _registry.get(codec_id) or _load_entry_point(codec_id)
     if cls is None:
-        raise UnknownCodecError(codec_id)
+        raise UnknownCodecError(codec_id, hint=f"install the package that provides it (it registers under the "
+                                               f"{ENTRY_POINT_GROUP!r} entry-point group) or call "
+                                               "r3store.codecs.register_codec")
     try:
         return cls.from_config(dict(config))
     except TypeError as exc:
         raise CodecError(codec_id, f"invalid config {dict(config)!r}: {exc}") from exc
+
+
+register_codec(BitpackCodec)

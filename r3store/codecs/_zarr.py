@@ -44,7 +44,7 @@ class ZarrBitpackCodec(ArrayBytesCodec):
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
         _, config = parse_named_configuration(data, BitpackCodec.codec_id)
-        return cls(**config)
+        return cls(**config)  # type: ignore[arg-type]  # JSON values, checked by BitpackCodec
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": BitpackCodec.codec_id, "configuration": {"bits": self.bits}}

@@ -42,8 +42,10 @@ from r3store.codecs._kernels_numpy import (
     RouteFault,
     b64decode_numpy,
     check_ids_numpy,
+    first_repeat,
     gather_rows_numpy,
     pack_bits_numpy,
+    repeated_ids,
     unpack_into_numpy,
 )
 from r3store.errors import CodecError
@@ -57,10 +59,12 @@ __all__ = [
     "b64decode",
     "check_ids",
     "describe",
+    "first_repeat",
     "gather_rows",
     "implementation",
     "native_module",
     "pack_bits",
+    "repeated_ids",
     "unpack_bits",
     "unpack_into",
     "use",
@@ -173,7 +177,8 @@ def _check_bits(bits: object) -> int:
 def _as_payload(payload: npt.ArrayLike | bytes | memoryview) -> np.ndarray:
     if isinstance(payload, np.ndarray):
         return np.ascontiguousarray(payload).view(np.uint8).reshape(-1)
-    return np.frombuffer(payload, dtype=np.uint8)  # type: ignore[call-overload]
+    data: np.ndarray = np.frombuffer(payload, dtype=np.uint8)  # type: ignore[call-overload]
+    return data
 
 
 def _native_ints(arr: np.ndarray) -> bool:

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, Literal
 
 import numpy as np
 
-from r3store.errors import AlignmentError, RouteShapeError
-from r3store.layout._options import LayoutOptionError
+from r3store._checks import parse_choice, parse_int
+from r3store.errors import AlignmentError, LayoutOptionError, RouteShapeError
 from r3store.layout._pad import pad_routes
 from r3store.layout._plan import LayoutPlan, route_index
 
-__all__ = ["apply_plan", "apply_routes"]
+__all__ = ["PAD_POLICIES", "apply_plan", "apply_routes", "check_pad_args"]
 
 PAD_POLICIES = ("spread", "fill")
+"""Pad-row policies of :func:`apply_routes`."""
 _BATCH = "<batch>"
 _INT32 = np.iinfo(np.int32)
 
@@ -78,18 +78,22 @@ def _check_routes(plan: LayoutPlan, routes: Any) -> np.ndarray:
             f"sum(num_tokens - 1) = {plan.total_routes}"
         )
         raise AlignmentError(_BATCH, fault)
-    return routes.astype(np.int32, copy=False)
+    checked: np.ndarray = routes.astype(np.int32, copy=False)
+    return checked
 
 
-def _check_pad_args(num_experts: Any, pad_policy: Any, fill_value: Any) -> None:
-    """Validate the pad arguments of :func:`apply_routes`."""
-    if isinstance(num_experts, bool) or not isinstance(num_experts, numbers.Integral) or num_experts < 1:
-        raise LayoutOptionError("num_experts", num_experts, "must be an integer >= 1")
-    if pad_policy not in PAD_POLICIES:
-        raise LayoutOptionError("pad_policy", pad_policy, f"must be one of {PAD_POLICIES}")
-    bad_type = isinstance(fill_value, bool) or not isinstance(fill_value, numbers.Integral)
-    if bad_type or not _INT32.min <= fill_value <= _INT32.max:
-        raise LayoutOptionError("fill_value", fill_value, "must be an int32 integer")
+def check_pad_args(num_experts: Any, pad_policy: Any, fill_value: Any) -> None:
+    """Validate the pad arguments of :func:`apply_routes` (before any work is done).
+
+    Raises
+    ------
+    LayoutOptionError
+        ``num_experts`` is not an int >= 1, ``pad_policy`` is not one of
+        :data:`PAD_POLICIES`, or ``fill_value`` is not an int32 integer.
+    """
+    parse_int("num_experts", num_experts, minimum=1, error=LayoutOptionError)
+    parse_choice("pad_policy", pad_policy, PAD_POLICIES, error=LayoutOptionError)
+    parse_int("fill_value", fill_value, minimum=int(_INT32.min), maximum=int(_INT32.max), error=LayoutOptionError)
 
 
 def apply_routes(
@@ -139,7 +143,7 @@ def apply_routes(
     A sample's last token and every CP / BSHD / TP pad position get a pad row
     (Miles' route layout, step 1: one pad row per sample); replay must be masked there.
     """
-    _check_pad_args(num_experts, pad_policy, fill_value)
+    check_pad_args(num_experts, pad_policy, fill_value)
     routes = _check_routes(plan, routes)
     if pad_policy == "spread":
         pad_routes(0, 0, routes.shape[2], num_experts)  # checks top_k <= num_experts before any work

@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 
 import numpy as np
 
-from r3store.errors import LayerError
-from r3store.layout._options import LayoutOptionError
+from r3store._spec import layer_positions
 
 __all__ = ["select_layers"]
-
-
-def _layer_list(name: str, layers: Sequence[int]) -> list[int]:
-    """Return ``layers`` as a list of ints; duplicates raise :class:`LayoutOptionError`."""
-    out = []
-    for layer in layers:
-        if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
-            raise LayoutOptionError(name, layers, f"layer {layer!r} is not an integer")
-        out.append(int(layer))
-    seen: set[int] = set()
-    for layer in out:
-        if layer in seen:
-            raise LayoutOptionError(name, tuple(out), f"decoder layer {layer} is listed twice")
-        seen.add(layer)
-    return out
 
 
 def select_layers(moe_layers: Sequence[int], layers: Sequence[int] | None) -> np.ndarray:
@@ -47,14 +30,17 @@ def select_layers(moe_layers: Sequence[int], layers: Sequence[int] | None) -> np
     Raises
     ------
     LayerError
-        If a requested layer is not in ``moe_layers`` (e.g. a dense layer).
-        ``LayerError`` is an ``IndexError``.
-    LayoutOptionError
-        If ``moe_layers`` or ``layers`` holds a non-integer or a duplicate.
+        If a requested layer is not in ``moe_layers`` (e.g. a dense layer) or is
+        requested twice, or ``moe_layers`` lists a layer twice. ``LayerError`` is an
+        ``IndexError``.
+    TypeError
+        If ``layers`` is an int or a str, or ``moe_layers`` or ``layers`` holds a
+        non-integer.
 
     Notes
     -----
-    SGLang indexes the layer axis by decoder layer number, newer vLLM by MoE-layer
+    The mapping is :meth:`r3store.ModelSpec.layer_positions`' (one mapping, one error
+    policy). SGLang indexes the layer axis by decoder layer number, newer vLLM by MoE-layer
     ordinal (SGLang ``meta_info['routed_experts']``, vLLM ``CompletionOutput.routed_experts``);
     pipeline stages address layers by global decoder-layer index (as Miles does).
 
@@ -63,12 +49,4 @@ def select_layers(moe_layers: Sequence[int], layers: Sequence[int] | None) -> np
     >>> select_layers([1, 2, 3, 5], [3, 5])
     array([2, 3])
     """
-    moe = _layer_list("moe_layers", moe_layers)
-    if layers is None:
-        return np.arange(len(moe), dtype=np.int64)
-    position = {layer: i for i, layer in enumerate(moe)}
-    wanted = _layer_list("layers", layers)
-    for layer in wanted:
-        if layer not in position:
-            raise LayerError(layer, tuple(moe))
-    return np.array([position[layer] for layer in wanted], dtype=np.int64)
+    return np.array(layer_positions(moe_layers, layers), dtype=np.int64)

@@ -10,16 +10,14 @@ and a :class:`ValueError`.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, cast
 
-import numpy as np
-
+from r3store._checks import config_fields, merge_config, parse_bool, parse_choice, parse_int
 from r3store.errors import LayoutOptionError
 
-__all__ = ["LayoutOptionError", "LayoutOptions"]
+__all__ = ["LayoutOptionError", "LayoutOptions", "LayoutOptionsDict"]
 
 LAYOUTS = ("thd", "bshd")
 CP_MODES = ("zigzag", "contiguous")
@@ -32,14 +30,7 @@ MAX_SEQLEN = 1 << 40
 
 
 def _parse_int(name: str, value: Any, minimum: int, maximum: int = MAX_SIZE) -> int:
-    """Return ``value`` as a Python int in ``[minimum, maximum]``; bools are rejected."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise LayoutOptionError(name, value, "must be an integer")
-    if value < minimum:
-        raise LayoutOptionError(name, value, f"must be >= {minimum}")
-    if value > maximum:
-        raise LayoutOptionError(name, value, f"must be <= {maximum}")
-    return int(value)
+    return parse_int(name, value, minimum=minimum, maximum=maximum, error=LayoutOptionError)
 
 
 def _parse_rank(name: str, value: Any, size: int, size_name: str) -> int:
@@ -50,20 +41,6 @@ def _parse_rank(name: str, value: Any, size: int, size_name: str) -> int:
     return rank
 
 
-def _parse_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
-    """Return ``value`` if it is one of ``choices``."""
-    if not isinstance(value, str) or value not in choices:
-        raise LayoutOptionError(name, value, f"must be one of {', '.join(map(repr, choices))}")
-    return value
-
-
-def _parse_bool(name: str, value: Any) -> bool:
-    """Return ``value`` if it is a bool (``numpy.bool_`` included)."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise LayoutOptionError(name, value, "must be a bool")
-    return bool(value)
-
-
 def _parse_max_seqlen(value: Any, layout: str) -> int | None:
     """Return ``value`` as ``None`` or a length ``>= 1``; only BSHD accepts a length."""
     if value is None:
@@ -72,6 +49,20 @@ def _parse_max_seqlen(value: Any, layout: str) -> int | None:
     if layout != "bshd":
         raise LayoutOptionError("max_seqlen", value, "applies to layout='bshd' only")
     return length
+
+
+class LayoutOptionsDict(TypedDict, total=False):
+    """Dict form of :class:`LayoutOptions` (every key optional; missing keys take defaults)."""
+
+    layout: Literal["thd", "bshd"]
+    cp_size: int
+    cp_rank: int
+    cp_mode: Literal["zigzag", "contiguous"]
+    tp_size: int
+    tp_rank: int
+    pad_multiple: int
+    sequence_parallel: bool
+    max_seqlen: int | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,18 +107,18 @@ class LayoutOptions:
     max_seqlen: int | None = None
 
     def __post_init__(self) -> None:
-        layout = _parse_choice("layout", self.layout, LAYOUTS)
+        layout = parse_choice("layout", self.layout, LAYOUTS, error=LayoutOptionError)
         cp_size = _parse_int("cp_size", self.cp_size, 1)
         tp_size = _parse_int("tp_size", self.tp_size, 1)
         parsed = {
             "layout": layout,
             "cp_size": cp_size,
             "cp_rank": _parse_rank("cp_rank", self.cp_rank, cp_size, "cp_size"),
-            "cp_mode": _parse_choice("cp_mode", self.cp_mode, CP_MODES),
+            "cp_mode": parse_choice("cp_mode", self.cp_mode, CP_MODES, error=LayoutOptionError),
             "tp_size": tp_size,
             "tp_rank": _parse_rank("tp_rank", self.tp_rank, tp_size, "tp_size"),
             "pad_multiple": _parse_int("pad_multiple", self.pad_multiple, 1),
-            "sequence_parallel": _parse_bool("sequence_parallel", self.sequence_parallel),
+            "sequence_parallel": parse_bool("sequence_parallel", self.sequence_parallel, error=LayoutOptionError),
             "max_seqlen": _parse_max_seqlen(self.max_seqlen, layout),
         }
         for name, value in parsed.items():
@@ -145,12 +136,12 @@ class LayoutOptions:
         """The packed token dimension is padded to a multiple of this."""
         return self.tp_size * self.pad_multiple
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> LayoutOptionsDict:
         """Return the options as a JSON-ready ``dict`` (field name -> value)."""
-        return dataclasses.asdict(self)
+        return cast(LayoutOptionsDict, dataclasses.asdict(self))
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> LayoutOptions:
+    def from_dict(cls, d: LayoutOptionsDict | Mapping[str, Any]) -> LayoutOptions:
         """Build options from a mapping such as :meth:`to_dict` returns.
 
         Missing fields take their defaults.
@@ -162,8 +153,39 @@ class LayoutOptions:
         """
         if not isinstance(d, Mapping):
             raise LayoutOptionError("options", d, "must be a mapping")
-        known = {f.name for f in dataclasses.fields(cls)}
-        for key in d:
-            if key not in known:
-                raise LayoutOptionError(str(key), d[key], "is not a layout option")
-        return cls(**d)
+        data: dict[str, Any] = dict(d)
+        for key, value in data.items():
+            if key not in config_fields(cls):
+                raise LayoutOptionError(str(key), value, "is not a layout option")
+        return cls(**data)
+
+    @classmethod
+    def resolve(cls, options: LayoutOptions | LayoutOptionsDict | Mapping[str, Any] | None = None,
+                **fields: Any) -> LayoutOptions:
+        """One :class:`LayoutOptions` from ``options`` and per-field keywords.
+
+        Keywords whose value is ``None`` count as not given (``None`` is no field's value
+        except ``max_seqlen``'s default). The others are merged into ``options``.
+
+        Parameters
+        ----------
+        options : LayoutOptions, LayoutOptionsDict or None
+            The options passed whole (a dict form is checked by :meth:`from_dict`).
+        **fields
+            Option fields given as keywords (``cp_size=2``, ...), as ``assemble`` and
+            ``RouteDataset`` accept them.
+
+        Raises
+        ------
+        LayoutOptionError
+            ``options`` is neither a LayoutOptions nor a mapping; a keyword is not a
+            layout option; a field is given both ways with different values; or a value
+            is invalid.
+
+        Examples
+        --------
+        >>> opts = LayoutOptions.resolve({"cp_size": 2}, cp_rank=1, tp_size=None)
+        >>> opts.cp_size, opts.cp_rank, opts.tp_size
+        (2, 1, 1)
+        """
+        return merge_config(cls, options, fields, from_dict=cls.from_dict, name="options", error=LayoutOptionError)

@@ -8,23 +8,19 @@ rows spread round-robin over all experts.
 
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import numpy as np
 
-from r3store.layout._options import LayoutOptionError
+from r3store._checks import parse_int
+from r3store.errors import LayoutOptionError
 
 __all__ = ["pad_routes"]
 
 
 def _count(name: str, value: Any, minimum: int) -> int:
     """Return ``value`` as an int ``>= minimum`` or raise :class:`LayoutOptionError`."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise LayoutOptionError(name, value, "must be an integer")
-    if value < minimum:
-        raise LayoutOptionError(name, value, f"must be >= {minimum}")
-    return int(value)
+    return parse_int(name, value, minimum=minimum, error=LayoutOptionError)
 
 
 def pad_routes(num_pad_rows: int, n_layers: int, top_k: int, num_experts: int) -> np.ndarray:

@@ -171,7 +171,7 @@ def _pad_last(index: np.ndarray, unit: int) -> np.ndarray:
 def _thd(seqlens: np.ndarray, offsets: np.ndarray, opts: LayoutOptions) -> tuple[np.ndarray, np.ndarray]:
     """Packed index (before SP) and ``cu_seqlens`` for the THD layout."""
     padded = _round_up(seqlens, opts.cp_unit)
-    parts = [_sequence_index(int(o), int(n), int(p), opts) for o, n, p in zip(offsets, seqlens, padded)]
+    parts = [_sequence_index(int(o), int(n), int(p), opts) for o, n, p in zip(offsets, seqlens, padded, strict=True)]
     local = padded // opts.cp_size
     cu = np.concatenate(([0], np.cumsum(local)))
     index = _pad_last(np.concatenate(parts), opts.tp_unit)
@@ -183,7 +183,7 @@ def _thd(seqlens: np.ndarray, offsets: np.ndarray, opts: LayoutOptions) -> tuple
 def _bshd(seqlens: np.ndarray, offsets: np.ndarray, opts: LayoutOptions) -> tuple[np.ndarray, np.ndarray]:
     """Padded ``(B, T)`` index (before SP) and ``cu_seqlens`` for the BSHD layout."""
     length = _bshd_length(seqlens, opts)
-    rows = [_sequence_index(int(o), int(n), length, opts) for o, n in zip(offsets, seqlens)]
+    rows = [_sequence_index(int(o), int(n), length, opts) for o, n in zip(offsets, seqlens, strict=True)]
     index = _pad_last(np.stack(rows), opts.tp_unit)
     cu = np.arange(len(rows) + 1, dtype=np.int64) * index.shape[1]
     return index, cu.astype(np.int32)

@@ -32,9 +32,9 @@ from r3store.replay._families import (
 from r3store.replay._replay import RoutingReplay
 
 __all__ = [
-    "ROUTER_FAMILIES",
     "Capture",
     "FoundRouter",
+    "ROUTER_FAMILIES",
     "RouterSpec",
     "RoutingReplay",
     "WeightFn",

@@ -1,11 +1,13 @@
-"""The storage contract: a flat key space of immutable-once-written byte objects.
+"""The storage contract: a flat key space of byte objects (the byte layer under a store).
 
-A backend implements five primitives: ranged :meth:`Store.get`, :meth:`Store.set`
-(atomic: readers see the old object or the whole new one), :meth:`Store.exists`,
-:meth:`Store.delete` and :meth:`Store.list_prefix`, plus :meth:`Store.info`.
+A :class:`Backend` implements five primitives: ranged :meth:`Backend.get`,
+:meth:`Backend.set` (atomic: readers see the old object or the whole new one),
+:meth:`Backend.exists`, :meth:`Backend.delete` and :meth:`Backend.list_prefix`, plus
+:meth:`Backend.info`.
 Derived operations (multi-range get, many-key get, JSON helpers, prefix delete) are
 written once here and may be overridden for speed. Keys use ``/`` separators and are
-relative to the store root. Every error leaves as an :mod:`r3store.errors` error.
+relative to the root. Every error leaves as an :mod:`r3store.errors` error. Backends
+know nothing of the r3store format (which keys exist, which never change).
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from r3store.errors import FormatError
+from r3store.errors import FormatError, OptionError
 
-__all__ = ["ByteRange", "ObjectInfo", "Store", "SuffixByteRange"]
+__all__ = ["Backend", "ByteRange", "ObjectInfo", "SuffixByteRange"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class ByteRange:
 
     def __post_init__(self) -> None:
         if self.start < 0 or self.end < self.start:
-            raise ValueError(f"invalid byte range [{self.start}, {self.end})")
+            raise OptionError("byte_range", (self.start, self.end), f"invalid byte range [{self.start}, {self.end})")
 
     @property
     def nbytes(self) -> int:
@@ -58,8 +60,8 @@ class ObjectInfo:
     """Modification time, seconds since the epoch (UTC), when the backend knows it."""
 
 
-class Store(ABC):
-    """Abstract byte-object store rooted at :attr:`url`."""
+class Backend(ABC):
+    """Abstract byte-object storage rooted at :attr:`url` (local folder, bucket prefix, ...)."""
 
     supports_writes: bool = True
     """Whether :meth:`set` and :meth:`delete` work."""
@@ -97,7 +99,7 @@ class Store(ABC):
         Raises
         ------
         r3store.errors.ReadOnlyStoreError
-            The store is read-only.
+            The backend is read-only.
         r3store.errors.StorageError
             The backend failed; nothing is left under ``key``.
         """

@@ -1,4 +1,4 @@
-"""Read-through local cache of a store's write-once objects, for repeated epochs."""
+"""Read-through local cache of a backend's write-once objects, for repeated epochs."""
 
 from __future__ import annotations
 
@@ -12,49 +12,53 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from r3store.errors import ObjectNotFoundError
-from r3store.storage._base import ByteRange, ObjectInfo, Store, SuffixByteRange
-from r3store.storage._local import LocalStore
+from r3store.storage._base import Backend, ByteRange, ObjectInfo, SuffixByteRange
+from r3store.storage._local import LocalBackend
 
-__all__ = ["CachingStore"]
+__all__ = ["CachingBackend", "CachingStore", "Immutable", "KeyPrefixes"]
 
 T = TypeVar("T")
 
-WRITE_ONCE_PREFIXES = ("routes/", "index/")
-"""Keys whose objects never change once written and carry writer-unique names
-(``routes/<writer_id>-<seq>/...``, ``index/<writer_id>-<seq>.parquet``; FORMAT.md section 2)."""
+Immutable = Callable[[str], bool] | Sequence[str]
+"""Which keys never change once written: a predicate on the key, or key prefixes."""
 
 
-class CachingStore(Store):
-    """Serve a store's write-once objects from local copies, fetched whole on first read.
+class CachingBackend(Backend):
+    """Serve a backend's write-once objects from local copies, fetched whole on first read.
+
+    Which keys are write-once is the caller's knowledge (``immutable``): storage knows
+    nothing of the format. r3store's readers pass the format's rule (route objects and
+    sample tables; :func:`r3store.open_reader` with ``cache_dir``).
 
     The first read of a cacheable key (any byte range, a suffix, or the whole object)
     downloads the whole object from ``inner`` and writes it to ``cache_dir`` atomically
     (temporary file, fsync, ``os.replace``: a reader in another process, such as a
     second DataLoader worker, sees no file or the whole file, never part of one). Every
-    later read is served from that copy through :class:`LocalStore`'s mmap, so a second
-    epoch over a remote store makes no requests for route or index objects at all.
+    later read is served from that copy through :class:`LocalBackend`'s mmap, so a second
+    epoch over a remote store makes no requests for those objects at all.
 
     Everything that can change goes to ``inner`` every time: listings
     (:meth:`list_prefix`, :meth:`list_info`), :meth:`exists`, :meth:`info`, and the
-    keys outside ``cache_prefixes`` (the manifest and the zarr group documents, which
-    are small and are re-created if a store is deleted and made again at the same URL).
+    keys ``immutable`` does not accept (for r3store: the manifest and the zarr group
+    documents, which are small and are re-created if a store is deleted and made again
+    at the same URL).
     Writes and deletes go to ``inner`` and drop the local copy; a download that raced
     with a write or delete made through this object is served but not kept. A key that
     could leave the cache folder (an empty, ``.`` or ``..`` component, a leading ``/``,
-    a NUL byte: legal S3 keys) is refused by the copies' :class:`LocalStore` with
+    a NUL byte: legal S3 keys) is refused by the copies' :class:`LocalBackend` with
     :class:`r3store.errors.StorageError` before anything is fetched or written.
 
     Parameters
     ----------
-    inner : Store
-        The store to read through (usually an :class:`FsspecStore` on ``s3://``).
+    inner : Backend
+        The backend to read through (usually an :class:`FsspecBackend` on ``s3://``).
     cache_dir : str or os.PathLike
-        Folder of the cache; one sub-folder per store URL. It can be shared by
+        Folder of the cache; one sub-folder per backend URL. It can be shared by
         processes and reused across runs. Nothing is evicted: delete the folder (or a
-        store's sub-folder) to reclaim the space.
-    cache_prefixes : sequence of str
-        Keys starting with one of these are cached (default: ``routes/`` and
-        ``index/``, r3store's write-once objects; see :data:`WRITE_ONCE_PREFIXES`).
+        URL's sub-folder) to reclaim the space.
+    immutable : callable or sequence of str
+        Which keys never change once written and are cached: a predicate
+        ``immutable(key) -> bool``, or key prefixes (``("",)`` caches every key).
 
     Raises
     ------
@@ -72,37 +76,36 @@ class CachingStore(Store):
     temp-and-rename fix is PR #2075, not in that release). They also cache every key
     (so a store deleted and re-created at the same URL would serve its old manifest),
     fail a negative-start ``cat_file`` (the cached file object has no ``size``), so each
-    shard-index read through them still costs a HEAD for the object's size, and read
+    object-index read through them still costs a HEAD for the object's size, and read
     through ``open()``/``read()`` copies instead of mmap. ``blockcache::`` caches
     blocks of open files only, not ``cat_ranges``.
     Writing whole write-once objects atomically is all this class adds.
 
-    The cache relies on r3store's commit protocol: an object under ``routes/`` or
-    ``index/`` is final once its sample table exists, and readers read only committed
-    shards. Do not point it at a store whose objects are rewritten in place.
+    For r3store stores the cache relies on the commit protocol: a route object or
+    sample table is final once its sample table exists, and readers read only committed
+    arrays. Do not mark keys immutable whose objects are rewritten in place.
 
     Examples
     --------
     >>> import tempfile
-    >>> from r3store.storage import CachingStore, LocalStore
-    >>> remote = LocalStore(tempfile.mkdtemp())
-    >>> remote.set("routes/a/c/0/0/0", b"0123456789")
-    >>> store = CachingStore(remote, tempfile.mkdtemp())
-    >>> bytes(store.get("routes/a/c/0/0/0", ByteRange(2, 5)))
+    >>> from r3store.storage import CachingBackend, LocalBackend
+    >>> remote = LocalBackend(tempfile.mkdtemp())
+    >>> remote.set("frozen/a", b"0123456789")
+    >>> backend = CachingBackend(remote, tempfile.mkdtemp(), immutable=["frozen/"])
+    >>> bytes(backend.get("frozen/a", ByteRange(2, 5)))
     b'234'
-    >>> remote.delete("routes/a/c/0/0/0")  # the copy answers from now on
-    >>> bytes(store.get("routes/a/c/0/0/0", SuffixByteRange(3)))
+    >>> remote.delete("frozen/a")  # the copy answers from now on
+    >>> bytes(backend.get("frozen/a", SuffixByteRange(3)))
     b'789'
     """
 
-    def __init__(self, inner: Store, cache_dir: str | os.PathLike[str], *,
-                 cache_prefixes: Sequence[str] = WRITE_ONCE_PREFIXES) -> None:
+    def __init__(self, inner: Backend, cache_dir: str | os.PathLike[str], *, immutable: Immutable) -> None:
         super().__init__(inner.url)
         self.inner = inner
         self.cache_dir = Path(cache_dir).expanduser().absolute()
-        self.local = LocalStore(self.cache_dir / _folder_name(inner.url))
-        """The copies, as a store of their own."""
-        self.cache_prefixes = tuple(cache_prefixes)
+        self.local = LocalBackend(self.cache_dir / _folder_name(inner.url))
+        """The copies, as a backend of their own."""
+        self.immutable: Callable[[str], bool] = immutable if callable(immutable) else KeyPrefixes(immutable)
         self.supports_writes = inner.supports_writes
         self.supports_listing = inner.supports_listing
         self._lock = threading.Lock()
@@ -119,7 +122,7 @@ class CachingStore(Store):
         return self.inner.path_of(key)
 
     def _cacheable(self, key: str) -> bool:
-        return key.startswith(self.cache_prefixes) and not key.rpartition("/")[2].startswith(".")
+        return bool(self.immutable(key))
 
     def _fill(self, key: str, data: bytes | None = None) -> bool:
         """Copy ``key`` from ``inner`` into the cache (atomically); False when a write
@@ -134,7 +137,7 @@ class CachingStore(Store):
             self.local.set(key, data)
         return True
 
-    def _read(self, key: str, read: Callable[[Store], T]) -> T:
+    def _read(self, key: str, read: Callable[[Backend], T]) -> T:
         """``read`` from the local copy, filling it first if needed."""
         try:
             return read(self.local)
@@ -207,6 +210,36 @@ class CachingStore(Store):
     def close(self) -> None:
         self.inner.close()
         self.local.close()
+
+
+class KeyPrefixes:
+    """Predicate: does a key start with one of ``prefixes`` (picklable, unlike a lambda)?
+
+    With ``skip_hidden``, keys whose last component starts with ``.`` (temporary files)
+    are refused.
+    """
+
+    def __init__(self, prefixes: Sequence[str], *, skip_hidden: bool = False) -> None:
+        self.prefixes = tuple(prefixes)
+        self.skip_hidden = skip_hidden
+
+    def __call__(self, key: str) -> bool:
+        return key.startswith(self.prefixes) and not (self.skip_hidden and key.rpartition("/")[2].startswith("."))
+
+    def __repr__(self) -> str:
+        return f"KeyPrefixes({self.prefixes!r}, skip_hidden={self.skip_hidden})"
+
+
+class CachingStore(CachingBackend):
+    """Deprecated alias of :class:`CachingBackend` with its old signature.
+
+    ``cache_prefixes`` defaulted to r3store's write-once prefixes; pass ``immutable=``
+    to :class:`CachingBackend` (or ``cache_dir=`` to :func:`r3store.open_reader`).
+    """
+
+    def __init__(self, inner: Backend, cache_dir: str | os.PathLike[str], *,
+                 cache_prefixes: Sequence[str] = ("routes/", "index/")) -> None:
+        super().__init__(inner, cache_dir, immutable=KeyPrefixes(cache_prefixes, skip_hidden=True))
 
 
 def _folder_name(url: str) -> str:

@@ -1,57 +1,77 @@
-"""Translate foreign storage exceptions into :mod:`r3store.errors` at the boundary."""
+"""Translate foreign storage exceptions into :mod:`r3store.errors` at the boundary.
+
+The mapping is narrow: it translates only the exception types storage libraries raise
+for I/O failures (``OSError`` and its subclasses, which fsspec and s3fs use, and
+botocore's and aiohttp's own errors). Anything else raised inside a storage block
+(``KeyError``, ``ValueError``, ``TypeError``, ... from a bug) propagates as it is, so a
+bug never reads as "no such object". botocore and aiohttp are optional (``r3store[s3]``)
+and are never imported by the mapping: an exception of theirs can only occur once they
+are imported, so the mapping looks their classes up in ``sys.modules``.
+"""
 
 from __future__ import annotations
 
+import importlib
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from r3store.errors import ObjectNotFoundError, R3StoreError, StorageError
 
-__all__ = ["HANDLED_EXCEPTIONS", "map_storage_errors"]
+__all__ = ["handled_exceptions", "map_storage_errors"]
+
+_OPTIONAL = (("botocore.exceptions", ("BotoCoreError", "ClientError")), ("aiohttp", ("ClientError",)))
+"""Foreign exception classes by module, translated when their library is installed."""
 
 
-def _foreign_exceptions() -> tuple[type[BaseException], ...]:
-    """Exception types raised by fsspec, s3fs, botocore and aiohttp that we translate."""
-    found: list[type[BaseException]] = [OSError, TimeoutError, ValueError, RuntimeError]
-    try:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        found += [BotoCoreError, ClientError]
-    except ImportError:  # s3 extra not installed
-        pass
-    try:
-        from aiohttp import ClientError as AiohttpClientError
-
-        found.append(AiohttpClientError)
-    except ImportError:
-        pass
-    return tuple(found)
+def _optional_types(*, load: bool) -> list[type[BaseException]]:
+    """The optional libraries' exception classes: those already imported, or (``load``) installed."""
+    found: list[type[BaseException]] = []
+    for module_name, names in _OPTIONAL:
+        module = sys.modules.get(module_name)
+        if module is None and load:
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:  # the s3 extra is not installed
+                continue
+        found += [getattr(module, name) for name in names] if module is not None else []
+    return found
 
 
-HANDLED_EXCEPTIONS: tuple[type[BaseException], ...] = _foreign_exceptions()
-"""Every foreign exception type :func:`map_storage_errors` translates."""
+def handled_exceptions() -> tuple[type[BaseException], ...]:
+    """Every foreign exception type :func:`map_storage_errors` translates.
+
+    ``OSError`` (``FileNotFoundError``, ``PermissionError``, ``TimeoutError``,
+    ``ConnectionError``, ...), plus botocore's ``BotoCoreError`` and ``ClientError`` and
+    aiohttp's ``ClientError`` where those libraries are installed (imported here).
+    """
+    return (OSError, *_optional_types(load=True))
 
 
 @contextmanager
 def map_storage_errors(url: str) -> Iterator[None]:
     """Re-raise foreign storage exceptions as r3store errors naming ``url``.
 
-    ``FileNotFoundError`` (and ``KeyError`` from mapping-style backends, and a botocore
-    ``ClientError`` with code ``NoSuchKey``, ``NoSuchBucket`` or ``404``) becomes
-    :class:`r3store.errors.ObjectNotFoundError`; any other handled exception becomes
-    :class:`r3store.errors.StorageError`. r3store's own errors pass through. The
-    original exception is chained (``raise ... from exc``). Messages carry the URL,
-    never credentials.
+    ``FileNotFoundError`` (and a botocore ``ClientError`` with code ``NoSuchKey``,
+    ``NoSuchBucket`` or ``404``) becomes :class:`r3store.errors.ObjectNotFoundError`;
+    any other exception of :func:`handled_exceptions` becomes
+    :class:`r3store.errors.StorageError`. r3store's own errors and every other
+    exception pass through unchanged. The original exception is chained
+    (``raise ... from exc``). Messages carry the URL, never credentials.
     """
     try:
         yield
     except R3StoreError:
         raise
-    except (FileNotFoundError, KeyError) as exc:
+    except FileNotFoundError as exc:
         raise ObjectNotFoundError(url, "no such object") from exc
     except PermissionError as exc:
         raise StorageError(url, f"permission denied ({exc.strerror or exc})") from exc
-    except HANDLED_EXCEPTIONS as exc:
+    except OSError as exc:
+        raise StorageError(url, f"{type(exc).__name__}: {_describe(exc)}") from exc
+    except Exception as exc:
+        if not isinstance(exc, tuple(_optional_types(load=False))):
+            raise
         if _is_not_found(exc):
             raise ObjectNotFoundError(url, "no such object") from exc
         raise StorageError(url, f"{type(exc).__name__}: {_describe(exc)}") from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -10,13 +11,13 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from r3store.storage._base import ByteRange, ObjectInfo, Store, SuffixByteRange
+from r3store.storage._base import Backend, ByteRange, ObjectInfo, SuffixByteRange
 from r3store.storage._errors import map_storage_errors
 
-__all__ = ["FsspecStore"]
+__all__ = ["FsspecBackend", "mask_credentials"]
 
 
-class FsspecStore(Store):
+class FsspecBackend(Backend):
     """Objects in an fsspec filesystem under ``root``.
 
     Parameters
@@ -59,7 +60,7 @@ class FsspecStore(Store):
     """
 
     def __init__(self, fs: AbstractFileSystem, root: str, url: str) -> None:
-        super().__init__(_mask_credentials(url))
+        super().__init__(mask_credentials(url))
         self._fs = fs
         self._pid = os.getpid()
         self.root = root.rstrip("/")
@@ -184,11 +185,8 @@ class FsspecStore(Store):
         return True
 
     def delete(self, key: str) -> None:
-        with map_storage_errors(self.path_of(key)):
-            try:
-                self.fs.rm_file(self._path(key))
-            except FileNotFoundError:
-                pass
+        with map_storage_errors(self.path_of(key)), contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self._path(key))
 
     def list_prefix(self, prefix: str) -> list[str]:
         return list(self.list_info(prefix))
@@ -232,7 +230,7 @@ class FsspecStore(Store):
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
 
 
-def _mask_credentials(url: str) -> str:
+def mask_credentials(url: str) -> str:
     """``s3://key:secret@bucket/x`` -> ``s3://***@bucket/x`` (for messages and reprs)."""
     return "::".join(_USERINFO.sub(r"\1***@", part) for part in url.split("::"))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import stat
@@ -10,15 +11,15 @@ from collections import OrderedDict
 from pathlib import Path
 
 from r3store.errors import StorageError
-from r3store.storage._base import ByteRange, ObjectInfo, Store, SuffixByteRange
+from r3store.storage._base import Backend, ByteRange, ObjectInfo, SuffixByteRange
 from r3store.storage._errors import map_storage_errors
 
-__all__ = ["LocalStore"]
+__all__ = ["LocalBackend"]
 
 MAX_OPEN_MAPS = 128
 
 
-class LocalStore(Store):
+class LocalBackend(Backend):
     """Objects as files under a local folder.
 
     Reads of byte ranges go through a bounded cache of read-only ``mmap`` handles, so
@@ -69,7 +70,7 @@ class LocalStore(Store):
         return {"root": self.root}
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(state["root"])  # type: ignore[misc, arg-type]
+        self.__init__(state["root"])  # type: ignore[misc]
 
     def _map(self, key: str) -> tuple[mmap.mmap | None, int]:
         entry = self._maps.get(key)
@@ -177,7 +178,5 @@ def _write_temp(path: Path, data: bytes | memoryview) -> Path:
 def _close_quietly(mapped: mmap.mmap | None) -> None:
     """Close a map; one still exported to a memoryview is left for the GC to close."""
     if mapped is not None:
-        try:
+        with contextlib.suppress(BufferError):
             mapped.close()
-        except BufferError:
-            pass

@@ -2,8 +2,8 @@
 
 * :class:`CodecTests` (:mod:`r3store.testing.codec`): conformance tests for codecs,
   plus golden-fixture helpers.
-* :class:`StoreTests` (:mod:`r3store.testing.store`): conformance tests for storage
-  backends.
+* :class:`BackendTests` (:mod:`r3store.testing.backend`): conformance tests for storage
+  backends (``StoreTests`` is its deprecated name).
 * :mod:`r3store.testing.strategies`: hypothesis strategies for ids, specs and routes.
 * :mod:`r3store.testing.s3`: a loopback S3 server (moto) with a request counter, and
   pytest fixtures for it.
@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CodecTests", "StoreTests"]
+__all__ = ["BackendTests", "CodecTests"]
 
-_KITS = {"CodecTests": "r3store.testing.codec", "StoreTests": "r3store.testing.store"}
+_KITS = {"BackendTests": "r3store.testing.backend", "CodecTests": "r3store.testing.codec",
+         "StoreTests": "r3store.testing.store"}
 
 
 def __getattr__(name: str) -> Any:

@@ -214,7 +214,7 @@ class CodecTests:
         for key, value in codec.get_config().items():
             if key != "id":
                 assert f"{key}={value!r}" in text
-        assert eval(text, {type(codec).__name__: type(codec)}) == codec  # noqa: S307 - our own repr
+        assert eval(text, {type(codec).__name__: type(codec)}) == codec
 
     # -- corrupt input --------------------------------------------------------------
 

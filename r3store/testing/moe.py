@@ -22,7 +22,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["FAMILIES", "VOCAB_SIZE", "decision_flips", "one_thread", "pack", "random_batch", "tiny_config", "tiny_moe", "token_logprobs"]
+__all__ = [
+    "FAMILIES",
+    "VOCAB_SIZE",
+    "decision_flips",
+    "one_thread",
+    "pack",
+    "random_batch",
+    "tiny_config",
+    "tiny_moe",
+    "token_logprobs",
+]
 
 VOCAB_SIZE = 512
 """Vocabulary of every tiny model (token ids ``[3, 512)`` are ordinary tokens; 0-2 special)."""

@@ -90,7 +90,7 @@ def _inclusion(weights: np.ndarray, top_k: int) -> np.ndarray:
     """
     if top_k >= weights.shape[-1]:
         return np.ones_like(weights)
-    t = np.zeros(weights.shape[:-1] + (1,))
+    t = np.zeros((*weights.shape[:-1], 1))
     for _ in range(200):
         e = np.exp(-weights * t)
         f = weights.shape[-1] - e.sum(-1, keepdims=True) - top_k
@@ -98,14 +98,16 @@ def _inclusion(weights: np.ndarray, top_k: int) -> np.ndarray:
         t = t + step
         if (np.abs(step) <= 1e-12 * t).all():
             break
-    return 1 - np.exp(-weights * t)
+    inclusion: np.ndarray = 1 - np.exp(-weights * t)
+    return inclusion
 
 
 def _zipf(num_experts: int, exponent: float | np.ndarray) -> np.ndarray:
     """Zipf popularity by rank, normalised; shape (num_experts,) or (len(exponent), num_experts)."""
     s = np.asarray(exponent, dtype=np.float64)[..., None]
     w = np.arange(1, num_experts + 1, dtype=np.float64) ** -s
-    return w / w.sum(-1, keepdims=True)
+    popularity: np.ndarray = w / w.sum(-1, keepdims=True)
+    return popularity
 
 
 @functools.lru_cache(maxsize=32)
@@ -289,7 +291,7 @@ def synthetic_routes(
     seed : int
         Seed of the generator; equal arguments give equal traces.
     skew : float
-        Target per-layer max/mean expert load (published routing statistics of Mixtral, OLMoE, DeepSeek-V3 and FLAME-MoE: 1.1 to 1.9 for
+        Target per-layer max/mean expert load (published routing statistics: 1.1 to 1.9 for
         Mixtral and FLAME-MoE, 2.5 to 8 for OLMoE and DeepSeek-V3). Each layer gets its
         own random expert popularity, a Zipf profile over a random ranking of the experts
         whose exponent gives a load ratio of ``skew`` times a per-layer jitter of up to
@@ -406,7 +408,7 @@ def _repeat_first_choice(cur: np.ndarray, weights: np.ndarray, ratio: float, inh
     if q == 0.0:
         return
     rows = cur.shape[1]
-    rep = rng.random(rows) < q
+    rep = rng.random(int(rows)) < q
     rep[0] = False
     # Chains of repeats take the first choice of the last token that did not repeat.
     src = np.maximum.accumulate(np.where(rep, 0, np.arange(rows)))
@@ -426,7 +428,7 @@ def _repeat_first_choice(cur: np.ndarray, weights: np.ndarray, ratio: float, inh
 
 @dataclass(frozen=True)
 class RoutingStats:
-    """Statistics of a routing trace (published routing statistics of Mixtral, OLMoE, DeepSeek-V3 and FLAME-MoE), per layer."""
+    """Statistics of a routing trace, per layer (as published for Mixtral, OLMoE, DeepSeek-V3 and FLAME-MoE)."""
 
     max_mean_load: np.ndarray
     """float64 (num_layers,): max over experts of the load, over the mean load."""
@@ -462,7 +464,7 @@ def routing_stats(routes: np.ndarray, num_experts: int, *, seed: int = 0) -> Rou
     RoutingStats
     """
     routes = np.asarray(routes)
-    rows, num_layers, top_k = routes.shape
+    rows, num_layers, _top_k = routes.shape
     rng = np.random.default_rng(seed)
     load = np.empty(num_layers)
     rep = np.empty(num_layers)

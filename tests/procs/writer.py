@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 import r3store
 
@@ -45,6 +46,9 @@ def main() -> None:
     rows = int(sys.argv[5]) if len(sys.argv) > 5 else 300
     options = json.loads(sys.argv[6]) if len(sys.argv) > 6 else None
     template = routes_for(0, rows)
+    # pyarrow imports pandas (when installed, ~40 MiB) on its first Python-to-Arrow
+    # conversion: a one-time import, not memory that grows with the buffer
+    pa.array([0])
     baseline = peak_rss_bytes(reset=True)
     with r3store.RouteWriter(url, SPEC, buffer_bytes=buffer_bytes, storage_options=options) as writer:
         flushed = 0

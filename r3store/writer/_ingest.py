@@ -153,7 +153,8 @@ def decode_vllm(sample_id: str, payload: Any) -> np.ndarray:
         try:
             raw = base64.b64decode(payload, validate=True)
             _check_npy_header(sample_id, raw)
-            return np.load(io.BytesIO(raw), allow_pickle=False)
+            decoded: np.ndarray = np.load(io.BytesIO(raw), allow_pickle=False)
+            return decoded
         except PayloadDecodeError:
             raise
         except (binascii.Error, ValueError, OSError, EOFError) as exc:

@@ -10,9 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from r3store._ingest import encode_sglang
-from r3store._reader import open_store
-from r3store._writer import RouteWriter
+from r3store import RouteWriter, encode_sglang, open_store
 from r3store.audit import summarize
 from r3store.data import flame_samples, flame_spec
 

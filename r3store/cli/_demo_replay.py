@@ -69,7 +69,7 @@ def _run(directory: str | Path, num_samples: int, seqlen: int, seed: int, log: C
 def _rollout(engine: Any, ids: Any, mask: Any, url: Path, token_logprobs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
 
-    from r3store._writer import RouteWriter
+    from r3store import RouteWriter
     from r3store.replay import RoutingReplay
 
     with torch.no_grad(), RoutingReplay(engine) as rr, rr.capture(attention_mask=mask) as cap:
@@ -80,7 +80,8 @@ def _rollout(engine: Any, ids: Any, mask: Any, url: Path, token_logprobs: Any) -
             sid = f"rollout-{i:02d}"
             keep = mask[i].bool()
             tokens[sid] = ids[i][keep]
-            logprobs[sid] = token_logprobs(logits[i : i + 1, keep], tokens[sid][None], torch.ones_like(tokens[sid])[None])
+            ones = torch.ones_like(tokens[sid])[None]
+            logprobs[sid] = token_logprobs(logits[i : i + 1, keep], tokens[sid][None], ones)
             writer.append(sid, routes, tokens=tokens[sid], metadata={"sample": i})
     return tokens, logprobs
 
@@ -89,8 +90,7 @@ def _train(trainer: Any, paths: dict[str, Path], tokens: dict[str, Any], rollout
            token_logprobs: Any, torch: Any) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
-    from r3store._reader import open_store
-    from r3store._writer import RouteWriter
+    from r3store import RouteWriter, open_store
     from r3store.dataset import RouteDataset
     from r3store.replay import RoutingReplay
 
@@ -136,7 +136,7 @@ def _sample_logprobs(logits: Any, packed: Any, cu: Any, j: int, token_logprobs: 
 
 
 def _diffs(paths: dict[str, Path]) -> dict[str, Any]:
-    from r3store._reader import open_store
+    from r3store import open_store
     from r3store.audit import diff
 
     engine = open_store(str(paths["engine"]))

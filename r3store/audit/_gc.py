@@ -1,0 +1,99 @@
+"""``collect_garbage``: find and remove uncommitted leftovers, route arrays of commits that never happened."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from r3store._deprecated import renamed_property
+from r3store._format import MANIFEST_KEY, is_temporary_key, table_key
+from r3store.errors import NotAStoreError
+from r3store.reader import committed_commits, uncommitted_route_objects
+from r3store.storage import Backend, ObjectInfo, open_backend
+
+__all__ = ["Leftover", "collect_garbage"]
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """Objects of one uncommitted commit (or one stray temporary file)."""
+
+    commit: str
+    """Commit name, or the key of a temporary file."""
+    keys: tuple[str, ...]
+    """Keys of its objects."""
+    nbytes: int
+    """Their total size in bytes."""
+    age_s: float
+    """Seconds since the newest of them was modified."""
+
+    shard = renamed_property("shard", "commit")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (``schema/cli-gc.schema.json``; ``shard`` repeats ``commit``, deprecated)."""
+        age = round(self.age_s, 1) if self.age_s != float("inf") else None
+        return {"commit": self.commit, "shard": self.commit, "keys": list(self.keys), "nbytes": self.nbytes,
+                "age_s": age}
+
+
+def collect_garbage(
+    url: str | os.PathLike[str] | Backend,
+    *,
+    older_than_s: float = 3600.0,
+    delete: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+) -> list[Leftover]:
+    """List (and with ``delete`` remove) uncommitted leftovers older than ``older_than_s``.
+
+    A leftover is a ``routes/<commit>/`` array with no ``index/<commit>.parquet`` (a
+    writer died or failed before committing; see
+    :func:`r3store.reader.uncommitted_route_objects`), or a temporary file
+    (``.<name>.tmp``). Committed arrays are never touched: the commit record is
+    re-checked right before each delete.
+
+    Parameters
+    ----------
+    url : str, os.PathLike or Backend
+    older_than_s : float
+        Only leftovers whose newest object is at least this old (seconds). Choose it
+        longer than any writer's flush, so a commit still being written is left alone.
+    delete : bool
+        Remove what is found; otherwise only list it.
+    storage_options : mapping, optional
+        Passed to fsspec.
+
+    Returns
+    -------
+    list of Leftover
+
+    Raises
+    ------
+    r3store.errors.NotAStoreError
+    r3store.errors.StorageError
+    """
+    backend = open_backend(url, storage_options)
+    if not backend.exists(MANIFEST_KEY):
+        raise NotAStoreError(backend.url)
+    now = time.time()
+    committed = set(committed_commits(backend))
+    listing = backend.list_info("")
+    groups: dict[str, dict[str, ObjectInfo]] = dict(uncommitted_route_objects(listing, committed))
+    grouped = {key for objects in groups.values() for key in objects}
+    for key, info in listing.items():
+        if is_temporary_key(key) and key.endswith(".tmp") and key not in grouped:
+            groups[key] = {key: info}
+    found = []
+    for name, objects in sorted(groups.items()):
+        times = [info.mtime for info in objects.values() if info.mtime is not None]
+        age = now - max(times) if times else float("inf")
+        if age < older_than_s:
+            continue
+        nbytes = sum(info.size for info in objects.values())
+        found.append(Leftover(commit=name, keys=tuple(objects), nbytes=nbytes, age_s=age))
+        if delete and not backend.exists(table_key(name)):
+            for key in objects:
+                backend.delete(key)
+    return found

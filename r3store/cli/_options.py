@@ -1,0 +1,64 @@
+"""Options and error handling shared by every ``r3store`` command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+
+from r3store.errors import R3StoreError
+
+__all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_OK", "handle_errors", "parse_storage_options", "storage_option_flag"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``key=value`` pairs to fsspec storage options (values parsed as JSON when they parse).
+
+    ``endpoint_url`` and ``region_name`` go into s3fs's ``client_kwargs``.
+    """
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected key=value, got {pair!r}", param_hint="--storage-option")
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        if key in ("endpoint_url", "region_name"):
+            options.setdefault("client_kwargs", {})[key] = value
+        else:
+            options[key] = value
+    return options
+
+
+def storage_option_flag(func: F) -> F:
+    """Add ``--storage-option/-o key=value`` (repeatable) to a command."""
+    return click.option(
+        "--storage-option", "-o", "storage_options", multiple=True, metavar="KEY=VALUE",
+        help="fsspec/s3fs option, repeatable (e.g. -o endpoint_url=http://127.0.0.1:9000 -o anon=false). "
+             "AWS_* environment variables are honoured by s3fs.",
+    )(func)
+
+
+def handle_errors(func: F) -> F:
+    """Print r3store errors as one line on stderr and exit 2."""
+
+    @wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except R3StoreError as exc:
+            Console(stderr=True).print(f"[bold red]error:[/] {type(exc).__name__}: {exc}", highlight=False)
+            sys.exit(EXIT_ERROR)
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,26 @@
+"""The read core: open a store, find samples, read their routes (numpy, no layout, no torch).
+
+* :func:`open_reader` / :class:`RouteReader`: random access by sample id, row range and
+  layer range;
+* the sample catalogue (``_catalog.py``): sample tables loaded, checked, merged and
+  deduplicated; which commits exist and which route objects belong to none
+  (:func:`committed_commits`, :func:`uncommitted_route_objects`);
+* the chunk reader (``_chunks.py``): object indexes, ranged reads coalesced
+  (:func:`merge_ranges`), frames decoded through the codec registry, an LRU cache.
+
+It imports nothing above it: laying routes out for a trainer is :mod:`r3store.batch`.
+"""
+
+from r3store.reader._catalog import OnDuplicate, StorageUsage, committed_commits, uncommitted_route_objects
+from r3store.reader._chunks import merge_ranges
+from r3store.reader._reader import RouteReader, open_reader
+
+__all__ = [
+    "OnDuplicate",
+    "RouteReader",
+    "StorageUsage",
+    "committed_commits",
+    "merge_ranges",
+    "open_reader",
+    "uncommitted_route_objects",
+]

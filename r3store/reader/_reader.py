@@ -1,0 +1,341 @@
+"""``RouteReader``: random access to committed routes by sample id, row range and layer range."""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Self
+
+import numpy as np
+import pyarrow as pa
+
+from r3store._checks import parse_int
+from r3store._format import MANIFEST_KEY, ArrayGeometry, is_immutable_key, parse_manifest
+from r3store._spec import ModelSpec
+from r3store.errors import NotAStoreError, ObjectNotFoundError, OptionError
+from r3store.reader._catalog import OnDuplicate, SampleCatalog, StorageUsage, storage_usage
+from r3store.reader._chunks import ChunkReader
+from r3store.storage import Backend, open_backend
+
+__all__ = ["RouteReader", "open_reader"]
+
+
+class RouteReader:
+    """A committed store, opened for reading (see :func:`open_reader`).
+
+    The read core: the sample catalogue (which sample lives where) and a chunk reader
+    (ranged reads, decode, cache). It returns numpy arrays; laying routes out for a
+    trainer is :func:`r3store.batch.assemble` (or :meth:`r3store.RouteStore.assemble`).
+
+    Parameters
+    ----------
+    backend : Backend
+        Where the store's objects are.
+    spec : ModelSpec
+        The manifest's spec.
+    on_duplicate : {"raise", "first", "report"}
+        See :func:`open_reader`.
+    cache_bytes : int
+        Budget for decoded chunks kept in memory.
+
+    Attributes
+    ----------
+    backend : Backend
+    spec : ModelSpec
+    samples : pyarrow.Table
+        One row per committed sample, quarantined ones included (columns of
+        ``schema/sample_table.schema.json`` plus user metadata), in store order. A
+        metadata column whose type differs between writers (int here, str there) is
+        read as strings.
+    duplicates : dict of str to list of str
+        Sample ids committed by more than one commit, with the commits (earliest first).
+
+    Notes
+    -----
+    Not thread-safe (the chunk cache is shared state): give each thread its own reader
+    with :meth:`fork`. Pickles without its caches (DataLoader workers).
+    """
+
+    def __init__(self, backend: Backend, spec: ModelSpec, *, on_duplicate: OnDuplicate = "raise",
+                 cache_bytes: int = 64 << 20) -> None:
+        self.backend = backend
+        self.spec = spec
+        self._catalog = SampleCatalog(backend, on_duplicate=on_duplicate)
+        self._chunks = ChunkReader(backend, spec, self._catalog.array_rows, cache_bytes=cache_bytes)
+
+    @classmethod
+    def open(
+        cls,
+        url: str | os.PathLike[str] | Backend,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        on_duplicate: OnDuplicate = "raise",
+        cache_bytes: int = 64 << 20,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> Self:
+        """Open the store at ``url`` (see :func:`open_reader`)."""
+        backend = open_backend(url, storage_options, cache_dir=cache_dir, immutable=is_immutable_key)
+        try:
+            manifest = backend.get_json(MANIFEST_KEY)
+        except ObjectNotFoundError as exc:
+            raise NotAStoreError(backend.url) from exc
+        spec = parse_manifest(manifest, backend.path_of(MANIFEST_KEY))
+        return cls(backend, spec, on_duplicate=on_duplicate, cache_bytes=cache_bytes)
+
+    # -- the catalogue ----------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The store's URL (credentials masked)."""
+        return self.backend.url
+
+    @property
+    def samples(self) -> pa.Table:
+        """One row per committed sample (see the class attributes)."""
+        return self._catalog.samples
+
+    @property
+    def duplicates(self) -> dict[str, list[str]]:
+        """Sample ids committed by more than one commit, with the commits (earliest first)."""
+        return self._catalog.duplicates
+
+    @property
+    def commits(self) -> list[str]:
+        """Names of the committed commits (one per writer commit), in name order."""
+        return list(self._catalog.commits)
+
+    @property
+    def sample_ids(self) -> list[str]:
+        """Ids of the committed, non-quarantined samples, in store order."""
+        return list(self._catalog.visible)
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the store is on a local disk (reads go through mmap)."""
+        return self.backend.is_local
+
+    @property
+    def cache_bytes(self) -> int:
+        """Budget for decoded chunks kept in memory (settable)."""
+        return self._chunks.cache_bytes
+
+    @cache_bytes.setter
+    def cache_bytes(self, value: int) -> None:
+        self._chunks.cache_bytes = parse_int("cache_bytes", value, minimum=0)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r}, samples={len(self)}, spec={self.spec})"
+
+    def __len__(self) -> int:
+        """Committed, non-quarantined samples."""
+        return len(self._catalog.visible)
+
+    def __contains__(self, sample_id: object) -> bool:
+        return sample_id in self._catalog
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._catalog.visible)
+
+    def num_tokens(self, sample_id: str, *, include_quarantined: bool = False) -> int:
+        """Token count of a sample (its routes have ``num_tokens - 1`` rows).
+
+        Raises
+        ------
+        r3store.errors.SampleNotFoundError
+        """
+        return int(self._catalog.num_tokens[self._catalog.locate(sample_id, include_quarantined=include_quarantined)])
+
+    def row(self, sample_id: str, *, include_quarantined: bool = False) -> dict[str, Any]:
+        """The sample-table row of one sample, as a dict.
+
+        Raises
+        ------
+        r3store.errors.SampleNotFoundError
+        """
+        i = self._catalog.locate(sample_id, include_quarantined=include_quarantined)
+        return {k: v[0] for k, v in self.samples.slice(i, 1).to_pydict().items()}
+
+    def storage_usage(self) -> StorageUsage:
+        """Bytes of committed route objects, sample tables and uncommitted leftovers (lists the store)."""
+        return storage_usage(self.backend, set(self._catalog.commits))
+
+    # -- reading ----------------------------------------------------------------------
+
+    def get(
+        self,
+        sample_id: str,
+        layers: Sequence[int] | None = None,
+        *,
+        rows: slice | None = None,
+        include_quarantined: bool = False,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Routes of one sample.
+
+        Parameters
+        ----------
+        sample_id : str
+        layers : sequence of int, optional
+            Global decoder-layer indices (MoE layers only), in the order wanted, e.g. one
+            pipeline stage's layers. Only the chunks of these layers are read and decoded.
+        rows : slice, optional
+            Row range (step 1) within the sample.
+        include_quarantined : bool
+            Also return samples the writer quarantined.
+        out : ndarray of int32, optional
+            Destination of the result's shape (e.g. a slice of a batch buffer).
+
+        Returns
+        -------
+        ndarray of int32, shape (num_tokens - 1, len(layers), top_k)
+            Row ``t``: expert ids chosen for input position ``t``; layers default to all
+            MoE layers in ``spec.moe_layers`` order.
+
+        Raises
+        ------
+        r3store.errors.SampleNotFoundError
+            (a KeyError) no such committed sample.
+        r3store.errors.LayerError
+            (an IndexError) a layer is not an MoE layer.
+        r3store.errors.ChecksumError
+            A chunk fails its CRC-32C; names the array and chunk.
+        r3store.errors.OptionError
+            ``rows`` has a step other than 1, or ``out`` has the wrong shape.
+        r3store.errors.StorageError
+        """
+        catalog = self._catalog
+        i = catalog.locate(sample_id, include_quarantined=include_quarantined)
+        positions = self.spec.layer_positions(layers)
+        if rows is not None and not isinstance(rows, slice):
+            hint = f"; use slice{tuple(rows)!r}" if isinstance(rows, tuple) and len(rows) == 2 else ""
+            raise TypeError(f"rows must be a slice such as slice(0, 1024), got {type(rows).__name__}{hint}")
+        start, stop, step = (rows or slice(None)).indices(int(catalog.num_rows[i]))
+        if step != 1:
+            raise OptionError("rows", rows, "must have step 1")
+        base = int(catalog.row_start[i])
+        array = catalog.array[i]
+        self._chunks.geometry(array)  # the whole array must match its sample table
+        return self._chunks.read_rows(array, base + start, base + max(start, stop), positions, out=out)
+
+    def get_many(self, sample_ids: Sequence[str], layers: Sequence[int] | None = None) -> list[np.ndarray]:
+        """Routes of several samples (see :meth:`get`), in the order given."""
+        return [self.get(s, layers) for s in sample_ids]
+
+    def geometry_of(self, array: str, *, partial: bool = False) -> ArrayGeometry:
+        """Shape, codec and chunking of a committed route array (parsed from its ``zarr.json``).
+
+        Parameters
+        ----------
+        array : str
+            ``routes/<commit>`` of a committed commit (the sample table's ``array``).
+        partial : bool
+            Accept an array with fewer rows than its sample table names (audits report
+            the samples past its end); never more.
+
+        Raises
+        ------
+        r3store.errors.FormatError
+            ``array`` is not a committed route array, or its ``zarr.json`` is malformed,
+            disagrees with the manifest spec, has other than the rows its sample table
+            names (the end of its last sample), or configures its codec wrongly.
+        r3store.errors.UnknownCodecError
+            The array's codec is not registered (the message says how to install it).
+        """
+        return self._chunks.geometry(array, partial=partial)
+
+    def read_rows(self, array: str, start: int, stop: int, positions: Sequence[int],
+                  out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``[start, stop)`` of a route array, at stored layer positions.
+
+        Returns
+        -------
+        ndarray of int32, shape (stop - start, len(positions), top_k)
+            ``out`` when given (it must have this shape).
+
+        Raises
+        ------
+        r3store.errors.FormatError
+            The rows lie past the array's end (an array shorter than its sample table is
+            read up to its end, for audits; see :meth:`geometry_of`).
+        r3store.errors.OptionError
+            ``start`` is negative or ``out`` has the wrong shape.
+        """
+        return self._chunks.read_rows(array, start, stop, positions, out)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def fork(self, *, cache_bytes: int | None = None) -> Self:
+        """A reader of the same store for another thread: shares the catalogue (read-only),
+        has its own chunk cache and backend handles (a local backend's own mmaps; an fsspec
+        backend shares its thread-safe filesystem)."""
+        clone = copy.copy(self)
+        clone.backend = copy.copy(self.backend)
+        clone._chunks = self._chunks.fork(clone.backend, cache_bytes=cache_bytes)
+        return clone
+
+    def clear_cache(self) -> None:
+        """Drop decoded chunks and object indexes held in memory."""
+        self._chunks.clear()
+
+    def close(self) -> None:
+        """Release caches and file maps; the reader reopens them on demand."""
+        self.clear_cache()
+        self.backend.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_reader(
+    url: str | os.PathLike[str] | Backend,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    on_duplicate: OnDuplicate = "raise",
+    cache_bytes: int = 64 << 20,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> RouteReader:
+    """Open a store for reading.
+
+    Parameters
+    ----------
+    url : str, os.PathLike or Backend
+        Local folder or fsspec URL (``memory://``, ``s3://bucket/prefix``).
+    storage_options : mapping, optional
+        Passed to fsspec (``endpoint_url``, ``key``, ``secret``, ``profile``, ...).
+    on_duplicate : {"raise", "first", "report"}
+        A sample id committed by two commits: raise, keep the earliest commit, or keep the
+        earliest and list every duplicate in :attr:`RouteReader.duplicates` (for audits).
+    cache_bytes : int
+        Budget for decoded chunks kept in memory (sequential reads of small samples
+        decode each chunk once).
+    cache_dir : str or os.PathLike, optional
+        Local read-through cache for remote stores (repeated epochs): each route object
+        and sample table is downloaded whole on first use and read from this folder
+        afterwards (see :class:`r3store.storage.CachingBackend`).
+
+    Returns
+    -------
+    RouteReader
+
+    Raises
+    ------
+    r3store.errors.NotAStoreError
+        No ``r3store.json`` at ``url``.
+    r3store.errors.FormatError
+        The manifest or a sample table is malformed (FormatVersionError: unknown version):
+        a table over the size caps, named other than ``index/<commit>.parquet`` with a
+        valid commit name, or with a row that breaks the rules of ``schema/FORMAT.md``
+        section 6 (an ``array`` other than ``routes/<commit>``, nulls, counts out of
+        range, shared rows).
+    r3store.errors.DuplicateSampleError
+        With ``on_duplicate="raise"``: names the id and both commits.
+    r3store.errors.OptionError
+        ``on_duplicate`` or ``cache_bytes`` is invalid.
+    r3store.errors.StorageError
+    """
+    return RouteReader.open(url, storage_options=storage_options, on_duplicate=on_duplicate,
+                            cache_bytes=cache_bytes, cache_dir=cache_dir)

@@ -1,0 +1,104 @@
+"""``open_backend``: the backend for a path or fsspec URL."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from r3store.errors import StorageError
+from r3store.storage._base import Backend
+from r3store.storage._caching import CachingBackend, CachingStore, Immutable
+from r3store.storage._errors import map_storage_errors
+from r3store.storage._fsspec import FsspecBackend, mask_credentials
+from r3store.storage._local import LocalBackend
+
+__all__ = ["open_backend"]
+
+
+def open_backend(
+    url: str | os.PathLike[str] | Backend,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    immutable: Immutable | None = None,
+) -> Backend:
+    """Return the :class:`Backend` for a path or fsspec URL.
+
+    Parameters
+    ----------
+    url : str, os.PathLike or Backend
+        A local path, ``file://`` URL, or any fsspec URL (``memory://x``,
+        ``s3://bucket/prefix``, chained ``filecache::s3://...``). A :class:`Backend` is
+        returned as is.
+    storage_options : mapping, optional
+        Passed to the fsspec filesystem (for s3fs: ``endpoint_url``, ``key``,
+        ``secret``, ``profile``, ``client_kwargs``, ``config_kwargs`` with botocore's
+        ``retries``, ...). Without them s3fs reads the usual ``AWS_*`` environment
+        variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``,
+        ``AWS_ENDPOINT_URL_S3``, ...).
+    cache_dir : str or os.PathLike, optional
+        Read the keys ``immutable`` accepts through a local copy in this folder
+        (:class:`CachingBackend`): the first read of such an object downloads it whole,
+        later reads (the next epoch) make no requests for it.
+    immutable : callable or sequence of str, optional
+        Which keys never change once written (a predicate, or key prefixes); required
+        with ``cache_dir``. Deprecated: ``cache_dir`` without it caches r3store's
+        ``routes/`` and ``index/`` objects, as before.
+
+    Raises
+    ------
+    r3store.errors.StorageError
+        The filesystem cannot be created (unknown protocol, missing s3fs, an option
+        the filesystem does not take, a ``*_kwargs`` option that is not a mapping, ...).
+    """
+    backend = _open_uncached(url, storage_options)
+    if cache_dir is None:
+        return backend
+    if immutable is None:
+        warnings.warn("open_backend(cache_dir=...) without immutable= is deprecated and will be removed in the "
+                      "next release; pass immutable= (or use r3store.open_reader(..., cache_dir=...))",
+                      DeprecationWarning, stacklevel=2)
+        return CachingStore(backend, cache_dir)
+    return CachingBackend(backend, cache_dir, immutable=immutable)
+
+
+def _open_uncached(url: str | os.PathLike[str] | Backend, storage_options: Mapping[str, Any] | None) -> Backend:
+    if isinstance(url, Backend):
+        return url
+    url = os.fspath(url)
+    if "://" not in url and "::" not in url:
+        return LocalBackend(url)
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    masked = mask_credentials(url)
+    options = _checked_options(masked, storage_options)
+    with map_storage_errors(masked):
+        try:
+            fs, root = fsspec.core.url_to_fs(url, **options)
+        except ImportError as exc:
+            raise StorageError(masked, f"{exc} (for s3:// URLs: pip install 'r3store[s3]')") from exc
+        except TypeError as exc:  # an option the filesystem's constructor does not take
+            raise StorageError(masked, f"bad storage options: {exc}") from exc
+        except ValueError as exc:  # fsspec: "Protocol not known", a malformed URL
+            raise StorageError(masked, f"cannot open: {exc}") from exc
+    if isinstance(fs, LocalFileSystem):
+        return LocalBackend(root)
+    return FsspecBackend(fs, root, url)
+
+
+def _checked_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``storage_options`` as a dict of str keys whose ``*_kwargs`` values are mappings
+    (fsspec's convention; s3fs fails deep inside its first request otherwise)."""
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        raise StorageError(url, f"storage_options must be a mapping, got {type(storage_options).__name__}")
+    options = dict(storage_options or {})
+    for key, value in options.items():
+        if not isinstance(key, str):
+            raise StorageError(url, f"storage option names must be str, got {key!r}")
+        if key.endswith("_kwargs") and not isinstance(value, Mapping):
+            raise StorageError(url, f"storage option {key} must be a mapping (a JSON object), "
+                                    f"got {type(value).__name__}")
+    return options

@@ -1,0 +1,108 @@
+"""``WriterConfig``: a writer's settings, one frozen object (passed whole or field by field)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypedDict, cast
+
+from r3store._checks import config_fields, merge_config, parse_choice, parse_int, parse_optional_int
+from r3store.errors import OptionError
+
+__all__ = ["WRITER_ID", "WriterConfig", "WriterConfigDict"]
+
+WRITER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""Syntax of a writer id (commit names are ``<writer_id>-<5 digits>``; see schema/FORMAT.md)."""
+ON_INVALID = ("raise", "quarantine")
+
+
+class WriterConfigDict(TypedDict, total=False):
+    """Dict form of :class:`WriterConfig` (every key optional; missing keys take defaults)."""
+
+    buffer_bytes: int
+    chunk_rows: int
+    layers_per_chunk: int | None
+    object_bytes: int
+    on_invalid: Literal["raise", "quarantine"]
+    writer_id: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class WriterConfig:
+    """Settings of a :class:`r3store.RouteWriter`.
+
+    Raises
+    ------
+    r3store.errors.OptionError
+        A field has the wrong type or is out of range; the message names it.
+
+    Examples
+    --------
+    >>> WriterConfig(buffer_bytes=64 << 20).object_bytes
+    33554432
+    >>> WriterConfig.from_dict({"on_invalid": "quarantine"}).on_invalid
+    'quarantine'
+    """
+
+    buffer_bytes: int = 256 << 20
+    """Commit once buffered routes exceed this many bytes (2 bytes per id). Peak memory is
+    about ``buffer_bytes`` plus one encoded storage object."""
+    chunk_rows: int = 4096
+    """Rows per inner chunk (the unit of decoding)."""
+    layers_per_chunk: int | None = None
+    """MoE layers per inner chunk (the unit of layer-subset reads). ``None``: the largest
+    divisor of the MoE-layer count up to 4, so a pipeline stage reads little beyond its
+    own layers while batches copy 4-layer runs at once."""
+    object_bytes: int = 32 << 20
+    """Target size in bytes of one storage object (``routes/<commit>/c/<i>/0/0``)."""
+    on_invalid: Literal["raise", "quarantine"] = "raise"
+    """``"quarantine"`` keeps a sample that fails the checks, flagged with the reason,
+    instead of raising (it is hidden from readers unless asked for)."""
+    writer_id: str | None = None
+    """Unique per writer; ``None``: ``<UTC time>-<12 random hex digits>``."""
+
+    def __post_init__(self) -> None:
+        for name in ("buffer_bytes", "chunk_rows", "object_bytes"):
+            object.__setattr__(self, name, parse_int(name, getattr(self, name), minimum=1))
+        object.__setattr__(self, "layers_per_chunk", parse_optional_int("layers_per_chunk", self.layers_per_chunk,
+                                                                         minimum=1))
+        parse_choice("on_invalid", self.on_invalid, ON_INVALID)
+        wid = self.writer_id
+        if wid is not None and (not isinstance(wid, str) or not WRITER_ID.fullmatch(wid)):
+            raise OptionError("writer_id", wid, f"must match {WRITER_ID.pattern} (letters, digits, '.', '_', '-'; "
+                                                "no '/', no leading '.')")
+
+    def to_dict(self) -> WriterConfigDict:
+        """The settings as a JSON-ready dict."""
+        return cast(WriterConfigDict, dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: WriterConfigDict | Mapping[str, Any]) -> WriterConfig:
+        """Settings from a mapping such as :meth:`to_dict` returns (missing keys: defaults).
+
+        Raises
+        ------
+        r3store.errors.OptionError
+            ``d`` is not a mapping, holds an unknown key, or a value is invalid.
+        """
+        if not isinstance(d, Mapping):
+            raise OptionError("config", d, "must be a mapping")
+        data: dict[str, Any] = dict(d)
+        for key, value in data.items():
+            if key not in config_fields(cls):
+                raise OptionError(str(key), value, "is not a writer setting")
+        return cls(**data)
+
+    @classmethod
+    def resolve(cls, config: WriterConfig | WriterConfigDict | Mapping[str, Any] | None = None,
+                **fields: Any) -> WriterConfig:
+        """One config from ``config`` and per-field keywords (``None``: not given).
+
+        Raises
+        ------
+        r3store.errors.OptionError
+            A field is given both ways with different values, or is invalid.
+        """
+        return merge_config(cls, config, fields, from_dict=cls.from_dict)

@@ -1,0 +1,290 @@
+"""``RouteWriter``: the rollout-worker side. Buffers checked samples and commits them."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+import warnings
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from r3store._deprecated import renamed_keyword, renamed_property
+from r3store._spec import ModelSpec
+from r3store.errors import DiscardedSampleWarning, IncompleteSampleError, WriterClosedError
+from r3store.storage import Backend, open_backend
+from r3store.writer._buffer import SampleBuffer
+from r3store.writer._commit import Committer, default_layers_per_chunk
+from r3store.writer._config import WriterConfig, WriterConfigDict
+from r3store.writer._ingest import decode_sglang
+
+__all__ = ["RouteWriter"]
+
+
+class RouteWriter:
+    """Write routing traces into a store; used inside rollout workers.
+
+    Samples are validated on :meth:`append`, buffered in memory as uint16, and
+    committed as one *commit* (a route array plus its Parquet sample table) on
+    :meth:`flush`, when the buffer exceeds ``buffer_bytes``, and on :meth:`close` /
+    context exit. A reader sees a commit only once its sample table (written last)
+    exists. Every writer commits under its own unique names, so many writers can share a
+    store without locks or a coordinator.
+
+    Parameters
+    ----------
+    url : str, os.PathLike or Backend
+        Store location: a local folder or any fsspec URL (``memory://``, ``s3://``).
+        Created if absent. A non-empty folder that is not a store is refused.
+    spec : ModelSpec
+        Must equal the spec of an existing store.
+    config : WriterConfig or WriterConfigDict, optional
+        The writer's settings passed whole (see :class:`r3store.WriterConfig` for each).
+    storage_options : mapping, optional
+        Passed to fsspec (``endpoint_url``, ``key``, ``profile``, ...).
+    buffer_bytes, chunk_rows, layers_per_chunk, object_bytes, on_invalid, writer_id : optional
+        Settings given one by one, merged into ``config`` (``None``: not given; a
+        setting given both ways with different values is an error).
+    shard_bytes : int, optional
+        Deprecated name of ``object_bytes``.
+
+    Attributes
+    ----------
+    config : WriterConfig
+        The settings in effect (``layers_per_chunk`` and ``writer_id`` resolved).
+    commits : list of str
+        Names of the commits this writer has made.
+
+    Raises
+    ------
+    r3store.errors.OptionError
+        A setting is invalid, or given both ways with different values.
+    r3store.errors.SpecMismatchError
+        The store exists with another spec (nothing is written).
+    r3store.errors.NotAStoreError
+        The folder holds other files and no ``r3store.json``.
+    r3store.errors.StorageError
+        The storage backend failed.
+
+    Examples
+    --------
+    >>> import numpy as np, r3store, tempfile
+    >>> spec = r3store.ModelSpec(num_layers=2, num_experts=8, top_k=2)
+    >>> path = tempfile.mkdtemp()
+    >>> with r3store.RouteWriter(path, spec) as w:
+    ...     w.append("s0", np.array([[[0, 1], [2, 3]]]), num_tokens=2)
+    >>> r3store.open_store(path).get("s0").tolist()
+    [[[0, 1], [2, 3]]]
+    """
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str] | Backend,
+        spec: ModelSpec,
+        config: WriterConfig | WriterConfigDict | Mapping[str, Any] | None = None,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        buffer_bytes: int | None = None,
+        chunk_rows: int | None = None,
+        layers_per_chunk: int | None = None,
+        object_bytes: int | None = None,
+        on_invalid: Literal["raise", "quarantine"] | None = None,
+        writer_id: str | None = None,
+        shard_bytes: int | None = None,
+    ) -> None:
+        if not isinstance(spec, ModelSpec):
+            raise TypeError(f"spec must be an r3store.ModelSpec, got {type(spec).__name__}")
+        object_bytes = renamed_keyword("RouteWriter", "shard_bytes", "object_bytes", shard_bytes, object_bytes)
+        settings = WriterConfig.resolve(config, buffer_bytes=buffer_bytes, chunk_rows=chunk_rows,
+                                        layers_per_chunk=layers_per_chunk, object_bytes=object_bytes,
+                                        on_invalid=on_invalid, writer_id=writer_id)
+        self.config = dataclasses.replace(
+            settings,
+            layers_per_chunk=settings.layers_per_chunk or default_layers_per_chunk(spec),
+            writer_id=settings.writer_id or f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}")
+        self.spec = spec
+        self.writer_id: str = self.config.writer_id or ""
+        self._committer = Committer(open_backend(url, storage_options), spec, writer_id=self.writer_id,
+                                    chunk_rows=self.config.chunk_rows,
+                                    layers_per_chunk=self.config.layers_per_chunk or 1,
+                                    object_bytes=self.config.object_bytes)
+        self.backend = self._committer.backend
+        self._buffer = SampleBuffer(spec, on_invalid=self.config.on_invalid)
+        self._closed = False
+        self.commits: list[str] = []
+        """Names of the commits this writer has made (one route array + sample table each)."""
+        self._committer.init_store()
+
+    shards = renamed_property("shards", "commits")
+    store = renamed_property("store", "backend")
+    buffer_bytes = renamed_property("buffer_bytes", "config.buffer_bytes")
+    chunk_rows = renamed_property("chunk_rows", "config.chunk_rows")
+    layers_per_chunk = renamed_property("layers_per_chunk", "config.layers_per_chunk")
+    shard_bytes = renamed_property("shard_bytes", "config.object_bytes")
+    on_invalid = renamed_property("on_invalid", "config.on_invalid")
+
+    def __repr__(self) -> str:
+        return f"RouteWriter({self.backend.url!r}, writer_id={self.writer_id!r})"
+
+    # -- appending ------------------------------------------------------------------
+
+    def append(
+        self,
+        sample_id: str,
+        routes: Any,
+        *,
+        num_tokens: int | None = None,
+        tokens: Any = None,
+        metadata: Mapping[str, Any] | None = None,
+        start: int = 0,
+        final: bool = True,
+    ) -> None:
+        """Validate and buffer the routes of one sample (or one turn of it).
+
+        Parameters
+        ----------
+        sample_id : str
+            Unique within the store.
+        routes : ndarray or torch.Tensor of integer dtype
+            Global expert ids, shape ``(rows, num_layers, top_k)`` (all decoder layers,
+            dense layers as zero rows, as SGLang sends them) or ``(rows, num_moe_layers,
+            top_k)``. Row ``t`` holds the experts chosen for input position ``start + t``.
+            Only MoE layers are stored.
+        num_tokens : int, optional
+            Tokens of the whole sample; the sample must have ``num_tokens - 1`` rows in
+            all. Defaults to ``len(tokens)``, else rows + 1. Given with the final call.
+        tokens : sequence of int, optional
+            Token ids of the whole sample; a BLAKE2b hash is stored so trainers can check
+            alignment (:meth:`r3store.RouteStore.assemble`).
+        metadata : mapping of str to JSON scalar, optional
+            User columns for the sample table (step, prompt id, reward, ...).
+        start : int
+            Multi-turn continuation: first row of these routes within the sample. The
+            first call has ``start=0``; each continuation starts where the rows so far end
+            (SGLang ``routed_experts_start_len``).
+        final : bool
+            Whether this call completes the sample. A sample is committed only once final.
+
+        Raises
+        ------
+        r3store.errors.RouteValidationError
+            (and subclasses RouteShapeError, ExpertIdError, RowCountError) the routes are
+            malformed; the sample is not buffered (unless ``on_invalid="quarantine"``).
+        r3store.errors.DuplicateSampleError
+            ``sample_id`` was already appended by this writer.
+        r3store.errors.ContinuationError
+            ``start`` leaves a gap or overlap.
+        r3store.errors.WriterClosedError
+        """
+        self._check_open()
+        completed = len(self._buffer.done)
+        self._buffer.append(sample_id, routes, num_tokens=num_tokens, tokens=tokens, metadata=metadata,
+                            start=start, final=final)
+        self._flush_if_full(completed)
+
+    def append_sglang(
+        self,
+        sample_id: str,
+        meta_info: Any,
+        *,
+        num_tokens: int | None = None,
+        tokens: Any = None,
+        metadata: Mapping[str, Any] | None = None,
+        start: int = 0,
+        final: bool = True,
+    ) -> None:
+        """Append SGLang output: ``meta_info["routed_experts"]`` decoded, then :meth:`append`.
+
+        Parameters
+        ----------
+        meta_info : mapping, str, bytes or array
+            SGLang ``/generate`` ``meta_info`` (or the ``routed_experts`` value itself):
+            base64 of little-endian int32, flattened ``[rows, num_layers, top_k]``, no
+            shape sent (see :func:`r3store.decode_sglang`).
+
+        Other parameters are as for :meth:`append`.
+
+        Raises
+        ------
+        r3store.errors.PayloadDecodeError
+            The payload is not base64 or does not divide into ``(rows, num_layers, top_k)``.
+        """
+        self._check_open()
+        completed = len(self._buffer.done)
+        self._buffer.append_decoded(sample_id, lambda: decode_sglang(sample_id, meta_info, self.spec),
+                                    num_tokens=num_tokens, tokens=tokens, metadata=metadata, start=start, final=final)
+        self._flush_if_full(completed)
+
+    def _flush_if_full(self, completed: int) -> None:
+        """Commit once a sample completed and the buffer holds ``buffer_bytes`` or more."""
+        if len(self._buffer.done) > completed and self._buffer.nbytes >= self.config.buffer_bytes:
+            self.flush()
+
+    # -- committing -----------------------------------------------------------------
+
+    def flush(self) -> str | None:
+        """Commit every completed, buffered sample as one commit.
+
+        Returns
+        -------
+        str or None
+            The new commit's name, or None when nothing was buffered.
+
+        Raises
+        ------
+        r3store.errors.SpecMismatchError
+            The store's manifest changed under this writer; nothing is committed.
+        r3store.errors.StorageError
+            A write failed; nothing is committed and the samples stay buffered.
+        """
+        self._check_open()
+        return self._commit()
+
+    def _commit(self) -> str | None:
+        """Commit the completed samples (several commits when a retried one holds fewer)."""
+        commit = None
+        while self._buffer.done:
+            commit, count = self._committer.commit(self._buffer.done, list(self._buffer.meta_types))
+            self.commits.append(commit)
+            self._buffer.drop(count)
+        return commit
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise WriterClosedError(f"{self!r} is closed")
+
+    def close(self) -> None:
+        """Commit buffered samples and close.
+
+        Raises
+        ------
+        r3store.errors.StorageError
+            The commit failed: the writer stays open with every sample buffered, so
+            ``close()`` (or ``flush()``) can be called again.
+        r3store.errors.IncompleteSampleError
+            Multi-turn samples were still open (non-final); they are not stored, the
+            completed samples are committed.
+        """
+        if self._closed:
+            return
+        self._commit()
+        self._closed = True
+        self.backend.close()
+        open_ids = self._buffer.discard_open()
+        if open_ids:
+            raise IncompleteSampleError(open_ids)
+
+    def __enter__(self) -> RouteWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        discarded = self._buffer.discard_open()
+        self.close()  # before warning: a warning filter set to "error" must not skip the commit
+        if discarded:
+            warnings.warn(DiscardedSampleWarning(f"discarded open samples {discarded}"), stacklevel=2)
