@@ -8,6 +8,7 @@ from r3store._format._array import (
     encode_object,
     route_codec,
 )
+from r3store._format._json import MAX_INT_DIGITS, canonical_json, loads_document
 from r3store._format._keys import (
     COMMIT_NAME,
     INDEX_PREFIX,
@@ -47,11 +48,13 @@ __all__ = [
     "MANIFEST_KEY",
     "MAX_CHUNK_IDS",
     "MAX_INDEX_ENTRIES",
+    "MAX_INT_DIGITS",
     "MAX_ROWS",
     "RESERVED_COLUMNS",
     "ROUTES_PREFIX",
     "array_key",
     "array_rows",
+    "canonical_json",
     "commit_of_route_key",
     "commit_of_table_key",
     "decode_index",
@@ -59,6 +62,7 @@ __all__ = [
     "is_immutable_key",
     "is_temporary_key",
     "load_schema",
+    "loads_document",
     "make_manifest",
     "parse_manifest",
     "read_table",

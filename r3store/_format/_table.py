@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from r3store._format._footer import Footer, read_footer
 from r3store._format._keys import COMMIT_NAME, array_key
 from r3store._format._manifest import FORMAT_VERSION, MAX_ROWS, load_schema
 from r3store.errors import FormatError, FormatVersionError
@@ -36,7 +37,6 @@ MAX_TABLE_COLUMNS = 1000
 """Cap on a sample table's columns (reserved ones plus user metadata)."""
 MAX_TABLE_CELLS = 1 << 27
 """Cap on rows x columns of a sample table."""
-_CELL_BYTES = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
 
 _ARROW_TYPES = {
     "string": pa.string(),
@@ -127,46 +127,27 @@ def read_table(buf: bytes, path: str, commit: str | None = None) -> pa.Table:
 
 
 def _read_capped(buf: bytes, path: str) -> pa.Table:
-    """Read a Parquet file whose decoded size fits the caps (strings measured before decoding)."""
+    """Read a Parquet file whose footer checks out and whose decoded size fits the caps
+    (strings measured before decoding); page checksums are verified where written."""
+    footer = read_footer(buf, path)  # before pyarrow: some malformed footers abort it
+    strings = _check_caps(footer, path)
     try:
-        meta = pq.ParquetFile(pa.BufferReader(buf)).metadata
-        strings = _check_metadata(meta, path)
-        table = pq.read_table(pa.BufferReader(buf), read_dictionary=strings)
-        return _decode_dictionaries(table, path)
-    except FormatError:
-        raise
+        table = pq.read_table(pa.BufferReader(buf), read_dictionary=strings, use_threads=False,
+                              page_checksum_verification=True)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise FormatError(path, f"not a Parquet sample table: {exc}") from exc
+    return _decode_dictionaries(table, path)
 
 
-def _check_metadata(meta: pq.FileMetaData, path: str) -> list[str]:
+def _check_caps(footer: Footer, path: str) -> list[str]:
     """Check the footer against the caps; return the string (BYTE_ARRAY) columns."""
-    if meta.num_columns > MAX_TABLE_COLUMNS or meta.num_rows * max(1, meta.num_columns) > MAX_TABLE_CELLS:
-        raise FormatError(path, f"sample table of {meta.num_rows} rows x {meta.num_columns} columns is over the caps "
-                                f"({MAX_TABLE_COLUMNS} columns, {MAX_TABLE_CELLS} cells)")
-    fields = meta.schema.to_arrow_schema()
-    if len(fields) != meta.num_columns or len(set(fields.names)) != len(fields) or \
-            any(pa.types.is_nested(t) for t in fields.types):
-        raise FormatError(path, "sample-table columns must be scalars with distinct names (nested or repeated found)")
-    strings, fixed = [], 0
-    for j in range(meta.num_columns):
-        column = meta.schema.column(j)
-        if column.physical_type == "BYTE_ARRAY":
-            strings.append(column.path)
-        else:
-            fixed += meta.num_rows * _CELL_BYTES.get(column.physical_type, column.length or 8)
-    stored = max(_uncompressed_bytes(meta), fixed)
+    if footer.num_columns > MAX_TABLE_COLUMNS or footer.num_rows * max(1, footer.num_columns) > MAX_TABLE_CELLS:
+        raise FormatError(path, f"sample table of {footer.num_rows} rows x {footer.num_columns} columns is over "
+                                f"the caps ({MAX_TABLE_COLUMNS} columns, {MAX_TABLE_CELLS} cells)")
+    stored = max(footer.uncompressed_bytes, footer.fixed_bytes)
     if stored > MAX_TABLE_BYTES:
         raise FormatError(path, f"sample table decodes to {stored:,} bytes, over the cap of {MAX_TABLE_BYTES:,}")
-    return strings
-
-
-def _uncompressed_bytes(meta: pq.FileMetaData) -> int:
-    """Uncompressed size the footer declares (the larger of its two totals)."""
-    groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
-    by_group = sum(g.total_byte_size for g in groups)
-    by_chunk = sum(g.column(j).total_uncompressed_size for g in groups for j in range(g.num_columns))
-    return int(max(by_group, by_chunk))
+    return [leaf.name for leaf in footer.leaves if leaf.physical_type == "BYTE_ARRAY"]
 
 
 def _decode_dictionaries(table: pa.Table, path: str) -> pa.Table:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from r3store._checks import parse_int
-from r3store._format import ArrayGeometry, decode_index, route_codec
+from r3store._format import ArrayGeometry, decode_index, loads_document, route_codec
 from r3store._spec import ModelSpec
 from r3store.codecs import Codec, SupportsFrameSize, get_codec
 from r3store.errors import ChecksumError, CodecError, FormatError, OptionError, UnknownCodecError
@@ -94,7 +94,8 @@ class ChunkReader:
             raise FormatError(path, f"{array!r} is not a committed route array (no sample table names it)")
         known = self._geometries.get(array)
         if known is None:
-            geometry = ArrayGeometry.from_zarr_json(self.backend.get_json(f"{array}/zarr.json"), path)
+            doc = loads_document(self.backend.get(f"{array}/zarr.json"), path)
+            geometry = ArrayGeometry.from_zarr_json(doc, path)
             codec = route_codec(self.spec)
             if (geometry.num_moe_layers, geometry.top_k) != (self.spec.num_moe_layers, self.spec.top_k) or \
                     (geometry.codec["id"] == codec["id"] and geometry.codec != codec):

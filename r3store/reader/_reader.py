@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from r3store._checks import parse_int
-from r3store._format import MANIFEST_KEY, ArrayGeometry, is_immutable_key, parse_manifest
+from r3store._format import MANIFEST_KEY, ArrayGeometry, is_immutable_key, loads_document, parse_manifest
 from r3store._spec import ModelSpec
 from r3store.errors import NotAStoreError, ObjectNotFoundError, OptionError
 from r3store.reader._catalog import OnDuplicate, SampleCatalog, StorageUsage, storage_usage
@@ -77,10 +77,11 @@ class RouteReader:
         """Open the store at ``url`` (see :func:`open_reader`)."""
         backend = open_backend(url, storage_options, cache_dir=cache_dir, immutable=is_immutable_key)
         try:
-            manifest = backend.get_json(MANIFEST_KEY)
+            raw = backend.get(MANIFEST_KEY)
         except ObjectNotFoundError as exc:
             raise NotAStoreError(backend.url) from exc
-        spec = parse_manifest(manifest, backend.path_of(MANIFEST_KEY))
+        path = backend.path_of(MANIFEST_KEY)
+        spec = parse_manifest(loads_document(raw, path), path)
         return cls(backend, spec, on_duplicate=on_duplicate, cache_bytes=cache_bytes)
 
     # -- the catalogue ----------------------------------------------------------------

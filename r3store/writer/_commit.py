@@ -26,6 +26,7 @@ from r3store._format import (
     ArrayGeometry,
     array_key,
     encode_object,
+    loads_document,
     make_manifest,
     parse_manifest,
     route_codec,
@@ -126,7 +127,8 @@ class Committer:
         ------
         r3store.errors.SpecMismatchError
         """
-        stored = parse_manifest(self.backend.get_json(MANIFEST_KEY), self.backend.path_of(MANIFEST_KEY))
+        path = self.backend.path_of(MANIFEST_KEY)
+        stored = parse_manifest(loads_document(self.backend.get(MANIFEST_KEY), path), path)
         if stored != self.spec:
             raise SpecMismatchError(self.backend.url, stored.to_dict(), self.spec.to_dict())
 
