@@ -130,6 +130,7 @@ def open_store(
     on_duplicate: OnDuplicate = "raise",
     cache_bytes: int = 64 << 20,
     cache_dir: str | os.PathLike[str] | None = None,
+    max_sample_rows: int | None = None,
 ) -> RouteStore:
     """Open a store for reading (see :func:`r3store.reader.open_reader` for every parameter).
 
@@ -146,6 +147,9 @@ def open_store(
         Budget for decoded chunks kept in memory.
     cache_dir : str or os.PathLike, optional
         Local read-through cache of a remote store's route objects and sample tables.
+    max_sample_rows : int, optional
+        Cap on rows per sample, checked at open before anything is allocated (default:
+        the store's ``limits.max_sample_rows``; see :func:`r3store.reader.open_reader`).
 
     Returns
     -------
@@ -155,7 +159,8 @@ def open_store(
     ------
     r3store.errors.NotAStoreError, r3store.errors.FormatError, r3store.errors.DuplicateSampleError,
     r3store.errors.OptionError, r3store.errors.StorageError
-        As :func:`r3store.reader.open_reader`.
+        As :func:`r3store.reader.open_reader` (FormatError subclasses: ChecksumError,
+        SpecConflictError, SampleTooLargeError).
     """
     return RouteStore.open(url, storage_options=storage_options, on_duplicate=on_duplicate,
-                           cache_bytes=cache_bytes, cache_dir=cache_dir)
+                           cache_bytes=cache_bytes, cache_dir=cache_dir, max_sample_rows=max_sample_rows)

@@ -352,8 +352,8 @@ class _NoFrameSize(Codec):
 
     codec_id = "r3store.test-no-frame-size"
 
-    def __init__(self, bits: int) -> None:
-        self.inner = BitpackCodec(bits)
+    def __init__(self, bits: int, frame_version: int = 1) -> None:
+        self.inner = BitpackCodec(bits, frame_version)
 
     def encode(self, ids: Any) -> bytes:
         return self.inner.encode(ids)
@@ -362,7 +362,7 @@ class _NoFrameSize(Codec):
         return self.inner.decode(buf, out)
 
     def get_config(self) -> dict[str, Any]:
-        return {"id": self.codec_id, "bits": self.inner.bits}
+        return {"id": self.codec_id, **{k: v for k, v in self.inner.get_config().items() if k != "id"}}
 
 
 def _store_with_codec_name(root: Path, name: str) -> Any:

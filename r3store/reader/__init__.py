@@ -11,16 +11,25 @@
 It imports nothing above it: laying routes out for a trainer is :mod:`r3store.batch`.
 """
 
-from r3store.reader._catalog import OnDuplicate, StorageUsage, committed_commits, uncommitted_route_objects
+from r3store.reader._catalog import (
+    OnDuplicate,
+    Preloaded,
+    StorageUsage,
+    committed_commits,
+    table_keys,
+    uncommitted_route_objects,
+)
 from r3store.reader._chunks import merge_ranges
 from r3store.reader._reader import RouteReader, open_reader
 
 __all__ = [
     "OnDuplicate",
+    "Preloaded",
     "RouteReader",
     "StorageUsage",
     "committed_commits",
     "merge_ranges",
     "open_reader",
+    "table_keys",
     "uncommitted_route_objects",
 ]
