@@ -48,6 +48,7 @@ class RouteStore(RouteReader):
         fill_value: int = -1,
         tokens: Sequence[Any] | None = None,
         return_tensors: Literal["np", "pt"] = "np",
+        return_policy_version: bool = False,
     ) -> dict[str, Any]:
         """The batch for exactly ``sample_ids``, in that order, laid out like the trainer's tokens.
 
@@ -81,13 +82,18 @@ class RouteStore(RouteReader):
         return_tensors : {"np", "pt"}
             numpy arrays (default), or CPU torch tensors (converted by the torch layer,
             :func:`r3store.dataset.batch_to_tensors`; needs torch).
+        return_policy_version : bool
+            Add ``policy_version``, int64 per row laid out like the routes: the policy
+            (weight) version that produced the row (``append(..., policy_version=)``), -1
+            on pad rows and for samples written without a version.
 
         Returns
         -------
         dict
             ``routes`` int32 ``(T, n_layers, top_k)`` or ``(B, T, n_layers, top_k)``,
-            ``replay_mask`` bool, ``cu_seqlens`` int32, ``num_tokens`` int32 ``(B,)``,
-            ``sample_ids``, ``layers``, ``sp_range`` (and ``tokens``).
+            ``replay_mask`` bool (False on pad rows and on rows the engine could not
+            capture), ``cu_seqlens`` int32, ``num_tokens`` int32 ``(B,)``,
+            ``sample_ids``, ``layers``, ``sp_range`` (and ``tokens``, ``policy_version``).
 
         Raises
         ------
@@ -105,7 +111,7 @@ class RouteStore(RouteReader):
                                      tp_size=tp_size, tp_rank=tp_rank, pad_multiple=pad_multiple,
                                      sequence_parallel=sequence_parallel, max_seqlen=max_seqlen)
         batch = assemble(self, sample_ids, opts, layers=layers, pad_policy=pad_policy, fill_value=fill_value,
-                         tokens=tokens)
+                         tokens=tokens, return_policy_version=return_policy_version)
         if return_tensors == "np":
             return batch
         from r3store.dataset import batch_to_tensors

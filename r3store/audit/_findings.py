@@ -31,6 +31,8 @@ KINDS: Mapping[str, tuple[Severity, str]] = {
     "row_count": ("error", "num_rows != num_tokens - 1"),
     "duplicate_sample": ("error", "a sample id committed by more than one commit"),
     "quarantined": ("warning", "a sample the writer quarantined (kept for audit, hidden from readers)"),
+    "missing_rows": ("warning", "rows the engine could not capture, stored as missing (get returns -1 there, batches "
+                                "give them replay_mask False)"),
     "uncommitted": ("warning", "a route array under routes/ with no index/<commit>.parquet"),
 }
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from r3store._format import parse_ranges, parse_spans
 from r3store.audit._scan import (
     Progress,
     ProgressCallback,
@@ -52,7 +53,11 @@ def stats(store: RouteReader, *, sample_filter: str | None = None, limit: int | 
     -------
     dict
         JSON-ready (``schema/cli-stats.schema.json``): ``url``, ``spec``, ``samples``,
-        ``tokens``, ``rows``, ``layers`` (per MoE layer: ``layer``, ``rows`` (tokens routed),
+        ``tokens``, ``rows`` (routed rows: rows the engine could not capture are left out
+        of every figure), ``missing_rows`` and ``samples_with_missing_rows``, ``policy``
+        (``samples_with_version``, ``mixed_version_samples`` (samples whose rows came
+        from more than one policy version), ``min_version``, ``max_version``), ``layers``
+        (per MoE layer: ``layer``, ``rows`` (tokens routed),
         ``assignments`` (in-range ids: rows x top_k), ``mean_load`` (tokens per expert
         if balanced), ``max_load``, ``max_over_mean``,
         ``entropy_bits`` of the load distribution and its maximum ``log2(num_experts)``,
@@ -75,7 +80,7 @@ def stats(store: RouteReader, *, sample_filter: str | None = None, limit: int | 
     workers = check_workers(workers, store)
     spec = store.spec
     table = select_samples(store.samples, sample_filter, limit, visible_only=True)
-    units = _units(table)
+    units, missing = _units(table)
     rows = sum(b - a for _, ranges in units for a, b in ranges)
     ctx = Progress(progress, rows)
     nbins = 1 << spec.bits_per_id
@@ -97,6 +102,9 @@ def stats(store: RouteReader, *, sample_filter: str | None = None, limit: int | 
         "samples": len(table),
         "tokens": int(sum(table.column("num_tokens").to_pylist())),
         "rows": rows,
+        "missing_rows": missing,
+        "samples_with_missing_rows": int(len(table) - table.column("missing_rows").null_count),
+        "policy": _policy(table),
         "layers": layers,
         "hottest": _hottest(load, spec.moe_layers, top),
         "load": load.tolist(),
@@ -104,13 +112,29 @@ def stats(store: RouteReader, *, sample_filter: str | None = None, limit: int | 
     }
 
 
-def _units(table: pa.Table) -> list[tuple[str, list[tuple[int, int]]]]:
-    """Per route array, the merged row ranges of the selected samples."""
-    cols = table.select(["array", "row_start", "num_rows"]).to_pydict()
+def _units(table: pa.Table) -> tuple[list[tuple[str, list[tuple[int, int]]]], int]:
+    """Per route array, the merged row ranges of the selected samples (their missing rows left
+    out), and the number of missing rows."""
+    cols = table.select(["array", "row_start", "num_rows", "missing_rows"]).to_pydict()
     by_array: dict[str, list[tuple[int, int]]] = {}
-    for array, start, n in zip(*cols.values(), strict=True):
-        by_array.setdefault(array, []).append((start, start + n))
-    return [(array, merge_ranges(ranges)) for array, ranges in by_array.items()]
+    missing = 0
+    for array, start, n, gaps in zip(*cols.values(), strict=True):
+        at = 0
+        for a, b in [] if gaps is None else parse_ranges(gaps, n):
+            by_array.setdefault(array, []).append((start + at, start + a))
+            missing, at = missing + b - a, b
+        by_array.setdefault(array, []).append((start + at, start + n))
+    return [(array, merge_ranges(ranges)) for array, ranges in by_array.items()], missing
+
+
+def _policy(table: pa.Table) -> dict[str, Any]:
+    """Policy versions of the selected samples: how many carry one, how many mix several."""
+    cols = table.select(["num_rows", "policy_spans", "policy_version"]).to_pydict()
+    versions = [v for v in cols["policy_version"] if v is not None]
+    mixed = sum(len({v for _, _, v in parse_spans(spans, n)}) > 1
+                for n, spans in zip(cols["num_rows"], cols["policy_spans"], strict=True) if spans)
+    return {"samples_with_version": len(versions), "mixed_version_samples": mixed,
+            "min_version": min(versions) if versions else None, "max_version": max(versions) if versions else None}
 
 
 def _count_array(rs: RouteReader, unit: tuple[str, list[tuple[int, int]]], nbins: int,
