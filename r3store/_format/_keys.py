@@ -39,8 +39,8 @@ MANIFEST_KEY = "r3store.json"
 ROUTES_PREFIX = "routes/"
 INDEX_PREFIX = "index/"
 COMMIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,239}")
-"""Syntax of a commit name (``<writer_id>-<seq>``; the sample-table column ``shard`` holds
-it): the only names readers accept in ``index/<commit>.parquet`` and ``routes/<commit>``
+"""Syntax of a commit name (``<writer_id>-<seq>``; the sample-table column ``commit`` (v1: ``shard``) holds
+it): the only names readers accept in ``index/[<bucket>/]<commit>.parquet`` and ``routes/<commit>``
 (no ``/``, no leading ``.``, no ``..`` path)."""
 
 

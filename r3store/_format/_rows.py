@@ -122,7 +122,7 @@ def parse_spans(text: str, num_rows: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def check_rows(table: pa.Table, path: str, commit: str, *, required: Sequence[str], commit_column: str = "commit",
+def check_rows(table: pa.Table, path: str, commit: str, *, required: Sequence[str], version: int = 2,
                max_sample_rows: int | None = None) -> None:
     """Check the rows of the sample table of ``commit`` (vectorised where it can be).
 
@@ -130,8 +130,9 @@ def check_rows(table: pa.Table, path: str, commit: str, *, required: Sequence[st
     row's commit column is it and ``array`` is ``routes/<commit>``; ``num_tokens >= 1``,
     ``num_rows >= 0``, ``row_start >= 0`` (all below :data:`MAX_ROWS`); ``num_rows ==
     num_tokens - 1`` unless quarantined; no two samples share a row; and, when the table
-    has them, ``missing_rows`` and ``policy_spans`` parse and lie inside the sample, and
-    ``policy_version`` is null exactly when ``policy_spans`` is.
+    has them (format v2), ``missing_rows`` and ``policy_spans`` parse and lie inside the
+    sample, and ``policy_version`` is null exactly when ``policy_spans`` is. Format v1 names
+    the commit column ``shard``.
 
     Raises
     ------
@@ -146,6 +147,7 @@ def check_rows(table: pa.Table, path: str, commit: str, *, required: Sequence[st
         if table.column(name).null_count:
             _reject(table, path, name, table.column(name).is_null(), "must not be null")
     col = table.column
+    commit_column = "commit" if version >= 2 else "shard"
     rules = [
         (commit_column, pc.not_equal(col(commit_column), commit),
          f"must be {commit!r}, the commit the file is named after"),
@@ -164,7 +166,7 @@ def check_rows(table: pa.Table, path: str, commit: str, *, required: Sequence[st
         if i >= 0:
             raise SampleTooLargeError(path, col("sample_id")[i].as_py(), col("num_rows")[i].as_py(), max_sample_rows)
     _check_disjoint(table, path)
-    if "missing_rows" in table.column_names:
+    if version >= 2:
         _check_texts(table, path)
 
 

@@ -180,8 +180,7 @@ def read_table(buf: bytes, path: str, commit: str | None = None, *, version: int
         _check_spec(meta.get("r3store.spec", b""), spec, path, spec_source)
     if commit is not None:
         required = [f.name for f in table_schema(version) if not f.nullable]
-        check_rows(table, path, commit, required=required, commit_column="commit" if version >= 2 else "shard",
-                   max_sample_rows=max_sample_rows)
+        check_rows(table, path, commit, required=required, version=version, max_sample_rows=max_sample_rows)
     table = table.replace_schema_metadata(None)
     return _as_v2(table) if version == 1 else table
 
@@ -249,9 +248,13 @@ def _read_capped(buf: bytes, path: str) -> pa.Table:
     try:
         table = pq.read_table(pa.BufferReader(buf), read_dictionary=strings, use_threads=False,
                               page_checksum_verification=True)
+        return _decode_dictionaries(table, path)
     except (pa.ArrowException, OSError, ValueError) as exc:
+        if isinstance(exc, FormatError):
+            raise
+        if "CRC checksum verification failed" in str(exc):
+            raise ChecksumError(path, (), f"a Parquet page fails its CRC: {exc}") from exc
         raise FormatError(path, f"not a Parquet sample table: {exc}") from exc
-    return _decode_dictionaries(table, path)
 
 
 def _check_caps(footer: Footer, path: str) -> list[str]:

@@ -33,7 +33,7 @@ KINDS: Mapping[str, tuple[Severity, str]] = {
     "quarantined": ("warning", "a sample the writer quarantined (kept for audit, hidden from readers)"),
     "missing_rows": ("warning", "rows the engine could not capture, stored as missing (get returns -1 there, batches "
                                 "give them replay_mask False)"),
-    "uncommitted": ("warning", "a route array under routes/ with no index/<commit>.parquet"),
+    "uncommitted": ("warning", "a route array under routes/ with no sample table (index/<bucket>/<commit>.parquet)"),
 }
 
 _SEVERITY_RANK = {"error": 0, "warning": 1}

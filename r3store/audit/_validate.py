@@ -288,7 +288,7 @@ def _duplicate_findings(store: RouteReader, table: pa.Table, subset: bool) -> li
 
 def _leftover_findings(store: RouteReader) -> list[Finding]:
     return [make_finding("uncommitted", array=array_key(commit),
-                         detail=f"{nbytes:,} bytes, no index/<commit>.parquet: a crashed or still-running writer "
+                         detail=f"{nbytes:,} bytes, no sample table: a crashed or still-running writer "
                                 "(r3store gc deletes old leftovers)")
             for commit, nbytes in store.storage_usage().uncommitted.items()]
 

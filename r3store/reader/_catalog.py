@@ -139,7 +139,8 @@ def uncommitted_route_objects(listing: Mapping[str, V], committed: Collection[st
     """Objects under ``routes/<commit>/`` of commits that have no sample table, by commit.
 
     The one rule for "uncommitted" (used by ``r3store gc``, ``inspect`` and ``validate``):
-    a route array is committed exactly when ``index/<commit>.parquet`` exists.
+    a route array is committed exactly when its sample table (``index/<bucket>/<commit>.parquet``; v1:
+    ``index/<commit>.parquet``) exists.
 
     Parameters
     ----------

@@ -167,6 +167,10 @@ class ChunkReader:
                               f"rows [{start}, {stop}) beyond the array's {geometry.rows} rows")
         shape = (stop - start, len(positions), geometry.top_k)
         if out is None:
+            if stop > start:  # what the storage objects hold is checked before the output is allocated
+                per_object = geometry.row_chunks_per_object * geometry.chunk_rows
+                for obj in range(start // per_object, (stop - 1) // per_object + 1):
+                    self.object_index(array, geometry, obj)
             out = np.empty(shape, dtype=np.int32)
         elif out.shape != shape:
             raise OptionError("out", f"<array of shape {out.shape}>", f"must have shape {shape}")
