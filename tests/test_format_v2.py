@@ -536,3 +536,28 @@ def test_v1_metadata_column_named_like_a_v2_column(tmp_path: Path) -> None:
     assert store.samples.column("policy_version").to_pylist() == list(range(n))
     assert store.samples.column("v1.missing_rows").to_pylist() == ["x"] * n
     assert store.samples.column("missing_rows").null_count == n
+
+
+# -- the catalogue can start from rows loaded elsewhere (checkpoints build on it) ------------------------------
+
+
+def test_reader_takes_preloaded_rows_and_reads_only_the_other_tables(tmp_path: Path) -> None:
+    from r3store._format import MANIFEST_KEY, loads_document, parse_manifest
+    from r3store.reader import Preloaded, RouteReader
+
+    for i in range(3):
+        with r3store.RouteWriter(tmp_path, SPEC, writer_id=f"w{i}") as w:
+            w.append(f"s{i}", routes(4 + i, i), metadata={"step": i})
+    full = r3store.open_store(tmp_path)
+    covered = frozenset(["w0-00000", "w1-00000"])
+    rows = full.samples.filter(pa.compute.is_in(full.samples.column("commit"), pa.array(sorted(covered))))
+    for table in (tmp_path / "index").rglob("w[01]-*.parquet"):
+        table.unlink()  # the preloaded commits' tables are not read again
+    backend = LocalBackend(tmp_path)
+    path = backend.path_of(MANIFEST_KEY)
+    manifest = parse_manifest(loads_document(backend.get(MANIFEST_KEY), path), path)
+    reader = RouteReader(backend, manifest, preloaded=Preloaded(rows, covered))
+    assert reader.sample_ids == ["s0", "s1", "s2"] and reader.commits == ["w0-00000", "w1-00000", "w2-00000"]
+    for i in range(3):
+        np.testing.assert_array_equal(reader.get(f"s{i}"), routes(4 + i, i))
+    assert reader.samples.column("step").to_pylist() == [0, 1, 2]

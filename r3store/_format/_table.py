@@ -246,8 +246,8 @@ def _read_capped(buf: bytes, path: str) -> pa.Table:
     footer = read_footer(buf, path)  # before pyarrow: some malformed footers abort it
     strings = _check_caps(footer, path)
     try:
-        table = pq.read_table(pa.BufferReader(buf), read_dictionary=strings, use_threads=False,
-                              page_checksum_verification=True)
+        reader = pq.ParquetFile(pa.BufferReader(buf), read_dictionary=strings, page_checksum_verification=True)
+        table = reader.read(use_threads=False)
         return _decode_dictionaries(table, path)
     except (pa.ArrowException, OSError, ValueError) as exc:
         if isinstance(exc, FormatError):
