@@ -197,7 +197,11 @@ class BitpackCodec(Codec):
             raise CodecError(self.codec_id, f"tag must be an int in [0, 2**32), got {tag!r}")
         if tag and self.frame_version == 1:
             raise CodecError(self.codec_id, "version-1 frames carry no position tag (use frame_version=2)")
-        frame = kernels.encode_frame(arr, self.bits, version=self.frame_version, tag=int(tag))
+        native = kernels.native_module()
+        if native is not None and arr.dtype.kind in "iu" and arr.dtype.isnative and arr.size < 1 << 32:
+            frame = native.encode_frame(arr, self.bits, self.frame_version, int(tag))  # any layout: no copy
+        else:
+            frame = kernels.encode_frame(arr, self.bits, version=self.frame_version, tag=int(tag))
         if frame is None:
             flat = arr.reshape(-1)
             raise CodecError(
@@ -234,21 +238,26 @@ class BitpackCodec(Codec):
         if out is not None and (not isinstance(out, np.ndarray) or out.dtype.kind not in "iu"
                                 or not out.flags.writeable):
             raise FormatError(_FRAME, f"out must be a writable integer array, got {getattr(out, 'dtype', out)!r}")
-        check = kernels.check_frame(data, self.bits)
-        if check.status:
+        native = kernels.native_module()  # called directly: per-frame overhead matters for small chunks
+        check = native.check_frame(data, self.bits) if native is not None else kernels.check_frame(data, self.bits)
+        status, n_total, n_encoded, header, found = check
+        if status:
             self._check_frame(data)  # names the fault
-            raise FormatError(_FRAME, f"invalid frame (check {check.status})")
-        if tag is not None and check.tag != tag:
-            bound = f"tag {check.tag:#010x}" if check.tag else "no tag (an unbound frame)"
+            raise FormatError(_FRAME, f"invalid frame (check {status})")
+        if tag is not None and found != tag:
+            bound = f"tag {found:#010x}" if found else "no tag (an unbound frame)"
             raise ChecksumError(_FRAME, (), f"frame carries {bound}, not the {tag:#010x} of its position")
         if out is None:
-            if check.n_total > MAX_DECODE_IDS:
-                raise FormatError(_FRAME, f"header declares {check.n_total:,} ids, more than the "
+            if n_total > MAX_DECODE_IDS:
+                raise FormatError(_FRAME, f"header declares {n_total:,} ids, more than the "
                                           f"{MAX_DECODE_IDS:,} decode allocates without out")
-            out = np.empty(check.n_total, dtype=np.int32)
-        elif out.size != check.n_total:
-            raise FormatError(_FRAME, f"out holds {out.size} ids, the frame {check.n_total}")
-        kernels.unpack_into(data[check.header :], check.n_encoded, self.bits, out)  # zeros after n_encoded
+            out = np.empty(n_total, dtype=np.int32)
+        elif out.size != n_total:
+            raise FormatError(_FRAME, f"out holds {out.size} ids, the frame {n_total}")
+        if native is not None and out.dtype.isnative:
+            native.unpack(data, header, n_encoded, self.bits, out)  # zeros after n_encoded
+        else:
+            kernels.unpack_into(data[header:], n_encoded, self.bits, out)
         return out
 
     @staticmethod
