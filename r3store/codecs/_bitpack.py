@@ -198,6 +198,7 @@ class BitpackCodec(Codec):
         if tag and self.frame_version == 1:
             raise CodecError(self.codec_id, "version-1 frames carry no position tag (use frame_version=2)")
         native = kernels.native_module()
+        frame: bytes | None
         if native is not None and arr.dtype.kind in "iu" and arr.dtype.isnative and arr.size < 1 << 32:
             frame = native.encode_frame(arr, self.bits, self.frame_version, int(tag))  # any layout: no copy
         else:
