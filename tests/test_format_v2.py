@@ -561,3 +561,26 @@ def test_reader_takes_preloaded_rows_and_reads_only_the_other_tables(tmp_path: P
     for i in range(3):
         np.testing.assert_array_equal(reader.get(f"s{i}"), routes(4 + i, i))
     assert reader.samples.column("step").to_pylist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize(("column", "value", "words"), [
+    ("missing_rows", "3:2", "not sorted, merged and non-empty"),
+    ("missing_rows", "0:99", "reach past the sample's 6 rows"),
+    ("missing_rows", "", "is not 'a:b,c:d' ranges"),
+    ("policy_spans", "0:3=1", "cover 3 rows, the sample has 6"),
+    ("policy_spans", "0:6=1;6:6=2", "do not cover the rows in order"),
+    ("policy_version", 5, "must be null exactly when policy_spans is"),
+])
+def test_forged_v2_columns_are_refused(tmp_path: Path, column: str, value: object, words: str) -> None:
+    with r3store.RouteWriter(tmp_path, SPEC) as w:
+        w.append("a", routes(6, 0), policy_version=1 if column == "policy_spans" else None)
+    (path,) = (tmp_path / "index").rglob("*.parquet")
+
+    def edit(t: pa.Table) -> pa.Table:
+        i = t.schema.get_field_index(column)
+        return t.set_column(i, t.schema.field(i), pa.array([value], t.schema.field(i).type))
+
+    forge.rewrite_table(path, edit)
+    with pytest.raises(FormatError, match=f"row 0 \\(sample 'a'\\): .*{words}") as info:
+        r3store.open_store(tmp_path)
+    assert path.name in str(info.value)
