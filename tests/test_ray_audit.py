@@ -130,3 +130,13 @@ def test_validate_on_ray_on_loopback_s3(ray_cluster: str, s3_bucket: str, s3_sto
     doc = json.loads(same("validate", url, "--json", *flags).stdout)
     assert doc["summary"]["by_kind"]["checksum"] == 1
     assert doc["summary"]["by_kind"]["uncommitted"] == 1
+
+
+def test_without_ray_the_option_says_what_to_install(faulty: FaultyStore) -> None:
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "from r3store.cli import main\n"
+            f"main(['validate', {faulty.url!r}, '--ray'])\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          check=False)
+    assert proc.returncode == 2
+    assert "pip install 'r3store[ray]'" in proc.stderr
