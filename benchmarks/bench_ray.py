@@ -151,7 +151,7 @@ def bench_handoff(args: argparse.Namespace, console: Console, tmp: str) -> None:
     ids = [f"step17/prompt{i // 8:03d}/sample{i % 8}" for i in range(n)]
     tokens = [rng.integers(0, 151_000, args.step_tokens).astype(np.int32) for _ in range(n)]
     routes = [np.zeros((rows, spec.num_layers, spec.top_k), np.int32) for _ in range(n)]  # size is all that counts
-    message = {"commit": "20260101T000000-0123456789ab-00000", "sample_ids": ids, "tokens": tokens}
+    message = {"commits": ["20260101T000000-0123456789ab-00000"], "sample_ids": ids, "tokens": tokens}
     with_routes = {"sample_ids": ids, "tokens": tokens, "routes": routes}
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     small, large = r3ray.object_store_bytes(message), r3ray.object_store_bytes(with_routes)

@@ -53,6 +53,7 @@ class Rollout:
         self.writer = r3store.RouteWriter(url, SPEC, writer_id=f"rollout-{worker}")
 
     def generate(self, step: int) -> dict[str, Any]:
+        first = len(self.writer.commits)
         ids, tokens = [], []
         for prompt in range(PROMPTS):
             toks, routes = engine(step, prompt, self.worker)
@@ -60,7 +61,8 @@ class Rollout:
             self.writer.append(sid, routes, tokens=toks, metadata={"step": step})
             ids.append(sid)
             tokens.append(toks.astype(np.int32))
-        return {"commit": self.writer.flush(), "sample_ids": ids, "tokens": tokens}
+        self.writer.flush()  # the writer may also have committed on its own when its buffer filled
+        return {"commits": self.writer.commits[first:], "sample_ids": ids, "tokens": tokens}
 
     def routes_message(self, step: int) -> dict[str, Any]:
         """What frameworks send today for the same step: the int32 routes themselves."""
@@ -86,7 +88,8 @@ class Trainer:
         self.options = LayoutOptions(cp_size=CP, cp_rank=cp_rank)
 
     def train_step(self, *messages: dict[str, Any]) -> dict[str, Any]:
-        reader = r3store.open_reader(self.url, commits=[m["commit"] for m in messages])  # this step's tables only
+        commits = [c for m in messages for c in m["commits"]]
+        reader = r3store.open_reader(self.url, commits=commits)  # this step's sample tables only
         ids = [sid for m in messages for sid in m["sample_ids"]][self.dp_rank :: DP]
         tokens = {sid: t for m in messages for sid, t in zip(m["sample_ids"], m["tokens"], strict=True)}
         batch = assemble(reader, ids, self.options, tokens=[tokens[s] for s in ids])  # checks the token hashes
@@ -148,12 +151,12 @@ def test_trainer_ranks_stream_a_step_with_route_dataset(tmp_path: Path, ray_clus
     url = str(tmp_path / "routes")
     rollouts = [Rollout.remote(url, w) for w in range(2)]
     messages = ray.get([r.generate.remote(0) for r in rollouts])
-    commits = [m["commit"] for m in messages]
+    commits = [c for m in messages for c in m["commits"]]
     store = r3store.open_store(url)
     seen: list[str] = []
     trainers = [Trainer.remote(url, dp, 0) for dp in range(DP)]  # one process per DP rank, both CP views
     streams = {(dp, cp): trainers[dp].stream.remote(commits, cp) for dp in range(DP) for cp in range(CP)}
-    for (dp, cp), ref in streams.items():
+    for (_, cp), ref in streams.items():
         batches = ray.get(ref)
         assert batches
         for b in batches:

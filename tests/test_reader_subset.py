@@ -42,9 +42,11 @@ def store(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray]]:
 def test_a_reader_of_some_commits_sees_only_them(store: tuple[Path, dict[str, np.ndarray]]) -> None:
     path, written = store
     full = open_reader(path, on_duplicate="report")
-    assert full.commits == ["w0-00000", "w1-00000", "w2-00000"] and not full.is_partial
+    assert full.commits == ["w0-00000", "w1-00000", "w2-00000"]
+    assert not full.is_partial
     part = open_reader(path, commits=("w2-00000", "w1-00000", "w1-00000"))
-    assert part.is_partial and part.commits == ["w1-00000", "w2-00000"]
+    assert part.is_partial
+    assert part.commits == ["w1-00000", "w2-00000"]
     assert sorted(part.sample_ids) == ["dup", "w1-s0", "w1-s1", "w2-s0", "w2-s1"]
     assert part.duplicates == {}  # the other copy of "dup" is in a commit not read
     np.testing.assert_array_equal(part.get("dup"), written["dup@2"])
@@ -80,7 +82,8 @@ def test_filter_samples_selects_rows_and_names_faults(store: tuple[Path, dict[st
     samples = open_reader(store[0], on_duplicate="first").samples
     kept = filter_samples(samples, (pc.field("writer") == 1) | pc.field("sample_id").isin(["dup"]))
     assert sorted(kept.column("sample_id").to_pylist()) == ["dup", "w1-s0", "w1-s1"]
-    assert kept.schema == samples.schema and filter_samples(samples, None) is samples
+    assert kept.schema == samples.schema
+    assert filter_samples(samples, None) is samples
     with_null = pa.table({"sample_id": ["a", "b"], "x": [1, None]})
     assert filter_samples(with_null, pc.field("x") > 0).column("sample_id").to_pylist() == ["a"]
     with pytest.raises(OptionError, match=r"columns sample_id, .*No match for FieldRef.Name\(nope\)"):

@@ -81,6 +81,9 @@ def _scan_units(mapper: Any, urls: Sequence[str], storage_options: Mapping[str, 
             r.close()
 
 
+_scan_task = ray.remote(_scan_units)
+
+
 def run_plan(plan: ScanPlan[R], urls: Sequence[str | os.PathLike[str]], *,
              storage_options: Mapping[str, Any] | None = None, num_tasks: int | None = None,
              workers: int | None = None, progress: TaskProgress | None = None,
@@ -124,7 +127,7 @@ def run_plan(plan: ScanPlan[R], urls: Sequence[str | os.PathLike[str]], *,
     num_tasks = parse_optional_int("num_tasks", num_tasks, minimum=1) or _default_tasks()
     workers = parse_optional_int("workers", workers, minimum=1)
     groups = group_units(plan.units, num_tasks)
-    task = ray.remote(_scan_units).options(**{"num_cpus": 1, **(ray_remote_args or {})})
+    task = _scan_task.options(**{"num_cpus": 1, **(ray_remote_args or {})})
     refs = [task.remote(plan.mapper, paths, storage_options, plan.on_duplicate, group, workers) for group in groups]
     return plan.merge(_results(refs, progress))
 
