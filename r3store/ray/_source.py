@@ -116,11 +116,12 @@ class RouteDatasource(Datasource):
         total = max(1, int(num_rows.sum()))
         pieces = []
         for array, rows in by_array.items():
-            cuts = max(1, min(len(rows), round(parallelism * int(num_rows[rows].sum()) / total)))
-            for part in np.array_split(np.asarray(rows), cuts) if len(by_array) < parallelism else [rows]:
-                part_rows = tuple(int(i) for i in part)
-                pieces.append(_Piece(self.commit_of[array], part_rows, int(num_rows[list(part_rows)].sum())
-                                     * self.row_bytes))
+            cuts = 1
+            if len(by_array) < parallelism:  # few commits: split them by samples, in proportion to their rows
+                cuts = max(1, min(len(rows), round(parallelism * int(num_rows[rows].sum()) / total)))
+            for part in np.array_split(np.asarray(rows), cuts):
+                nbytes = int(num_rows[part].sum()) * self.row_bytes
+                pieces.append(_Piece(self.commit_of[array], tuple(int(i) for i in part), nbytes))
         return pieces
 
 
@@ -129,8 +130,8 @@ _READ_TASK_ARGS = set(inspect.signature(ReadTask.__init__).parameters)
 
 def _output_columns(table: pa.Table, columns: Sequence[str] | None) -> list[str]:
     """Sample-table columns of each row besides ``sample_id``, ``routes`` and ``num_tokens``."""
-    if columns is None:
-        return [c for c in table.column_names if c not in RESERVED_COLUMNS]
+    if columns is None:  # the user metadata (a column named like the routes column is left out)
+        return [c for c in table.column_names if c not in RESERVED_COLUMNS and c != "routes"]
     if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
         raise OptionError("columns", columns, "must be a list of sample-table column names")
     missing = [c for c in columns if c not in table.column_names]
