@@ -5,6 +5,8 @@
 * the sample catalogue (``_catalog.py``): sample tables loaded, checked, merged and
   deduplicated; which commits exist and which route objects belong to none
   (:func:`committed_commits`, :func:`uncommitted_route_objects`);
+* :func:`filter_samples`: the rows of a sample table a pyarrow compute expression
+  selects (the one code path behind every ``filter=``);
 * the chunk reader (``_chunks.py``): object indexes, ranged reads coalesced
   (:func:`merge_ranges`), frames decoded through the codec registry, an LRU cache.
 
@@ -13,6 +15,7 @@ It imports nothing above it: laying routes out for a trainer is :mod:`r3store.ba
 
 from r3store.reader._catalog import OnDuplicate, StorageUsage, committed_commits, uncommitted_route_objects
 from r3store.reader._chunks import merge_ranges
+from r3store.reader._filter import filter_samples
 from r3store.reader._reader import RouteReader, open_reader
 
 __all__ = [
@@ -20,6 +23,7 @@ __all__ = [
     "RouteReader",
     "StorageUsage",
     "committed_commits",
+    "filter_samples",
     "merge_ranges",
     "open_reader",
     "uncommitted_route_objects",

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from r3store._checks import parse_choice
 from r3store._format import (
+    COMMIT_NAME,
     INDEX_PREFIX,
     ROUTES_PREFIX,
     array_key,
@@ -25,9 +26,10 @@ from r3store._format import (
     commit_of_route_key,
     commit_of_table_key,
     read_table,
+    table_key,
     table_schema,
 )
-from r3store.errors import DuplicateSampleError, SampleNotFoundError
+from r3store.errors import DuplicateSampleError, OptionError, SampleNotFoundError
 from r3store.storage import Backend
 
 __all__ = [
@@ -115,6 +117,9 @@ class SampleCatalog:
     on_duplicate : {"raise", "first", "report"}
         A sample id committed twice: raise, keep the earliest commit, or keep it and
         list the duplicates in :attr:`duplicates`.
+    commits : collection of str, optional
+        Load only these commits' sample tables (read by key: ``index/`` is not listed).
+        Duplicates are then resolved among these commits only.
 
     Attributes
     ----------
@@ -124,7 +129,9 @@ class SampleCatalog:
     duplicates : dict of str to list of str
         Ids committed by more than one commit, with the commits (earliest first).
     commits : list of str
-        The committed commits, in name order.
+        The committed commits (those asked for, with ``commits``), in name order.
+    complete : bool
+        Whether every committed commit was loaded (no ``commits`` restriction).
     array_rows : dict of str to int
         Rows each committed route array must have (``routes/<commit>`` -> the end of its
         table's last sample).
@@ -136,21 +143,30 @@ class SampleCatalog:
     r3store.errors.DuplicateSampleError
         With ``on_duplicate="raise"``.
     r3store.errors.OptionError
-        ``on_duplicate`` is not one of the choices.
+        ``on_duplicate`` is not one of the choices, or ``commits`` holds a string that is
+        not a commit name.
+    r3store.errors.ObjectNotFoundError
+        A commit of ``commits`` has no sample table.
     """
 
-    def __init__(self, backend: Backend, *, on_duplicate: OnDuplicate = "raise") -> None:
+    def __init__(self, backend: Backend, *, on_duplicate: OnDuplicate = "raise",
+                 commits: Collection[str] | None = None) -> None:
         parse_choice("on_duplicate", on_duplicate, ON_DUPLICATE)
         self.url = backend.url
         self.commits: list[str] = []
+        self.complete = commits is None
         self.array_rows: dict[str, int] = {}
-        table = self._load_tables(backend)
+        table = self._load_tables(backend, None if commits is None else _parse_commits(commits))
         self.samples, self.duplicates = _dedupe(table, on_duplicate)
         self._build_lookup()
 
-    def _load_tables(self, backend: Backend) -> pa.Table:
-        """Read and check every committed sample table; note the rows each route array must have."""
-        keys = [k for k in backend.list_prefix(INDEX_PREFIX) if commit_of_table_key(k) is not None]
+    def _load_tables(self, backend: Backend, commits: list[str] | None) -> pa.Table:
+        """Read and check every committed sample table (or those of ``commits``); note the rows
+        each route array must have."""
+        if commits is None:
+            keys = [k for k in backend.list_prefix(INDEX_PREFIX) if commit_of_table_key(k) is not None]
+        else:
+            keys = [table_key(commit) for commit in commits]
         self.commits = [commit_of_table_key(k) or "" for k in keys]
         blobs = backend.get_many(keys)
         tables = []
@@ -209,6 +225,16 @@ class SampleCatalog:
             reason = self.samples.column("reason")[i].as_py() or "no reason recorded"
             raise SampleNotFoundError(sample_id, self.url, quarantined=reason)
         return i
+
+
+def _parse_commits(commits: Collection[str]) -> list[str]:
+    """Sorted distinct commit names; each must be a commit name (no path can be smuggled in)."""
+    if isinstance(commits, str) or not isinstance(commits, Collection):
+        raise OptionError("commits", commits, "must be a collection of commit names, e.g. a list")
+    for commit in commits:
+        if not isinstance(commit, str) or not COMMIT_NAME.fullmatch(commit):
+            raise OptionError("commits", commit, f"is not a commit name ({COMMIT_NAME.pattern})")
+    return sorted(set(commits))
 
 
 def _clashing_metadata_as_strings(tables: list[pa.Table]) -> list[pa.Table]:

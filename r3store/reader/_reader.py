@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, Self
 
 import numpy as np
@@ -14,7 +14,7 @@ from r3store._checks import parse_int
 from r3store._format import MANIFEST_KEY, ArrayGeometry, is_immutable_key, parse_manifest
 from r3store._spec import ModelSpec
 from r3store.errors import NotAStoreError, ObjectNotFoundError, OptionError
-from r3store.reader._catalog import OnDuplicate, SampleCatalog, StorageUsage, storage_usage
+from r3store.reader._catalog import OnDuplicate, SampleCatalog, StorageUsage, committed_commits, storage_usage
 from r3store.reader._chunks import ChunkReader
 from r3store.storage import Backend, open_backend
 
@@ -38,6 +38,8 @@ class RouteReader:
         See :func:`open_reader`.
     cache_bytes : int
         Budget for decoded chunks kept in memory.
+    commits : collection of str, optional
+        Read only these commits (see :func:`open_reader`).
 
     Attributes
     ----------
@@ -58,10 +60,10 @@ class RouteReader:
     """
 
     def __init__(self, backend: Backend, spec: ModelSpec, *, on_duplicate: OnDuplicate = "raise",
-                 cache_bytes: int = 64 << 20) -> None:
+                 cache_bytes: int = 64 << 20, commits: Collection[str] | None = None) -> None:
         self.backend = backend
         self.spec = spec
-        self._catalog = SampleCatalog(backend, on_duplicate=on_duplicate)
+        self._catalog = SampleCatalog(backend, on_duplicate=on_duplicate, commits=commits)
         self._chunks = ChunkReader(backend, spec, self._catalog.array_rows, cache_bytes=cache_bytes)
 
     @classmethod
@@ -73,6 +75,7 @@ class RouteReader:
         on_duplicate: OnDuplicate = "raise",
         cache_bytes: int = 64 << 20,
         cache_dir: str | os.PathLike[str] | None = None,
+        commits: Collection[str] | None = None,
     ) -> Self:
         """Open the store at ``url`` (see :func:`open_reader`)."""
         backend = open_backend(url, storage_options, cache_dir=cache_dir, immutable=is_immutable_key)
@@ -81,7 +84,7 @@ class RouteReader:
         except ObjectNotFoundError as exc:
             raise NotAStoreError(backend.url) from exc
         spec = parse_manifest(manifest, backend.path_of(MANIFEST_KEY))
-        return cls(backend, spec, on_duplicate=on_duplicate, cache_bytes=cache_bytes)
+        return cls(backend, spec, on_duplicate=on_duplicate, cache_bytes=cache_bytes, commits=commits)
 
     # -- the catalogue ----------------------------------------------------------------
 
@@ -102,8 +105,13 @@ class RouteReader:
 
     @property
     def commits(self) -> list[str]:
-        """Names of the committed commits (one per writer commit), in name order."""
+        """Names of the committed commits (one per writer commit) this reader reads, in name order."""
         return list(self._catalog.commits)
+
+    @property
+    def is_partial(self) -> bool:
+        """Whether the reader was opened on some commits only (``commits=``)."""
+        return not self._catalog.complete
 
     @property
     def sample_ids(self) -> list[str]:
@@ -157,8 +165,10 @@ class RouteReader:
         return {k: v[0] for k, v in self.samples.slice(i, 1).to_pydict().items()}
 
     def storage_usage(self) -> StorageUsage:
-        """Bytes of committed route objects, sample tables and uncommitted leftovers (lists the store)."""
-        return storage_usage(self.backend, set(self._catalog.commits))
+        """Bytes of committed route objects, sample tables and uncommitted leftovers (lists the store;
+        a reader of some commits only lists ``index/`` too, so the others are not taken for leftovers)."""
+        committed = self._catalog.commits if self._catalog.complete else committed_commits(self.backend)
+        return storage_usage(self.backend, set(committed))
 
     # -- reading ----------------------------------------------------------------------
 
@@ -297,6 +307,7 @@ def open_reader(
     on_duplicate: OnDuplicate = "raise",
     cache_bytes: int = 64 << 20,
     cache_dir: str | os.PathLike[str] | None = None,
+    commits: Collection[str] | None = None,
 ) -> RouteReader:
     """Open a store for reading.
 
@@ -316,6 +327,11 @@ def open_reader(
         Local read-through cache for remote stores (repeated epochs): each route object
         and sample table is downloaded whole on first use and read from this folder
         afterwards (see :class:`r3store.storage.CachingBackend`).
+    commits : collection of str, optional
+        Read only these commits (names as in :attr:`RouteReader.commits`): only their
+        sample tables are read, by key, without listing ``index/``, and duplicates are
+        resolved among them. For one task of a distributed job (``r3store.ray`` runs
+        one per group of commits) or a trainer reading the commits of one RL step.
 
     Returns
     -------
@@ -334,8 +350,24 @@ def open_reader(
     r3store.errors.DuplicateSampleError
         With ``on_duplicate="raise"``: names the id and both commits.
     r3store.errors.OptionError
-        ``on_duplicate`` or ``cache_bytes`` is invalid.
+        ``on_duplicate`` or ``cache_bytes`` is invalid, or ``commits`` holds a string
+        that is not a commit name.
+    r3store.errors.ObjectNotFoundError
+        A commit of ``commits`` has no sample table.
     r3store.errors.StorageError
+
+    Examples
+    --------
+    >>> import numpy as np, r3store, tempfile
+    >>> spec = r3store.ModelSpec(num_layers=1, num_experts=4, top_k=1)
+    >>> path = tempfile.mkdtemp()
+    >>> for step in range(2):
+    ...     with r3store.RouteWriter(path, spec, writer_id=f"step{step}") as w:
+    ...         w.append(f"s{step}", np.zeros((3, 1, 1), np.int64))
+    >>> open_reader(path).commits
+    ['step0-00000', 'step1-00000']
+    >>> open_reader(path, commits=["step1-00000"]).sample_ids
+    ['s1']
     """
     return RouteReader.open(url, storage_options=storage_options, on_duplicate=on_duplicate,
-                            cache_bytes=cache_bytes, cache_dir=cache_dir)
+                            cache_bytes=cache_bytes, cache_dir=cache_dir, commits=commits)

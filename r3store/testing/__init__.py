@@ -8,6 +8,8 @@
 * :mod:`r3store.testing.s3`: a loopback S3 server (moto) with a request counter, and
   pytest fixtures for it.
 * :mod:`r3store.testing.synthetic`: realistic synthetic traces (needs only numpy).
+* :mod:`r3store.testing.faults`: a small store holding one of each fault ``validate``
+  reports, on any backend.
 
 The kits are imported on first use, so ``r3store.testing.synthetic`` works without pytest.
 """
