@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-pytest_plugins = ["r3store.testing.s3"]
+pytest_plugins = ["r3store.testing.s3", "r3store.testing.ray_cluster"]
 
 settings.register_profile("dev", max_examples=50, deadline=None)
 settings.register_profile(

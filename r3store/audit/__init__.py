@@ -10,21 +10,27 @@
 
 Scans stream row block by row block and use a thread pool on remote backends (see
 ``r3store/audit/_scan.py`` for the thread-safety rule: one RouteReader per thread).
+Each scan is also a :class:`ScanPlan` (``plan_validate``, ``plan_stats``, ``plan_diff``):
+units that name the commits they read (map) and a pure merge, run here by
+:func:`run_plan` or as Ray tasks by ``r3store.ray``, with the same result.
 """
 
-from r3store.audit._diff import diff
+from r3store.audit._diff import diff, plan_diff
 from r3store.audit._findings import KINDS, Finding, ValidationReport, format_rows
 from r3store.audit._gc import Leftover, collect_garbage
 from r3store.audit._physical import physical_id_test
+from r3store.audit._scan import ScanPlan, ScanUnit, run_plan
 from r3store.audit._show import parse_layers, parse_rows, show
-from r3store.audit._stats import stats
+from r3store.audit._stats import plan_stats, stats
 from r3store.audit._summary import summarize
-from r3store.audit._validate import validate, zero_layer_min_rows
+from r3store.audit._validate import plan_validate, validate, zero_layer_min_rows
 
 __all__ = [
     "Finding",
     "KINDS",
     "Leftover",
+    "ScanPlan",
+    "ScanUnit",
     "ValidationReport",
     "collect_garbage",
     "diff",
@@ -32,6 +38,10 @@ __all__ = [
     "parse_layers",
     "parse_rows",
     "physical_id_test",
+    "plan_diff",
+    "plan_stats",
+    "plan_validate",
+    "run_plan",
     "show",
     "stats",
     "summarize",

@@ -10,18 +10,20 @@ Qwen3-30B-A3B (the R3 paper, arXiv 2510.11370).
 
 from __future__ import annotations
 
+import functools
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from r3store.audit._scan import Progress, ProgressCallback, check_workers, run_units, select_samples
+from r3store._format import array_key
+from r3store.audit._scan import ProgressCallback, ScanPlan, ScanUnit, run_plan, select_samples
 from r3store.errors import SpecMismatchError
 from r3store.reader import RouteReader
 
-__all__ = ["compare_routes", "diff"]
+__all__ = ["compare_routes", "diff", "plan_diff"]
 
 BLOCK_CELLS = 1 << 22
 WORST = 10
@@ -115,11 +117,27 @@ def diff(store_a: RouteReader, store_b: RouteReader, *, sample_filter: str | Non
     r3store.errors.SpecMismatchError
         ``num_experts`` or ``top_k`` differ, or the stores share no MoE layer.
     """
+    plan = plan_diff(store_a, store_b, sample_filter=sample_filter, limit=limit)
+    return run_plan(plan, [store_a, store_b], workers=workers, progress=progress)
+
+
+def plan_diff(store_a: RouteReader, store_b: RouteReader, *, sample_filter: str | None = None,
+              limit: int | None = None) -> ScanPlan[dict[str, Any]]:
+    """:func:`diff` as a :class:`r3store.audit.ScanPlan`: one unit per compared sample
+    (naming the commit of its copy in each store), the merge adds the tallies up.
+
+    Parameters are as for :func:`diff`; ``run_plan(plan_diff(a, b, ...), [a, b])`` is
+    :func:`diff`.
+
+    Raises
+    ------
+    r3store.errors.SpecMismatchError
+        ``num_experts`` or ``top_k`` differ, or the stores share no MoE layer.
+    """
     spec_a, spec_b = store_a.spec, store_b.spec
     layers = sorted(set(spec_a.moe_layers) & set(spec_b.moe_layers))
     if (spec_a.num_experts, spec_a.top_k) != (spec_b.num_experts, spec_b.top_k) or not layers:
         raise SpecMismatchError(store_b.url, spec_b.to_dict(), spec_a.to_dict())
-    workers = check_workers(workers, store_a, store_b)
     ids_a = store_a.sample_ids
     in_b = set(store_b.sample_ids)
     in_a = set(ids_a)
@@ -128,33 +146,28 @@ def diff(store_a: RouteReader, store_b: RouteReader, *, sample_filter: str | Non
     chosen = [s for s in ids_a if s in in_b and s in common][: limit if limit is not None else None]
     only_a = [s for s in ids_a if s not in in_b]
     only_b = [s for s in store_b.sample_ids if s not in in_a]
-    rows_a, rows_b = _num_rows(store_a), _num_rows(store_b)
-    plan = [(s, rows_a[s], rows_b[s]) for s in chosen]
-    ctx = Progress(progress, sum(min(na, nb) for _, na, nb in plan))
-    tally = _Tally(len(layers))
-    worst: list[tuple[float, str]] = []
-    def compare(rs: Sequence[RouteReader], unit: tuple[str, int, int]) -> tuple[str, _Tally]:
-        return _compare_sample(rs, unit, layers, ctx)
-
-    for sid, part in run_units([store_a, store_b], plan, compare, workers):
-        tally.add(part)
-        if part.rows:
-            heapq.heappush(worst, (float(part.differing.sum()) / (part.rows * len(layers)), sid))
-            if len(worst) > WORST:
-                heapq.heappop(worst)
-    return _figures(store_a, store_b, layers, tally, plan, only_a, only_b, sorted(worst, reverse=True),
-                    sample_filter, limit)
+    where_a, where_b = _where(store_a), _where(store_b)
+    samples = [(s, where_a[s][0], where_b[s][0]) for s in chosen]
+    units = tuple(ScanUnit(i, min(na, nb), ((where_a[sid][1],), (where_b[sid][1],)), (sid, na, nb))
+                  for i, (sid, na, nb) in enumerate(samples))
+    merge = functools.partial(_merge, layers=layers, figures=functools.partial(
+        _figures, store_a.url, store_b.url, store_a.spec.num_experts, store_a.spec.top_k, layers, samples=samples,
+        only_a=only_a, only_b=only_b, sample_filter=sample_filter, limit=limit))
+    return ScanPlan("diff", units, functools.partial(_compare_unit, layers=layers), merge, on_duplicate="report")
 
 
-def _num_rows(store: RouteReader) -> dict[str, int]:
-    cols = store.samples.select(["sample_id", "num_rows", "quarantined"]).to_pydict()
-    return {sid: n for sid, n, q in zip(*cols.values(), strict=True) if not q}
+def _where(store: RouteReader) -> dict[str, tuple[int, str]]:
+    """Rows and commit of each visible sample."""
+    commit_of = {array_key(commit): commit for commit in store.commits}
+    cols = store.samples.select(["sample_id", "num_rows", "array", "quarantined"]).to_pydict()
+    return {sid: (n, commit_of[array]) for sid, n, array, q in zip(*cols.values(), strict=True) if not q}
 
 
-def _compare_sample(rs: Sequence[RouteReader], unit: tuple[str, int, int], layers: list[int],
-                    progress: Progress) -> tuple[str, _Tally]:
-    sid, rows_a, rows_b = unit
-    a, b = rs
+def _compare_unit(stores: Sequence[RouteReader], unit: ScanUnit, advance: Callable[[int], None], *,
+                  layers: list[int]) -> tuple[str, _Tally]:
+    """The mapper: compare one sample's routes in the two stores."""
+    sid, rows_a, rows_b = unit.work
+    a, b = stores
     tally = _Tally(len(layers))
     rows = min(rows_a, rows_b)
     step = max(1, BLOCK_CELLS // (len(layers) * a.spec.top_k ** 2))
@@ -169,14 +182,28 @@ def _compare_sample(rs: Sequence[RouteReader], unit: tuple[str, int, int], layer
         tally.differing += differ.sum(axis=0)
         tally.rows_with_diff += int(differ.any(axis=1).sum())
         tally.overlap += int(overlap.sum())
-        progress.advance(hi - lo)
+        advance(hi - lo)
     return sid, tally
 
 
-def _figures(store_a: RouteReader, store_b: RouteReader, layers: list[int], tally: _Tally,
-             plan: list[tuple[str, int, int]], only_a: list[str], only_b: list[str],
+def _merge(partials: Iterable[tuple[str, _Tally]], *, layers: list[int],
+           figures: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """The merge: add the tallies (any order) and keep the worst samples (a total order)."""
+    tally = _Tally(len(layers))
+    worst: list[tuple[float, str]] = []
+    for sid, part in partials:
+        tally.add(part)
+        if part.rows:
+            heapq.heappush(worst, (float(part.differing.sum()) / (part.rows * len(layers)), sid))
+            if len(worst) > WORST:
+                heapq.heappop(worst)
+    return figures(tally=tally, worst=sorted(worst, reverse=True))
+
+
+def _figures(url_a: str, url_b: str, num_experts: int, top_k: int, layers: list[int], *, tally: _Tally,
+             samples: list[tuple[str, int, int]], only_a: list[str], only_b: list[str],
              worst: list[tuple[float, str]], sample_filter: str | None, limit: int | None) -> dict[str, Any]:
-    top_k = store_a.spec.top_k
+    plan = samples
     decisions = tally.rows * len(layers)
     differing = int(tally.differing.sum())
 
@@ -184,9 +211,9 @@ def _figures(store_a: RouteReader, store_b: RouteReader, layers: list[int], tall
         return num / den if den else 0.0
 
     return {
-        "store_a": store_a.url,
-        "store_b": store_b.url,
-        "num_experts": store_a.spec.num_experts,
+        "store_a": url_a,
+        "store_b": url_b,
+        "num_experts": num_experts,
         "top_k": top_k,
         "layers": layers,
         "sample_filter": sample_filter,

@@ -86,8 +86,14 @@ class Finding:
         return format_rows(self.rows)
 
     def sort_key(self) -> tuple[Any, ...]:
+        """Report order: errors first, then by kind, array, sample, layer, rows, detail, chunk.
+
+        A total order (two findings with equal keys are equal), so a report does not depend
+        on the order in which threads or tasks found its findings.
+        """
         return (_SEVERITY_RANK.get(self.severity, 9), _KIND_RANK.get(self.kind, 99), self.array or "",
-                self.sample_id or "", -1 if self.layer is None else self.layer, self.rows, self.detail)
+                self.sample_id or "", -1 if self.layer is None else self.layer, self.rows, self.detail,
+                () if self.chunk is None else self.chunk, self.kind, self.severity)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (``schema/cli-validate.schema.json``, ``findings`` items)."""

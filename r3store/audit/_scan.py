@@ -1,9 +1,19 @@
-"""Shared machinery of the audit scans: sample selection, row blocks, worker threads.
+"""Shared machinery of the audit scans: plans (map + merge), sample selection, row blocks, worker threads.
 
 Every scan streams: route arrays are read row block by row block through
 :meth:`RouteReader.read_rows` (at most ``block_rows`` rows of all layers at a time), so
 memory stays bounded whatever the size of the store. Work is cut into *units* (one route
 array, or one sample for ``diff``) and, on remote backends, units run on a thread pool.
+
+Map and merge: a scan is a :class:`ScanPlan`, made on one machine from the sample
+tables (``plan_validate``, ``plan_stats``, ``plan_diff``). Each of its
+:class:`ScanUnit` s names the commits it reads and runs through the plan's *mapper*
+anywhere a reader of those commits can be opened (a thread here, a Ray task elsewhere:
+``r3store.ray``); the plan's *merge* folds the partial results into the report. The
+merge is pure and does not depend on the order or grouping of the partials, so a scan
+split over any number of threads, processes or machines gives the single-process
+result exactly; :func:`run_plan` (the single-process path) goes through the same
+mapper and merge.
 
 Thread safety: a :class:`RouteReader` keeps an LRU cache of decoded chunks that is not
 thread-safe, so every worker thread gets its **own** reader, made by
@@ -18,7 +28,8 @@ import fnmatch
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import pyarrow as pa
 
@@ -26,11 +37,15 @@ from r3store._checks import parse_int, parse_optional_int
 from r3store.reader import RouteReader, merge_ranges
 
 __all__ = [
+    "Mapper",
     "Progress",
     "ProgressCallback",
+    "ScanPlan",
+    "ScanUnit",
     "aligned_ranges",
     "default_workers",
     "row_blocks",
+    "run_plan",
     "run_units",
     "select_samples",
     "worker_store",
@@ -41,6 +56,84 @@ R = TypeVar("R")
 
 ProgressCallback = Callable[[int, int], None]
 """Called as ``progress(done, total)`` (rows) while a scan runs; may be called from worker threads."""
+
+
+@dataclass(frozen=True)
+class ScanUnit:
+    """One piece of an audit scan: reads only the commits it names, runs anywhere."""
+
+    index: int
+    """Position in :attr:`ScanPlan.units`."""
+    rows: int
+    """Route rows it reads (progress, and balancing units over tasks)."""
+    commits: tuple[tuple[str, ...], ...]
+    """Per store of the scan (one; two for ``diff``), the commits it reads: a reader opened
+    with ``open_reader(url, commits=...)`` on them (or on more) is enough."""
+    work: Any
+    """What the mapper needs to know (plain, picklable data)."""
+
+
+Mapper = Callable[[Sequence[RouteReader], ScanUnit, Callable[[int], None]], Any]
+"""``mapper(stores, unit, advance) -> partial``: scans one unit with one reader per store of
+the scan, calling ``advance(rows)`` as rows are done. Uses nothing but its arguments, and
+pickles by reference (a module-level function, possibly inside ``functools.partial``)."""
+
+
+@dataclass(frozen=True)
+class ScanPlan(Generic[R]):
+    """An audit scan cut into units (map) and a pure merge.
+
+    Run it in one process with :func:`run_plan`, or spread its units over a cluster
+    (``r3store.ray``): the result is the same.
+    """
+
+    command: str
+    """``"validate"``, ``"stats"`` or ``"diff"``."""
+    units: tuple[ScanUnit, ...]
+    """The independent pieces, ``units[i].index == i``."""
+    mapper: Mapper
+    """Scans one unit (see :data:`Mapper`); small and picklable."""
+    merge: Callable[[Iterable[Any]], R]
+    """Folds the partial results of every unit, in any order and grouping, into the result
+    (pure: reads no store). Holds the plan-time findings and figures; not meant to travel."""
+    on_duplicate: str = "report"
+    """How a reader of a unit's commits must treat duplicate ids (the planning reader's
+    rule, applied to the unit's commits)."""
+
+    @property
+    def total_rows(self) -> int:
+        """Rows of every unit."""
+        return sum(u.rows for u in self.units)
+
+
+def run_plan(plan: ScanPlan[R], stores: Sequence[RouteReader], *, workers: int | None = None,
+             progress: ProgressCallback | None = None) -> R:
+    """Run every unit of ``plan`` in this process (threads on remote backends) and merge.
+
+    Parameters
+    ----------
+    plan : ScanPlan
+    stores : sequence of RouteReader
+        One per store of the scan (the readers the plan was made from, or readers of at
+        least the commits its units name).
+    workers : int, optional
+        Threads (one unit per task, each thread with its own RouteReaders); default 1
+        when every store is on local disk, else 8.
+    progress : callable, optional
+        ``progress(rows_done, rows_total)``.
+
+    Raises
+    ------
+    r3store.errors.OptionError
+        ``workers`` is invalid.
+    """
+    workers = check_workers(workers, *stores)
+    counter = Progress(progress, plan.total_rows)
+
+    def call(rs: Sequence[RouteReader], unit: ScanUnit) -> Any:
+        return plan.mapper(rs, unit, counter.advance)
+
+    return plan.merge(run_units(stores, plan.units, call, workers))
 
 REMOTE_WORKERS = 8
 WORKER_CACHE_BYTES = 16 << 20

@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from r3store._format import parse_ranges, parse_spans
+from r3store._format import array_key, parse_ranges, parse_spans
+from r3store._spec import ModelSpec
 from r3store.audit._scan import (
-    Progress,
     ProgressCallback,
-    check_workers,
+    ScanPlan,
+    ScanUnit,
     row_blocks,
-    run_units,
+    run_plan,
     select_samples,
 )
 from r3store.reader import RouteReader, merge_ranges
 
-__all__ = ["stats"]
+__all__ = ["plan_stats", "stats"]
 
 BLOCK_IDS = 1 << 22
 MAX_UNUSED_LISTED = 64
@@ -77,39 +80,56 @@ def stats(store: RouteReader, *, sample_filter: str | None = None, limit: int | 
     >>> s["layers"][0]["max_over_mean"], s["layers"][0]["entropy_bits"], s["layers"][0]["unused"]
     (2.0, 1.5, [3])
     """
-    workers = check_workers(workers, store)
+    plan = plan_stats(store, sample_filter=sample_filter, limit=limit, top=top, length_bins=length_bins)
+    return run_plan(plan, [store], workers=workers, progress=progress)
+
+
+def plan_stats(store: RouteReader, *, sample_filter: str | None = None, limit: int | None = None, top: int = 10,
+               length_bins: int = 20) -> ScanPlan[dict[str, Any]]:
+    """:func:`stats` as a :class:`r3store.audit.ScanPlan`: one unit per route array (its
+    selected rows), the merge adds the per-unit id counts up.
+
+    Parameters are as for :func:`stats`; ``run_plan(plan_stats(store, ...), [store])`` is
+    :func:`stats`.
+    """
     spec = store.spec
     table = select_samples(store.samples, sample_filter, limit, visible_only=True)
-    units, missing = _units(table)
-    rows = sum(b - a for _, ranges in units for a, b in ranges)
-    ctx = Progress(progress, rows)
-    nbins = 1 << spec.bits_per_id
-    counts = np.zeros((spec.num_moe_layers, nbins), np.int64)
-
-    def count(rs: list[RouteReader], unit: tuple[str, list[tuple[int, int]]]) -> np.ndarray:
-        return _count_array(rs[0], unit, nbins, ctx)
-
-    for part in run_units([store], units, count, workers):  # type: ignore[arg-type]
-        counts += part
-    load = counts[:, : spec.num_experts]
-    layers = [_layer_stats(layer, load[pos], int(counts[pos, spec.num_experts :].sum()), rows)
-              for pos, layer in enumerate(spec.moe_layers)]
-    return {
+    commit_of = {array_key(commit): commit for commit in store.commits}
+    arrays, missing = _units(table)
+    units = tuple(ScanUnit(i, sum(b - a for a, b in ranges), ((commit_of[array],),), (array, ranges))
+                  for i, (array, ranges) in enumerate(arrays))
+    head = {
         "url": store.url,
         "spec": dict(spec.to_dict()),
         "sample_filter": sample_filter,
         "limit": limit,
         "samples": len(table),
         "tokens": int(sum(table.column("num_tokens").to_pylist())),
-        "rows": rows,
+        "rows": sum(u.rows for u in units),
         "missing_rows": missing,
         "samples_with_missing_rows": int(len(table) - table.column("missing_rows").null_count),
         "policy": _policy(table),
-        "layers": layers,
-        "hottest": _hottest(load, spec.moe_layers, top),
-        "load": load.tolist(),
-        "lengths": _lengths(table, length_bins),
     }
+    merge = functools.partial(_merge, spec=spec, head=head, top=top, lengths=_lengths(table, length_bins))
+    return ScanPlan("stats", units, _count_unit, merge, on_duplicate="report")
+
+
+def _count_unit(stores: Sequence[RouteReader], unit: ScanUnit, advance: Callable[[int], None]) -> np.ndarray:
+    """The mapper: id counts of one route array's selected rows, shape (moe layers, 2**bits)."""
+    return _count_array(stores[0], unit.work, advance)
+
+
+def _merge(partials: Iterable[np.ndarray], *, spec: ModelSpec, head: dict[str, Any], top: int,
+           lengths: dict[str, Any]) -> dict[str, Any]:
+    """The merge: sum the counts (any order) and derive the per-layer figures."""
+    counts = np.zeros((spec.num_moe_layers, 1 << spec.bits_per_id), np.int64)
+    for part in partials:
+        counts += part
+    load = counts[:, : spec.num_experts]
+    layers = [_layer_stats(layer, load[pos], int(counts[pos, spec.num_experts :].sum()), head["rows"])
+              for pos, layer in enumerate(spec.moe_layers)]
+    return {**head, "layers": layers, "hottest": _hottest(load, spec.moe_layers, top), "load": load.tolist(),
+            "lengths": lengths}
 
 
 def _units(table: pa.Table) -> tuple[list[tuple[str, list[tuple[int, int]]]], int]:
@@ -137,10 +157,11 @@ def _policy(table: pa.Table) -> dict[str, Any]:
             "min_version": min(versions) if versions else None, "max_version": max(versions) if versions else None}
 
 
-def _count_array(rs: RouteReader, unit: tuple[str, list[tuple[int, int]]], nbins: int,
-                 progress: Progress) -> np.ndarray:
+def _count_array(rs: RouteReader, unit: tuple[str, list[tuple[int, int]]],
+                 advance: Callable[[int], None]) -> np.ndarray:
     array, ranges = unit
     spec = rs.spec
+    nbins = 1 << spec.bits_per_id
     counts = np.zeros(spec.num_moe_layers * nbins, np.int64)
     offsets = (np.arange(spec.num_moe_layers, dtype=np.int64) * nbins)[None, :, None]
     positions = list(range(spec.num_moe_layers))
@@ -148,7 +169,7 @@ def _count_array(rs: RouteReader, unit: tuple[str, list[tuple[int, int]]], nbins
     for lo, hi in row_blocks(ranges, block_rows):
         x = rs.read_rows(array, lo, hi, positions)
         counts += np.bincount((x + offsets).ravel(), minlength=counts.size)
-        progress.advance(hi - lo)
+        advance(hi - lo)
     rs.clear_cache()
     return counts.reshape(spec.num_moe_layers, nbins)
 

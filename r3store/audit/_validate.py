@@ -21,32 +21,35 @@ kind, see :data:`r3store.audit.KINDS`):
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from r3store._checks import parse_int
 from r3store._format import ArrayGeometry, array_key, parse_ranges
+from r3store._spec import ModelSpec
 from r3store._validate import repeated_ids
 from r3store.audit._findings import KINDS, Finding, RowRuns, ValidationReport, format_rows, make_finding
 from r3store.audit._physical import ALPHA, physical_id_test
 from r3store.audit._scan import (
-    Progress,
     ProgressCallback,
+    ScanPlan,
+    ScanUnit,
     aligned_ranges,
-    check_workers,
     row_blocks,
-    run_units,
+    run_plan,
     select_samples,
 )
 from r3store.errors import ChecksumError, FormatError, ObjectNotFoundError, UnknownCodecError
 from r3store.reader import RouteReader
 
-__all__ = ["validate"]
+__all__ = ["plan_validate", "validate"]
 
 BLOCK_IDS = 1 << 22
 """Ids decoded per row block (times 4 bytes for int32, plus sort scratch): about 16 MiB."""
@@ -95,10 +98,12 @@ class _Problem:
 
 @dataclass
 class _Result:
-    """What one unit (one route array) found."""
+    """What one unit (one route array) found: the partial result the merge folds."""
 
     hist: np.ndarray
     findings: list[Finding] = field(default_factory=list)
+    counts: dict[str, int] | None = None
+    """Findings per kind when :attr:`findings` was cut to the report's cap (None: not cut)."""
     samples: int = 0
     rows: int = 0
     frames: int = 0
@@ -113,16 +118,6 @@ class _Unit:
     """Decode every row of the array (not only the samples' rows)."""
     missing: tuple[tuple[int, int], ...] = ()
     """Rows of the array the engine could not capture (half-open; left out of the checks)."""
-
-
-@dataclass(frozen=True)
-class _Context:
-    store: RouteReader
-    progress: Progress
-
-    @property
-    def spec(self) -> Any:
-        return self.store.spec
 
 
 def zero_layer_min_rows(num_experts: int, top_k: int) -> int | None:
@@ -189,24 +184,66 @@ def validate(store: RouteReader, *, sample_filter: str | None = None, limit: int
     ["error repeated_ids: sample 'bad', decoder layer 0, rows 0-3, routes/...:
       4 of 4 rows hold an expert id more than once"]
     """
-    workers = check_workers(workers, store)
+    plan = plan_validate(store, sample_filter=sample_filter, limit=limit, max_findings=max_findings)
+    return run_plan(plan, [store], workers=workers, progress=progress)
+
+
+def plan_validate(store: RouteReader, *, sample_filter: str | None = None, limit: int | None = None,
+                  max_findings: int = 10_000) -> ScanPlan[ValidationReport]:
+    """:func:`validate` as a :class:`r3store.audit.ScanPlan`: one unit per route array.
+
+    The sample-table checks (row counts, quarantined samples), duplicate ids and
+    uncommitted leftovers are found here, from the catalogue; each unit decodes one
+    route array (any reader of its commit will do) and the merge adds the per-layer
+    physical-id tests. ``run_plan(plan_validate(store, ...), [store])`` is
+    :func:`validate`; ``r3store.ray`` runs the units as Ray tasks.
+
+    Parameters are as for :func:`validate`.
+
+    Raises
+    ------
+    r3store.errors.OptionError
+        ``limit`` or ``max_findings`` is invalid.
+    r3store.errors.StorageError
+        Listing the store for leftovers failed.
+    """
+    max_findings = parse_int("max_findings", max_findings, minimum=0)
     spec = store.spec
     table = select_samples(store.samples, sample_filter, limit)
     subset = sample_filter is not None or limit is not None
-    findings = _Kept(max_findings)
-    findings.add(_table_findings(table))
-    findings.add(_duplicate_findings(store, table, subset))
+    head = _table_findings(table) + _duplicate_findings(store, table, subset)
     if not subset:
-        findings.add(_leftover_findings(store))
-    units = _units(store, table, full=not subset)
-    total_rows = sum(n for u in units for _, _, n in u.samples)
-    ctx = _Context(store, Progress(progress, total_rows))
-    nbins = 1 << spec.bits_per_id
-    hist = np.zeros((spec.num_moe_layers, nbins), np.int64)
+        head += _leftover_findings(store)
+    commit_of = {array_key(commit): commit for commit in store.commits}
+    units = tuple(ScanUnit(i, sum(n for _, _, n in u.samples), ((commit_of[u.array],),), u)
+                  for i, u in enumerate(_units(store, table, full=not subset)))
+    merge = functools.partial(_merge, url=store.url, spec=spec, head=tuple(head), arrays=len(units),
+                              max_findings=max_findings, sample_filter=sample_filter, limit=limit)
+    return ScanPlan("validate", units, functools.partial(_scan_unit, max_findings=max_findings), merge,
+                    on_duplicate="report")
+
+
+def _scan_unit(stores: Sequence[RouteReader], unit: ScanUnit, advance: Callable[[int], None], *,
+               max_findings: int) -> _Result:
+    """The mapper: scan one route array; keep its first ``max_findings`` findings (all counted)."""
+    res = _scan_array(stores[0], unit.work, advance)
+    if len(res.findings) > max_findings:
+        kept = _Kept(max_findings)
+        kept.add(res.findings)
+        res.findings, res.counts = list(kept.result()), kept.counts
+    return res
+
+
+def _merge(partials: Iterable[_Result], *, url: str, spec: ModelSpec, head: tuple[Finding, ...], arrays: int,
+           max_findings: int, sample_filter: str | None, limit: int | None) -> ValidationReport:
+    """The merge: add up the units' results (any order) and test each layer's id histogram."""
+    findings = _Kept(max_findings)
+    findings.add(list(head))
+    hist = np.zeros((spec.num_moe_layers, 1 << spec.bits_per_id), np.int64)
     samples = rows = frames = 0
-    for res in run_units([store], units, lambda rs, unit: _scan_array(rs[0], unit, ctx), workers):
+    for res in partials:
         hist += res.hist
-        findings.add(res.findings)
+        findings.add(res.findings, res.counts)
         samples, rows, frames = samples + res.samples, rows + res.rows, frames + res.frames
     tests = []
     for pos, layer in enumerate(spec.moe_layers):
@@ -216,15 +253,16 @@ def validate(store: RouteReader, *, sample_filter: str | None = None, limit: int
             findings.add([make_finding("physical_ids", layer=layer, detail=test["reason"])])
     kept = findings.result()
     return ValidationReport(
-        url=store.url, spec=dict(spec.to_dict()), findings=kept, counts=findings.counts,
-        samples_checked=samples, rows_checked=rows, frames_checked=frames, arrays_checked=len(units),
+        url=url, spec=dict(spec.to_dict()), findings=kept, counts=findings.counts,
+        samples_checked=samples, rows_checked=rows, frames_checked=frames, arrays_checked=arrays,
         layer_tests=tuple(tests), truncated=findings.truncated, sample_filter=sample_filter, limit=limit,
     )
 
 
 class _Kept:
-    """The first ``cap`` findings in sort order, whatever order they arrive in (bounded
-    memory, same result with any number of threads); counts every finding by kind."""
+    """The first ``cap`` findings in sort order (a total order), whatever order they arrive
+    in (bounded memory, same result with any number of threads or tasks); counts every
+    finding by kind."""
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
@@ -232,10 +270,15 @@ class _Kept:
         self.counts: dict[str, int] = {}
         self.total = 0
 
-    def add(self, findings: list[Finding]) -> None:
-        for f in findings:
-            self.counts[f.kind] = self.counts.get(f.kind, 0) + 1
-        self.total += len(findings)
+    def add(self, findings: list[Finding], counts: dict[str, int] | None = None) -> None:
+        """Add findings; ``counts``: how many of each kind they stand for (when they were cut)."""
+        if counts is None:
+            counts = {}
+            for f in findings:
+                counts[f.kind] = counts.get(f.kind, 0) + 1
+        for kind, n in counts.items():
+            self.counts[kind] = self.counts.get(kind, 0) + n
+        self.total += sum(counts.values())
         self.items += findings
         if len(self.items) > 2 * self.cap + 1024:
             self._trim()
@@ -311,8 +354,8 @@ def _units(store: RouteReader, table: pa.Table, full: bool) -> list[_Unit]:
 # -- scanning one route array ------------------------------------------------------------
 
 
-def _scan_array(rs: RouteReader, unit: _Unit, ctx: _Context) -> _Result:
-    spec = ctx.spec
+def _scan_array(rs: RouteReader, unit: _Unit, advance: Callable[[int], None]) -> _Result:
+    spec = rs.spec
     res = _Result(np.zeros((spec.num_moe_layers, 1 << spec.bits_per_id), np.int64))
     try:
         geometry = rs.geometry_of(unit.array, partial=True)
@@ -341,7 +384,7 @@ def _scan_array(rs: RouteReader, unit: _Unit, ctx: _Context) -> _Result:
         res.rows += hi - lo
         res.frames += (-(-hi // geometry.chunk_rows) - lo // geometry.chunk_rows) * geometry.layer_chunks
         scanner.feed(lo, x, valid)
-        ctx.progress.advance(hi - lo)
+        advance(hi - lo)
     scanner.finish()
     res.findings += _problem_findings(unit.array, problems, samples)
     rs.clear_cache()

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from r3store.audit import diff as run_diff
 from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
-from r3store.cli._scan import emit, parse_size, plot_canvas, plot_options, progress_bar, scan_options
+from r3store.cli._scan import emit, on_ray, parse_size, plot_canvas, plot_options, progress_bar, scan_options
 from r3store.reader import open_reader
 
 __all__ = ["diff", "plot_diff", "render_diff"]
@@ -79,7 +79,7 @@ def plot_diff(result: dict[str, Any], path: str, size: tuple[int, int]) -> None:
 @storage_option_flag
 @handle_errors
 def diff(url_a: str, url_b: str, as_json: bool, plot_path: str | None, plot_size: str, sample_filter: str | None,
-         limit: int | None, workers: int | None, storage_options: tuple[str, ...]) -> None:
+         limit: int | None, workers: int | None, ray_address: str | None, storage_options: tuple[str, ...]) -> None:
     """R3 routing mismatch between the stores at URL_A and URL_B (e.g. rollout vs. trainer routes).
 
     For the samples present in both: the fraction of (token, layer) routing decisions
@@ -90,9 +90,14 @@ def diff(url_a: str, url_b: str, as_json: bool, plot_path: str | None, plot_size
     """
     size = parse_size(plot_size)
     options = parse_storage_options(storage_options)
-    store_a = open_reader(url_a, storage_options=options, on_duplicate="first")
-    store_b = open_reader(url_b, storage_options=options, on_duplicate="first")
-    with progress_bar("diff", enabled=not as_json) as progress:
-        result = run_diff(store_a, store_b, sample_filter=sample_filter, limit=limit, workers=workers,
-                          progress=progress)
+    if ray_address is not None:
+        result = on_ray(ray_address, "diff", not as_json, lambda on_cluster, progress: on_cluster.diff(
+            url_a, url_b, storage_options=options, sample_filter=sample_filter, limit=limit, workers=workers,
+            progress=progress))
+    else:
+        store_a = open_reader(url_a, storage_options=options, on_duplicate="first")
+        store_b = open_reader(url_b, storage_options=options, on_duplicate="first")
+        with progress_bar("diff", enabled=not as_json) as progress:
+            result = run_diff(store_a, store_b, sample_filter=sample_filter, limit=limit, workers=workers,
+                              progress=progress)
     emit(result, as_json=as_json, render=render_diff, draw=plot_diff, plot_path=plot_path, size=size)

@@ -14,16 +14,22 @@ from rich.console import Console
 
 from r3store.cli._options import EXIT_ERROR
 
-__all__ = ["MissingExtra", "echo_json", "parse_size", "plot_canvas", "plot_options", "progress_bar", "save_plot",
-           "scan_options"]
+__all__ = ["MissingExtra", "echo_json", "on_ray", "parse_size", "plot_canvas", "plot_options", "progress_bar",
+           "save_plot", "scan_options"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def scan_options(func: F) -> F:
-    """Add ``--sample-filter``, ``--limit`` and ``--workers``."""
+    """Add ``--sample-filter``, ``--limit``, ``--workers`` and ``--ray [ADDRESS]``."""
+    func = click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None, metavar="[ADDRESS]",
+                        help="Run the scan as Ray tasks over groups of commits, on the cluster at ADDRESS "
+                             "('auto', 'host:6379', 'ray://host:10001'; without one: RAY_ADDRESS, else the cluster "
+                             "started on this machine, else a new local one). Output is that of the local scan. "
+                             "Needs pip install 'r3store[ray]'; put --ray after URL when giving no address.")(func)
     func = click.option("--workers", type=click.IntRange(min=1), default=None,
-                        help="Reader threads (default: 1 on local disk, 8 on remote stores).")(func)
+                        help="Reader threads (default: 1 on local disk, 8 on remote stores; "
+                             "with --ray: in each task).")(func)
     func = click.option("--limit", type=click.IntRange(min=0), default=None, metavar="N",
                         help="Audit only the first N (matching) samples, in store order.")(func)
     return click.option("--sample-filter", default=None, metavar="GLOB",
@@ -31,8 +37,8 @@ def scan_options(func: F) -> F:
 
 
 @contextmanager
-def progress_bar(description: str, enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
-    """A rich progress bar on stderr, fed with ``(rows_done, rows_total)``.
+def progress_bar(description: str, enabled: bool, unit: str = "rows") -> Iterator[Callable[[int, int], None] | None]:
+    """A rich progress bar on stderr, fed with ``(done, total)`` (rows, or ``unit``).
 
     Yields None (no bar) when disabled or when stderr is not a terminal.
     """
@@ -41,7 +47,7 @@ def progress_bar(description: str, enabled: bool) -> Iterator[Callable[[int, int
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
                TimeRemainingColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(description, total=None)
@@ -50,6 +56,28 @@ def progress_bar(description: str, enabled: bool) -> Iterator[Callable[[int, int
             bar.update(task, completed=done, total=total)
 
         yield update
+
+
+def on_ray(address: str, description: str, enabled: bool, scan: Callable[[Any, Any], Any]) -> Any:
+    """Connect to the Ray cluster at ``address`` (see ``--ray``), then ``scan(r3store.ray, progress)``
+    with a progress bar over its tasks.
+
+    Raises
+    ------
+    MissingExtra
+        ray is not installed.
+    """
+    try:
+        import r3store.ray as on_cluster
+    except ImportError as exc:
+        raise MissingExtra(f"--ray needs ray ({exc}): pip install 'r3store[ray]'") from exc
+    try:
+        on_cluster.connect(address)
+    except (ConnectionError, ValueError) as exc:  # what ray.init raises for a bad or unreachable address
+        raise click.BadParameter(f"cannot connect to Ray at {address or 'the default address'!r}: {exc}",
+                                 param_hint="--ray") from exc
+    with progress_bar(description, enabled=enabled, unit="tasks") as progress:
+        return scan(on_cluster, progress)
 
 
 def echo_json(doc: Any) -> None:

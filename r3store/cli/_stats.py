@@ -10,7 +10,7 @@ from rich.table import Table
 
 from r3store.audit import stats as run_stats
 from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
-from r3store.cli._scan import emit, parse_size, plot_canvas, plot_options, progress_bar, scan_options
+from r3store.cli._scan import emit, on_ray, parse_size, plot_canvas, plot_options, progress_bar, scan_options
 from r3store.reader import open_reader
 
 __all__ = ["plot_stats", "render_stats", "stats"]
@@ -87,7 +87,7 @@ def plot_stats(result: dict[str, Any], path: str, size: tuple[int, int]) -> None
 @storage_option_flag
 @handle_errors
 def stats(url: str, as_json: bool, top: int, plot_path: str | None, plot_size: str, sample_filter: str | None,
-          limit: int | None, workers: int | None, storage_options: tuple[str, ...]) -> None:
+          limit: int | None, workers: int | None, ray_address: str | None, storage_options: tuple[str, ...]) -> None:
     """Expert load per MoE layer and sequence lengths of the store at URL.
 
     Per layer: tokens per expert (mean and max), max/mean load, entropy of the load in
@@ -95,7 +95,14 @@ def stats(url: str, as_json: bool, top: int, plot_path: str | None, plot_size: s
     the sequence-length distribution. Quarantined samples are left out.
     """
     size = parse_size(plot_size)
-    store = open_reader(url, storage_options=parse_storage_options(storage_options), on_duplicate="first")
-    with progress_bar("stats", enabled=not as_json) as progress:
-        result = run_stats(store, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress, top=top)
+    options = parse_storage_options(storage_options)
+    if ray_address is not None:
+        result = on_ray(ray_address, "stats", not as_json, lambda on_cluster, progress: on_cluster.stats(
+            url, storage_options=options, sample_filter=sample_filter, limit=limit, top=top, workers=workers,
+            progress=progress))
+    else:
+        store = open_reader(url, storage_options=options, on_duplicate="first")
+        with progress_bar("stats", enabled=not as_json) as progress:
+            result = run_stats(store, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress,
+                               top=top)
     emit(result, as_json=as_json, render=render_stats, draw=plot_stats, plot_path=plot_path, size=size)

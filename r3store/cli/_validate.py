@@ -9,7 +9,7 @@ from rich.table import Table
 from r3store.audit import ValidationReport
 from r3store.audit import validate as run_validate
 from r3store.cli._options import EXIT_FINDINGS, EXIT_OK, handle_errors, parse_storage_options, storage_option_flag
-from r3store.cli._scan import echo_json, progress_bar, scan_options
+from r3store.cli._scan import echo_json, on_ray, progress_bar, scan_options
 from r3store.reader import open_reader
 
 __all__ = ["render_report", "validate"]
@@ -49,7 +49,7 @@ def render_report(report: ValidationReport, console: Console) -> None:
 @storage_option_flag
 @handle_errors
 def validate(url: str, as_json: bool, sample_filter: str | None, limit: int | None, workers: int | None,
-             storage_options: tuple[str, ...]) -> None:
+             ray_address: str | None, storage_options: tuple[str, ...]) -> None:
     """Check every chunk checksum and look for capture faults in the store at URL.
 
     Decodes every frame of every committed route array and reports, per sample, MoE
@@ -59,9 +59,15 @@ def validate(url: str, as_json: bool, sample_filter: str | None, limit: int | No
 
     Exit status: 0 clean, 1 findings, 2 usage or I/O error.
     """
-    store = open_reader(url, storage_options=parse_storage_options(storage_options), on_duplicate="report")
-    with progress_bar("validate", enabled=not as_json) as progress:
-        report = run_validate(store, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress)
+    options = parse_storage_options(storage_options)
+    if ray_address is not None:
+        report = on_ray(ray_address, "validate", not as_json, lambda on_cluster, progress: on_cluster.validate(
+            url, storage_options=options, sample_filter=sample_filter, limit=limit, workers=workers,
+            progress=progress))
+    else:
+        store = open_reader(url, storage_options=options, on_duplicate="report")
+        with progress_bar("validate", enabled=not as_json) as progress:
+            report = run_validate(store, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress)
     if as_json:
         echo_json(report.to_dict())
     else:

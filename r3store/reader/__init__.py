@@ -5,6 +5,8 @@
 * the sample catalogue (``_catalog.py``): sample tables loaded, checked, merged and
   deduplicated; which commits exist and which route objects belong to none
   (:func:`committed_commits`, :func:`uncommitted_route_objects`);
+* :func:`filter_samples`: the rows of a sample table a pyarrow compute expression
+  selects (the one code path behind every ``filter=``);
 * the chunk reader (``_chunks.py``): object indexes, ranged reads coalesced
   (:func:`merge_ranges`), frames decoded through the codec registry, an LRU cache.
 
@@ -20,6 +22,7 @@ from r3store.reader._catalog import (
     uncommitted_route_objects,
 )
 from r3store.reader._chunks import merge_ranges
+from r3store.reader._filter import filter_samples
 from r3store.reader._reader import RouteReader, open_reader
 
 __all__ = [
@@ -28,6 +31,7 @@ __all__ = [
     "RouteReader",
     "StorageUsage",
     "committed_commits",
+    "filter_samples",
     "merge_ranges",
     "open_reader",
     "table_keys",

@@ -37,9 +37,10 @@ from r3store._format import (
     parse_spans,
     parse_table_key,
     read_table,
+    table_key,
     table_schema,
 )
-from r3store.errors import DuplicateSampleError, FormatError, SampleNotFoundError
+from r3store.errors import DuplicateSampleError, FormatError, ObjectNotFoundError, OptionError, SampleNotFoundError
 from r3store.storage import Backend
 
 __all__ = [
@@ -195,6 +196,10 @@ class SampleCatalog:
         Cap on rows per sample (default: the manifest's).
     preloaded : Preloaded, optional
         Rows already loaded and verified, with the commits they cover.
+    commits : collection of str, optional
+        Load only these commits' sample tables (format v1: read by key, ``index/`` is not
+        listed; format v2: one listing of ``index/`` finds their buckets). Duplicates are
+        then resolved among these commits only.
 
     Attributes
     ----------
@@ -204,7 +209,9 @@ class SampleCatalog:
     duplicates : dict of str to list of str
         Ids committed by more than one commit, with the commits (earliest first).
     commits : list of str
-        The committed commits, in name order.
+        The committed commits (those asked for, with ``commits``), in name order.
+    complete : bool
+        Whether every committed commit was loaded (no ``commits`` restriction).
     array_rows : dict of str to int
         Rows each committed route array must have (``routes/<commit>`` -> the end of its
         table's last sample).
@@ -218,25 +225,43 @@ class SampleCatalog:
     r3store.errors.DuplicateSampleError
         With ``on_duplicate="raise"``.
     r3store.errors.OptionError
-        ``on_duplicate`` is not one of the choices.
+        ``on_duplicate`` is not one of the choices, or ``commits`` holds a string that is
+        not a commit name.
+    r3store.errors.ObjectNotFoundError
+        A commit of ``commits`` has no sample table.
     """
 
     def __init__(self, backend: Backend, manifest: Manifest, *, on_duplicate: OnDuplicate = "raise",
-                 max_sample_rows: int | None = None, preloaded: Preloaded | None = None) -> None:
+                 max_sample_rows: int | None = None, preloaded: Preloaded | None = None,
+                 commits: Collection[str] | None = None) -> None:
         parse_choice("on_duplicate", on_duplicate, ON_DUPLICATE)
         self.url = backend.url
         self.manifest = manifest
         self.max_sample_rows = manifest.max_sample_rows if max_sample_rows is None else max_sample_rows
         self.commits: list[str] = []
+        self.complete = commits is None
         self.array_rows: dict[str, int] = {}
-        table = self._load_tables(backend, preloaded)
+        table = self._load_tables(backend, preloaded, None if commits is None else _parse_commits(commits))
         self.samples, self.duplicates = _dedupe(table, on_duplicate)
         self._build_lookup()
 
-    def _load_tables(self, backend: Backend, preloaded: Preloaded | None) -> pa.Table:
-        """Read and check the sample tables (of the commits ``preloaded`` does not cover); note the
-        rows each route array must have."""
+    def _table_keys(self, backend: Backend, wanted: list[str] | None) -> dict[str, list[str]]:
+        """Each commit's sample-table key(s): all commits (one listing of ``index/``) or ``wanted``."""
+        if wanted is not None and self.manifest.version == 1:
+            return {commit: [table_key(commit)] for commit in wanted}  # flat keys: no listing needed
         by_commit = table_keys(backend.list_prefix(INDEX_PREFIX), self.manifest.version, backend.path_of)
+        if wanted is None:
+            return by_commit
+        absent = [commit for commit in wanted if commit not in by_commit]
+        if absent:
+            raise ObjectNotFoundError(backend.path_of(f"{INDEX_PREFIX}<bucket>/{absent[0]}.parquet"),
+                                      f"commit {absent[0]!r} has no sample table")
+        return {commit: by_commit[commit] for commit in wanted}
+
+    def _load_tables(self, backend: Backend, preloaded: Preloaded | None, wanted: list[str] | None) -> pa.Table:
+        """Read and check the sample tables (all, or ``wanted``'s, less the commits ``preloaded``
+        covers); note the rows each route array must have."""
+        by_commit = self._table_keys(backend, wanted)
         covered = preloaded.commits if preloaded is not None else frozenset()
         todo = {commit: keys for commit, keys in by_commit.items() if commit not in covered}
         blobs = backend.get_many([k for keys in todo.values() for k in keys])
@@ -324,6 +349,16 @@ class SampleCatalog:
             reason = self.samples.column("reason")[i].as_py() or "no reason recorded"
             raise SampleNotFoundError(sample_id, self.url, quarantined=reason)
         return i
+
+
+def _parse_commits(commits: Collection[str]) -> list[str]:
+    """Sorted distinct commit names; each must be a commit name (no path can be smuggled in)."""
+    if isinstance(commits, str) or not isinstance(commits, Collection):
+        raise OptionError("commits", commits, "must be a collection of commit names, e.g. a list")
+    for commit in commits:
+        if not isinstance(commit, str) or not COMMIT_NAME.fullmatch(commit):
+            raise OptionError("commits", commit, f"is not a commit name ({COMMIT_NAME.pattern})")
+    return sorted(set(commits))
 
 
 def _clashing_metadata_as_strings(tables: list[pa.Table]) -> list[pa.Table]:

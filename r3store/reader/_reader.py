@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, Self
 
 import numpy as np
@@ -22,7 +22,14 @@ from r3store._format import (
 )
 from r3store._spec import ModelSpec
 from r3store.errors import NotAStoreError, ObjectNotFoundError, OptionError
-from r3store.reader._catalog import OnDuplicate, Preloaded, SampleCatalog, StorageUsage, storage_usage
+from r3store.reader._catalog import (
+    OnDuplicate,
+    Preloaded,
+    SampleCatalog,
+    StorageUsage,
+    committed_commits,
+    storage_usage,
+)
 from r3store.reader._chunks import ChunkReader
 from r3store.storage import Backend, open_backend
 
@@ -51,6 +58,8 @@ class RouteReader:
     preloaded : r3store.reader.Preloaded, optional
         Sample rows loaded and verified elsewhere, with the commits they cover (only the
         other commits' sample tables are read).
+    commits : collection of str, optional
+        Read only these commits (see :func:`open_reader`).
 
     Attributes
     ----------
@@ -74,13 +83,13 @@ class RouteReader:
 
     def __init__(self, backend: Backend, manifest: Manifest, *, on_duplicate: OnDuplicate = "raise",
                  cache_bytes: int = 64 << 20, max_sample_rows: int | None = None,
-                 preloaded: Preloaded | None = None) -> None:
+                 preloaded: Preloaded | None = None, commits: Collection[str] | None = None) -> None:
         self.backend = backend
         self.spec: ModelSpec = manifest.spec
         self.format_version = manifest.version
         cap = parse_optional_int("max_sample_rows", max_sample_rows, minimum=1, maximum=MAX_ROWS)
         self._catalog = SampleCatalog(backend, manifest, on_duplicate=on_duplicate, max_sample_rows=cap,
-                                      preloaded=preloaded)
+                                      preloaded=preloaded, commits=commits)
         self._chunks = ChunkReader(backend, manifest, self._catalog.array_rows, cache_bytes=cache_bytes)
 
     @classmethod
@@ -93,6 +102,7 @@ class RouteReader:
         cache_bytes: int = 64 << 20,
         cache_dir: str | os.PathLike[str] | None = None,
         max_sample_rows: int | None = None,
+        commits: Collection[str] | None = None,
     ) -> Self:
         """Open the store at ``url`` (see :func:`open_reader`)."""
         backend = open_backend(url, storage_options, cache_dir=cache_dir, immutable=is_immutable_key)
@@ -103,7 +113,7 @@ class RouteReader:
         path = backend.path_of(MANIFEST_KEY)
         manifest = parse_manifest(loads_document(raw, path), path)
         return cls(backend, manifest, on_duplicate=on_duplicate, cache_bytes=cache_bytes,
-                   max_sample_rows=max_sample_rows)
+                   max_sample_rows=max_sample_rows, commits=commits)
 
     # -- the catalogue ----------------------------------------------------------------
 
@@ -124,8 +134,13 @@ class RouteReader:
 
     @property
     def commits(self) -> list[str]:
-        """Names of the committed commits (one per writer commit), in name order."""
+        """Names of the committed commits (one per writer commit) this reader reads, in name order."""
         return list(self._catalog.commits)
+
+    @property
+    def is_partial(self) -> bool:
+        """Whether the reader was opened on some commits only (``commits=``)."""
+        return not self._catalog.complete
 
     @property
     def sample_ids(self) -> list[str]:
@@ -217,8 +232,10 @@ class RouteReader:
         return self._catalog.policy_spans(self._catalog.locate(sample_id, include_quarantined=include_quarantined))
 
     def storage_usage(self) -> StorageUsage:
-        """Bytes of committed route objects, sample tables and uncommitted leftovers (lists the store)."""
-        return storage_usage(self.backend, set(self._catalog.commits))
+        """Bytes of committed route objects, sample tables and uncommitted leftovers (lists the store;
+        a reader of some commits only lists ``index/`` too, so the others are not taken for leftovers)."""
+        committed = self._catalog.commits if self._catalog.complete else committed_commits(self.backend)
+        return storage_usage(self.backend, set(committed))
 
     # -- reading ----------------------------------------------------------------------
 
@@ -364,6 +381,7 @@ def open_reader(
     cache_bytes: int = 64 << 20,
     cache_dir: str | os.PathLike[str] | None = None,
     max_sample_rows: int | None = None,
+    commits: Collection[str] | None = None,
 ) -> RouteReader:
     """Open a store for reading.
 
@@ -389,6 +407,12 @@ def open_reader(
         (``limits.max_sample_rows`` of its manifest; 2**22 rows for format v1 stores).
         Lower it to bound what one ``get`` may allocate, raise it to read a store whose
         samples are longer than its manifest says.
+    commits : collection of str, optional
+        Read only these commits (names as in :attr:`RouteReader.commits`): only their
+        sample tables are read (format v1: by key, without listing ``index/``; format v2:
+        one listing of ``index/`` finds their buckets), and duplicates are resolved among
+        them. For one task of a distributed job (``r3store.ray`` runs one per group of
+        commits) or a trainer reading the commits of one RL step.
 
     Returns
     -------
@@ -410,8 +434,25 @@ def open_reader(
     r3store.errors.DuplicateSampleError
         With ``on_duplicate="raise"``: names the id and both commits.
     r3store.errors.OptionError
-        ``on_duplicate`` or ``cache_bytes`` is invalid.
+        ``on_duplicate`` or ``cache_bytes`` is invalid, or ``commits`` holds a string
+        that is not a commit name.
+    r3store.errors.ObjectNotFoundError
+        A commit of ``commits`` has no sample table.
     r3store.errors.StorageError
+
+    Examples
+    --------
+    >>> import numpy as np, r3store, tempfile
+    >>> spec = r3store.ModelSpec(num_layers=1, num_experts=4, top_k=1)
+    >>> path = tempfile.mkdtemp()
+    >>> for step in range(2):
+    ...     with r3store.RouteWriter(path, spec, writer_id=f"step{step}") as w:
+    ...         w.append(f"s{step}", np.zeros((3, 1, 1), np.int64))
+    >>> open_reader(path).commits
+    ['step0-00000', 'step1-00000']
+    >>> open_reader(path, commits=["step1-00000"]).sample_ids
+    ['s1']
     """
     return RouteReader.open(url, storage_options=storage_options, on_duplicate=on_duplicate,
-                            cache_bytes=cache_bytes, cache_dir=cache_dir, max_sample_rows=max_sample_rows)
+                            cache_bytes=cache_bytes, cache_dir=cache_dir, max_sample_rows=max_sample_rows,
+                            commits=commits)

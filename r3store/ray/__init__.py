@@ -1,0 +1,35 @@
+"""r3store on Ray: Ray Data source and sink, cluster-wide audits, the rollout-to-trainer hand-off.
+
+Needs ``pip install 'r3store[ray]'``; ``import r3store`` never imports this package (nor ray).
+
+* :func:`read_routes` / :class:`RouteDatasource`: a store as a ``ray.data.Dataset``, one
+  row per sample (``sample_id``, ``routes`` as a ragged int32 tensor column,
+  ``num_tokens``, metadata), one read task per group of commits;
+* :func:`write_routes` / :class:`RouteDatasink`: a dataset of routes (arrays or SGLang
+  payloads) into a store, each write task one :class:`r3store.RouteWriter`; a task that
+  Ray retries re-commits nothing its earlier attempt committed;
+* :func:`validate`, :func:`stats`, :func:`diff`, :func:`run_plan`: the audits of
+  :mod:`r3store.audit` as Ray tasks over groups of commits, merged to exactly the
+  single-process result (``r3store validate|stats|diff URL --ray [ADDRESS]``);
+* :func:`connect`, :func:`object_store_bytes`: joining a cluster, and measuring what a
+  value costs in the object store (the hand-off: send sample ids, not routes).
+"""
+
+from r3store.ray._audit import diff, run_plan, stats, validate
+from r3store.ray._cluster import connect, object_store_bytes
+from r3store.ray._sink import RouteDatasink, WriteSummary, write_routes
+from r3store.ray._source import RouteDatasource, read_routes
+
+__all__ = [
+    "RouteDatasink",
+    "RouteDatasource",
+    "WriteSummary",
+    "connect",
+    "diff",
+    "object_store_bytes",
+    "read_routes",
+    "run_plan",
+    "stats",
+    "validate",
+    "write_routes",
+]
