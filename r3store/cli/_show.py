@@ -21,6 +21,11 @@ MAX_TABLE_LAYERS = 8
 """Layers shown in the table when --layers is not given (wider tables are unreadable)."""
 
 
+def _span(start: int, stop: int) -> str:
+    """Half-open rows ``[start, stop)`` as text: ``"4"`` or ``"0-4"``."""
+    return f"{start}" if stop - start == 1 else f"{start}-{stop - 1}"
+
+
 def render_show(result: dict[str, Any], console: Console) -> None:
     """Print a :func:`r3store.audit.show` result: rows x layers, each cell the top-k ids."""
     flag = ", quarantined: " + (result["reason"] or "") if result["quarantined"] else ""
@@ -28,11 +33,11 @@ def render_show(result: dict[str, Any], console: Console) -> None:
              f"rows {result['row_start']}-{result['row_stop'] - 1}, "
              f"top-{result['top_k']} of {result['num_experts']} experts")
     if result["missing_rows"]:
-        title += "; not captured: rows " + ", ".join(f"{a}-{b - 1}" for a, b in result["missing_rows"][:8])
+        title += "; not captured: rows " + ", ".join(_span(a, b) for a, b in result["missing_rows"][:8])
     spans = result["policy_spans"]
     if spans:
         kind = "mixed policy versions" if result["mixed_policy"] else "policy version"
-        title += f"; {kind} " + ", ".join(f"{v} (rows {a}-{b - 1})" for a, b, v in spans[:8])
+        title += f"; {kind} " + ", ".join(f"{v} (rows {_span(a, b)})" for a, b, v in spans[:8])
     table = Table(title=title, title_justify="left")
     table.add_column("row", justify="right", style="bold")
     for layer in result["layers"]:
