@@ -48,6 +48,7 @@ class RouteStore(RouteReader):
         fill_value: int = -1,
         tokens: Sequence[Any] | None = None,
         return_tensors: Literal["np", "pt"] = "np",
+        return_policy_version: bool = False,
     ) -> dict[str, Any]:
         """The batch for exactly ``sample_ids``, in that order, laid out like the trainer's tokens.
 
@@ -81,13 +82,18 @@ class RouteStore(RouteReader):
         return_tensors : {"np", "pt"}
             numpy arrays (default), or CPU torch tensors (converted by the torch layer,
             :func:`r3store.dataset.batch_to_tensors`; needs torch).
+        return_policy_version : bool
+            Add ``policy_version``, int64 per row laid out like the routes: the policy
+            (weight) version that produced the row (``append(..., policy_version=)``), -1
+            on pad rows and for samples written without a version.
 
         Returns
         -------
         dict
             ``routes`` int32 ``(T, n_layers, top_k)`` or ``(B, T, n_layers, top_k)``,
-            ``replay_mask`` bool, ``cu_seqlens`` int32, ``num_tokens`` int32 ``(B,)``,
-            ``sample_ids``, ``layers``, ``sp_range`` (and ``tokens``).
+            ``replay_mask`` bool (False on pad rows and on rows the engine could not
+            capture), ``cu_seqlens`` int32, ``num_tokens`` int32 ``(B,)``,
+            ``sample_ids``, ``layers``, ``sp_range`` (and ``tokens``, ``policy_version``).
 
         Raises
         ------
@@ -105,7 +111,7 @@ class RouteStore(RouteReader):
                                      tp_size=tp_size, tp_rank=tp_rank, pad_multiple=pad_multiple,
                                      sequence_parallel=sequence_parallel, max_seqlen=max_seqlen)
         batch = assemble(self, sample_ids, opts, layers=layers, pad_policy=pad_policy, fill_value=fill_value,
-                         tokens=tokens)
+                         tokens=tokens, return_policy_version=return_policy_version)
         if return_tensors == "np":
             return batch
         from r3store.dataset import batch_to_tensors
@@ -130,6 +136,7 @@ def open_store(
     on_duplicate: OnDuplicate = "raise",
     cache_bytes: int = 64 << 20,
     cache_dir: str | os.PathLike[str] | None = None,
+    max_sample_rows: int | None = None,
 ) -> RouteStore:
     """Open a store for reading (see :func:`r3store.reader.open_reader` for every parameter).
 
@@ -146,6 +153,9 @@ def open_store(
         Budget for decoded chunks kept in memory.
     cache_dir : str or os.PathLike, optional
         Local read-through cache of a remote store's route objects and sample tables.
+    max_sample_rows : int, optional
+        Cap on rows per sample, checked at open before anything is allocated (default:
+        the store's ``limits.max_sample_rows``; see :func:`r3store.reader.open_reader`).
 
     Returns
     -------
@@ -155,7 +165,8 @@ def open_store(
     ------
     r3store.errors.NotAStoreError, r3store.errors.FormatError, r3store.errors.DuplicateSampleError,
     r3store.errors.OptionError, r3store.errors.StorageError
-        As :func:`r3store.reader.open_reader`.
+        As :func:`r3store.reader.open_reader` (FormatError subclasses: ChecksumError,
+        SpecConflictError, SampleTooLargeError).
     """
     return RouteStore.open(url, storage_options=storage_options, on_duplicate=on_duplicate,
-                           cache_bytes=cache_bytes, cache_dir=cache_dir)
+                           cache_bytes=cache_bytes, cache_dir=cache_dir, max_sample_rows=max_sample_rows)

@@ -17,10 +17,12 @@ from r3store.errors import ExpertIdError, RouteShapeError, RouteValidationError,
 __all__ = [
     "as_numpy",
     "check_metadata",
+    "check_policy_version",
     "check_routes",
     "check_row_count",
     "check_sample_id",
     "check_tokens",
+    "find_missing_rows",
     "first_repeat",
     "repeated_ids",
 ]
@@ -41,7 +43,8 @@ def as_numpy(sample_id: str, field: str, value: Any) -> np.ndarray:
         raise RouteShapeError(sample_id, field, f"cannot be read as an array: {exc}") from exc
 
 
-def check_routes(sample_id: str, routes: np.ndarray, spec: ModelSpec) -> np.ndarray:
+def check_routes(sample_id: str, routes: np.ndarray, spec: ModelSpec, *,
+                 missing: np.ndarray | None = None) -> np.ndarray:
     """Validate routes and return the MoE-layer ids.
 
     Parameters
@@ -51,6 +54,9 @@ def check_routes(sample_id: str, routes: np.ndarray, spec: ModelSpec) -> np.ndar
         Global expert ids. With all decoder layers (SGLang's layout), dense layers must be
         all zero.
     spec : ModelSpec
+    missing : ndarray of bool, shape (rows,), optional
+        Rows the engine could not capture (:func:`find_missing_rows`): skipped by the
+        checks and returned as 0.
 
     Returns
     -------
@@ -64,6 +70,57 @@ def check_routes(sample_id: str, routes: np.ndarray, spec: ModelSpec) -> np.ndar
         An id is out of ``[0, num_experts)``, repeated within a row, or a dense layer
         holds non-zero ids.
     """
+    if missing is not None and missing.any():
+        _check_shape(sample_id, routes, spec)
+        kept = np.flatnonzero(~missing)
+        moe = np.zeros((routes.shape[0], spec.num_moe_layers, spec.top_k), dtype=np.uint16)
+        moe[kept] = _check_ids(sample_id, routes[kept], spec, kept)
+        return moe
+    _check_shape(sample_id, routes, spec)
+    return _check_ids(sample_id, routes, spec, None)
+
+
+def find_missing_rows(sample_id: str, routes: np.ndarray, spec: ModelSpec) -> np.ndarray | None:
+    """Rows the engine could not capture: every MoE-layer id is -1 (NeMo-RL's marker).
+
+    Parameters
+    ----------
+    sample_id : str
+    routes : ndarray of integer dtype, shape (rows, num_layers or num_moe_layers, top_k)
+        As :func:`check_routes` takes them; dense layers of a missing row may be 0 or -1.
+
+    Returns
+    -------
+    ndarray of bool, shape (rows,), or None
+        None when no row is missing (or ``routes`` is not a 3-D signed integer array;
+        :func:`check_routes` then names the fault).
+
+    Raises
+    ------
+    r3store.errors.ExpertIdError
+        A missing row's dense layer holds an id other than 0 or -1.
+    """
+    if routes.ndim != 3 or routes.dtype.kind != "i" or not routes.size:
+        return None
+    if routes.shape[1] == spec.num_layers and spec.num_layers != spec.num_moe_layers:
+        moe, dense = routes[:, list(spec.moe_layers)], routes[:, list(spec.dense_layers)]
+    else:
+        moe, dense = routes, None
+    if moe.shape[1] != spec.num_moe_layers:
+        return None
+    missing = (moe == -1).all(axis=(1, 2))
+    if not missing.any():
+        return None
+    if dense is not None and dense.size:
+        bad = np.argwhere(((dense != 0) & (dense != -1)).any(axis=2) & missing[:, None])
+        if bad.size:
+            row, pos = (int(v) for v in bad[0])
+            raise ExpertIdError(sample_id, "routes", f"row {row} is missing (all MoE ids -1) but dense decoder layer "
+                                                     f"{spec.dense_layers[pos]} holds {dense[row, pos].tolist()}")
+    return np.asarray(missing)
+
+
+def _check_shape(sample_id: str, routes: np.ndarray, spec: ModelSpec) -> None:
     if routes.dtype == np.bool_ or not np.issubdtype(routes.dtype, np.integer):
         raise RouteShapeError(sample_id, "routes", f"dtype must be integer, got {routes.dtype}")
     if routes.ndim != 3:
@@ -73,25 +130,27 @@ def check_routes(sample_id: str, routes: np.ndarray, spec: ModelSpec) -> np.ndar
         raise RouteShapeError(sample_id, "routes",
                               f"top_k mismatch: last dim is {routes.shape[2]}, spec.top_k is {spec.top_k}")
     layers = routes.shape[1]
-    if layers == spec.num_moe_layers:
-        moe_mask = None
-    elif layers == spec.num_layers:
-        moe_mask = [layer in spec.moe_layers for layer in range(layers)]
-    else:
+    if layers not in (spec.num_moe_layers, spec.num_layers):
         raise RouteShapeError(sample_id, "routes",
                               f"layer dim is {layers}; expected num_layers={spec.num_layers} (all decoder "
                               f"layers) or {spec.num_moe_layers} (MoE layers only)")
+
+
+def _check_ids(sample_id: str, routes: np.ndarray, spec: ModelSpec, rows: np.ndarray | None) -> np.ndarray:
+    """The MoE ids of checked-shape routes, or the first fault (``rows``: original row numbers)."""
+    layers = routes.shape[1]
+    moe_mask = None if layers == spec.num_moe_layers else [layer in spec.moe_layers for layer in range(layers)]
     moe = np.empty((routes.shape[0], spec.num_moe_layers, spec.top_k), dtype=np.uint16)
     fault = kernels.check_ids(routes, spec.num_experts, moe=moe_mask, out=moe)
     if fault is not None:
-        raise _fault_error(sample_id, routes, spec, fault, all_layers=moe_mask is not None)
+        raise _fault_error(sample_id, routes, spec, fault, all_layers=moe_mask is not None, rows=rows)
     return moe
 
 
 def _fault_error(sample_id: str, routes: np.ndarray, spec: ModelSpec, fault: kernels.RouteFault,
-                 *, all_layers: bool) -> ExpertIdError:
+                 *, all_layers: bool, rows: np.ndarray | None = None) -> ExpertIdError:
     """The error for the first fault :func:`kernels.check_ids` found (its message names the spot)."""
-    row, ids = fault.row, routes[fault.row, fault.layer]
+    row, ids = fault.row if rows is None else int(rows[fault.row]), routes[fault.row, fault.layer]
     if fault.kind == "dense":
         return ExpertIdError(sample_id, "routes",
                              f"dense decoder layer {fault.layer} has non-zero ids at row {row} "
@@ -102,7 +161,12 @@ def _fault_error(sample_id: str, routes: np.ndarray, spec: ModelSpec, fault: ker
                                                   f"{ids.tolist()}")
     value = int(ids[fault.slot])
     why = "negative" if value < 0 else f">= num_experts ({spec.num_experts})"
-    hint = "" if value < 0 else "; physical (EP-remapped) ids instead of logical ids?"
+    hint = "; physical (EP-remapped) ids instead of logical ids?"
+    if value == -1:
+        hint = ("; rows whose MoE ids are all -1 are rows the engine could not capture: pass allow_missing=True "
+                "to store them as missing")
+    elif value < 0:
+        hint = ""
     return ExpertIdError(sample_id, "routes",
                          f"expert id {value} at row {row}, decoder layer {layer} is {why}{hint}")
 
@@ -126,6 +190,23 @@ def check_row_count(sample_id: str, rows: int, num_tokens: int | None, tokens: n
         extra = " (a row for the last token too? engines return num_tokens - 1 rows)" if rows == num_tokens else ""
         raise RowCountError(sample_id, "routes", f"has {rows} rows, expected num_tokens - 1 = {num_tokens - 1}{extra}")
     return int(num_tokens)
+
+
+def check_policy_version(sample_id: str, version: Any) -> int | None:
+    """A policy (weight) version: None, or an int in ``[0, 2**63)``.
+
+    Raises
+    ------
+    r3store.errors.RouteValidationError
+    """
+    if version is None:
+        return None
+    if isinstance(version, np.integer):
+        version = int(version)
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version < 2**63:
+        raise RouteValidationError(sample_id, "policy_version",
+                                   f"must be an int in [0, 2**63) or None, got {version!r}")
+    return version
 
 
 def check_tokens(sample_id: str, tokens: Any) -> np.ndarray | None:

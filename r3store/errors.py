@@ -25,7 +25,9 @@ builtin exception a caller would naturally catch, so ``except KeyError`` around
     ├── NotAStoreError (FileNotFoundError)       a URL holds no r3store manifest
     ├── FormatError (ValueError)                 stored bytes or documents are malformed
     │   ├── FormatVersionError                   a document has an unknown format version
-    │   └── ChecksumError                        a chunk's checksum does not match
+    │   ├── ChecksumError                        a checksum does not match (or a frame is out of place)
+    │   ├── SpecConflictError                    two objects of a store hold different ModelSpecs
+    │   └── SampleTooLargeError                  a sample has more rows than the cap
     ├── CodecError (ValueError)                  a codec cannot encode its input or its config is bad
     │   └── UnknownCodecError                    no codec is registered under an id
     ├── StorageError (OSError)                   the storage backend failed (translated)
@@ -71,6 +73,8 @@ __all__ = [
     "RouteValidationError",
     "RowCountError",
     "SampleNotFoundError",
+    "SampleTooLargeError",
+    "SpecConflictError",
     "SpecError",
     "SpecMismatchError",
     "StorageError",
@@ -381,14 +385,17 @@ class FormatVersionError(FormatError):
 
 
 class ChecksumError(FormatError):
-    """A chunk's stored checksum does not match its bytes.
+    """A stored checksum does not match its bytes, or a frame is bound to another place.
+
+    Raised for route frames and object indexes (CRC-32C, position tags), the manifest
+    (CRC-32C) and sample tables (page CRCs, BLAKE2b digest).
 
     Attributes
     ----------
     array : str
-        Path of the route array, relative to the store root.
+        Path of the route array (relative to the store root), or of the document.
     chunk : tuple of int
-        Inner-chunk grid coordinates ``(row_chunk, layer_chunk, 0)``.
+        Inner-chunk grid coordinates ``(row_chunk, layer_chunk, 0)``; empty for documents.
     """
 
     def __init__(self, array: str, chunk: tuple[int, ...], fault: str) -> None:
@@ -396,6 +403,54 @@ class ChecksumError(FormatError):
         self.chunk = tuple(chunk)
         where = f"chunk {self.chunk}: " if self.chunk else ""
         super().__init__(array, f"{where}{fault}")
+
+
+class SpecConflictError(FormatError):
+    """Two objects of one store hold different :class:`r3store.ModelSpec` s (the manifest, a
+    sample table's ``r3store.spec``, a route array's ``attributes.r3store.spec``).
+
+    Attributes
+    ----------
+    path : str
+        The object that disagrees with ``reference``.
+    reference : str
+        The object it was compared with (usually ``r3store.json``).
+    fields : tuple of str
+        The spec fields that differ.
+    """
+
+    def __init__(self, path: str, reference: str, expected: Any, got: Any) -> None:
+        self.reference = reference
+        self.expected = expected
+        self.got = got
+        if isinstance(expected, dict) and isinstance(got, dict):
+            self.fields = tuple(k for k in sorted(set(expected) | set(got)) if expected.get(k) != got.get(k))
+            diffs = "; ".join(f"{k} {_short(got.get(k))} here vs {_short(expected.get(k))} there"
+                              for k in self.fields)
+        else:
+            self.fields = ()
+            diffs = f"{_short_repr(got)} here vs {_short_repr(expected)} there"
+        super().__init__(path, f"holds another ModelSpec than {reference}: {diffs}")
+
+
+class SampleTooLargeError(FormatError):
+    """A sample table names a sample with more rows than the cap (refused before allocating).
+
+    Attributes
+    ----------
+    sample_id : str
+    rows : int
+    cap : int
+        The store's ``limits.max_sample_rows``, or the ``max_sample_rows`` given to the reader.
+    """
+
+    def __init__(self, path: str, sample_id: str, rows: int, cap: int) -> None:
+        self.sample_id = sample_id
+        self.rows = rows
+        self.cap = cap
+        super().__init__(path, f"sample {sample_id!r} has {rows:,} rows, more than the cap of {cap:,} rows per "
+                               "sample (the store's limits.max_sample_rows; open_store(..., max_sample_rows=...) "
+                               "reads larger samples)")
 
 
 class CodecError(R3StoreError, ValueError):

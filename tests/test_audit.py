@@ -251,7 +251,7 @@ def test_uncommitted_leftover(tmp_path: Path) -> None:
     rng = np.random.default_rng(7)
     write(tmp_path, SPEC, {"kept": distinct_routes(rng, 5, 4, 64, 2)})
     (shard,) = write(tmp_path, SPEC, {"lost": distinct_routes(rng, 5, 4, 64, 2)})
-    (tmp_path / "index" / f"{shard}.parquet").unlink()
+    next((tmp_path / "index").rglob(f"{shard}.parquet")).unlink()
     report = audit(tmp_path)
     (finding,) = report.findings
     assert (finding.kind, finding.severity, finding.array) == ("uncommitted", "warning", f"routes/{shard}")

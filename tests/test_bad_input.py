@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import r3store
+from r3store.testing import forge
 from r3store.errors import (
     ChecksumError,
     DuplicateSampleError,
@@ -32,8 +33,8 @@ from r3store.errors import (
 
 # 5 decoder layers, dense layers 0 and 3; 40 experts -> 6 bits per id
 SPEC = r3store.ModelSpec(num_layers=5, num_experts=40, top_k=3, moe_layers=[1, 2, 4])
-BASE_COLUMNS = {"sample_id", "num_tokens", "num_rows", "row_start", "array", "shard", "writer_id", "token_hash",
-                "committed_at", "quarantined", "reason"}
+BASE_COLUMNS = {"sample_id", "num_tokens", "num_rows", "row_start", "array", "commit", "writer_id", "token_hash",
+                "committed_at", "quarantined", "reason", "missing_rows", "policy_spans", "policy_version"}
 
 
 def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40, top_k: int = 3) -> np.ndarray:
@@ -263,15 +264,20 @@ def test_second_writer_with_other_spec(tmp_path: Path) -> None:
     _check_store_after(str(tmp_path), later=False)
 
 
-def test_manifest_changed_under_a_writer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("resealed", [True, False])
+def test_manifest_changed_under_a_writer(tmp_path: Path, resealed: bool) -> None:
+    """Another spec (checksum recomputed) or a damaged manifest: the writer commits nothing."""
     w = r3store.RouteWriter(tmp_path, SPEC)
     w.append("g0", GOOD["g0"])
-    doc = json.loads((tmp_path / "r3store.json").read_text())
-    doc["spec"]["num_experts"] = 64
-    (tmp_path / "r3store.json").write_text(json.dumps(doc))
-    with pytest.raises(SpecMismatchError):
+    if resealed:
+        forge.reseal_manifest(tmp_path / "r3store.json", lambda d: d["spec"].update(num_experts=64))
+    else:
+        doc = json.loads((tmp_path / "r3store.json").read_text())
+        doc["spec"]["num_experts"] = 64
+        (tmp_path / "r3store.json").write_text(json.dumps(doc))
+    with pytest.raises(SpecMismatchError if resealed else ChecksumError):
         w.flush()
-    assert not (tmp_path / "index").exists() or not list((tmp_path / "index").iterdir())
+    assert not (tmp_path / "index").exists() or not list((tmp_path / "index").rglob("*.parquet"))
 
 
 # -- damaged stores ----------------------------------------------------------------------
@@ -366,7 +372,7 @@ def test_missing_shard_object(committed) -> None:
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "plain-parquet"])
 def test_bad_sample_table(committed, damage) -> None:
     root, array, _, _ = committed
-    (table,) = (root / "index").iterdir()
+    (table,) = (root / "index").rglob("*.parquet")
     raw = table.read_bytes()
     if damage == "garbage":
         table.write_bytes(b"this is not parquet" * 10)
@@ -390,17 +396,20 @@ def test_sample_table_missing_column(committed) -> None:
     import pyarrow.parquet as pq
 
     root, _, _, _ = committed
-    (path,) = (root / "index").iterdir()
+    (path,) = (root / "index").rglob("*.parquet")
+    forge.rewrite_table(path, lambda t: t.drop_columns(["row_start"]))
+    with pytest.raises(FormatError, match="column 'row_start' should be int64, found None"):
+        r3store.open_store(root)
     table = pq.read_table(path)
-    pq.write_table(table.drop_columns(["row_start"]).replace_schema_metadata(table.schema.metadata), path)
-    with pytest.raises(FormatError, match="row_start"):
+    pq.write_table(table.drop_columns(["reason"]), path)  # metadata kept, digest stale
+    with pytest.raises(ChecksumError, match="digest"):
         r3store.open_store(root)
 
 
 @pytest.mark.parametrize(
     ("edit", "exc_type", "words"),
     [
-        (lambda d: d.update(version=2), FormatVersionError, ["version 2", "not readable"]),
+        (lambda d: d.update(version=3), FormatVersionError, ["version 3", "not readable"]),
         (lambda d: d.update(format="zarr"), FormatVersionError, ["'zarr'"]),
         (lambda d: d["spec"].pop("top_k"), FormatError, ["top_k"]),
         (lambda d: d["spec"].update(num_experts=0), FormatError, ["num_experts"]),
@@ -408,9 +417,7 @@ def test_sample_table_missing_column(committed) -> None:
 )
 def test_bad_manifest(committed, edit, exc_type, words) -> None:
     root, _, _, _ = committed
-    doc = json.loads((root / "r3store.json").read_text())
-    edit(doc)
-    (root / "r3store.json").write_text(json.dumps(doc))
+    forge.reseal_manifest(root / "r3store.json", edit)
     with pytest.raises(exc_type) as info:
         r3store.open_store(root)
     assert "r3store.json" in str(info.value)

@@ -47,13 +47,18 @@ FIXTURES = Path(__file__).parent / "fixtures" / "codecs"
 
 
 class TestBitpackCodec(CodecTests):
-    @pytest.fixture(params=range(1, 17), ids=lambda b: f"bits{b}")
+    @pytest.fixture(params=[(b, v) for v in (1, 2) for b in range(1, 17)], ids=lambda p: f"bits{p[0]}-v{p[1]}")
     def codec(self, request: pytest.FixtureRequest) -> BitpackCodec:
-        return BitpackCodec(bits=request.param)
+        bits, version = request.param
+        return BitpackCodec(bits=bits, frame_version=version)
 
     def id_bound(self, codec: Codec) -> int:
         assert isinstance(codec, BitpackCodec)
         return 1 << codec.bits
+
+    def can_bind(self, codec: Codec) -> bool:
+        assert isinstance(codec, BitpackCodec)
+        return codec.frame_version == 2
 
 
 # -- r3store.bitpack frame layout -----------------------------------------------------
@@ -82,6 +87,76 @@ def test_frame_bytes_by_hand_odd_width() -> None:
     assert buf == _frame(9, 3, 3, (1 | 2 << 9 | 511 << 18).to_bytes(4, "little"))
 
 
+def _frame_v2(bits: int, n_total: int, n_encoded: int, tag: int, payload: bytes) -> bytes:
+    head = struct.pack("<4sBBHIII", b"R3BP", 2, bits, 0, n_total, n_encoded, tag)
+    crc = google_crc32c.extend(google_crc32c.value(head), payload)
+    return head + struct.pack("<I", crc) + payload
+
+
+def test_v2_frame_bytes_by_hand() -> None:
+    """The FORMAT.md example: ids [3, 63, 0, 17] at 6 bits, bound to chunk (0, 0) of commit w-00000."""
+    tag = google_crc32c.value(b"w-00000/0/0")
+    assert tag == 0x02472BB0
+    buf = BitpackCodec(6, frame_version=2).encode(np.array([3, 63, 0, 17]), tag=tag)
+    assert buf == _frame_v2(6, 4, 4, tag, bytes([0xC3, 0x0F, 0x44]))
+    assert buf.hex(" ") == "52 33 42 50 02 06 00 00 04 00 00 00 04 00 00 00 b0 2b 47 02 c7 f1 0b 51 c3 0f 44"
+    assert len(buf) == 27
+    assert BitpackCodec(6).decode(buf, tag=tag).tolist() == [3, 63, 0, 17]  # any codec reads both versions
+    assert BitpackCodec(6, frame_version=2).get_config() == {"id": "r3store.bitpack", "bits": 6, "frame_version": 2}
+    assert BitpackCodec(6).get_config() == {"id": "r3store.bitpack", "bits": 6}
+
+
+def test_v1_frames_are_unbound() -> None:
+    frame = BitpackCodec(6).encode([1, 2])
+    assert BitpackCodec(6, frame_version=2).decode(frame).tolist() == [1, 2]
+    assert BitpackCodec(6).frame_tag(frame) == 0
+    with pytest.raises(ChecksumError, match="no tag"):
+        BitpackCodec(6).decode(frame, tag=7)
+    with pytest.raises(CodecError, match="no position tag"):
+        BitpackCodec(6).encode([1, 2], tag=7)
+    for bad in (-1, 2**32, True, 1.5):
+        with pytest.raises(CodecError, match="tag"):
+            BitpackCodec(6, frame_version=2).encode([1, 2], tag=bad)
+    for bad in (0, 3, "2", None):
+        with pytest.raises(CodecError, match="frame_version"):
+            BitpackCodec(6, frame_version=bad)
+
+
+def test_tag_is_covered_by_the_crc() -> None:
+    frame = bytearray(BitpackCodec(6, frame_version=2).encode(np.arange(8), tag=5))
+    frame[16] ^= 0x01  # another tag, stale CRC
+    with pytest.raises(ChecksumError, match="CRC-32C mismatch"):
+        BitpackCodec(6).decode(bytes(frame))
+
+
+@pytest.mark.parametrize("n_total", [2**26 + 1, 2**27, 2**32 - 1])
+@pytest.mark.parametrize("version", [1, 2])
+def test_decode_never_allocates_what_a_forged_header_declares(version: int, n_total: int) -> None:
+    """Issue 13 item 9: a 20-byte frame with a valid CRC declared 2**32 - 1 ids (16 GiB of int32)."""
+    frame = _frame(6, n_total, 0, b"") if version == 1 else _frame_v2(6, n_total, 0, 0, b"")
+    with pytest.raises(FormatError, match="more than the 67,108,864 decode allocates without out"):
+        BitpackCodec(6).decode(frame)
+    out = np.zeros(16, dtype=np.int32)
+    with pytest.raises(FormatError, match="out holds 16 ids"):
+        BitpackCodec(6).decode(frame, out=out)
+
+
+def test_zarr_adapter_decodes_into_the_chunk_shape() -> None:
+    """zarr.open_array over a forged frame: refused by the chunk spec's size, nothing allocated."""
+    store = MemoryStore()
+    arr = zarr.create_array(store, shape=(8, 2), chunks=(4, 2), dtype="int32", fill_value=0,
+                            serializer=ZarrBitpackCodec(bits=6), compressors=None)
+    arr[:] = np.arange(16).reshape(8, 2) % 64
+    np.testing.assert_array_equal(arr[:], np.arange(16).reshape(8, 2) % 64)
+    frame = BitpackCodec(6).encode(np.zeros(0))
+    bomb = _frame(6, 2**27, 0, b"")  # 512 MiB of int32 decoded, for an 8-id chunk
+    for key in ("c/0/0", "c/1/0"):
+        store._store_dict[key] = zarr.core.buffer.cpu.Buffer.from_bytes(bomb)
+    with pytest.raises(FormatError, match="out holds 8 ids, the frame 134217728"):
+        zarr.open_array(store, mode="r")[:]
+    assert frame  # an empty frame is 20 bytes
+
+
 @pytest.mark.parametrize("n", [0, 1, 1000])
 def test_zero_ids_cost_nothing(n: int) -> None:
     buf = BitpackCodec(9).encode(np.zeros(n, dtype=np.int32))
@@ -101,14 +176,16 @@ def test_zero_tail_is_trimmed() -> None:
     ("frame", "fault"),
     [
         (_frame(6, 4, 4, b"\x00\x00\x00", magic=b"R3BQ"), "bad magic"),
-        (_frame(6, 4, 4, b"\x00\x00\x00", version=2), "unsupported frame version 2"),
+        (_frame(6, 4, 4, b"\x00\x00\x00", version=3), "unsupported frame version 3"),
+        (_frame(6, 4, 4, b"\x00\x00\x00", version=2), "shorter than the 24-byte header of a version-2 frame"),
         (_frame(7, 4, 4, b"\x00\x00\x00\x00"), "7 bits"),
         (_frame(6, 3, 4, b"\x00\x00\x00"), "4/3 ids"),
         (_frame(6, 4, 4, b"\x00\x00"), "payload is 2 bytes, expected 3"),
         (_frame(6, 4, 4, b"\x00\x00\x00\x00"), "payload is 4 bytes, expected 3"),
         (b"R3BP\x01\x06", "shorter than the 20-byte header"),
     ],
-    ids=["magic", "version", "bits", "n_encoded>n_total", "short-payload", "long-payload", "short-header"],
+    ids=["magic", "version", "v2-short-header", "bits", "n_encoded>n_total", "short-payload", "long-payload",
+         "short-header"],
 )
 def test_malformed_frames_with_valid_crc(frame: bytes, fault: str) -> None:
     with pytest.raises(FormatError, match=fault) as info:
@@ -214,13 +291,19 @@ GOLDEN: dict[str, tuple[int, np.ndarray]] = {
     "bitpack-v1-bits6-empty": (6, np.zeros(0, dtype=np.int64)),
     "bitpack-v1-bits9-zeros": (9, np.zeros(12, dtype=np.int64)),
     "bitpack-v1-bits7-routes": (7, _golden_ids(7, 24, 70).reshape(3, 4, 2)),
+    **{f"bitpack-v2-bits{b}-mixed": (b, _golden_ids(b, 37, 100 + b)) for b in (1, 6, 9, 16)},
+    "bitpack-v2-bits6-empty": (6, np.zeros(0, dtype=np.int64)),
+    "bitpack-v2-bits7-routes": (7, _golden_ids(7, 24, 170).reshape(3, 4, 2)),
 }
+GOLDEN_TAGS = {"bitpack-v2-bits7-routes": 0x02472BB0, "bitpack-v2-bits9-mixed": 0xFFFFFFFF}
+"""Position tags of bound golden frames (the other v2 frames are unbound)."""
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
 def test_golden_frames(name: str) -> None:
     bits, ids = GOLDEN[name]
-    ensure_golden(FIXTURES, name, BitpackCodec(bits), ids)
+    version = 2 if name.startswith("bitpack-v2") else 1
+    ensure_golden(FIXTURES, name, BitpackCodec(bits, frame_version=version), ids, tag=GOLDEN_TAGS.get(name, 0))
     check_golden(FIXTURES, name)
 
 
@@ -270,8 +353,8 @@ class _NoFrameSize(Codec):
 
     codec_id = "r3store.test-no-frame-size"
 
-    def __init__(self, bits: int) -> None:
-        self.inner = BitpackCodec(bits)
+    def __init__(self, bits: int, frame_version: int = 1) -> None:
+        self.inner = BitpackCodec(bits, frame_version)
 
     def encode(self, ids: Any) -> bytes:
         return self.inner.encode(ids)
@@ -280,7 +363,7 @@ class _NoFrameSize(Codec):
         return self.inner.decode(buf, out)
 
     def get_config(self) -> dict[str, Any]:
-        return {"id": self.codec_id, "bits": self.inner.bits}
+        return {"id": self.codec_id, **{k: v for k, v in self.inner.get_config().items() if k != "id"}}
 
 
 def _store_with_codec_name(root: Path, name: str) -> Any:

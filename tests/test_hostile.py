@@ -38,6 +38,7 @@ from r3store.errors import (
 from r3store.layout import apply_routes, pad_routes, plan_layout
 from r3store._format import is_immutable_key
 from r3store.storage import ByteRange, CachingBackend, LocalBackend, open_backend
+from r3store.testing import forge
 
 SPEC = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
 
@@ -56,7 +57,7 @@ def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw
 
 
 def index_file(root: Path) -> Path:
-    (path,) = (root / "index").glob("*.parquet")
+    (path,) = (root / "index").rglob("*.parquet")
     return path
 
 
@@ -66,9 +67,8 @@ def array_dir(root: Path) -> Path:
 
 
 def rewrite_table(root: Path, edit: Callable[[pa.Table], pa.Table]) -> Path:
-    path = index_file(root)
-    pq.write_table(edit(pq.read_table(path)), path)
-    return path
+    """Edit the store's sample table as a forger would: the digest recomputed, so the row rules are what refuse it."""
+    return forge.rewrite_table(index_file(root), edit)
 
 
 def set_column(table: pa.Table, name: str, values: list[Any]) -> pa.Table:
@@ -120,7 +120,7 @@ def test_forged_array_column_cannot_read_another_store(tmp_path: Path) -> None:
     assert path.name in str(info.value) and info.value.path.endswith(path.name)
 
 
-@pytest.mark.parametrize(("column", "value"), [("shard", "someone-else-00000"), ("array", "routes/someone-else-00000")])
+@pytest.mark.parametrize(("column", "value"), [("commit", "someone-else-00000"), ("array", "routes/someone-else-00000")])
 def test_sample_table_names_only_its_own_shard(store_dir: Path, column: str, value: str) -> None:
     path = rewrite_table(store_dir, lambda t: set_column(t, column, [value] * t.num_rows))
     with pytest.raises(FormatError, match=f"column '{column}'") as info:
@@ -129,23 +129,26 @@ def test_sample_table_names_only_its_own_shard(store_dir: Path, column: str, val
 
 
 def test_sample_table_copied_under_another_name(store_dir: Path) -> None:
-    (store_dir / "index" / "copy-00000.parquet").write_bytes(index_file(store_dir).read_bytes())
-    with pytest.raises(FormatError, match="copy-00000.parquet.*column 'shard'"):
+    (index_file(store_dir).parent / "copy-00000.parquet").write_bytes(index_file(store_dir).read_bytes())
+    with pytest.raises(FormatError, match="copy-00000.parquet.*column 'commit'"):
         r3store.open_store(store_dir)
 
 
 @pytest.mark.parametrize("name", ["-dash-00000", "sp ace-00000", "x" * 241])
 def test_index_file_name_must_be_a_shard_name(store_dir: Path, name: str) -> None:
-    (store_dir / "index" / f"{name}.parquet").write_bytes(index_file(store_dir).read_bytes())
+    (index_file(store_dir).parent / f"{name}.parquet").write_bytes(index_file(store_dir).read_bytes())
     with pytest.raises(FormatError, match="does not match") as info:
         r3store.open_store(store_dir)
     assert name in str(info.value)
 
 
-def test_index_file_in_a_subfolder_is_rejected(store_dir: Path) -> None:
-    (store_dir / "index" / "sub").mkdir()
-    (store_dir / "index" / "sub" / "x-00000.parquet").write_bytes(index_file(store_dir).read_bytes())
-    with pytest.raises(FormatError, match="sub/x-00000"):
+@pytest.mark.parametrize("where", ["sub/x-00000", "20261301T00/x-00000", "20261129T07/deeper/x-00000", "x-00000"])
+def test_index_file_in_a_subfolder_is_rejected(store_dir: Path, where: str) -> None:
+    """Format v2 tables live at index/<bucket>/<commit>.parquet, <bucket> a real UTC hour."""
+    path = store_dir / "index" / f"{where}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(index_file(store_dir).read_bytes())
+    with pytest.raises(FormatError, match=f"{where}.parquet: a format v2 sample table must be index/<bucket>/"):
         r3store.open_store(store_dir)
 
 
@@ -180,10 +183,8 @@ def test_caching_store_never_writes_outside_cache_dir(tmp_path: Path, s3_url: st
     for sub in ("zarr.json", "c/0/0/0"):
         client.put_object(Bucket=bucket, Key=f"{prefix}/{evil}/{sub}", Body=fs.cat_file(f"{shard}/{sub}"))
     (table_key,) = fs.find(f"{bucket_path}/index")
-    table = pq.read_table(io.BytesIO(fs.cat_file(table_key)))
-    buf = io.BytesIO()
-    pq.write_table(set_column(table, "array", [evil] * table.num_rows), buf)
-    fs.pipe_file(table_key, buf.getvalue())
+    forged = forge.reseal_table(fs.cat_file(table_key), lambda t: set_column(t, "array", [evil] * t.num_rows))
+    fs.pipe_file(table_key, forged)
     cache = tmp_path / "cache"
     # the reader refuses the forged table at open ...
     with pytest.raises(FormatError, match="column 'array'"):
@@ -226,7 +227,7 @@ def test_index_entry_marked_missing_inside_the_rows(store_dir: Path) -> None:
 # -- 3. sample-table sanity ---------------------------------------------------------------------
 
 
-REQUIRED = ["sample_id", "num_tokens", "num_rows", "row_start", "array", "shard", "committed_at", "quarantined"]
+REQUIRED = ["sample_id", "num_tokens", "num_rows", "row_start", "array", "commit", "committed_at", "quarantined"]
 
 
 @pytest.mark.parametrize("column", REQUIRED)
@@ -364,7 +365,7 @@ def test_symlink_to_dev_zero(store_dir: Path, target: str) -> None:
 
 
 def test_fifo_in_index_does_not_hang(store_dir: Path) -> None:
-    os.mkfifo(store_dir / "index" / "zz-00000.parquet")
+    os.mkfifo(index_file(store_dir).parent / "zz-00000.parquet")
     with deadline(20), pytest.raises(StorageError, match="not a regular file"):
         r3store.open_store(store_dir)
 

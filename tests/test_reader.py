@@ -296,7 +296,7 @@ def test_duplicate_across_writers(backend, tmp_path, memory_url) -> None:
     first = r3store.open_store(url, on_duplicate="first")
     assert first.sample_ids == ["x", "only-b"]
     np.testing.assert_array_equal(first.get("x"), data["x"])
-    assert first.row("x")["shard"] == shard_b
+    assert first.row("x")["commit"] == shard_b
     assert first.duplicates == {"x": [shard_b, shard_a]}
     assert first.samples.num_rows == 2
 

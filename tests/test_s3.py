@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -94,9 +95,11 @@ def test_s3_url_round_trip_in_few_objects(fifty: dict[str, int], s3_url: str,
                                   routes_for(3, rows_of(3))[10:20, [2, 5]])
     # one commit = one storage object of routes + its array metadata + its sample table
     (shard,) = store.commits
+    (table,) = store.backend.list_prefix("index/")
+    assert re.fullmatch(rf"index/\d{{8}}T\d{{2}}/{shard}\.parquet", table)  # index/<bucket>/<commit>.parquet
     assert store.backend.list_prefix("") == sorted([
         "r3store.json", "zarr.json", "routes/zarr.json", f"routes/{shard}/zarr.json",
-        f"routes/{shard}/c/0/0/0", f"index/{shard}.parquet",
+        f"routes/{shard}/c/0/0/0", table,
     ])
 
 
@@ -104,9 +107,10 @@ def test_open_is_manifest_listing_and_one_get_per_shard(fifty: dict[str, int], s
                                                         s3_storage_options: dict[str, Any],
                                                         s3_counter: S3Counter) -> None:
     store = r3store.open_store(s3_url, storage_options=s3_storage_options)
-    log = s3_counter.log
+    log = list(s3_counter.log)
+    (table,) = store.backend.list_prefix("index/")
     assert [(r.method, r.key, r.range) for r in log if not r.is_listing] == [
-        ("GET", "store/r3store.json", None), ("GET", f"store/index/{store.commits[0]}.parquet", None),
+        ("GET", "store/r3store.json", None), ("GET", f"store/{table}", None),
     ]
     assert sum(r.is_listing for r in log) == 1 and len(log) == 3
 

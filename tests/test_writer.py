@@ -88,7 +88,7 @@ def test_flush_commits_and_makes_visible(backend, tmp_path, memory_url) -> None:
     store = r3store.open_store(url)
     assert store.sample_ids == ["a", "b"]
     assert store.commits == [shard]
-    assert set(store.samples.column("shard").to_pylist()) == {shard}
+    assert set(store.samples.column("commit").to_pylist()) == {shard}
     assert set(store.samples.column("writer_id").to_pylist()) == {"w1"}
     np.testing.assert_array_equal(store.get("b"), b)
     w.append("c", c)

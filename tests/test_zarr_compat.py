@@ -62,7 +62,7 @@ READER = textwrap.dedent(
     expected = np.load(sys.argv[2])
     assert "r3store" not in sys.modules, "importing zarr imported r3store"
 
-    rows = [row for p in sorted((root / "index").glob("*.parquet")) for row in pq.read_table(p).to_pylist()]
+    rows = [row for p in sorted((root / "index").rglob("*.parquet")) for row in pq.read_table(p).to_pylist()]
     seen = {}
     for row in rows:
         if row["array"] not in seen:
@@ -143,7 +143,10 @@ def test_zarr_json_documents_are_valid_zarr_v3(tmp_path: Path) -> None:
         assert doc["node_type"] == "array" and doc["data_type"] == "int32"
         (sharding,) = doc["codecs"]
         assert sharding["name"] == "sharding_indexed"
-        assert sharding["configuration"]["codecs"] == [{"name": "r3store.bitpack", "configuration": {"bits": 7}}]
+        assert sharding["configuration"]["codecs"] == [{"name": "r3store.bitpack",
+                                                        "configuration": {"bits": 7, "frame_version": 2}}]
+        assert doc["attributes"]["r3store"]["format_version"] == 2
+        assert doc["attributes"]["r3store"]["commit"] == meta.parent.name
         outer = doc["chunk_grid"]["configuration"]["chunk_shape"]
         inner = sharding["configuration"]["chunk_shape"]
         assert all(o % i == 0 for o, i in zip(outer, inner, strict=True)), (outer, inner)

@@ -1,4 +1,5 @@
-"""On-disk format v1: object keys, manifest, route arrays, sample tables (see ``schema/FORMAT.md``)."""
+"""On-disk format (v2 written, v1 and v2 read): object keys, manifest, route arrays, sample tables
+(see ``schema/FORMAT.md``)."""
 
 from r3store._format._array import (
     MAX_CHUNK_IDS,
@@ -6,29 +7,43 @@ from r3store._format._array import (
     ArrayGeometry,
     decode_index,
     encode_object,
+    position_tag,
     route_codec,
 )
+from r3store._format._digest import DIGEST_TYPES, table_digest
+from r3store._format._footer import read_footer
+from r3store._format._json import MAX_INT_DIGITS, canonical_json, loads_document
 from r3store._format._keys import (
+    BUCKET_NAME,
     COMMIT_NAME,
     INDEX_PREFIX,
     MANIFEST_KEY,
     ROUTES_PREFIX,
     array_key,
+    bucket_of,
     commit_of_route_key,
     commit_of_table_key,
+    is_bucket,
     is_immutable_key,
     is_temporary_key,
+    parse_table_key,
     table_key,
 )
 from r3store._format._manifest import (
+    DEFAULT_MAX_SAMPLE_ROWS,
     FORMAT_NAME,
     FORMAT_VERSION,
     MAX_ROWS,
+    READ_VERSIONS,
+    Manifest,
     load_schema,
     make_manifest,
+    manifest_bytes,
+    manifest_checksum,
     parse_manifest,
     zarr_group_json,
 )
+from r3store._format._rows import check_rows, format_ranges, format_spans, parse_ranges, parse_spans
 from r3store._format._table import (
     RESERVED_COLUMNS,
     array_rows,
@@ -40,29 +55,50 @@ from r3store._format._table import (
 
 __all__ = [
     "ArrayGeometry",
+    "BUCKET_NAME",
     "COMMIT_NAME",
+    "DEFAULT_MAX_SAMPLE_ROWS",
+    "DIGEST_TYPES",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "INDEX_PREFIX",
     "MANIFEST_KEY",
     "MAX_CHUNK_IDS",
     "MAX_INDEX_ENTRIES",
+    "MAX_INT_DIGITS",
     "MAX_ROWS",
+    "Manifest",
+    "READ_VERSIONS",
     "RESERVED_COLUMNS",
     "ROUTES_PREFIX",
     "array_key",
     "array_rows",
+    "bucket_of",
+    "canonical_json",
+    "check_rows",
     "commit_of_route_key",
     "commit_of_table_key",
     "decode_index",
     "encode_object",
+    "format_ranges",
+    "format_spans",
+    "is_bucket",
     "is_immutable_key",
     "is_temporary_key",
     "load_schema",
+    "loads_document",
     "make_manifest",
+    "manifest_bytes",
+    "manifest_checksum",
     "parse_manifest",
+    "parse_ranges",
+    "parse_spans",
+    "parse_table_key",
+    "position_tag",
+    "read_footer",
     "read_table",
     "route_codec",
+    "table_digest",
     "table_key",
     "table_schema",
     "token_hash",

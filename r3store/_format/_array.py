@@ -4,10 +4,10 @@ One route array per writer commit, at ``routes/<commit>/``: shape
 ``(rows, num_moe_layers, top_k)``, data type int32, samples concatenated along rows.
 Each storage object (key ``routes/<commit>/c/<i>/0/0``; a *shard* of zarr's sharding
 codec) covers ``object_rows`` rows and every layer; inside, inner chunks of
-``(chunk_rows, layers_per_chunk, top_k)`` ids are codec frames (format v1:
-``r3store.bitpack``), stored in C order of the inner-chunk grid, followed by the zarr
-sharding index (``(offset, nbytes)`` uint64 pairs per inner chunk, then its CRC-32C).
-See ``schema/FORMAT.md``.
+``(chunk_rows, layers_per_chunk, top_k)`` ids are codec frames (``r3store.bitpack``;
+format v2: version-2 frames bound to their place by :func:`position_tag`), stored in C
+order of the inner-chunk grid, followed by the zarr sharding index (``(offset, nbytes)``
+uint64 pairs per inner chunk, then its CRC-32C). See ``schema/FORMAT.md``.
 """
 
 from __future__ import annotations
@@ -20,12 +20,20 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
-from r3store._format._manifest import MAX_ROWS
+from r3store._format._manifest import FORMAT_VERSION, MAX_ROWS
 from r3store._spec import ModelSpec
-from r3store.codecs import BitpackCodec, get_codec
+from r3store.codecs import BitpackCodec, SupportsBinding, get_codec
 from r3store.errors import ChecksumError, FormatError
 
-__all__ = ["MAX_CHUNK_IDS", "MAX_INDEX_ENTRIES", "ArrayGeometry", "decode_index", "encode_object", "route_codec"]
+__all__ = [
+    "MAX_CHUNK_IDS",
+    "MAX_INDEX_ENTRIES",
+    "ArrayGeometry",
+    "decode_index",
+    "encode_object",
+    "position_tag",
+    "route_codec",
+]
 
 EMPTY = np.uint64(2**64 - 1)
 MAX_CHUNK_IDS = 1 << 26
@@ -34,15 +42,34 @@ MAX_INDEX_ENTRIES = 1 << 20
 """Readers reject storage objects whose index has more entries (inner chunks)."""
 
 
-def route_codec(spec: ModelSpec) -> dict[str, Any]:
-    """The codec config of the route arrays of a store with ``spec`` (format v1: bitpack).
+def route_codec(spec: ModelSpec, version: int = FORMAT_VERSION) -> dict[str, Any]:
+    """The codec config of the route arrays of a store with ``spec`` (bitpack; format v2 with
+    version-2 frames).
 
     Examples
     --------
     >>> route_codec(ModelSpec(num_layers=2, num_experts=64, top_k=2))
+    {'id': 'r3store.bitpack', 'bits': 6, 'frame_version': 2}
+    >>> route_codec(ModelSpec(num_layers=2, num_experts=64, top_k=2), version=1)
     {'id': 'r3store.bitpack', 'bits': 6}
     """
-    return {"id": BitpackCodec.codec_id, "bits": spec.bits_per_id}
+    config: dict[str, Any] = {"id": BitpackCodec.codec_id, "bits": spec.bits_per_id}
+    if version >= 2:
+        config["frame_version"] = 2
+    return config
+
+
+def position_tag(commit: str, row_chunk: int, layer_chunk: int) -> int:
+    """The tag binding a frame to inner chunk ``(row_chunk, layer_chunk)`` of commit ``commit``:
+    CRC-32C of the UTF-8 text ``"<commit>/<row_chunk>/<layer_chunk>"`` (decimal; ``row_chunk``
+    counts inner chunks from the array's first row, ``first row // chunk_rows``).
+
+    Examples
+    --------
+    >>> hex(position_tag("w-00000", 0, 0))
+    '0x2472bb0'
+    """
+    return int(google_crc32c.value(f"{commit}/{row_chunk}/{layer_chunk}".encode()))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,7 +231,8 @@ def _ints(values: Any, n: int) -> list[int]:
     return list(values)
 
 
-def encode_object(blocks: Iterator[np.ndarray], geometry: ArrayGeometry) -> bytes:
+def encode_object(blocks: Iterator[np.ndarray], geometry: ArrayGeometry, *, commit: str | None = None,
+                  first_row_chunk: int = 0) -> bytes:
     """Encode one storage object (a zarr ``sharding_indexed`` shard).
 
     Parameters
@@ -215,6 +243,13 @@ def encode_object(blocks: Iterator[np.ndarray], geometry: ArrayGeometry) -> byte
         codec can hold. Each block is encoded before the next is requested, so the
         producer may reuse its buffer.
     geometry : ArrayGeometry
+    commit : str, optional
+        Bind each frame to its place in this commit's array (:func:`position_tag`; needs a
+        codec that supports :class:`r3store.codecs.SupportsBinding`, such as version-2
+        bitpack). None: unbound frames.
+    first_row_chunk : int
+        Row-chunk index of the object's first inner chunk in the array (object ``i``:
+        ``i * geometry.row_chunks_per_object``).
 
     Returns
     -------
@@ -238,7 +273,10 @@ def encode_object(blocks: Iterator[np.ndarray], geometry: ArrayGeometry) -> byte
                 padded[...] = 0
                 padded[: part.shape[0], : part.shape[1]] = part
                 part = padded
-            frame = codec.encode(part)
+            if commit is not None and isinstance(codec, SupportsBinding):
+                frame = codec.encode(part, tag=position_tag(commit, first_row_chunk + a, b))  # type: ignore[call-arg]
+            else:
+                frame = codec.encode(part)
             index[a, b] = (offset, len(frame))
             parts.append(frame)
             offset += len(frame)

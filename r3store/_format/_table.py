@@ -1,4 +1,11 @@
-"""The Parquet sample table: one row per sample, one file per commit (its column ``shard`` names it)."""
+"""The Parquet sample table: one row per sample, one file per commit (its column ``commit`` names it).
+
+Format v2 tables (``index/<bucket>/<commit>.parquet``) carry Parquet page CRCs and, in their
+key-value metadata, ``r3store.version = "2"``, ``r3store.spec`` and ``r3store.digest``
+(:func:`r3store._format.table_digest`). Format v1 tables (``index/<commit>.parquet``) name
+the commit column ``shard`` and have no checksums; readers expose both with the v2 columns
+(:func:`read_table`).
+"""
 
 from __future__ import annotations
 
@@ -13,9 +20,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from r3store._format._keys import COMMIT_NAME, array_key
-from r3store._format._manifest import FORMAT_VERSION, MAX_ROWS, load_schema
-from r3store.errors import FormatError, FormatVersionError
+from r3store._format._digest import table_digest
+from r3store._format._footer import Footer, read_footer
+from r3store._format._json import loads_document
+from r3store._format._manifest import FORMAT_VERSION, load_schema
+from r3store._format._rows import check_rows
+from r3store._spec import ModelSpec
+from r3store.errors import ChecksumError, FormatError, FormatVersionError, SpecConflictError, SpecError
 
 __all__ = [
     "MAX_TABLE_BYTES",
@@ -23,7 +34,6 @@ __all__ = [
     "MAX_TABLE_COLUMNS",
     "RESERVED_COLUMNS",
     "array_rows",
-    "check_rows",
     "read_table",
     "table_schema",
     "token_hash",
@@ -36,7 +46,6 @@ MAX_TABLE_COLUMNS = 1000
 """Cap on a sample table's columns (reserved ones plus user metadata)."""
 MAX_TABLE_CELLS = 1 << 27
 """Cap on rows x columns of a sample table."""
-_CELL_BYTES = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
 
 _ARROW_TYPES = {
     "string": pa.string(),
@@ -44,21 +53,29 @@ _ARROW_TYPES = {
     "bool": pa.bool_(),
     "timestamp[us, tz=UTC]": pa.timestamp("us", tz="UTC"),
 }
+_V2_ONLY = ("missing_rows", "policy_spans", "policy_version")
+"""Columns format v1 tables do not have (readers add them, null)."""
 
 
 @cache
-def table_schema() -> pa.Schema:
-    """Arrow schema of the required sample-table columns, built from ``sample_table.schema.json``."""
+def table_schema(version: int = FORMAT_VERSION) -> pa.Schema:
+    """Arrow schema of the required sample-table columns of a format version.
+
+    Version 2 is built from ``sample_table.schema.json``; version 1 names the commit column
+    ``shard`` and lacks ``missing_rows``, ``policy_spans`` and ``policy_version``.
+    """
     doc = load_schema("sample_table")
     fields = [
         pa.field(name, _ARROW_TYPES[prop["x-arrow-type"]], nullable=prop["x-nullable"])
         for name, prop in doc["properties"].items()
     ]
+    if version == 1:
+        fields = [f.with_name("shard") if f.name == "commit" else f for f in fields if f.name not in _V2_ONLY]
     return pa.schema(fields)
 
 
-RESERVED_COLUMNS: frozenset[str] = frozenset(table_schema().names)
-"""Column names user metadata may not use."""
+RESERVED_COLUMNS: frozenset[str] = frozenset(table_schema(2).names) | {"shard"}
+"""Column names user metadata may not use (``shard``: the v1 name of ``commit``)."""
 
 
 def token_hash(tokens: Sequence[int] | np.ndarray) -> str:
@@ -74,23 +91,37 @@ def token_hash(tokens: Sequence[int] | np.ndarray) -> str:
 
 
 def write_table(rows: list[dict[str, Any]], metadata_columns: Sequence[str], spec_json: str) -> bytes:
-    """Serialise sample rows to Parquet bytes (zstd-compressed)."""
+    """Serialise sample rows to a format v2 Parquet sample table (zstd, page CRCs, digest).
+
+    Parameters
+    ----------
+    rows : list of dict
+        One dict per sample with every column of :func:`table_schema` (and metadata).
+    metadata_columns : sequence of str
+        User metadata columns, in the order to write them.
+    spec_json : str
+        The store's spec as JSON (``r3store.spec``).
+    """
     base = table_schema()
     columns = {name: [row[name] for row in rows] for name in base.names}
     table = pa.Table.from_pydict(columns, schema=base)
     for name in metadata_columns:
         table = table.append_column(name, pa.array([row.get(name) for row in rows]))
+    version = str(FORMAT_VERSION)
     table = table.replace_schema_metadata({
-        b"r3store.version": str(FORMAT_VERSION).encode(),
+        b"r3store.version": version.encode(),
         b"r3store.spec": spec_json.encode(),
+        b"r3store.digest": table_digest(table, version, spec_json).encode(),
     })
     sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd")
+    pq.write_table(table, sink, compression="zstd", write_page_checksum=True)
     return sink.getvalue()
 
 
-def read_table(buf: bytes, path: str, commit: str | None = None) -> pa.Table:
-    """Parse and check one commit's sample table.
+def read_table(buf: bytes, path: str, commit: str | None = None, *, version: int = FORMAT_VERSION,
+               spec: ModelSpec | None = None, spec_source: str = "r3store.json",
+               max_sample_rows: int | None = None) -> pa.Table:
+    """Parse and check one commit's sample table; return it with the format v2 columns.
 
     Parameters
     ----------
@@ -99,74 +130,142 @@ def read_table(buf: bytes, path: str, commit: str | None = None) -> pa.Table:
     path : str
         Its location, for messages.
     commit : str, optional
-        The commit the file is named after (``index/<commit>.parquet``); when given, every
-        row is checked against the rules of ``schema/FORMAT.md`` section 6 (see
-        :func:`check_rows`).
+        The commit the file is named after; when given, every row is checked against the
+        rules of ``schema/FORMAT.md`` section 6.
+    version : {1, 2}
+        The store's format version; the table must have it.
+    spec : ModelSpec, optional
+        The manifest's spec; the table's ``r3store.spec`` must equal it.
+    spec_source : str
+        Where ``spec`` comes from, for messages.
+    max_sample_rows : int, optional
+        Refuse a sample of more rows (checked with ``commit``).
+
+    Returns
+    -------
+    pyarrow.Table
+        Columns of :func:`table_schema` (version 2; a v1 table's ``shard`` renamed
+        ``commit`` and the v2-only columns added, null) then user metadata; no schema
+        metadata.
 
     Raises
     ------
     r3store.errors.FormatError
-        Not Parquet; larger than the caps on a sample table (:data:`MAX_TABLE_BYTES`
-        decoded, :data:`MAX_TABLE_COLUMNS`, :data:`MAX_TABLE_CELLS`; checked before
-        anything is decompressed); a required column is missing or of the wrong type;
-        or, with ``commit``, a row breaks a rule.
+        Not Parquet, or a malformed footer (checked before pyarrow reads it); larger than
+        the caps (:data:`MAX_TABLE_BYTES` decoded, :data:`MAX_TABLE_COLUMNS`,
+        :data:`MAX_TABLE_CELLS`; before anything is decompressed); a string that is not
+        UTF-8; a required column missing or of the wrong type; or a row that breaks a rule.
+    r3store.errors.ChecksumError
+        A Parquet page CRC fails, or (version 2) the digest does not match the content.
+    r3store.errors.SpecConflictError
+        The table's spec differs from ``spec``.
+    r3store.errors.SampleTooLargeError
+        A sample has more than ``max_sample_rows`` rows.
     r3store.errors.FormatVersionError
-        Written by an unknown format version.
+        Written by another format version than the store's.
     """
     table = _read_capped(buf, path)
-    version = (table.schema.metadata or {}).get(b"r3store.version", b"").decode(errors="replace")
-    if version != str(FORMAT_VERSION):
-        raise FormatVersionError(path, f"sample table format version {version!r} is not {FORMAT_VERSION}")
-    for field in table_schema():
+    meta = {k.decode(errors="replace"): v for k, v in (table.schema.metadata or {}).items()}
+    found = meta.get("r3store.version", b"").decode(errors="replace")
+    if found != str(version):
+        raise FormatVersionError(path, f"sample table format version {found!r} in a format version {version} store")
+    _check_utf8(table, path)
+    if version >= 2:
+        _check_digest(table, meta, found, path)
+    for field in table_schema(version):
         got = table.schema.field(field.name).type if field.name in table.schema.names else None
         if got != field.type:
             raise FormatError(path, f"column {field.name!r} should be {field.type}, found {got}")
+    if spec is not None:
+        _check_spec(meta.get("r3store.spec", b""), spec, path, spec_source)
     if commit is not None:
-        check_rows(table, path, commit)
-    return table
+        required = [f.name for f in table_schema(version) if not f.nullable]
+        check_rows(table, path, commit, required=required, version=version, max_sample_rows=max_sample_rows)
+    table = table.replace_schema_metadata(None)
+    return _as_v2(table) if version == 1 else table
+
+
+def _check_utf8(table: pa.Table, path: str) -> None:
+    """Every string is valid UTF-8 (pyarrow does not check what it reads from Parquet)."""
+    for field, column in zip(table.schema, table.columns, strict=True):
+        if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
+            try:
+                column.validate(full=True)
+            except pa.ArrowInvalid:
+                raise FormatError(path, f"column {field.name!r} holds a string that is not valid UTF-8") from None
+
+
+def _check_digest(table: pa.Table, meta: dict[str, bytes], version: str, path: str) -> None:
+    stored = meta.get("r3store.digest", b"").decode(errors="replace")
+    spec = meta.get("r3store.spec", b"")
+    try:
+        spec_text = spec.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FormatError(path, "r3store.spec metadata is not UTF-8") from None
+    computed = table_digest(table, version, spec_text, path)
+    if stored != computed:
+        raise ChecksumError(path, (), f"sample table digest {stored[:60]!r} does not match its content ({computed})")
+
+
+def _check_spec(raw: bytes, spec: ModelSpec, path: str, source: str) -> None:
+    doc = loads_document(raw, f"{path} (r3store.spec)")
+    try:
+        found = ModelSpec.from_dict(doc).to_dict()
+    except SpecError as exc:
+        raise FormatError(path, f"r3store.spec metadata is not a valid spec: {exc}") from exc
+    if found != spec.to_dict():
+        raise SpecConflictError(path, source, dict(spec.to_dict()), dict(found))
+
+
+def _as_v2(table: pa.Table) -> pa.Table:
+    """A format v1 table with the v2 columns: ``shard`` renamed ``commit``, the v2-only columns
+    added (null). A v1 metadata column named like a v2 column is kept as ``v1.<name>``, except
+    an int64 ``policy_version``, which becomes the v2 column."""
+    schema = table_schema(2)
+    reserved = set(table_schema(1).names)
+    names = []
+    for name in table.column_names:
+        if name == "shard":
+            names.append("commit")
+        elif name in schema.names and name not in reserved and \
+                not (name == "policy_version" and table.schema.field(name).type == pa.int64()):
+            names.append(f"v1.{name}")
+        else:
+            names.append(name)
+    table = table.rename_columns(names)
+    for name in _V2_ONLY:
+        if name not in table.column_names:
+            table = table.append_column(schema.field(name), pa.nulls(len(table), schema.field(name).type))
+    order = schema.names + [n for n in table.column_names if n not in schema.names]
+    return table.select(order)
 
 
 def _read_capped(buf: bytes, path: str) -> pa.Table:
-    """Read a Parquet file whose decoded size fits the caps (strings measured before decoding)."""
+    """Read a Parquet file whose footer checks out and whose decoded size fits the caps
+    (strings measured before decoding); page checksums are verified where written."""
+    footer = read_footer(buf, path)  # before pyarrow: some malformed footers abort it
+    strings = _check_caps(footer, path)
     try:
-        meta = pq.ParquetFile(pa.BufferReader(buf)).metadata
-        strings = _check_metadata(meta, path)
-        table = pq.read_table(pa.BufferReader(buf), read_dictionary=strings)
+        reader = pq.ParquetFile(pa.BufferReader(buf), read_dictionary=strings, page_checksum_verification=True)
+        table = reader.read(use_threads=False)
         return _decode_dictionaries(table, path)
-    except FormatError:
-        raise
     except (pa.ArrowException, OSError, ValueError) as exc:
+        if isinstance(exc, FormatError):
+            raise
+        if "CRC checksum verification failed" in str(exc):
+            raise ChecksumError(path, (), f"a Parquet page fails its CRC: {exc}") from exc
         raise FormatError(path, f"not a Parquet sample table: {exc}") from exc
 
 
-def _check_metadata(meta: pq.FileMetaData, path: str) -> list[str]:
+def _check_caps(footer: Footer, path: str) -> list[str]:
     """Check the footer against the caps; return the string (BYTE_ARRAY) columns."""
-    if meta.num_columns > MAX_TABLE_COLUMNS or meta.num_rows * max(1, meta.num_columns) > MAX_TABLE_CELLS:
-        raise FormatError(path, f"sample table of {meta.num_rows} rows x {meta.num_columns} columns is over the caps "
-                                f"({MAX_TABLE_COLUMNS} columns, {MAX_TABLE_CELLS} cells)")
-    fields = meta.schema.to_arrow_schema()
-    if len(fields) != meta.num_columns or len(set(fields.names)) != len(fields) or \
-            any(pa.types.is_nested(t) for t in fields.types):
-        raise FormatError(path, "sample-table columns must be scalars with distinct names (nested or repeated found)")
-    strings, fixed = [], 0
-    for j in range(meta.num_columns):
-        column = meta.schema.column(j)
-        if column.physical_type == "BYTE_ARRAY":
-            strings.append(column.path)
-        else:
-            fixed += meta.num_rows * _CELL_BYTES.get(column.physical_type, column.length or 8)
-    stored = max(_uncompressed_bytes(meta), fixed)
+    if footer.num_columns > MAX_TABLE_COLUMNS or footer.num_rows * max(1, footer.num_columns) > MAX_TABLE_CELLS:
+        raise FormatError(path, f"sample table of {footer.num_rows} rows x {footer.num_columns} columns is over "
+                                f"the caps ({MAX_TABLE_COLUMNS} columns, {MAX_TABLE_CELLS} cells)")
+    stored = max(footer.uncompressed_bytes, footer.fixed_bytes)
     if stored > MAX_TABLE_BYTES:
         raise FormatError(path, f"sample table decodes to {stored:,} bytes, over the cap of {MAX_TABLE_BYTES:,}")
-    return strings
-
-
-def _uncompressed_bytes(meta: pq.FileMetaData) -> int:
-    """Uncompressed size the footer declares (the larger of its two totals)."""
-    groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
-    by_group = sum(g.total_byte_size for g in groups)
-    by_chunk = sum(g.column(j).total_uncompressed_size for g in groups for j in range(g.num_columns))
-    return int(max(by_group, by_chunk))
+    return [leaf.name for leaf in footer.leaves if leaf.physical_type == "BYTE_ARRAY"]
 
 
 def _decode_dictionaries(table: pa.Table, path: str) -> pa.Table:
@@ -194,65 +293,6 @@ def _decoded_size(chunk: pa.DictionaryArray, path: str) -> int:
         return int(len(chunk) * -(-kind.bit_width // 8))
     except ValueError:  # not fixed-width
         raise FormatError(path, f"dictionary column of {kind} in a sample table") from None
-
-
-def check_rows(table: pa.Table, path: str, commit: str) -> None:
-    """Check the rows of the sample table ``index/<commit>.parquet`` (vectorised).
-
-    No nulls in the non-nullable columns; ``commit`` matches :data:`COMMIT_NAME` and every
-    row's ``shard`` is it and ``array`` is ``routes/<commit>``; ``num_tokens >= 1``,
-    ``num_rows >= 0``, ``row_start >= 0`` (all below :data:`MAX_ROWS`);
-    ``num_rows == num_tokens - 1`` unless quarantined; no two samples share a row.
-
-    Raises
-    ------
-    r3store.errors.FormatError
-        Names ``path``, the column and the first offending row.
-    """
-    if not COMMIT_NAME.fullmatch(commit):
-        raise FormatError(path, f"commit name {commit!r} does not match {COMMIT_NAME.pattern}")
-    for field in table_schema():
-        if not field.nullable and table.column(field.name).null_count:
-            _reject(table, path, field.name, table.column(field.name).is_null(), "must not be null")
-    col = table.column
-    rules = [
-        ("shard", pc.not_equal(col("shard"), commit), f"must be {commit!r}, the commit the file is named after"),
-        ("array", pc.not_equal(col("array"), array_key(commit)), f"must be {array_key(commit)!r}"),
-        ("num_tokens", _outside(col("num_tokens"), 1, MAX_ROWS + 1), f"must lie in [1, {MAX_ROWS}]"),
-        ("num_rows", _outside(col("num_rows"), 0, MAX_ROWS), f"must lie in [0, {MAX_ROWS})"),
-        ("row_start", _outside(col("row_start"), 0, MAX_ROWS), f"must lie in [0, {MAX_ROWS})"),
-        ("num_rows", pc.and_(pc.invert(col("quarantined")),
-                             pc.not_equal(col("num_rows"), pc.subtract(col("num_tokens"), 1))),
-         "must be num_tokens - 1 (the sample is not quarantined)"),
-    ]
-    for name, bad, rule in rules:
-        _reject(table, path, name, bad, rule)
-    _check_disjoint(table, path)
-
-
-def _outside(values: pa.ChunkedArray, low: int, high: int) -> pa.ChunkedArray:
-    return pc.or_(pc.less(values, low), pc.greater_equal(values, high))
-
-
-def _reject(table: pa.Table, path: str, column: str, bad: pa.ChunkedArray, rule: str) -> None:
-    """Raise naming the first row where ``bad`` is true (nothing when none is)."""
-    i = pc.index(bad, True).as_py()
-    if i is None or i < 0:
-        return
-    sid, value = table.column("sample_id")[i].as_py(), table.column(column)[i].as_py()
-    raise FormatError(path, f"column {column!r} {rule}; row {i} (sample {sid!r}) has {value!r}")
-
-
-def _check_disjoint(table: pa.Table, path: str) -> None:
-    """No two samples of one array share a row."""
-    order = pc.sort_indices(table, [("row_start", "ascending"), ("num_rows", "ascending")])
-    starts = table.column("row_start").take(order).to_numpy()
-    ends = starts + table.column("num_rows").take(order).to_numpy()
-    overlap = np.flatnonzero(ends[:-1] > starts[1:])
-    if overlap.size:
-        a, b = (int(order[int(overlap[0]) + k].as_py()) for k in (0, 1))
-        ids = table.column("sample_id")
-        raise FormatError(path, f"samples {ids[a].as_py()!r} and {ids[b].as_py()!r} share rows of the route array")
 
 
 def array_rows(table: pa.Table) -> int:

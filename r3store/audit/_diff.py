@@ -104,7 +104,8 @@ def diff(store_a: RouteReader, store_b: RouteReader, *, sample_filter: str | Non
         JSON-ready (``schema/cli-diff.schema.json``): ``samples_compared``,
         ``only_in_a`` / ``only_in_b`` (counts, with up to 20 ``*_examples``),
         ``row_mismatch`` (samples whose row counts differ; their common leading rows
-        are compared), ``tokens`` (rows compared), ``decisions`` (tokens x layers),
+        are compared), ``tokens`` (rows compared; rows the engine could not capture in
+        either store are left out), ``decisions`` (tokens x layers),
         ``differing_decisions``, ``decision_flip_rate`` (fraction of decisions whose
         expert sets differ), ``token_flip_rate`` (fraction of tokens with at least one
         differing layer), ``mean_differing_layers_per_token``, ``set_overlap`` (mean
@@ -172,8 +173,12 @@ def _compare_unit(stores: Sequence[RouteReader], unit: ScanUnit, advance: Callab
     step = max(1, BLOCK_CELLS // (len(layers) * a.spec.top_k ** 2))
     for lo in range(0, rows, step):
         hi = min(rows, lo + step)
-        differ, overlap = compare_routes(a.get(sid, layers, rows=slice(lo, hi)), b.get(sid, layers, rows=slice(lo, hi)))
-        tally.rows += hi - lo
+        ra, rb = a.get(sid, layers, rows=slice(lo, hi)), b.get(sid, layers, rows=slice(lo, hi))
+        captured = ~((ra[:, 0, 0] < 0) | (rb[:, 0, 0] < 0))  # rows missing in either store are not compared
+        if not captured.all():
+            ra, rb = ra[captured], rb[captured]
+        differ, overlap = compare_routes(ra, rb)
+        tally.rows += len(ra)
         tally.differing += differ.sum(axis=0)
         tally.rows_with_diff += int(differ.any(axis=1).sum())
         tally.overlap += int(overlap.sum())

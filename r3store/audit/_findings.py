@@ -31,7 +31,9 @@ KINDS: Mapping[str, tuple[Severity, str]] = {
     "row_count": ("error", "num_rows != num_tokens - 1"),
     "duplicate_sample": ("error", "a sample id committed by more than one commit"),
     "quarantined": ("warning", "a sample the writer quarantined (kept for audit, hidden from readers)"),
-    "uncommitted": ("warning", "a route array under routes/ with no index/<commit>.parquet"),
+    "missing_rows": ("warning", "rows the engine could not capture, stored as missing (get returns -1 there, batches "
+                                "give them replay_mask False)"),
+    "uncommitted": ("warning", "a route array under routes/ with no sample table (index/<bucket>/<commit>.parquet)"),
 }
 
 _SEVERITY_RANK = {"error": 0, "warning": 1}

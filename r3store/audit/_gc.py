@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from r3store._deprecated import renamed_property
-from r3store._format import MANIFEST_KEY, is_temporary_key, table_key
+from r3store._format import MANIFEST_KEY, is_temporary_key
 from r3store.errors import NotAStoreError
 from r3store.reader import committed_commits, uncommitted_route_objects
 from r3store.storage import Backend, ObjectInfo, open_backend
@@ -48,7 +48,7 @@ def collect_garbage(
 ) -> list[Leftover]:
     """List (and with ``delete`` remove) uncommitted leftovers older than ``older_than_s``.
 
-    A leftover is a ``routes/<commit>/`` array with no ``index/<commit>.parquet`` (a
+    A leftover is a ``routes/<commit>/`` array with no sample table (``index/<bucket>/<commit>.parquet``; a
     writer died or failed before committing; see
     :func:`r3store.reader.uncommitted_route_objects`), or a temporary file
     (``.<name>.tmp``). Committed arrays are never touched: the commit record is
@@ -93,7 +93,7 @@ def collect_garbage(
             continue
         nbytes = sum(info.size for info in objects.values())
         found.append(Leftover(commit=name, keys=tuple(objects), nbytes=nbytes, age_s=age))
-        if delete and not backend.exists(table_key(name)):
+        if delete and name not in committed_commits(backend):  # re-listed: its table may have landed since
             for key in objects:
                 backend.delete(key)
     return found

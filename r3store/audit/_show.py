@@ -105,8 +105,12 @@ def show(store: RouteReader, sample_id: str, layers: Sequence[int] | None = None
         ``num_rows``, ``quarantined``, ``reason``, ``layers``, ``row_start`` /
         ``row_stop`` (half-open, within the sample), ``top_k``, ``num_experts``,
         ``routes`` (nested lists, shape (rows, layers, top_k): row ``t`` holds the
-        experts chosen for input position ``row_start + t``), ``out_of_range`` and
-        ``repeated`` (``[row, layer]`` cells with ids >= num_experts or a repeated id).
+        experts chosen for input position ``row_start + t``; -1 in every slot of a row
+        the engine could not capture), ``out_of_range`` and ``repeated`` (``[row,
+        layer]`` cells with ids >= num_experts or a repeated id), ``missing_rows``
+        (``[start, stop)`` of the sample's rows not captured), ``policy_spans``
+        (``[start, stop, version]``, empty when no version was recorded) and
+        ``mixed_policy`` (rows from more than one policy version).
 
     Raises
     ------
@@ -138,7 +142,9 @@ def show(store: RouteReader, sample_id: str, layers: Sequence[int] | None = None
         raise OptionError("rows", text, f"select none of the sample's {n} rows (0 to {n - 1})")
     stop = max(start, stop)
     ids = store.get(sample_id, chosen, rows=slice(start, stop), include_quarantined=True)
-    repeated = repeated_ids(ids)
+    missing = store.missing_rows(sample_id, include_quarantined=True)
+    spans = store.policy_spans(sample_id, include_quarantined=True)
+    repeated = repeated_ids(ids) & (ids[..., 0] >= 0)  # a missing row holds -1 everywhere: not a repeat
     out_of_range = (ids >= spec.num_experts).any(axis=-1)
     return {
         "url": store.url,
@@ -155,4 +161,7 @@ def show(store: RouteReader, sample_id: str, layers: Sequence[int] | None = None
         "routes": ids.tolist(),
         "out_of_range": [[start + int(t), chosen[int(j)]] for t, j in np.argwhere(out_of_range)],
         "repeated": [[start + int(t), chosen[int(j)]] for t, j in np.argwhere(repeated)],
+        "missing_rows": [[a, b] for a, b in missing],
+        "policy_spans": [[a, b, v] for a, b, v in spans],
+        "mixed_policy": len({v for _, _, v in spans}) > 1,
     }

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from r3store._format import array_key
+from r3store._format import array_key, parse_ranges, parse_spans
 from r3store._spec import ModelSpec
 from r3store.audit._scan import (
     ProgressCallback,
@@ -56,7 +56,11 @@ def stats(store: RouteReader, *, sample_filter: str | None = None, limit: int | 
     -------
     dict
         JSON-ready (``schema/cli-stats.schema.json``): ``url``, ``spec``, ``samples``,
-        ``tokens``, ``rows``, ``layers`` (per MoE layer: ``layer``, ``rows`` (tokens routed),
+        ``tokens``, ``rows`` (routed rows: rows the engine could not capture are left out
+        of every figure), ``missing_rows`` and ``samples_with_missing_rows``, ``policy``
+        (``samples_with_version``, ``mixed_version_samples`` (samples whose rows came
+        from more than one policy version), ``min_version``, ``max_version``), ``layers``
+        (per MoE layer: ``layer``, ``rows`` (tokens routed),
         ``assignments`` (in-range ids: rows x top_k), ``mean_load`` (tokens per expert
         if balanced), ``max_load``, ``max_over_mean``,
         ``entropy_bits`` of the load distribution and its maximum ``log2(num_experts)``,
@@ -91,8 +95,9 @@ def plan_stats(store: RouteReader, *, sample_filter: str | None = None, limit: i
     spec = store.spec
     table = select_samples(store.samples, sample_filter, limit, visible_only=True)
     commit_of = {array_key(commit): commit for commit in store.commits}
+    arrays, missing = _units(table)
     units = tuple(ScanUnit(i, sum(b - a for a, b in ranges), ((commit_of[array],),), (array, ranges))
-                  for i, (array, ranges) in enumerate(_units(table)))
+                  for i, (array, ranges) in enumerate(arrays))
     head = {
         "url": store.url,
         "spec": dict(spec.to_dict()),
@@ -101,6 +106,9 @@ def plan_stats(store: RouteReader, *, sample_filter: str | None = None, limit: i
         "samples": len(table),
         "tokens": int(sum(table.column("num_tokens").to_pylist())),
         "rows": sum(u.rows for u in units),
+        "missing_rows": missing,
+        "samples_with_missing_rows": int(len(table) - table.column("missing_rows").null_count),
+        "policy": _policy(table),
     }
     merge = functools.partial(_merge, spec=spec, head=head, top=top, lengths=_lengths(table, length_bins))
     return ScanPlan("stats", units, _count_unit, merge, on_duplicate="report")
@@ -124,13 +132,29 @@ def _merge(partials: Iterable[np.ndarray], *, spec: ModelSpec, head: dict[str, A
             "lengths": lengths}
 
 
-def _units(table: pa.Table) -> list[tuple[str, list[tuple[int, int]]]]:
-    """Per route array, the merged row ranges of the selected samples."""
-    cols = table.select(["array", "row_start", "num_rows"]).to_pydict()
+def _units(table: pa.Table) -> tuple[list[tuple[str, list[tuple[int, int]]]], int]:
+    """Per route array, the merged row ranges of the selected samples (their missing rows left
+    out), and the number of missing rows."""
+    cols = table.select(["array", "row_start", "num_rows", "missing_rows"]).to_pydict()
     by_array: dict[str, list[tuple[int, int]]] = {}
-    for array, start, n in zip(*cols.values(), strict=True):
-        by_array.setdefault(array, []).append((start, start + n))
-    return [(array, merge_ranges(ranges)) for array, ranges in by_array.items()]
+    missing = 0
+    for array, start, n, gaps in zip(*cols.values(), strict=True):
+        at = 0
+        for a, b in [] if gaps is None else parse_ranges(gaps, n):
+            by_array.setdefault(array, []).append((start + at, start + a))
+            missing, at = missing + b - a, b
+        by_array.setdefault(array, []).append((start + at, start + n))
+    return [(array, merge_ranges(ranges)) for array, ranges in by_array.items()], missing
+
+
+def _policy(table: pa.Table) -> dict[str, Any]:
+    """Policy versions of the selected samples: how many carry one, how many mix several."""
+    cols = table.select(["num_rows", "policy_spans", "policy_version"]).to_pydict()
+    versions = [v for v in cols["policy_version"] if v is not None]
+    mixed = sum(len({v for _, _, v in parse_spans(spans, n)}) > 1
+                for n, spans in zip(cols["num_rows"], cols["policy_spans"], strict=True) if spans)
+    return {"samples_with_version": len(versions), "mixed_version_samples": mixed,
+            "min_version": min(versions) if versions else None, "max_version": max(versions) if versions else None}
 
 
 def _count_array(rs: RouteReader, unit: tuple[str, list[tuple[int, int]]],

@@ -6,7 +6,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from r3store._format import FORMAT_VERSION, RESERVED_COLUMNS
+from r3store._format import RESERVED_COLUMNS
 from r3store.reader import RouteReader
 
 __all__ = ["summarize"]
@@ -22,7 +22,7 @@ def summarize(store: RouteReader) -> dict[str, Any]:
     Returns
     -------
     dict
-        JSON-ready: ``url``, ``format_version``, ``spec``, ``samples`` (visible),
+        JSON-ready: ``url``, ``format_version`` (of the store: 1 or 2), ``spec``, ``samples`` (visible),
         ``quarantined``, ``duplicates``, ``tokens``, ``route_rows``, ``expert_ids``,
         ``route_bytes`` (bytes of the chunk objects of committed route arrays),
         ``index_bytes`` (Parquet sample tables), ``bits_per_id`` (route_bytes * 8 /
@@ -44,7 +44,7 @@ def summarize(store: RouteReader) -> dict[str, Any]:
     bits = route_bytes * 8 / ids if ids else 0.0
     return {
         "url": store.url,
-        "format_version": FORMAT_VERSION,
+        "format_version": store.format_version,
         "spec": dict(spec.to_dict()),
         "samples": len(store),
         "quarantined": quarantined,

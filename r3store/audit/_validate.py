@@ -11,8 +11,9 @@ kind, see :data:`r3store.audit.KINDS`):
 * per MoE layer, over all audited rows: the physical-id test (``physical_ids``, see
   :func:`r3store.audit.physical_id_test`);
 * per sample, from the sample table: ``num_rows != num_tokens - 1`` (``row_count``),
-  quarantined samples with their reason (``quarantined``), rows past the array end
-  (``table_mismatch``);
+  quarantined samples with their reason (``quarantined``), rows the engine could not
+  capture (``missing_rows``; they are stored as zeros and left out of every route check),
+  rows past the array end (``table_mismatch``);
 * per store: ids committed by two commits (``duplicate_sample``) and route arrays with no
   sample table (``uncommitted``).
 """
@@ -31,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from r3store._checks import parse_int
-from r3store._format import ArrayGeometry, array_key
+from r3store._format import ArrayGeometry, array_key, parse_ranges
 from r3store._spec import ModelSpec
 from r3store._validate import repeated_ids
 from r3store.audit._findings import KINDS, Finding, RowRuns, ValidationReport, format_rows, make_finding
@@ -115,6 +116,8 @@ class _Unit:
     """(sample_id, row_start, num_rows) of the audited samples in the array."""
     full: bool
     """Decode every row of the array (not only the samples' rows)."""
+    missing: tuple[tuple[int, int], ...] = ()
+    """Rows of the array the engine could not capture (half-open; left out of the checks)."""
 
 
 def zero_layer_min_rows(num_experts: int, top_k: int) -> int | None:
@@ -298,11 +301,19 @@ class _Kept:
 
 
 def _table_findings(table: pa.Table) -> list[Finding]:
-    cols = table.select(["sample_id", "array", "num_rows", "num_tokens", "quarantined", "reason"]).to_pydict()
+    cols = table.select(["sample_id", "array", "num_rows", "num_tokens", "quarantined", "reason",
+                         "missing_rows"]).to_pydict()
     out = []
-    for sid, array, rows, tokens, quarantined, reason in zip(*cols.values(), strict=True):
+    for sid, array, rows, tokens, quarantined, reason, missing in zip(*cols.values(), strict=True):
         if quarantined:
             out.append(make_finding("quarantined", sample_id=sid, array=array, detail=reason or "no reason recorded"))
+        if missing is not None:
+            ranges = parse_ranges(missing, rows)
+            count = sum(b - a for a, b in ranges)
+            out.append(make_finding("missing_rows", sample_id=sid, array=array,
+                                    rows=tuple((a, b - 1) for a, b in ranges[:32]),
+                                    detail=f"{count:,} of {rows:,} rows were not captured by the engine "
+                                           "(appended with allow_missing=True)"))
         if rows != tokens - 1 and (rows or not quarantined):
             extra = " (a row for the last token too)" if rows == tokens else ""
             span = ((0, rows - 1),) if rows else ()
@@ -320,20 +331,24 @@ def _duplicate_findings(store: RouteReader, table: pa.Table, subset: bool) -> li
 
 def _leftover_findings(store: RouteReader) -> list[Finding]:
     return [make_finding("uncommitted", array=array_key(commit),
-                         detail=f"{nbytes:,} bytes, no index/<commit>.parquet: a crashed or still-running writer "
+                         detail=f"{nbytes:,} bytes, no sample table: a crashed or still-running writer "
                                 "(r3store gc deletes old leftovers)")
             for commit, nbytes in store.storage_usage().uncommitted.items()]
 
 
 def _units(store: RouteReader, table: pa.Table, full: bool) -> list[_Unit]:
-    cols = table.select(["sample_id", "array", "row_start", "num_rows"]).to_pydict()
+    cols = table.select(["sample_id", "array", "row_start", "num_rows", "missing_rows"]).to_pydict()
     by_array: dict[str, list[tuple[str, int, int]]] = {}
+    missing: dict[str, list[tuple[int, int]]] = {}
     if full:
         for commit in store.commits:
             by_array[array_key(commit)] = []
-    for sid, array, start, rows in zip(*cols.values(), strict=True):
+    for sid, array, start, rows, gaps in zip(*cols.values(), strict=True):
         by_array.setdefault(array, []).append((sid, start, rows))
-    return [_Unit(array, tuple(sorted(samples, key=lambda s: s[1])), full) for array, samples in by_array.items()]
+        if gaps is not None:
+            missing.setdefault(array, []).extend((start + a, start + b) for a, b in parse_ranges(gaps, rows))
+    return [_Unit(array, tuple(sorted(samples, key=lambda s: s[1])), full, tuple(sorted(missing.get(array, []))))
+            for array, samples in by_array.items()]
 
 
 # -- scanning one route array ------------------------------------------------------------
@@ -363,7 +378,7 @@ def _scan_array(rs: RouteReader, unit: _Unit, advance: Callable[[int], None]) ->
     ranges = aligned_ranges(wanted, geometry.chunk_rows, geometry.rows)
     block_rows = max(1, BLOCK_IDS // (spec.num_moe_layers * spec.top_k) // geometry.chunk_rows) * geometry.chunk_rows
     problems: dict[tuple[str, str], _Problem] = {}
-    scanner = _SampleScanner(samples, spec, res, unit.array)
+    scanner = _SampleScanner(samples, spec, res, unit.array, unit.missing)
     for lo, hi in row_blocks(ranges, block_rows):
         x, valid = _read_block(rs, unit.array, geometry, lo, hi, problems, spec.moe_layers)
         res.rows += hi - lo
@@ -446,8 +461,11 @@ def _runs(values: list[int]) -> list[tuple[int, int]]:
 class _SampleScanner:
     """Feeds row blocks (in increasing row order) to the samples they overlap."""
 
-    def __init__(self, samples: list[_Sample], spec: Any, res: _Result, array: str) -> None:
+    def __init__(self, samples: list[_Sample], spec: Any, res: _Result, array: str,
+                 missing: tuple[tuple[int, int], ...] = ()) -> None:
         self.samples = samples
+        self.missing = missing
+        self.missing_ends = [b for _, b in missing]
         self.spec = spec
         self.res = res
         self.array = array
@@ -462,7 +480,13 @@ class _SampleScanner:
         if self.next >= len(self.samples) or self.samples[self.next].start >= hi:
             return
         top = x.max(axis=-1)  # (rows, layers); ids are >= 0, so top == 0 means all zeros
-        ok = np.ones(top.shape, bool) if valid is None else valid
+        ok = np.ones(top.shape, bool) if valid is None else valid.copy()
+        masked = False
+        i = bisect.bisect_right(self.missing_ends, lo)  # rows the engine did not capture hold zeros: skip them
+        while i < len(self.missing) and self.missing[i][0] < hi:
+            a, b = self.missing[i]
+            ok[max(a, lo) - lo : min(b, hi) - lo] = False
+            masked, i = True, i + 1
         repeated = repeated_ids(x) & ok
         out_of_range = (top >= self.spec.num_experts) & ok
         in_sample = np.zeros(len(x), bool)
@@ -479,7 +503,7 @@ class _SampleScanner:
                     self.next += 1
             i += 1
         ids = x.astype(np.int64) + self.offsets
-        if valid is not None or not in_sample.all():
+        if valid is not None or masked or not in_sample.all():
             ids = ids[ok & in_sample[:, None]]
         self.res.hist += np.bincount(ids.ravel(), minlength=self.res.hist.size).reshape(self.res.hist.shape)
 

@@ -10,13 +10,22 @@ import numpy as np
 from r3store._format import token_hash
 from r3store._validate import as_numpy
 from r3store.errors import AlignmentError
-from r3store.layout import LayoutOptions, LayoutOptionsDict, apply_plan, apply_routes, check_pad_args, plan_layout
+from r3store.layout import (
+    LayoutOptions,
+    LayoutOptionsDict,
+    LayoutPlan,
+    apply_plan,
+    apply_routes,
+    check_pad_args,
+    plan_layout,
+    route_index,
+)
 from r3store.reader import RouteReader
 
 __all__ = ["BATCH_KEYS", "PadPolicy", "assemble"]
 
 BATCH_KEYS = ("routes", "replay_mask", "cu_seqlens", "num_tokens", "sample_ids", "layers", "sp_range")
-"""Keys of every batch (``tokens`` is added when token ids are given)."""
+"""Keys of every batch (``tokens`` is added when token ids are given, ``policy_version`` when asked for)."""
 
 PadPolicy = Literal["spread", "fill"]
 
@@ -48,6 +57,7 @@ def assemble(
     pad_policy: PadPolicy = "spread",
     fill_value: int = -1,
     tokens: Sequence[Any] | None = None,
+    return_policy_version: bool = False,
 ) -> dict[str, Any]:
     """Read and lay out the routes of ``sample_ids`` as one micro-batch (numpy arrays).
 
@@ -71,16 +81,22 @@ def assemble(
     tokens : sequence of int sequences, optional
         Each sample's token ids: checked against the stored token hash and
         ``len(tokens) - 1 == rows``, and laid out as ``batch["tokens"]``.
+    return_policy_version : bool
+        Add ``policy_version``: per row, the policy (weight) version that produced it
+        (:meth:`r3store.RouteReader.policy_spans`), laid out like the routes.
 
     Returns
     -------
     dict
         ``routes`` int32 ``(T, n_layers, top_k)`` (THD) or ``(B, T, n_layers, top_k)``
-        (BSHD); ``replay_mask`` bool ``(T,)`` / ``(B, T)``; ``cu_seqlens`` int32;
+        (BSHD); ``replay_mask`` bool ``(T,)`` / ``(B, T)`` (False on pad rows and on rows
+        the engine could not capture, which hold pad-row ids); ``cu_seqlens`` int32;
         ``num_tokens`` int32 ``(B,)``; ``sample_ids`` list of str; ``layers`` list of
         global decoder-layer indices; ``sp_range`` (start, end); ``tokens`` int64 laid
-        out the same way when ``tokens`` is given (pad positions 0). See
-        :func:`r3store.layout.plan_layout` for ``cu_seqlens`` under CP/TP.
+        out the same way when ``tokens`` is given (pad positions 0); ``policy_version``
+        int64 ``(T,)`` / ``(B, T)`` with ``return_policy_version`` (-1 on pad rows and in
+        samples written without a version). See :func:`r3store.layout.plan_layout` for
+        ``cu_seqlens`` under CP/TP.
 
     Raises
     ------
@@ -104,10 +120,15 @@ def assemble(
     num_tokens = [reader.num_tokens(s) for s in sample_ids]
     offsets = np.concatenate([[0], np.cumsum([n - 1 for n in num_tokens])]).astype(np.int64)
     routes = np.empty((int(offsets[-1]), len(positions), spec.top_k), dtype=np.int32)
+    missing: np.ndarray | None = None
     for sid, lo, hi in zip(sample_ids, offsets[:-1], offsets[1:], strict=True):
         reader.get(sid, layers, out=routes[lo:hi])
+        for a, b in reader.missing_rows(sid):
+            missing = np.zeros(len(routes), bool) if missing is None else missing
+            missing[lo + a : lo + b] = True
     plan = plan_layout(num_tokens, opts)
-    out, mask = apply_routes(plan, routes, num_experts=spec.num_experts, pad_policy=pad_policy, fill_value=fill_value)
+    out, mask = apply_routes(plan, routes, num_experts=spec.num_experts, pad_policy=pad_policy, fill_value=fill_value,
+                             missing=missing)
     batch: dict[str, Any] = {
         "routes": out,
         "replay_mask": mask,
@@ -119,4 +140,17 @@ def assemble(
     }
     if flat_tokens is not None:
         batch["tokens"] = apply_plan(plan, flat_tokens, fill_value=0)
+    if return_policy_version:
+        batch["policy_version"] = _policy_versions(reader, sample_ids, offsets, plan)
     return batch
+
+
+def _policy_versions(reader: RouteReader, sample_ids: list[str], offsets: np.ndarray,
+                     plan: LayoutPlan) -> np.ndarray:
+    """Per output row, the policy version of the route there (-1: a pad row, or no version)."""
+    versions = np.full(int(offsets[-1]), -1, dtype=np.int64)
+    for sid, lo in zip(sample_ids, offsets[:-1], strict=True):
+        for a, b, v in reader.policy_spans(sid):
+            versions[lo + a : lo + b] = v
+    ridx = route_index(plan)
+    return np.where(ridx >= 0, versions[np.maximum(ridx, 0)] if len(versions) else -1, -1)

@@ -21,12 +21,23 @@ MAX_TABLE_LAYERS = 8
 """Layers shown in the table when --layers is not given (wider tables are unreadable)."""
 
 
+def _span(start: int, stop: int) -> str:
+    """Half-open rows ``[start, stop)`` as text: ``"4"`` or ``"0-4"``."""
+    return f"{start}" if stop - start == 1 else f"{start}-{stop - 1}"
+
+
 def render_show(result: dict[str, Any], console: Console) -> None:
     """Print a :func:`r3store.audit.show` result: rows x layers, each cell the top-k ids."""
     flag = ", quarantined: " + (result["reason"] or "") if result["quarantined"] else ""
     title = (f"{result['sample_id']}: {result['num_tokens']:,} tokens, {result['num_rows']:,} rows{flag}; "
              f"rows {result['row_start']}-{result['row_stop'] - 1}, "
              f"top-{result['top_k']} of {result['num_experts']} experts")
+    if result["missing_rows"]:
+        title += "; not captured: rows " + ", ".join(_span(a, b) for a, b in result["missing_rows"][:8])
+    spans = result["policy_spans"]
+    if spans:
+        kind = "mixed policy versions" if result["mixed_policy"] else "policy version"
+        title += f"; {kind} " + ", ".join(f"{v} (rows {_span(a, b)})" for a, b, v in spans[:8])
     table = Table(title=title, title_justify="left")
     table.add_column("row", justify="right", style="bold")
     for layer in result["layers"]:
@@ -36,7 +47,7 @@ def render_show(result: dict[str, Any], console: Console) -> None:
     for t, row in enumerate(result["routes"], start=result["row_start"]):
         cells = []
         for layer, ids in zip(result["layers"], row, strict=True):
-            text = ",".join(map(str, ids))
+            text = ",".join(map(str, ids)) if ids[0] >= 0 else "(not captured)"
             style = bad.get((t, layer))
             cells.append(f"[{style}]{text}[/]" if style else text)
         table.add_row(str(t), *cells)

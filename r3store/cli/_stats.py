@@ -43,6 +43,14 @@ def render_stats(result: dict[str, Any], console: Console) -> None:
     n = result["lengths"]
     console.print(f"sequence length (tokens): {n['samples']:,} samples, min {n['min']:,}, p50 {n['p50']:,.0f}, "
                   f"mean {n['mean']:,.1f}, p90 {n['p90']:,.0f}, p99 {n['p99']:,.0f}, max {n['max']:,}", highlight=False)
+    if result["missing_rows"]:
+        console.print(f"missing rows (not captured by the engine, left out above): {result['missing_rows']:,} in "
+                      f"{result['samples_with_missing_rows']:,} samples", highlight=False)
+    policy = result["policy"]
+    if policy["samples_with_version"]:
+        console.print(f"policy versions {policy['min_version']}..{policy['max_version']} on "
+                      f"{policy['samples_with_version']:,} samples; {policy['mixed_version_samples']:,} samples mix "
+                      "versions", highlight=False)
 
 
 def plot_stats(result: dict[str, Any], path: str, size: tuple[int, int]) -> None:

@@ -14,7 +14,9 @@ A codec turns a flat array of expert ids into bytes and back. Rules every codec 
 
 Optional abilities are :class:`typing.Protocol` s checked at run time, never extra
 abstract methods: :class:`SupportsFrameSize` (the id count of a frame, read from its
-header, so a reader can reject a frame before decoding allocates for it).
+header, so a reader can reject a frame before decoding allocates for it) and
+:class:`SupportsBinding` (frames bound to their position in an array by a tag, so a frame
+or storage object copied or swapped to another place is refused).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Codec", "SupportsFrameSize"]
+__all__ = ["Codec", "SupportsBinding", "SupportsFrameSize"]
 
 JSON = Any
 
@@ -102,6 +104,32 @@ class SupportsFrameSize(Protocol):
 
     def frame_size(self, buf: bytes | memoryview | np.ndarray) -> int:
         """Ids the frame ``buf`` decodes to, read from its header.
+
+        Raises
+        ------
+        r3store.errors.FormatError
+            ``buf`` is too short to hold a header.
+        """
+        ...
+
+
+@runtime_checkable
+class SupportsBinding(Protocol):
+    """A codec whose frames can be bound to their position by a 32-bit tag.
+
+    Such a codec's ``encode`` takes a keyword ``tag`` (``[0, 2**32)``, 0 = unbound) and
+    its ``decode`` a keyword ``tag`` (the tag the frame must carry, or None: not
+    checked), raising :class:`r3store.errors.ChecksumError` for a frame bound elsewhere.
+    r3store's readers pass the tag of each chunk's place (``schema/FORMAT.md`` 5.1), so a
+    frame or storage object swapped within an array, or copied from another commit, is an
+    error instead of other routes. Codecs without it are read unbound.
+
+    The protocol checks :meth:`frame_tag` at run time; ``encode``/``decode`` with ``tag``
+    are part of the contract.
+    """
+
+    def frame_tag(self, buf: bytes | memoryview | np.ndarray) -> int:
+        """The tag a frame carries, read from its header (0: unbound).
 
         Raises
         ------

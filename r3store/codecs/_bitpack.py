@@ -1,15 +1,19 @@
 """``r3store.bitpack``: expert ids packed in ``ceil(log2(num_experts))`` bits, with a checksum.
 
-Frame layout (all integers little-endian; byte offsets)::
+Frame layout (all integers little-endian; byte offsets). Version 2 (format v2 stores)::
 
     0   4  magic      b"R3BP"
-    4   1  version    1
+    4   1  version    2
     5   1  bits       bits per id, 1..16
     6   2  reserved   0
     8   4  n_total    number of ids in the chunk
     12  4  n_encoded  number of ids in the payload (trailing zero ids are trimmed)
-    16  4  crc32c     CRC-32C (Castagnoli) of bytes [0, 16) followed by the payload
-    20  .  payload    ceil(n_encoded * bits / 8) bytes
+    16  4  tag        position tag: CRC-32C of "<commit>/<row_chunk>/<layer_chunk>"; 0 = unbound
+    20  4  crc32c     CRC-32C (Castagnoli) of bytes [0, 20) followed by the payload
+    24  .  payload    ceil(n_encoded * bits / 8) bytes
+
+Version 1 (format v1 stores) has no tag: the CRC-32C sits at offset 16 (over bytes
+``[0, 16)`` and the payload) and the payload starts at 20.
 
 Id ``i`` of the payload occupies stream bits ``[i * bits, (i + 1) * bits)``, least
 significant bit first; stream bit ``j`` is bit ``j % 8`` of payload byte ``j // 8``.
@@ -32,12 +36,24 @@ from r3store.codecs import kernels
 from r3store.codecs._abc import Codec
 from r3store.errors import ChecksumError, CodecError, FormatError
 
-__all__ = ["BitpackCodec", "pack_bits", "pack_bits_reference", "unpack_bits", "unpack_bits_reference"]
+__all__ = [
+    "BitpackCodec",
+    "MAX_DECODE_IDS",
+    "pack_bits",
+    "pack_bits_reference",
+    "unpack_bits",
+    "unpack_bits_reference",
+]
 
 MAGIC = b"R3BP"
-VERSION = 1
+VERSIONS = (1, 2)
 HEADER = struct.Struct("<4sBBHIII")
+HEADER_V2 = struct.Struct("<4sBBHIIII")
+HEADER_SIZES = {1: HEADER.size, 2: HEADER_V2.size}
 MAX_BITS = 16
+MAX_DECODE_IDS = 1 << 26
+"""Most ids :meth:`BitpackCodec.decode` allocates on its own (a frame of more decodes only
+into an ``out`` of its size): a forged header cannot ask for more memory (256 MiB of int32)."""
 _FRAME = "r3store.bitpack frame"
 
 
@@ -47,6 +63,7 @@ def _codec_error(name: str, value: object, fault: str) -> CodecError:
 
 def _check_bits(bits: object) -> int:
     return parse_int("bits", bits, minimum=1, maximum=MAX_BITS, error=_codec_error)
+
 
 
 def pack_bits(ids: np.ndarray, bits: int) -> np.ndarray:
@@ -108,14 +125,6 @@ def unpack_bits_reference(payload: bytes, n: int, bits: int) -> np.ndarray:
     return np.array([(acc >> (i * bits)) & mask for i in range(n)], dtype=np.int32)
 
 
-def _trimmed_size(flat: np.ndarray) -> int:
-    """Number of ids up to and including the last non-zero one."""
-    if not flat.size:
-        return 0
-    from_end = int((flat != 0)[::-1].argmax())
-    return 0 if flat[flat.size - 1 - from_end] == 0 else flat.size - from_end
-
-
 class BitpackCodec(Codec):
     """Bit-pack expert ids in ``bits`` bits each, with a CRC-32C per frame.
 
@@ -124,16 +133,21 @@ class BitpackCodec(Codec):
     bits : int
         Bits per id, 1 to 16; r3store uses ``max(1, ceil(log2(num_experts)))``
         (6 for 64 experts, 9 for 512).
+    frame_version : {1, 2}
+        Version of the frames :meth:`encode` writes: 1 (format v1 stores) or 2 (a 24-byte
+        header with a position tag; format v2 stores). :meth:`decode` reads both.
 
     Raises
     ------
     r3store.errors.CodecError
-        ``bits`` is out of range.
+        ``bits`` or ``frame_version`` is out of range.
 
     Notes
     -----
     The byte layout is given in this module's docstring and in ``schema/FORMAT.md``.
-    CRC-32C is the checksum zarr's ``crc32c`` codec uses.
+    CRC-32C is the checksum zarr's ``crc32c`` codec uses. The codec supports position
+    binding (:class:`r3store.codecs.SupportsBinding`): ``encode(ids, tag=t)`` writes a
+    version-2 frame bound to ``t``, ``decode(buf, tag=t)`` refuses a frame bound elsewhere.
 
     Examples
     --------
@@ -143,90 +157,145 @@ class BitpackCodec(Codec):
     23
     >>> codec.decode(buf).tolist()
     [3, 63, 0, 17]
+    >>> bound = BitpackCodec(bits=6, frame_version=2).encode([3, 63, 0, 17], tag=0x1234)
+    >>> len(bound), BitpackCodec(bits=6).frame_tag(bound) == 0x1234
+    (27, True)
     """
 
     codec_id: ClassVar[str] = "r3store.bitpack"
 
-    def __init__(self, bits: int) -> None:
+    def __init__(self, bits: int, frame_version: int = 1) -> None:
         self.bits = _check_bits(bits)
+        self.frame_version = parse_int("frame_version", frame_version, minimum=1, maximum=2, error=_codec_error)
 
     def get_config(self) -> dict[str, object]:
-        return {"id": self.codec_id, "bits": self.bits}
+        config: dict[str, object] = {"id": self.codec_id, "bits": self.bits}
+        if self.frame_version != 1:  # version-1 configs stay as format v1 wrote them
+            config["frame_version"] = self.frame_version
+        return config
 
-    def encode(self, ids: npt.ArrayLike) -> bytes:
+    def encode(self, ids: npt.ArrayLike, *, tag: int = 0) -> bytes:
+        """Encode ``ids`` as one frame (see :meth:`Codec.encode`).
+
+        Parameters
+        ----------
+        ids : array_like of integer dtype, any shape
+        tag : int
+            Position tag, ``[0, 2**32)``: 0 leaves the frame unbound; any other value
+            needs ``frame_version=2``.
+
+        Raises
+        ------
+        r3store.errors.CodecError
+            An id lies outside ``[0, 2**bits)``, ``ids`` is not integer, or ``tag`` is
+            out of range or given to a version-1 codec.
+        """
         arr = np.asarray(ids)
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
             raise CodecError(self.codec_id, f"ids must be integers, got dtype {arr.dtype}")
-        if arr.size >= 1 << 32:
-            raise CodecError(self.codec_id, f"a frame holds fewer than 2**32 ids, got {arr.size}")
+        if isinstance(tag, bool) or not isinstance(tag, int | np.integer) or not 0 <= int(tag) < 1 << 32:
+            raise CodecError(self.codec_id, f"tag must be an int in [0, 2**32), got {tag!r}")
+        if tag and self.frame_version == 1:
+            raise CodecError(self.codec_id, "version-1 frames carry no position tag (use frame_version=2)")
         native = kernels.native_module()
-        if native is not None and arr.dtype.kind in "iu" and arr.dtype.isnative:
-            frame: bytes | None = native.encode_frame(arr, self.bits)  # any layout: no copy
-            if frame is not None:
-                return frame
-        flat = arr.reshape(-1)
-        if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= 1 << self.bits):
+        frame: bytes | None
+        if native is not None and arr.dtype.kind in "iu" and arr.dtype.isnative and arr.size < 1 << 32:
+            frame = native.encode_frame(arr, self.bits, self.frame_version, int(tag))  # any layout: no copy
+        else:
+            frame = kernels.encode_frame(arr, self.bits, version=self.frame_version, tag=int(tag))
+        if frame is None:
+            flat = arr.reshape(-1)
             raise CodecError(
                 self.codec_id,
                 f"ids must lie in [0, {1 << self.bits}) for {self.bits} bits, "
                 f"got range [{int(flat.min())}, {int(flat.max())}]",
             )
-        n_encoded = _trimmed_size(flat)
-        payload = pack_bits(flat[:n_encoded], self.bits).tobytes()
-        head = HEADER.pack(MAGIC, VERSION, self.bits, 0, flat.size, n_encoded, 0)[:16]
-        crc = google_crc32c.extend(google_crc32c.value(head), payload)
-        return head + struct.pack("<I", crc) + payload
+        return frame
 
-    def decode(self, buf: bytes | memoryview | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def decode(self, buf: bytes | memoryview | np.ndarray, out: np.ndarray | None = None, *,
+               tag: int | None = None) -> np.ndarray:
+        """Decode one frame of version 1 or 2 (see :meth:`Codec.decode`).
+
+        Parameters
+        ----------
+        buf : bytes-like
+        out : ndarray of integer dtype, optional
+            Destination of exactly the frame's ``n_total`` ids (checked before anything
+            is written). Without it at most :data:`MAX_DECODE_IDS` ids are allocated.
+        tag : int, optional
+            The position tag the frame must carry (a version-1 frame carries none, read
+            as 0); None: not checked.
+
+        Raises
+        ------
+        r3store.errors.ChecksumError
+            The CRC-32C does not match, or the frame is bound to another position than
+            ``tag``.
+        r3store.errors.FormatError
+            Not a valid frame; ``out`` has the wrong size; or, without ``out``, the frame
+            declares more than :data:`MAX_DECODE_IDS` ids.
+        """
         data = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf.view(np.uint8).reshape(-1)
-        native = kernels.native_module()
-        if native is not None and (out is None or (out.dtype.kind in "iu" and out.dtype.isnative
-                                                   and out.flags.writeable)):
-            status, n_total, n_encoded = native.check_frame(data, self.bits)
-            if status:
-                self._check_frame(data)  # names the fault
-                raise FormatError(_FRAME, f"invalid frame (check {status})")
-            if out is None:
-                out = np.empty(n_total, dtype=np.int32)
-            elif out.size != n_total:
-                raise FormatError(_FRAME, f"out holds {out.size} ids, the frame {n_total}")
-            native.unpack(data, HEADER.size, n_encoded, self.bits, out)  # zeros after n_encoded
-            return out
-        n_total, n_encoded = self._check_frame(data)
-        if out is not None and out.size != n_total:
-            raise FormatError(_FRAME, f"out holds {out.size} ids, the frame {n_total}")
-        ids = unpack_bits(data[HEADER.size :], n_encoded, self.bits)
+        if out is not None and (not isinstance(out, np.ndarray) or out.dtype.kind not in "iu"
+                                or not out.flags.writeable):
+            raise FormatError(_FRAME, f"out must be a writable integer array, got {getattr(out, 'dtype', out)!r}")
+        native = kernels.native_module()  # called directly: per-frame overhead matters for small chunks
+        check = native.check_frame(data, self.bits) if native is not None else kernels.check_frame(data, self.bits)
+        status, n_total, n_encoded, header, found = check
+        if status:
+            self._check_frame(data)  # names the fault
+            raise FormatError(_FRAME, f"invalid frame (check {status})")
+        if tag is not None and found != tag:
+            bound = f"tag {found:#010x}" if found else "no tag (an unbound frame)"
+            raise ChecksumError(_FRAME, (), f"frame carries {bound}, not the {tag:#010x} of its position")
         if out is None:
-            if n_encoded == n_total:
-                return ids  # a fresh array: no second pass
-            out = np.zeros(n_total, dtype=np.int32)
-        # reshape(-1) of a non-contiguous out is a copy: write through .flat instead
-        flat_out = out.reshape(-1) if out.flags.c_contiguous else out.flat
-        flat_out[:n_encoded] = ids
-        flat_out[n_encoded:] = 0
+            if n_total > MAX_DECODE_IDS:
+                raise FormatError(_FRAME, f"header declares {n_total:,} ids, more than the "
+                                          f"{MAX_DECODE_IDS:,} decode allocates without out")
+            out = np.empty(n_total, dtype=np.int32)
+        elif out.size != n_total:
+            raise FormatError(_FRAME, f"out holds {out.size} ids, the frame {n_total}")
+        if native is not None and out.dtype.isnative:
+            native.unpack(data, header, n_encoded, self.bits, out)  # zeros after n_encoded
+        else:
+            kernels.unpack_into(data[header:], n_encoded, self.bits, out)
         return out
 
     @staticmethod
     def frame_size(buf: bytes | memoryview | np.ndarray) -> int:
         """Number of ids a frame decodes to (``n_total``), read from its header without checks."""
-        data = np.frombuffer(buf, dtype=np.uint8, count=min(len(buf), HEADER.size)) \
-            if not isinstance(buf, np.ndarray) else buf.view(np.uint8).reshape(-1)[: HEADER.size]
-        if data.size < HEADER.size:
-            raise FormatError(_FRAME, f"{data.size} bytes is shorter than the {HEADER.size}-byte header")
+        data = _head(buf)
         return int(data[8:12].view("<u4")[0])
 
+    @staticmethod
+    def frame_tag(buf: bytes | memoryview | np.ndarray) -> int:
+        """The position tag of a frame, read from its header without checks (0: version 1 or unbound)."""
+        data = _head(buf)
+        if int(data[4]) != 2:
+            return 0
+        if data.size < HEADER_V2.size:
+            raise FormatError(_FRAME, f"{data.size} bytes is shorter than the {HEADER_V2.size}-byte header "
+                                      "of a version-2 frame")
+        return int(data[16:20].view("<u4")[0])
+
     def _check_frame(self, data: np.ndarray) -> tuple[int, int]:
+        """Name the first fault of a frame (the kernels only number it)."""
         if data.size < HEADER.size:
             raise FormatError(_FRAME, f"{data.size} bytes is shorter than the {HEADER.size}-byte header")
-        magic, version, bits, reserved, n_total, n_encoded, crc = HEADER.unpack(data[: HEADER.size].tobytes())
+        magic, version, bits, reserved, n_total, n_encoded, _ = HEADER.unpack(data[: HEADER.size].tobytes())
         if magic != MAGIC:
             raise FormatError(_FRAME, f"bad magic {magic!r} (expected {MAGIC!r})")
-        payload = data[HEADER.size :]
-        computed = google_crc32c.extend(google_crc32c.value(data[:16].tobytes()), np.ascontiguousarray(payload))
+        if version not in VERSIONS:
+            raise FormatError(_FRAME, f"unsupported frame version {version}")
+        size = HEADER_SIZES[version]
+        if data.size < size:
+            raise FormatError(_FRAME, f"{data.size} bytes is shorter than the {size}-byte header "
+                                      f"of a version-{version} frame")
+        crc = int(data[size - 4 : size].view("<u4")[0])
+        payload = data[size:]
+        computed = google_crc32c.extend(google_crc32c.value(data[: size - 4].tobytes()), np.ascontiguousarray(payload))
         if computed != crc:
             raise ChecksumError(_FRAME, (), f"CRC-32C mismatch: stored {crc:#010x}, computed {computed:#010x}")
-        if version != VERSION:
-            raise FormatError(_FRAME, f"unsupported frame version {version}")
         if bits != self.bits or n_encoded > n_total:
             raise FormatError(_FRAME, f"header says {bits} bits, {n_encoded}/{n_total} ids; codec has {self.bits} bits")
         if payload.size != (n_encoded * bits + 7) // 8:
@@ -237,3 +306,12 @@ class BitpackCodec(Codec):
         if used and int(payload[-1]) >> used:
             raise FormatError(_FRAME, f"unused high bits of the last payload byte are set ({int(payload[-1]):#04x})")
         return n_total, n_encoded
+
+
+def _head(buf: bytes | memoryview | np.ndarray) -> np.ndarray:
+    """The first bytes of a frame (up to a version-2 header), or FormatError when fewer than 20."""
+    data = np.frombuffer(buf, dtype=np.uint8, count=min(len(buf), HEADER_V2.size)) \
+        if not isinstance(buf, np.ndarray) else buf.view(np.uint8).reshape(-1)[: HEADER_V2.size]
+    if data.size < HEADER.size:
+        raise FormatError(_FRAME, f"{data.size} bytes is shorter than the {HEADER.size}-byte header")
+    return data

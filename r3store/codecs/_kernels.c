@@ -696,22 +696,36 @@ static void unpack_to_buffer(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, in
  * r3store.bitpack frames
  * --------------------------------------------------------------------------------- */
 
-#define FRAME_HEADER 20
+#define FRAME_HEADER 20    /* version 1: magic, version, bits, reserved, n_total, n_encoded, crc32c */
+#define FRAME_HEADER_V2 24 /* version 2: ... n_encoded, tag, crc32c */
 
 static void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static uint32_t get_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 
-/* 0 if valid; else the first failed check (the Python code then names the fault). */
-static int frame_status(const uint8_t *d, Py_ssize_t len, int bits, uint32_t *n_total, uint32_t *n_enc) {
+static int frame_header_size(int version) { return version == 2 ? FRAME_HEADER_V2 : FRAME_HEADER; }
+
+/*
+ * 0 if valid; else the first failed check (the Python code then names the fault):
+ * 1 shorter than the header, 2 magic, 3 CRC-32C, 4 unknown version, 5 bits or n_encoded >
+ * n_total, 6 payload length, 7 reserved bytes, 8 unused high bits. Version 2 frames carry a
+ * position tag (returned; 0 for version 1) and their CRC at offset 20, over bytes [0, 20)
+ * and the payload.
+ */
+static int frame_status(const uint8_t *d, Py_ssize_t len, int bits, uint32_t *n_total, uint32_t *n_enc,
+                        int *header, uint32_t *tag) {
     if (len < FRAME_HEADER) return 1;
     if (memcmp(d, "R3BP", 4) != 0) return 2;
-    const uint8_t *payload = d + FRAME_HEADER;
-    const Py_ssize_t plen = len - FRAME_HEADER;
-    uint32_t crc = crc32c_extend(crc32c_extend(0, d, 16), payload, (size_t)plen);
-    if (crc != get_u32(d + 16)) return 3;
-    if (d[4] != 1) return 4;
+    if (d[4] != 1 && d[4] != 2) return 4;
+    const int hdr = frame_header_size(d[4]);
+    if (len < hdr) return 1;
+    *header = hdr;
+    const uint8_t *payload = d + hdr;
+    const Py_ssize_t plen = len - hdr;
+    uint32_t crc = crc32c_extend(crc32c_extend(0, d, (size_t)hdr - 4), payload, (size_t)plen);
+    if (crc != get_u32(d + hdr - 4)) return 3;
     *n_total = get_u32(d + 8);
     *n_enc = get_u32(d + 12);
+    *tag = hdr == FRAME_HEADER_V2 ? get_u32(d + 16) : 0;
     if (d[5] != bits || *n_enc > *n_total) return 5;
     if (plen != packed_nbytes(*n_enc, bits)) return 6;
     if (d[6] || d[7]) return 7;
@@ -1038,16 +1052,23 @@ static PyObject *py_pack(PyObject *self, PyObject *args) {
     return Py_BuildValue("(Kn)", (unsigned long long)acc, used);
 }
 
-PyDoc_STRVAR(encode_frame_doc, "encode_frame(src, bits) -> bytes | None\n\n"
+PyDoc_STRVAR(encode_frame_doc, "encode_frame(src, bits, version=1, tag=0) -> bytes | None\n\n"
 "One r3store.bitpack frame of the ids of src (any shape and strides, C order): header,\n"
-"CRC-32C, payload with the trailing zero ids trimmed. None when an id lies outside\n"
+"CRC-32C, payload with the trailing zero ids trimmed. version 2 frames carry tag (the\n"
+"position tag, 32 bits) in their 24-byte header. None when an id lies outside\n"
 "[0, 2**bits) (the caller reports which).");
 
 static PyObject *py_encode_frame(PyObject *self, PyObject *args) {
     PyObject *src_obj;
-    int bits;
+    int bits, version = 1;
+    unsigned long tag = 0;
     Py_buffer src;
-    if (!PyArg_ParseTuple(args, "Oi", &src_obj, &bits) || check_bits(bits) < 0) {
+    if (!PyArg_ParseTuple(args, "Oi|ik", &src_obj, &bits, &version, &tag) || check_bits(bits) < 0) {
+        return NULL;
+    }
+    if ((version != 1 && version != 2) || tag > 0xFFFFFFFFul || (version == 1 && tag != 0)) {
+        PyErr_Format(PyExc_ValueError, "encode_frame: version must be 1 or 2 and tag a u32 (0 for version 1), "
+                     "got version %d, tag %lu", version, tag);
         return NULL;
     }
     if (get_int_buffer(src_obj, &src, 0, "ids") < 0) {
@@ -1060,8 +1081,9 @@ static PyObject *py_encode_frame(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_OverflowError, "a frame holds fewer than 2**32 ids");
         return NULL;
     }
+    const int hdr = frame_header_size(version);
     const Py_ssize_t n = c.total, full = packed_nbytes(n, bits);
-    PyObject *frame = PyBytes_FromStringAndSize(NULL, FRAME_HEADER + full);
+    PyObject *frame = PyBytes_FromStringAndSize(NULL, hdr + full);
     if (!frame) {
         PyBuffer_Release(&src);
         return NULL;
@@ -1071,7 +1093,7 @@ static PyObject *py_encode_frame(PyObject *self, PyObject *args) {
     Py_ssize_t used;
     int type = buffer_type(&src);
     Py_BEGIN_ALLOW_THREADS
-    acc = pack_buffer(&src, type, bits, d + FRAME_HEADER, &used);
+    acc = pack_buffer(&src, type, bits, d + hdr, &used);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&src);
     if (!fits(acc, bits)) {
@@ -1080,43 +1102,47 @@ static PyObject *py_encode_frame(PyObject *self, PyObject *args) {
     }
     const Py_ssize_t plen = packed_nbytes(used, bits);
     if (plen < full) { /* trailing zero ids are trimmed: a shorter copy */
-        PyObject *trimmed = PyBytes_FromStringAndSize((const char *)d, FRAME_HEADER + plen);
+        PyObject *trimmed = PyBytes_FromStringAndSize((const char *)d, hdr + plen);
         Py_DECREF(frame);
         if (!trimmed) return NULL;
         frame = trimmed;
         d = (uint8_t *)PyBytes_AsString(frame);
     }
     memcpy(d, "R3BP", 4);
-    d[4] = 1;
+    d[4] = (uint8_t)version;
     d[5] = (uint8_t)bits;
     d[6] = d[7] = 0;
     put_u32(d + 8, (uint32_t)n);
     put_u32(d + 12, (uint32_t)used);
+    if (version == 2) put_u32(d + 16, (uint32_t)tag);
     uint32_t crc;
     Py_BEGIN_ALLOW_THREADS
-    crc = crc32c_extend(crc32c_extend(0, d, 16), d + FRAME_HEADER, (size_t)plen);
+    crc = crc32c_extend(crc32c_extend(0, d, (size_t)hdr - 4), d + hdr, (size_t)plen);
     Py_END_ALLOW_THREADS
-    put_u32(d + 16, crc);
+    put_u32(d + hdr - 4, crc);
     return frame;
 }
 
-PyDoc_STRVAR(check_frame_doc, "check_frame(buf, bits) -> (status, n_total, n_encoded)\n\n"
-"Verify an r3store.bitpack frame (magic, CRC-32C, version, bits, sizes, reserved and\n"
-"padding bits). status 0: valid; otherwise the number of the first failed check.");
+PyDoc_STRVAR(check_frame_doc, "check_frame(buf, bits) -> (status, n_total, n_encoded, header, tag)\n\n"
+"Verify an r3store.bitpack frame of version 1 or 2 (magic, version, CRC-32C, bits, sizes,\n"
+"reserved and padding bits). status 0: valid; otherwise the number of the first failed\n"
+"check. header: the header size (20 or 24; the payload starts there); tag: the position\n"
+"tag of a version-2 frame (0 for version 1).");
 
 static PyObject *py_check_frame(PyObject *self, PyObject *args) {
     PyObject *obj;
-    int bits, status;
+    int bits, status, header = 0;
     Py_buffer b;
-    uint32_t n_total = 0, n_enc = 0;
+    uint32_t n_total = 0, n_enc = 0, tag = 0;
     if (!PyArg_ParseTuple(args, "Oi", &obj, &bits) || check_bits(bits) < 0 || get_bytes_buffer(obj, &b) < 0) {
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
-    status = frame_status((const uint8_t *)b.buf, b.len, bits, &n_total, &n_enc);
+    status = frame_status((const uint8_t *)b.buf, b.len, bits, &n_total, &n_enc, &header, &tag);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&b);
-    return Py_BuildValue("(ikk)", status, (unsigned long)n_total, (unsigned long)n_enc);
+    return Py_BuildValue("(ikkik)", status, (unsigned long)n_total, (unsigned long)n_enc, header,
+                         (unsigned long)tag);
 }
 
 PyDoc_STRVAR(unpack_doc, "unpack(buf, offset, n, bits, out)\n\n"

@@ -8,15 +8,20 @@ test suite checks both agree (and agree with the plain-Python references in
 from __future__ import annotations
 
 import base64
+import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import google_crc32c
 import numpy as np
 
 __all__ = [
+    "FrameCheck",
     "RouteFault",
     "b64decode_numpy",
+    "check_frame_numpy",
     "check_ids_numpy",
+    "encode_frame_numpy",
     "first_repeat",
     "gather_rows_numpy",
     "pack_bits_numpy",
@@ -38,6 +43,76 @@ class RouteFault(NamedTuple):
     """Index along the routes' layer axis (not the decoder layer index)."""
     slot: int
     """Top-k slot of the offending id (0 for ``"repeat"``)."""
+
+
+class FrameCheck(NamedTuple):
+    """What :func:`r3store.codecs.kernels.check_frame` found in an ``r3store.bitpack`` frame."""
+
+    status: int
+    """0: valid; else the first failed check: 1 shorter than the header, 2 magic, 3 CRC-32C,
+    4 unknown version, 5 bits differ or ``n_encoded > n_total``, 6 payload length, 7 reserved
+    bytes, 8 unused high bits of the last payload byte."""
+    n_total: int
+    """Ids the frame decodes to (0 when ``status`` is 1, 2 or 4)."""
+    n_encoded: int
+    """Ids in the payload (the rest are zeros)."""
+    header: int
+    """Header size in bytes: 20 (version 1) or 24 (version 2); the payload starts there."""
+    tag: int
+    """Position tag of a version-2 frame; 0 for version 1 (unbound)."""
+
+
+FRAME_MAGIC = b"R3BP"
+FRAME_HEADERS = {1: 20, 2: 24}
+"""Header size of each frame version (``schema/FORMAT.md`` 5.1)."""
+
+
+def encode_frame_numpy(ids: np.ndarray, bits: int, version: int = 1, tag: int = 0) -> bytes | None:
+    """numpy twin of :func:`r3store.codecs.kernels.encode_frame` (None: an id is out of range)."""
+    flat = np.asarray(ids).reshape(-1)
+    if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= 1 << bits):
+        return None
+    nonzero = np.flatnonzero(flat)
+    n_encoded = int(nonzero[-1]) + 1 if nonzero.size else 0
+    payload = pack_bits_numpy(flat[:n_encoded], bits).tobytes()
+    head = struct.pack("<4sBBHII", FRAME_MAGIC, version, bits, 0, flat.size, n_encoded)
+    if version == 2:
+        head += struct.pack("<I", tag)
+    crc = google_crc32c.extend(google_crc32c.value(head), payload)
+    return head + struct.pack("<I", crc) + payload
+
+
+def check_frame_numpy(data: np.ndarray, bits: int) -> FrameCheck:
+    """numpy twin of :func:`r3store.codecs.kernels.check_frame`."""
+    data = np.asarray(data).view(np.uint8).reshape(-1)
+    if data.size < FRAME_HEADERS[1]:
+        return FrameCheck(1, 0, 0, 0, 0)
+    if data[:4].tobytes() != FRAME_MAGIC:
+        return FrameCheck(2, 0, 0, 0, 0)
+    version = int(data[4])
+    if version not in FRAME_HEADERS:
+        return FrameCheck(4, 0, 0, 0, 0)
+    hdr = FRAME_HEADERS[version]
+    if data.size < hdr:
+        return FrameCheck(1, 0, 0, 0, 0)
+    head = data[:hdr].tobytes()
+    n_total, n_encoded = struct.unpack_from("<II", head, 8)
+    tag = struct.unpack_from("<I", head, 16)[0] if version == 2 else 0
+    payload = data[hdr:]
+    crc = google_crc32c.extend(google_crc32c.value(head[: hdr - 4]), np.ascontiguousarray(payload))
+    if crc != struct.unpack_from("<I", head, hdr - 4)[0]:
+        return FrameCheck(3, 0, 0, hdr, 0)
+    found = FrameCheck(0, n_total, n_encoded, hdr, tag)
+    used = n_encoded * bits % 8
+    if head[5] != bits or n_encoded > n_total:
+        return found._replace(status=5)
+    if payload.size != (n_encoded * bits + 7) // 8:
+        return found._replace(status=6)
+    if head[6:8] != b"\0\0":
+        return found._replace(status=7)
+    if used and int(payload[-1]) >> used:
+        return found._replace(status=8)
+    return found
 
 
 def pack_bits_numpy(ids: np.ndarray, bits: int) -> np.ndarray:

@@ -1,7 +1,11 @@
 """zarr-python v3 adapter for ``r3store.bitpack``.
 
 Registered under zarr's ``zarr.codecs`` entry-point group, so ``zarr.open_array`` reads
-r3store route arrays once r3store is installed, without importing it.
+r3store route arrays once r3store is installed, without importing it. It checks every
+frame's CRC-32C and that the frame holds exactly the ids of its chunk (read from zarr's
+chunk spec, before anything is allocated), but not position tags: zarr does not tell
+codecs which chunk they decode, so frames of a format v2 array read through zarr are not
+checked against their place (r3store's own reader checks them).
 """
 
 from __future__ import annotations
@@ -32,14 +36,20 @@ class ZarrBitpackCodec(ArrayBytesCodec):
     ----------
     bits : int
         Bits per id, 1 to 16.
+    frame_version : {1, 2}
+        Version of the frames written (both are read); version-2 frames written through
+        zarr are unbound (tag 0).
     """
 
     is_fixed_size = False
 
     bits: int
+    frame_version: int
 
-    def __init__(self, *, bits: int) -> None:
-        object.__setattr__(self, "bits", BitpackCodec(bits).bits)
+    def __init__(self, *, bits: int, frame_version: int = 1) -> None:
+        codec = BitpackCodec(bits, frame_version)
+        object.__setattr__(self, "bits", codec.bits)
+        object.__setattr__(self, "frame_version", codec.frame_version)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
@@ -47,19 +57,21 @@ class ZarrBitpackCodec(ArrayBytesCodec):
         return cls(**config)  # type: ignore[arg-type]  # JSON values, checked by BitpackCodec
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": BitpackCodec.codec_id, "configuration": {"bits": self.bits}}
+        config = BitpackCodec(self.bits, self.frame_version).get_config()
+        return {"name": BitpackCodec.codec_id, "configuration": {k: v for k, v in config.items() if k != "id"}}
 
     def validate(self, *, shape: tuple[int, ...], dtype: Any, chunk_grid: Any) -> None:
         if not np.issubdtype(dtype.to_native_dtype(), np.integer):
             raise TypeError(f"{BitpackCodec.codec_id} needs an integer data type, got {dtype}")
 
     async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
-        ids = BitpackCodec(self.bits).decode(chunk_bytes.as_numpy_array())
-        native = chunk_spec.dtype.to_native_dtype()
-        return chunk_spec.prototype.nd_buffer.from_numpy_array(ids.astype(native).reshape(chunk_spec.shape))
+        # into an array of the chunk's shape: a header declaring more ids is refused, not allocated
+        out = np.empty(chunk_spec.shape, dtype=chunk_spec.dtype.to_native_dtype())
+        BitpackCodec(self.bits, self.frame_version).decode(chunk_bytes.as_numpy_array(), out=out)
+        return chunk_spec.prototype.nd_buffer.from_numpy_array(out)
 
     async def _encode_single(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
-        buf = BitpackCodec(self.bits).encode(chunk_array.as_numpy_array())
+        buf = BitpackCodec(self.bits, self.frame_version).encode(chunk_array.as_numpy_array())
         return chunk_spec.prototype.buffer.from_bytes(buf)
 
     def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:

@@ -39,9 +39,13 @@ import numpy as np
 import numpy.typing as npt
 
 from r3store.codecs._kernels_numpy import (
+    FRAME_HEADERS,
+    FrameCheck,
     RouteFault,
     b64decode_numpy,
+    check_frame_numpy,
     check_ids_numpy,
+    encode_frame_numpy,
     first_repeat,
     gather_rows_numpy,
     pack_bits_numpy,
@@ -52,13 +56,17 @@ from r3store.errors import CodecError
 
 __all__ = [
     "DISABLE_ENV",
+    "FRAME_HEADERS",
+    "FrameCheck",
     "IMPLEMENTATION",
     "NATIVE_UNAVAILABLE",
     "OUT_DTYPES",
     "RouteFault",
     "b64decode",
+    "check_frame",
     "check_ids",
     "describe",
+    "encode_frame",
     "first_repeat",
     "gather_rows",
     "implementation",
@@ -288,6 +296,82 @@ def unpack_into(payload: npt.ArrayLike | bytes | memoryview, n: int, bits: int, 
         return unpack_into_numpy(data, n, bits, out)
     _native.unpack(data, 0, n, bits, out)
     return out
+
+
+# -- whole frames --------------------------------------------------------------------
+
+
+def encode_frame(ids: npt.ArrayLike, bits: int, *, version: int = 1, tag: int = 0) -> bytes | None:
+    """One ``r3store.bitpack`` frame of ``ids`` (``schema/FORMAT.md`` 5.1): header, CRC-32C, payload.
+
+    Parameters
+    ----------
+    ids : array_like of integer dtype, any shape and memory layout
+        Read in C order; fewer than ``2**32`` of them.
+    bits : int
+        Bits per id, 1 to 16.
+    version : {1, 2}
+        Frame version: 1 (20-byte header) or 2 (24-byte header with a position tag).
+    tag : int
+        Position tag of a version-2 frame, ``[0, 2**32)`` (0: unbound); 0 for version 1.
+
+    Returns
+    -------
+    bytes or None
+        The frame (trailing zero ids trimmed from the payload), or None when an id lies
+        outside ``[0, 2**bits)`` (the caller names it).
+
+    Raises
+    ------
+    r3store.errors.CodecError
+        ``bits``, ``version`` or ``tag`` is out of range, ``ids`` is not an integer array,
+        or it holds ``2**32`` ids or more.
+    """
+    bits = _check_bits(bits)
+    if version not in FRAME_HEADERS or isinstance(tag, bool) or not isinstance(tag, int | np.integer) or \
+            not 0 <= int(tag) < 1 << 32 or (version == 1 and tag):
+        raise CodecError(_KERNELS, f"frame version must be 1 or 2 and tag a 32-bit int (0 for version 1), "
+                                   f"got version {version!r}, tag {tag!r}")
+    arr = np.asarray(ids)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise CodecError(_KERNELS, f"ids must be integers, got dtype {arr.dtype}")
+    if arr.size >= 1 << 32:
+        raise CodecError(_KERNELS, f"a frame holds fewer than 2**32 ids, got {arr.size}")
+    if _native is None or not _native_ints(arr):
+        return encode_frame_numpy(arr, bits, version, int(tag))
+    frame: bytes | None = _native.encode_frame(arr, bits, version, int(tag))
+    return frame
+
+
+def check_frame(buf: npt.ArrayLike | bytes | memoryview, bits: int) -> FrameCheck:
+    """Verify an ``r3store.bitpack`` frame of version 1 or 2 without decoding its ids.
+
+    Checks the magic, version, CRC-32C, bit width, sizes, reserved bytes and the unused
+    high bits of the last payload byte, in the order of :attr:`FrameCheck.status`.
+
+    Parameters
+    ----------
+    buf : bytes-like or ndarray of uint8
+        One whole frame.
+    bits : int
+        Bits per id the frame must have, 1 to 16.
+
+    Returns
+    -------
+    FrameCheck
+        ``status`` 0 when valid; ``n_total``, ``n_encoded``, ``header`` (payload offset) and
+        ``tag`` from the header.
+
+    Raises
+    ------
+    r3store.errors.CodecError
+        ``bits`` is out of range.
+    """
+    bits = _check_bits(bits)
+    data = _as_payload(buf)
+    if _native is None:
+        return check_frame_numpy(data, bits)
+    return FrameCheck(*_native.check_frame(data, bits))
 
 
 # -- routes --------------------------------------------------------------------------

@@ -34,7 +34,8 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
     ``routes`` int32 tensor ``(total_tokens, n_layers, top_k)`` (THD) or
     ``(B, T, n_layers, top_k)`` (BSHD), ``cu_seqlens`` int32 ``(B + 1,)`` (``B + 2`` when
     TP padding adds a final padding segment), ``replay_mask`` bool (False on pad rows:
-    each sample's last token, CP and TP padding), ``num_tokens`` int32 ``(B,)``,
+    each sample's last token, CP and TP padding, and rows the engine could not capture,
+    which hold pad-row ids), ``num_tokens`` int32 ``(B,)``,
     ``sample_ids`` list of str, ``layers`` (global decoder-layer indices) and
     ``sp_range``. Each sample contributes ``num_tokens`` rows: its ``num_tokens - 1``
     recorded rows plus one pad row. Pad rows hold distinct, in-range ids spread over all
@@ -82,6 +83,10 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
     pad_policy : {"spread", "fill"}
     fill_value : int
         Pad id with ``pad_policy="fill"``.
+    return_policy_version : bool
+        Add ``policy_version`` to every batch: int64 per row, laid out like the routes,
+        the policy (weight) version that produced it (-1 on pad rows and for samples
+        written without one); see :meth:`r3store.RouteStore.assemble`.
     rank, world_size : int, optional
         Deprecated names of ``dp_rank`` and ``dp_size``.
 
@@ -135,6 +140,7 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         max_seqlen: int | None = None,
         pad_policy: PadPolicy = "spread",
         fill_value: int = -1,
+        return_policy_version: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
@@ -153,6 +159,7 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         self.seed = parse_int("seed", seed, minimum=0)
         self.pad_policy = pad_policy
         self.fill_value = fill_value
+        self.return_policy_version = bool(return_policy_version)
         self._dp_rank = renamed_keyword("RouteDataset", "rank", "dp_rank", rank, dp_rank)
         self._dp_size = renamed_keyword("RouteDataset", "world_size", "dp_size", world_size, dp_size)
         if self._dp_rank is not None or self._dp_size is not None:
@@ -208,7 +215,7 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         for positions in mine[start:]:
             ids = [self.sample_ids[i] for i in positions]
             batch = assemble(self.reader, ids, self.options, layers=self.layers, pad_policy=self.pad_policy,
-                             fill_value=self.fill_value)
+                             fill_value=self.fill_value, return_policy_version=self.return_policy_version)
             self._yielded += 1
             yield batch_to_tensors(batch)
 

@@ -103,6 +103,7 @@ def apply_routes(
     num_experts: int,
     pad_policy: Literal["spread", "fill"] = "spread",
     fill_value: int = -1,
+    missing: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Lay out recorded routes exactly where ``plan`` puts their tokens.
 
@@ -119,6 +120,9 @@ def apply_routes(
         order over this rank's output. ``"fill"``: every pad id is ``fill_value``.
     fill_value : int, default -1
         Pad id for ``pad_policy="fill"``.
+    missing : numpy.ndarray of bool, shape (R,), optional
+        Rows of ``routes`` the engine could not capture: laid out as pad rows (values of
+        ``pad_policy``) with ``replay_mask`` False, so replay keeps live routing there.
 
     Returns
     -------
@@ -126,7 +130,7 @@ def apply_routes(
         Shape ``(T_local, n_layers, top_k)`` (THD) or ``(B, T_local, n_layers, top_k)`` (BSHD).
     replay_mask : numpy.ndarray of bool
         Shape ``(T_local,)`` or ``(B, T_local)``: true exactly where a recorded
-        route sits; every other position holds a pad row.
+        route sits; every other position (missing rows included) holds a pad row.
 
     Raises
     ------
@@ -148,6 +152,11 @@ def apply_routes(
     if pad_policy == "spread":
         pad_routes(0, 0, routes.shape[2], num_experts)  # checks top_k <= num_experts before any work
     ridx = route_index(plan)
+    if missing is not None:
+        missing = np.asarray(missing, dtype=bool)
+        if missing.shape != (routes.shape[0],):
+            raise AlignmentError(_BATCH, f"missing has shape {missing.shape}, the routes {routes.shape[0]} rows")
+        ridx = np.where((ridx >= 0) & missing[np.maximum(ridx, 0)], -1, ridx)
     out = _gather(ridx, routes, fill_value)
     mask = ridx >= 0
     if pad_policy == "spread":

@@ -2,29 +2,41 @@
 
 * :func:`open_reader` / :class:`RouteReader`: random access by sample id, row range and
   layer range;
-* the sample catalogue (``_catalog.py``): sample tables loaded, checked, merged and
-  deduplicated; which commits exist and which route objects belong to none
-  (:func:`committed_commits`, :func:`uncommitted_route_objects`);
+* the sample catalogue (``_catalog.py``): sample tables found (:func:`table_keys`),
+  loaded, checked, merged and deduplicated, optionally on top of rows loaded elsewhere
+  (:class:`Preloaded`: a verified table and the commits it covers); which commits exist
+  and which route objects belong to none (:func:`committed_commits`,
+  :func:`uncommitted_route_objects`);
 * :func:`filter_samples`: the rows of a sample table a pyarrow compute expression
   selects (the one code path behind every ``filter=``);
-* the chunk reader (``_chunks.py``): object indexes, ranged reads coalesced
-  (:func:`merge_ranges`), frames decoded through the codec registry, an LRU cache.
+* the chunk reader (``_chunks.py``): array documents checked against their commit,
+  object indexes, ranged reads coalesced (:func:`merge_ranges`), frames decoded through
+  the codec registry and checked against their place (format v2), an LRU cache.
 
 It imports nothing above it: laying routes out for a trainer is :mod:`r3store.batch`.
 """
 
-from r3store.reader._catalog import OnDuplicate, StorageUsage, committed_commits, uncommitted_route_objects
+from r3store.reader._catalog import (
+    OnDuplicate,
+    Preloaded,
+    StorageUsage,
+    committed_commits,
+    table_keys,
+    uncommitted_route_objects,
+)
 from r3store.reader._chunks import merge_ranges
 from r3store.reader._filter import filter_samples
 from r3store.reader._reader import RouteReader, open_reader
 
 __all__ = [
     "OnDuplicate",
+    "Preloaded",
     "RouteReader",
     "StorageUsage",
     "committed_commits",
     "filter_samples",
     "merge_ranges",
     "open_reader",
+    "table_keys",
     "uncommitted_route_objects",
 ]

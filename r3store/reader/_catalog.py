@@ -1,15 +1,20 @@
 """The sample catalogue: every committed sample table of a store, checked, merged and indexed.
 
-A commit is visible once its sample table ``index/<commit>.parquet`` exists (FORMAT.md
-section 2); the catalogue is what readers know of a store besides the route bytes:
-which commits exist, which sample lives in which rows of which route array, which ids
-were committed twice, and which route objects belong to no commit (leftovers of a
-crashed writer).
+A commit is visible once its sample table exists (``index/<bucket>/<commit>.parquet`` in
+format v2, ``index/<commit>.parquet`` in v1; FORMAT.md section 2); the catalogue is what
+readers know of a store besides the route bytes: which commits exist, which sample lives
+in which rows of which route array (and which of its rows are missing, which policy
+version made which rows), which ids were committed twice, and which route objects belong
+to no commit (leftovers of a crashed writer).
+
+The catalogue can start from rows loaded elsewhere (:class:`Preloaded`: a verified
+table of sample rows and the set of commits they cover, e.g. a checkpoint); it then reads
+only the sample tables of the other commits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
@@ -20,24 +25,32 @@ from r3store._checks import parse_choice
 from r3store._format import (
     COMMIT_NAME,
     INDEX_PREFIX,
+    MANIFEST_KEY,
     ROUTES_PREFIX,
+    Manifest,
     array_key,
     array_rows,
     commit_of_route_key,
     commit_of_table_key,
+    is_bucket,
+    parse_ranges,
+    parse_spans,
+    parse_table_key,
     read_table,
     table_key,
     table_schema,
 )
-from r3store.errors import DuplicateSampleError, OptionError, SampleNotFoundError
+from r3store.errors import DuplicateSampleError, FormatError, ObjectNotFoundError, OptionError, SampleNotFoundError
 from r3store.storage import Backend
 
 __all__ = [
     "OnDuplicate",
+    "Preloaded",
     "SampleCatalog",
     "StorageUsage",
     "committed_commits",
     "storage_usage",
+    "table_keys",
     "uncommitted_route_objects",
 ]
 
@@ -61,15 +74,74 @@ class StorageUsage:
 
 def committed_commits(backend: Backend) -> list[str]:
     """Names of the commits whose sample table exists (sorted), from one listing of ``index/``."""
-    found = (commit_of_table_key(key) for key in backend.list_prefix(INDEX_PREFIX))
-    return [commit for commit in found if commit is not None]
+    found = {commit_of_table_key(key) for key in backend.list_prefix(INDEX_PREFIX)}
+    return sorted(commit for commit in found if commit is not None)
+
+
+def table_keys(keys: list[str], version: int, path_of: Callable[[str], str] = str) -> dict[str, list[str]]:
+    """The sample-table keys of a listing of ``index/``, by commit (checked for the format version).
+
+    Parameters
+    ----------
+    keys : list of str
+        Keys under ``index/`` (others, and temporary files, are skipped).
+    version : {1, 2}
+        Format v2 tables are ``index/<bucket>/<commit>.parquet``; v1 tables
+        ``index/<commit>.parquet``.
+    path_of : callable, optional
+        A key's location, for messages.
+
+    Returns
+    -------
+    dict of str to list of str
+        Commit -> its table keys (one, unless a late retry wrote a second bucket), sorted.
+
+    Raises
+    ------
+    r3store.errors.FormatError
+        A table key of the other layout, a bucket that is not a UTC hour, or a commit name
+        that does not match :data:`r3store._format.COMMIT_NAME`.
+    """
+    out: dict[str, list[str]] = {}
+    for key in keys:
+        parsed = parse_table_key(key)
+        if parsed is None:
+            continue
+        bucket, commit = parsed
+        where = path_of(key)
+        if version >= 2 and (bucket is None or not is_bucket(bucket)):
+            raise FormatError(where, "a format v2 sample table must be index/<bucket>/<commit>.parquet with <bucket> "
+                                     "a UTC hour yyyymmddTHH")
+        if version == 1 and bucket is not None:
+            raise FormatError(where, f"commit name {bucket + '/' + commit!r} does not match {COMMIT_NAME.pattern} "
+                                     "(format v1 tables are index/<commit>.parquet)")
+        if not COMMIT_NAME.fullmatch(commit):
+            raise FormatError(where, f"commit name {commit!r} does not match {COMMIT_NAME.pattern}")
+        out.setdefault(commit, []).append(key)
+    return {commit: sorted(found) for commit, found in sorted(out.items())}
+
+
+@dataclass(frozen=True)
+class Preloaded:
+    """Sample rows a catalogue starts from, and the commits they cover.
+
+    The rows must be verified by whoever loaded them (e.g. a checkpoint with its digest)
+    and have the format v2 columns; the catalogue reads only the sample tables of commits
+    not in :attr:`commits`.
+    """
+
+    table: pa.Table
+    """Sample rows (the columns of ``table_schema(2)``, then user metadata)."""
+    commits: frozenset[str]
+    """The commits whose rows :attr:`table` holds (all of each commit's rows)."""
 
 
 def uncommitted_route_objects(listing: Mapping[str, V], committed: Collection[str]) -> dict[str, dict[str, V]]:
     """Objects under ``routes/<commit>/`` of commits that have no sample table, by commit.
 
     The one rule for "uncommitted" (used by ``r3store gc``, ``inspect`` and ``validate``):
-    a route array is committed exactly when ``index/<commit>.parquet`` exists.
+    a route array is committed exactly when its sample table (``index/<bucket>/<commit>.parquet``; v1:
+    ``index/<commit>.parquet``) exists.
 
     Parameters
     ----------
@@ -114,12 +186,20 @@ class SampleCatalog:
     Parameters
     ----------
     backend : Backend
+    manifest : Manifest
+        The store's manifest: its format version, spec (every table's must equal it) and
+        cap on rows per sample.
     on_duplicate : {"raise", "first", "report"}
         A sample id committed twice: raise, keep the earliest commit, or keep it and
         list the duplicates in :attr:`duplicates`.
+    max_sample_rows : int, optional
+        Cap on rows per sample (default: the manifest's).
+    preloaded : Preloaded, optional
+        Rows already loaded and verified, with the commits they cover.
     commits : collection of str, optional
-        Load only these commits' sample tables (read by key: ``index/`` is not listed).
-        Duplicates are then resolved among these commits only.
+        Load only these commits' sample tables (format v1: read by key, ``index/`` is not
+        listed; format v2: one listing of ``index/`` finds their buckets). Duplicates are
+        then resolved among these commits only.
 
     Attributes
     ----------
@@ -139,7 +219,9 @@ class SampleCatalog:
     Raises
     ------
     r3store.errors.FormatError
-        A sample table is malformed (see :func:`r3store.open_reader`).
+        A sample table is malformed (see :func:`r3store.open_reader`); ChecksumError when it
+        fails its checksums, SpecConflictError when its spec differs from the manifest's,
+        SampleTooLargeError when a sample has more rows than the cap.
     r3store.errors.DuplicateSampleError
         With ``on_duplicate="raise"``.
     r3store.errors.OptionError
@@ -149,44 +231,76 @@ class SampleCatalog:
         A commit of ``commits`` has no sample table.
     """
 
-    def __init__(self, backend: Backend, *, on_duplicate: OnDuplicate = "raise",
+    def __init__(self, backend: Backend, manifest: Manifest, *, on_duplicate: OnDuplicate = "raise",
+                 max_sample_rows: int | None = None, preloaded: Preloaded | None = None,
                  commits: Collection[str] | None = None) -> None:
         parse_choice("on_duplicate", on_duplicate, ON_DUPLICATE)
         self.url = backend.url
+        self.manifest = manifest
+        self.max_sample_rows = manifest.max_sample_rows if max_sample_rows is None else max_sample_rows
         self.commits: list[str] = []
         self.complete = commits is None
         self.array_rows: dict[str, int] = {}
-        table = self._load_tables(backend, None if commits is None else _parse_commits(commits))
+        table = self._load_tables(backend, preloaded, None if commits is None else _parse_commits(commits))
         self.samples, self.duplicates = _dedupe(table, on_duplicate)
         self._build_lookup()
 
-    def _load_tables(self, backend: Backend, commits: list[str] | None) -> pa.Table:
-        """Read and check every committed sample table (or those of ``commits``); note the rows
-        each route array must have."""
-        if commits is None:
-            keys = [k for k in backend.list_prefix(INDEX_PREFIX) if commit_of_table_key(k) is not None]
-        else:
-            keys = [table_key(commit) for commit in commits]
-        self.commits = [commit_of_table_key(k) or "" for k in keys]
-        blobs = backend.get_many(keys)
-        tables = []
-        for key, commit in zip(keys, self.commits, strict=True):
-            tables.append(read_table(blobs.pop(key), backend.path_of(key), commit))
+    def _table_keys(self, backend: Backend, wanted: list[str] | None) -> dict[str, list[str]]:
+        """Each commit's sample-table key(s): all commits (one listing of ``index/``) or ``wanted``."""
+        if wanted is not None and self.manifest.version == 1:
+            return {commit: [table_key(commit)] for commit in wanted}  # flat keys: no listing needed
+        by_commit = table_keys(backend.list_prefix(INDEX_PREFIX), self.manifest.version, backend.path_of)
+        if wanted is None:
+            return by_commit
+        absent = [commit for commit in wanted if commit not in by_commit]
+        if absent:
+            raise ObjectNotFoundError(backend.path_of(f"{INDEX_PREFIX}<bucket>/{absent[0]}.parquet"),
+                                      f"commit {absent[0]!r} has no sample table")
+        return {commit: by_commit[commit] for commit in wanted}
+
+    def _load_tables(self, backend: Backend, preloaded: Preloaded | None, wanted: list[str] | None) -> pa.Table:
+        """Read and check the sample tables (all, or ``wanted``'s, less the commits ``preloaded``
+        covers); note the rows each route array must have."""
+        by_commit = self._table_keys(backend, wanted)
+        covered = preloaded.commits if preloaded is not None else frozenset()
+        todo = {commit: keys for commit, keys in by_commit.items() if commit not in covered}
+        blobs = backend.get_many([k for keys in todo.values() for k in keys])
+        tables = [] if preloaded is None else [preloaded.table]
+        for commit, keys in todo.items():
+            blob = blobs.pop(keys[0])
+            for other in keys[1:]:  # a late retry wrote a second bucket: the same bytes, or a fault
+                if blobs.pop(other) != blob:
+                    raise FormatError(backend.path_of(other), f"a second sample table of commit {commit!r} that "
+                                                              f"differs from {keys[0]}")
+            tables.append(read_table(blob, backend.path_of(keys[0]), commit, version=self.manifest.version,
+                                     spec=self.manifest.spec, spec_source=backend.path_of(MANIFEST_KEY),
+                                     max_sample_rows=self.max_sample_rows))
             self.array_rows[array_key(commit)] = array_rows(tables[-1])
+        self.commits = sorted(set(todo) | set(covered))
+        if preloaded is not None:
+            self._note_preloaded(preloaded)
         if not tables:
             return table_schema().empty_table()
-        tables = [t.replace_schema_metadata(None) for t in tables]
         try:
             table = pa.concat_tables(tables, promote_options="permissive")
         except (pa.ArrowTypeError, pa.ArrowInvalid):  # writers disagree on a metadata column's type
             table = pa.concat_tables(_clashing_metadata_as_strings(tables), promote_options="permissive")
-        sort_keys = [("committed_at", "ascending"), ("shard", "ascending"), ("row_start", "ascending")]
+        sort_keys = [("committed_at", "ascending"), ("commit", "ascending"), ("row_start", "ascending")]
         order = pc.sort_indices(table, sort_keys)
         return table.take(order)
 
+    def _note_preloaded(self, preloaded: Preloaded) -> None:
+        """Rows each preloaded route array must have (the end of its last sample)."""
+        cols = preloaded.table.select(["array", "row_start", "num_rows"]).to_pydict()
+        for array, start, rows in zip(cols["array"], cols["row_start"], cols["num_rows"], strict=True):
+            self.array_rows[array] = max(self.array_rows.get(array, 0), start + rows)
+
     def _build_lookup(self) -> None:
-        names = ["sample_id", "array", "row_start", "num_rows", "num_tokens", "quarantined"]
+        names = ["sample_id", "array", "row_start", "num_rows", "num_tokens", "quarantined", "missing_rows",
+                 "policy_spans"]
         cols = self.samples.select(names).to_pydict()
+        self._missing: list[str | None] = cols["missing_rows"]
+        self._spans: list[str | None] = cols["policy_spans"]
         self._where = {sid: i for i, sid in enumerate(cols["sample_id"])}
         self.array: list[str] = cols["array"]
         """Route array of each row of :attr:`samples`."""
@@ -199,6 +313,16 @@ class SampleCatalog:
         self._quarantined: list[bool] = cols["quarantined"]
         self.visible = [sid for sid, q in zip(cols["sample_id"], cols["quarantined"], strict=True) if not q]
         """Ids of the committed, non-quarantined samples, in store order."""
+
+    def missing_rows(self, i: int) -> list[tuple[int, int]]:
+        """Half-open ranges of the rows of sample row ``i`` the engine could not capture."""
+        text = self._missing[i]
+        return [] if text is None else parse_ranges(text, self.num_rows[i])
+
+    def policy_spans(self, i: int) -> list[tuple[int, int, int]]:
+        """``(start, stop, version)`` of sample row ``i`` (empty: no version recorded)."""
+        text = self._spans[i]
+        return [] if text is None else parse_spans(text, self.num_rows[i])
 
     def __contains__(self, sample_id: object) -> bool:
         if not isinstance(sample_id, str):
@@ -259,7 +383,7 @@ def _clashing_metadata_as_strings(tables: list[pa.Table]) -> list[pa.Table]:
 def _dedupe(table: pa.Table, on_duplicate: OnDuplicate) -> tuple[pa.Table, dict[str, list[str]]]:
     """Keep one row per sample id: the earliest commit, preferring a non-quarantined one."""
     ids = table.column("sample_id").to_pylist()
-    commits = table.column("shard").to_pylist()
+    commits = table.column("commit").to_pylist()
     quarantined = table.column("quarantined").to_pylist()
     chosen: dict[str, int] = {}
     dupes: dict[str, list[str]] = {}

@@ -3,8 +3,12 @@
 For a row range and a set of stored layer positions it reads each storage object's index
 (its last bytes, CRC-checked), coalesces the byte ranges of the needed frames (frames of
 consecutive chunks are written back to back), fetches them, checks each frame's id count,
-decodes it with the codec the array metadata names (through the codec registry), and
-keeps decoded chunks in an LRU cache bounded in bytes.
+decodes it with the codec the array metadata names (through the codec registry) into a
+buffer of the chunk's size, checks (format v2) that the frame is bound to the place it
+is read from, and keeps decoded chunks in an LRU cache bounded in bytes.
+
+Before any frame, an array's ``zarr.json`` is checked against its commit: the commit it
+names, its format version, its spec (equal to the manifest's) and its geometry.
 
 Not thread-safe (the cache is shared state): give every thread its own reader
 (:meth:`ChunkReader.fork`).
@@ -13,6 +17,7 @@ Not thread-safe (the cache is shared state): give every thread its own reader
 from __future__ import annotations
 
 import copy
+import itertools
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -20,16 +25,35 @@ from typing import Any
 import numpy as np
 
 from r3store._checks import parse_int
-from r3store._format import ArrayGeometry, decode_index, route_codec
+from r3store._format import (
+    MANIFEST_KEY,
+    ROUTES_PREFIX,
+    ArrayGeometry,
+    Manifest,
+    decode_index,
+    loads_document,
+    position_tag,
+    route_codec,
+)
 from r3store._spec import ModelSpec
-from r3store.codecs import Codec, SupportsFrameSize, get_codec
-from r3store.errors import ChecksumError, CodecError, FormatError, OptionError, UnknownCodecError
+from r3store.codecs import Codec, SupportsBinding, SupportsFrameSize, get_codec
+from r3store.errors import (
+    ChecksumError,
+    CodecError,
+    FormatError,
+    OptionError,
+    SpecConflictError,
+    SpecError,
+    UnknownCodecError,
+)
 from r3store.storage import Backend, ByteRange, SuffixByteRange
 
 __all__ = ["ChunkReader", "merge_ranges"]
 
 MISSING = 2**64 - 1
 """Index entry of a chunk that is not stored (past the end of the array)."""
+MAX_PLACE_SEARCH = 1 << 16
+"""Places tried when naming where an out-of-place frame belongs."""
 
 Chunk = tuple[int, int]
 """(row chunk, layer chunk) of an array's inner-chunk grid."""
@@ -61,8 +85,8 @@ class ChunkReader:
     Parameters
     ----------
     backend : Backend
-    spec : ModelSpec
-        The manifest's spec; every array must agree with it.
+    manifest : Manifest
+        The store's manifest; every array must agree with its spec and format version.
     array_rows : mapping of str to int
         Rows each committed route array must have (from the sample catalogue); arrays
         not named here are refused.
@@ -70,10 +94,11 @@ class ChunkReader:
         Budget for decoded chunks kept in memory.
     """
 
-    def __init__(self, backend: Backend, spec: ModelSpec, array_rows: Mapping[str, int], *,
+    def __init__(self, backend: Backend, manifest: Manifest, array_rows: Mapping[str, int], *,
                  cache_bytes: int = 64 << 20) -> None:
         self.backend = backend
-        self.spec = spec
+        self.manifest = manifest
+        self.spec: ModelSpec = manifest.spec
         self.array_rows = array_rows
         self.cache_bytes = parse_int("cache_bytes", cache_bytes, minimum=0)
         self._geometries: dict[str, tuple[ArrayGeometry, Codec]] = {}
@@ -94,16 +119,39 @@ class ChunkReader:
             raise FormatError(path, f"{array!r} is not a committed route array (no sample table names it)")
         known = self._geometries.get(array)
         if known is None:
-            geometry = ArrayGeometry.from_zarr_json(self.backend.get_json(f"{array}/zarr.json"), path)
-            codec = route_codec(self.spec)
+            doc = loads_document(self.backend.get(f"{array}/zarr.json"), path)
+            geometry = ArrayGeometry.from_zarr_json(doc, path)
+            self._check_attributes(doc, array, path)
+            codec = route_codec(self.spec, self.manifest.version)
             if (geometry.num_moe_layers, geometry.top_k) != (self.spec.num_moe_layers, self.spec.top_k) or \
                     (geometry.codec["id"] == codec["id"] and geometry.codec != codec):
-                raise FormatError(path, f"array geometry {geometry} disagrees with the manifest spec")
+                raise FormatError(path, f"array geometry {geometry} disagrees with the manifest spec (codec "
+                                        f"{codec} expected)")
             known = self._geometries[array] = (geometry, _build_codec(geometry.codec, path))
         geometry = known[0]
         if geometry.rows > expected or (geometry.rows < expected and not partial):
             raise FormatError(path, f"array has {geometry.rows} rows; its sample table ends at row {expected}")
         return known
+
+    def _check_attributes(self, doc: dict[str, Any], array: str, path: str) -> None:
+        """``attributes.r3store`` names this array's commit (and format version) and the manifest's spec."""
+        attrs = doc.get("attributes")
+        ours = attrs.get("r3store") if isinstance(attrs, dict) else None
+        commit = array.removeprefix(ROUTES_PREFIX)
+        key = "commit" if self.manifest.version >= 2 else "shard"
+        if not isinstance(ours, dict) or ours.get(key) != commit:
+            named = ours.get(key) if isinstance(ours, dict) else None
+            raise FormatError(path, f"attributes.r3store.{key} is {named!r}, not {commit!r}: the array document of "
+                                    "another commit")
+        if self.manifest.version >= 2 and ours.get("format_version") != self.manifest.version:
+            raise FormatError(path, f"attributes.r3store.format_version is {ours.get('format_version')!r} in a "
+                                    f"format version {self.manifest.version} store")
+        try:
+            found = ModelSpec.from_dict(ours.get("spec", {})).to_dict()
+        except SpecError as exc:
+            raise FormatError(path, f"attributes.r3store.spec is not a valid spec: {exc}") from exc
+        if found != self.spec.to_dict():
+            raise SpecConflictError(path, self.backend.path_of(MANIFEST_KEY), dict(self.spec.to_dict()), dict(found))
 
     # -- rows -------------------------------------------------------------------------
 
@@ -119,6 +167,10 @@ class ChunkReader:
                               f"rows [{start}, {stop}) beyond the array's {geometry.rows} rows")
         shape = (stop - start, len(positions), geometry.top_k)
         if out is None:
+            if stop > start:  # what the storage objects hold is checked before the output is allocated
+                per_object = geometry.row_chunks_per_object * geometry.chunk_rows
+                for obj in range(start // per_object, (stop - 1) // per_object + 1):
+                    self.object_index(array, geometry, obj)
             out = np.empty(shape, dtype=np.int32)
         elif out.shape != shape:
             raise OptionError("out", f"<array of shape {out.shape}>", f"must have shape {shape}")
@@ -179,20 +231,51 @@ class ChunkReader:
             elif MISSING in (offset, nbytes):  # writers store every chunk holding rows
                 raise FormatError(key, f"storage object index marks chunk {(c, b, 0)} missing, inside the "
                                        f"array's {geometry.rows} rows")
+            elif nbytes == 0 or offset + nbytes >= 1 << 63:
+                raise FormatError(key, f"storage object index gives chunk {(c, b, 0)} the byte range "
+                                       f"[{offset}, {offset + nbytes}): not a frame")
             else:
                 spans.append((offset, nbytes, c, b))
         spans.sort()
         ranges = merge_ranges((o, o + n) for o, n, _, _ in spans)
         blobs = self.backend.get_ranges(key, [ByteRange(s, e) for s, e in ranges])
+        bound = self.manifest.version >= 2 and isinstance(codec, SupportsBinding)
         r = 0
         for offset, nbytes, c, b in spans:
             while offset >= ranges[r][1]:
                 r += 1
             rel = offset - ranges[r][0]
-            got[(c, b)] = _decode(codec, memoryview(blobs[r])[rel : rel + nbytes], shape, array, (c, b, 0))
+            frame = memoryview(blobs[r])[rel : rel + nbytes]
+            if len(frame) != nbytes:
+                raise FormatError(key, f"storage object ends before chunk {(c, b, 0)} does (its index gives it "
+                                       f"bytes [{offset}, {offset + nbytes}))")
+            tag = position_tag(array.removeprefix(ROUTES_PREFIX), c, b) if bound else None
+            try:
+                got[(c, b)] = _decode(codec, frame, shape, array, (c, b, 0), tag)
+            except ChecksumError as exc:
+                if tag is None or not isinstance(codec, SupportsBinding) or codec.frame_tag(frame) == tag:
+                    raise
+                raise ChecksumError(array, (c, b, 0), self._misplaced(codec.frame_tag(frame), geometry, array,
+                                                                      (c, b))) from exc
         for (c, b), chunk in got.items():
             self._remember(array, c, b, chunk)
         return got
+
+    def _misplaced(self, tag: int, geometry: ArrayGeometry, array: str, chunk: Chunk) -> str:
+        """Where a frame carrying ``tag`` belongs, when that is a place of this store: another chunk
+        of the same array (frames or objects swapped), or a chunk of another commit (an object
+        copied over from an array of the same geometry)."""
+        if tag == 0:
+            return "frame is unbound (no position tag) in a format v2 array: not the frame written here"
+        own = array.removeprefix(ROUTES_PREFIX)
+        others = [a.removeprefix(ROUTES_PREFIX) for a in self.array_rows if a != array]
+        places = [(c, b) for c in range(-(-geometry.rows // geometry.chunk_rows)) for b in range(geometry.layer_chunks)]
+        candidates = itertools.chain(((own, c, b) for c, b in places), ((o, *chunk) for o in others),
+                                     ((o, c, b) for o in others for c, b in places))
+        for commit, c, b in itertools.islice(candidates, MAX_PLACE_SEARCH):
+            if position_tag(commit, c, b) == tag:
+                return f"frame belongs to chunk {(c, b, 0)} of {ROUTES_PREFIX}{commit}, not to this one"
+        return f"frame carries position tag {tag:#010x}: it was written for another place"
 
     def _remember(self, array: str, c: int, b: int, chunk: np.ndarray) -> None:
         self._chunks[(array, c, b)] = chunk
@@ -239,14 +322,17 @@ def _build_codec(config: dict[str, Any], path: str) -> Codec:
 
 
 def _decode(codec: Codec, frame: memoryview, shape: tuple[int, int, int], array: str,
-            chunk: tuple[int, int, int]) -> np.ndarray:
-    """One frame as ids of ``shape``; faults name the array and chunk."""
+            chunk: tuple[int, int, int], tag: int | None = None) -> np.ndarray:
+    """One frame as ids of ``shape`` (decoded into a buffer of that size); faults name the array
+    and chunk. ``tag``: the position the frame must be bound to (a binding codec's)."""
     size = shape[0] * shape[1] * shape[2]
     try:
         if isinstance(codec, SupportsFrameSize) and codec.frame_size(frame) != size:  # before decode allocates
             raise FormatError(f"{codec.codec_id} frame", f"header says {codec.frame_size(frame)} ids, "
                                                          f"the chunk holds {shape}")
-        ids = codec.decode(frame)
+        out = np.empty(shape, dtype=np.int32)
+        # a binding codec takes the tag its frame must carry (SupportsBinding)
+        ids = codec.decode(frame, out=out, tag=tag) if tag is not None else codec.decode(frame, out=out)  # type: ignore[call-arg]
         if ids.size != size:
             raise FormatError(f"{codec.codec_id} frame", f"decodes to {ids.size} ids, the chunk holds {shape}")
         return ids.reshape(shape)

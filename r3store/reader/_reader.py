@@ -10,11 +10,26 @@ from typing import Any, Self
 import numpy as np
 import pyarrow as pa
 
-from r3store._checks import parse_int
-from r3store._format import MANIFEST_KEY, ArrayGeometry, is_immutable_key, parse_manifest
+from r3store._checks import parse_int, parse_optional_int
+from r3store._format import (
+    MANIFEST_KEY,
+    MAX_ROWS,
+    ArrayGeometry,
+    Manifest,
+    is_immutable_key,
+    loads_document,
+    parse_manifest,
+)
 from r3store._spec import ModelSpec
 from r3store.errors import NotAStoreError, ObjectNotFoundError, OptionError
-from r3store.reader._catalog import OnDuplicate, SampleCatalog, StorageUsage, committed_commits, storage_usage
+from r3store.reader._catalog import (
+    OnDuplicate,
+    Preloaded,
+    SampleCatalog,
+    StorageUsage,
+    committed_commits,
+    storage_usage,
+)
 from r3store.reader._chunks import ChunkReader
 from r3store.storage import Backend, open_backend
 
@@ -32,12 +47,17 @@ class RouteReader:
     ----------
     backend : Backend
         Where the store's objects are.
-    spec : ModelSpec
-        The manifest's spec.
+    manifest : Manifest
+        The store's checked manifest (format version, spec, cap on rows per sample).
     on_duplicate : {"raise", "first", "report"}
         See :func:`open_reader`.
     cache_bytes : int
         Budget for decoded chunks kept in memory.
+    max_sample_rows : int, optional
+        See :func:`open_reader`.
+    preloaded : r3store.reader.Preloaded, optional
+        Sample rows loaded and verified elsewhere, with the commits they cover (only the
+        other commits' sample tables are read).
     commits : collection of str, optional
         Read only these commits (see :func:`open_reader`).
 
@@ -45,6 +65,8 @@ class RouteReader:
     ----------
     backend : Backend
     spec : ModelSpec
+    format_version : int
+        The store's format version (1 or 2).
     samples : pyarrow.Table
         One row per committed sample, quarantined ones included (columns of
         ``schema/sample_table.schema.json`` plus user metadata), in store order. A
@@ -59,12 +81,16 @@ class RouteReader:
     with :meth:`fork`. Pickles without its caches (DataLoader workers).
     """
 
-    def __init__(self, backend: Backend, spec: ModelSpec, *, on_duplicate: OnDuplicate = "raise",
-                 cache_bytes: int = 64 << 20, commits: Collection[str] | None = None) -> None:
+    def __init__(self, backend: Backend, manifest: Manifest, *, on_duplicate: OnDuplicate = "raise",
+                 cache_bytes: int = 64 << 20, max_sample_rows: int | None = None,
+                 preloaded: Preloaded | None = None, commits: Collection[str] | None = None) -> None:
         self.backend = backend
-        self.spec = spec
-        self._catalog = SampleCatalog(backend, on_duplicate=on_duplicate, commits=commits)
-        self._chunks = ChunkReader(backend, spec, self._catalog.array_rows, cache_bytes=cache_bytes)
+        self.spec: ModelSpec = manifest.spec
+        self.format_version = manifest.version
+        cap = parse_optional_int("max_sample_rows", max_sample_rows, minimum=1, maximum=MAX_ROWS)
+        self._catalog = SampleCatalog(backend, manifest, on_duplicate=on_duplicate, max_sample_rows=cap,
+                                      preloaded=preloaded, commits=commits)
+        self._chunks = ChunkReader(backend, manifest, self._catalog.array_rows, cache_bytes=cache_bytes)
 
     @classmethod
     def open(
@@ -75,16 +101,19 @@ class RouteReader:
         on_duplicate: OnDuplicate = "raise",
         cache_bytes: int = 64 << 20,
         cache_dir: str | os.PathLike[str] | None = None,
+        max_sample_rows: int | None = None,
         commits: Collection[str] | None = None,
     ) -> Self:
         """Open the store at ``url`` (see :func:`open_reader`)."""
         backend = open_backend(url, storage_options, cache_dir=cache_dir, immutable=is_immutable_key)
         try:
-            manifest = backend.get_json(MANIFEST_KEY)
+            raw = backend.get(MANIFEST_KEY)
         except ObjectNotFoundError as exc:
             raise NotAStoreError(backend.url) from exc
-        spec = parse_manifest(manifest, backend.path_of(MANIFEST_KEY))
-        return cls(backend, spec, on_duplicate=on_duplicate, cache_bytes=cache_bytes, commits=commits)
+        path = backend.path_of(MANIFEST_KEY)
+        manifest = parse_manifest(loads_document(raw, path), path)
+        return cls(backend, manifest, on_duplicate=on_duplicate, cache_bytes=cache_bytes,
+                   max_sample_rows=max_sample_rows, commits=commits)
 
     # -- the catalogue ----------------------------------------------------------------
 
@@ -164,6 +193,44 @@ class RouteReader:
         i = self._catalog.locate(sample_id, include_quarantined=include_quarantined)
         return {k: v[0] for k, v in self.samples.slice(i, 1).to_pydict().items()}
 
+    def missing_rows(self, sample_id: str, *, include_quarantined: bool = False) -> list[tuple[int, int]]:
+        """Half-open row ranges of a sample the engine could not capture (``get`` returns -1 there).
+
+        Empty for a sample without missing rows and for every sample of a format v1 store.
+
+        Raises
+        ------
+        r3store.errors.SampleNotFoundError
+        """
+        return self._catalog.missing_rows(self._catalog.locate(sample_id, include_quarantined=include_quarantined))
+
+    def policy_spans(self, sample_id: str, *, include_quarantined: bool = False) -> list[tuple[int, int, int]]:
+        """Which policy (weight) version produced which rows of a sample.
+
+        Returns
+        -------
+        list of (int, int, int)
+            ``(start, stop, version)``: half-open row ranges covering the sample's rows in
+            order, as given to :meth:`r3store.RouteWriter.append` (``policy_version=``) part by
+            part (adjacent parts of one version merged). Empty when no version was given.
+
+        Raises
+        ------
+        r3store.errors.SampleNotFoundError
+
+        Examples
+        --------
+        >>> import numpy as np, r3store, tempfile
+        >>> spec = r3store.ModelSpec(num_layers=1, num_experts=4, top_k=1)
+        >>> path = tempfile.mkdtemp()
+        >>> with r3store.RouteWriter(path, spec) as w:
+        ...     w.append("chat", np.zeros((3, 1, 1), int), final=False, policy_version=7)
+        ...     w.append("chat", np.ones((2, 1, 1), int), start=3, policy_version=8)
+        >>> r3store.open_store(path).policy_spans("chat")
+        [(0, 3, 7), (3, 5, 8)]
+        """
+        return self._catalog.policy_spans(self._catalog.locate(sample_id, include_quarantined=include_quarantined))
+
     def storage_usage(self) -> StorageUsage:
         """Bytes of committed route objects, sample tables and uncommitted leftovers (lists the store;
         a reader of some commits only lists ``index/`` too, so the others are not taken for leftovers)."""
@@ -200,7 +267,8 @@ class RouteReader:
         -------
         ndarray of int32, shape (num_tokens - 1, len(layers), top_k)
             Row ``t``: expert ids chosen for input position ``t``; layers default to all
-            MoE layers in ``spec.moe_layers`` order.
+            MoE layers in ``spec.moe_layers`` order. Rows the engine could not capture
+            (:meth:`missing_rows`) hold -1 in every slot.
 
         Raises
         ------
@@ -226,7 +294,12 @@ class RouteReader:
         base = int(catalog.row_start[i])
         array = catalog.array[i]
         self._chunks.geometry(array)  # the whole array must match its sample table
-        return self._chunks.read_rows(array, base + start, base + max(start, stop), positions, out=out)
+        stop = max(start, stop)
+        got = self._chunks.read_rows(array, base + start, base + stop, positions, out=out)
+        for a, b in catalog.missing_rows(i):
+            if a < stop and b > start:
+                got[max(a, start) - start : min(b, stop) - start] = -1
+        return got
 
     def get_many(self, sample_ids: Sequence[str], layers: Sequence[int] | None = None) -> list[np.ndarray]:
         """Routes of several samples (see :meth:`get`), in the order given."""
@@ -307,6 +380,7 @@ def open_reader(
     on_duplicate: OnDuplicate = "raise",
     cache_bytes: int = 64 << 20,
     cache_dir: str | os.PathLike[str] | None = None,
+    max_sample_rows: int | None = None,
     commits: Collection[str] | None = None,
 ) -> RouteReader:
     """Open a store for reading.
@@ -327,11 +401,18 @@ def open_reader(
         Local read-through cache for remote stores (repeated epochs): each route object
         and sample table is downloaded whole on first use and read from this folder
         afterwards (see :class:`r3store.storage.CachingBackend`).
+    max_sample_rows : int, optional
+        Refuse (at open, before allocating anything) a store naming a sample of more rows
+        (:class:`r3store.errors.SampleTooLargeError`). Default: the store's own cap
+        (``limits.max_sample_rows`` of its manifest; 2**22 rows for format v1 stores).
+        Lower it to bound what one ``get`` may allocate, raise it to read a store whose
+        samples are longer than its manifest says.
     commits : collection of str, optional
         Read only these commits (names as in :attr:`RouteReader.commits`): only their
-        sample tables are read, by key, without listing ``index/``, and duplicates are
-        resolved among them. For one task of a distributed job (``r3store.ray`` runs
-        one per group of commits) or a trainer reading the commits of one RL step.
+        sample tables are read (format v1: by key, without listing ``index/``; format v2:
+        one listing of ``index/`` finds their buckets), and duplicates are resolved among
+        them. For one task of a distributed job (``r3store.ray`` runs one per group of
+        commits) or a trainer reading the commits of one RL step.
 
     Returns
     -------
@@ -343,10 +424,13 @@ def open_reader(
         No ``r3store.json`` at ``url``.
     r3store.errors.FormatError
         The manifest or a sample table is malformed (FormatVersionError: unknown version):
-        a table over the size caps, named other than ``index/<commit>.parquet`` with a
-        valid commit name, or with a row that breaks the rules of ``schema/FORMAT.md``
-        section 6 (an ``array`` other than ``routes/<commit>``, nulls, counts out of
-        range, shared rows).
+        a table over the size caps, named other than ``index/<bucket>/<commit>.parquet``
+        (``index/<commit>.parquet`` in format v1) with a valid commit name, or with a row
+        that breaks the rules of ``schema/FORMAT.md`` section 6 (an ``array`` other than
+        ``routes/<commit>``, nulls, counts out of range, shared rows, bad
+        ``missing_rows``/``policy_spans``). Its subclasses: ChecksumError (the manifest's
+        CRC-32C, a sample table's page CRCs or digest), SpecConflictError (a sample table's
+        spec differs from the manifest's), SampleTooLargeError (a sample over the cap).
     r3store.errors.DuplicateSampleError
         With ``on_duplicate="raise"``: names the id and both commits.
     r3store.errors.OptionError
@@ -370,4 +454,5 @@ def open_reader(
     ['s1']
     """
     return RouteReader.open(url, storage_options=storage_options, on_duplicate=on_duplicate,
-                            cache_bytes=cache_bytes, cache_dir=cache_dir, commits=commits)
+                            cache_bytes=cache_bytes, cache_dir=cache_dir, max_sample_rows=max_sample_rows,
+                            commits=commits)

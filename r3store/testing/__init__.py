@@ -10,6 +10,8 @@
 * :mod:`r3store.testing.synthetic`: realistic synthetic traces (needs only numpy).
 * :mod:`r3store.testing.faults`: a small store holding one of each fault ``validate``
   reports, on any backend.
+* :mod:`r3store.testing.forge`: edit a store's sample table or manifest and recompute its
+  checksums (a consistent forgery), to test the rules that sit behind the checksums.
 
 The kits are imported on first use, so ``r3store.testing.synthetic`` works without pytest.
 """

@@ -13,9 +13,11 @@ A codec's test module subclasses :class:`CodecTests` and supplies a ``codec`` fi
 
 The kit covers the round trip over edge sizes and id patterns, the JSON config round
 trip through :func:`r3store.codecs.get_codec`, ``repr``, decoding into ``out``, input
-immutability, corruption and truncation detection, and rejection of ids the codec cannot
-represent. Golden-fixture helpers (:func:`ensure_golden`, :func:`check_golden`) pin
-encoded bytes on disk.
+immutability, corruption and truncation detection, rejection of ids the codec cannot
+represent, and, for codecs that bind frames to their position
+(:class:`r3store.codecs.SupportsBinding`; override :meth:`CodecTests.can_bind`), that a frame
+bound elsewhere is refused. Golden-fixture helpers (:func:`ensure_golden`,
+:func:`check_golden`) pin encoded bytes on disk.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from r3store.codecs import Codec, get_codec
-from r3store.errors import CodecError, FormatError
+from r3store.codecs import Codec, SupportsBinding, get_codec
+from r3store.errors import ChecksumError, CodecError, FormatError
 
 __all__ = ["CodecTests", "EDGE_SIZES", "ID_PATTERNS", "check_golden", "ensure_golden", "make_ids"]
 
@@ -93,6 +95,11 @@ class CodecTests:
     def id_bound(self, codec: Codec) -> int:
         """Exclusive upper bound of the ids ``codec`` can represent."""
         raise NotImplementedError
+
+    def can_bind(self, codec: Codec) -> bool:
+        """Whether ``codec`` writes frames bound to a position tag (default: it supports
+        :class:`r3store.codecs.SupportsBinding`)."""
+        return isinstance(codec, SupportsBinding)
 
     # -- round trip -----------------------------------------------------------------
 
@@ -248,6 +255,27 @@ class CodecTests:
             codec.decode(_flipped(buf, len(buf) - 1, 0xFF), out=out)
         assert (out == 7).all()
 
+    # -- position binding -----------------------------------------------------------
+
+    @pytest.mark.parametrize("tag", [1, 0x9E3779B9, 2**32 - 1])
+    def test_bound_frames_decode_only_in_place(self, codec: Codec, tag: int) -> None:
+        if not self.can_bind(codec):
+            pytest.skip("codec does not bind frames to a position")
+        ids = make_ids("random", 40, self.id_bound(codec), seed=16)
+        frame = codec.encode(ids, tag=tag)  # type: ignore[call-arg]
+        assert codec.frame_tag(frame) == tag  # type: ignore[attr-defined]
+        np.testing.assert_array_equal(codec.decode(frame, tag=tag), ids)  # type: ignore[call-arg]
+        np.testing.assert_array_equal(codec.decode(frame), ids)  # tag None: not checked
+        out = np.full(40, 7, dtype=np.int32)
+        for other in (0, tag ^ 1, tag ^ 0x80000000):
+            with pytest.raises(ChecksumError):
+                codec.decode(frame, out=out, tag=other)  # type: ignore[call-arg]
+        assert (out == 7).all()
+        unbound = codec.encode(ids)
+        assert codec.frame_tag(unbound) == 0  # type: ignore[attr-defined]
+        with pytest.raises(ChecksumError):
+            codec.decode(unbound, tag=tag)  # type: ignore[call-arg]
+
     # -- unrepresentable input ------------------------------------------------------
 
     @pytest.mark.parametrize("where", [0, 5, -1])
@@ -269,8 +297,11 @@ def _fixture_paths(folder: Path, name: str) -> tuple[Path, Path]:
     return folder / f"{name}.bin", folder / f"{name}.json"
 
 
-def ensure_golden(folder: str | Path, name: str, codec: Codec, ids: np.ndarray) -> bool:
+def ensure_golden(folder: str | Path, name: str, codec: Codec, ids: np.ndarray, tag: int = 0) -> bool:
     """Write the golden fixture ``name`` (``.bin`` frame + ``.json`` config and ids) if absent.
+
+    ``tag`` (a :class:`r3store.codecs.SupportsBinding` codec's position tag) is recorded
+    and used when not 0.
 
     An existing fixture is never touched, so a format change shows up as a failing
     :func:`check_golden` and a new fixture name, never as an edit of an old file.
@@ -284,8 +315,10 @@ def ensure_golden(folder: str | Path, name: str, codec: Codec, ids: np.ndarray) 
     if bin_path.exists() or json_path.exists():
         return False
     bin_path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"config": codec.get_config(), "shape": list(ids.shape), "ids": ids.reshape(-1).tolist()}
-    bin_path.write_bytes(codec.encode(ids))
+    doc: dict[str, Any] = {"config": codec.get_config(), "shape": list(ids.shape), "ids": ids.reshape(-1).tolist()}
+    if tag:
+        doc["tag"] = tag
+    bin_path.write_bytes(codec.encode(ids, tag=tag) if tag else codec.encode(ids))  # type: ignore[call-arg]
     json_path.write_text(json.dumps(doc) + "\n")
     return True
 
@@ -297,5 +330,11 @@ def check_golden(folder: str | Path, name: str) -> None:
     frame = bin_path.read_bytes()
     codec = get_codec(doc["config"])
     expected = np.array(doc["ids"], dtype=np.int64).reshape(doc["shape"])
-    np.testing.assert_array_equal(codec.decode(frame), expected.reshape(-1))
-    assert codec.encode(expected) == frame, f"{name}: encoding the ids no longer gives the committed bytes"
+    tag = doc.get("tag", 0)
+    if tag:
+        np.testing.assert_array_equal(codec.decode(frame, tag=tag), expected.reshape(-1))  # type: ignore[call-arg]
+        again = codec.encode(expected, tag=tag)  # type: ignore[call-arg]
+    else:
+        np.testing.assert_array_equal(codec.decode(frame), expected.reshape(-1))
+        again = codec.encode(expected)
+    assert again == frame, f"{name}: encoding the ids no longer gives the committed bytes"

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from r3store._format import ArrayGeometry, array_key, decode_index, table_key
+from r3store._format import INDEX_PREFIX, ArrayGeometry, array_key, commit_of_table_key, decode_index
 from r3store._spec import ModelSpec
 from r3store.reader import open_reader
 from r3store.storage import open_backend
@@ -135,7 +135,9 @@ def write_faulty_store(url: str | os.PathLike[str], *, storage_options: Mapping[
         w.append("lost", distinct_routes(rng, 5, moe, ne, k))
     backend = open_backend(url, storage_options)
     (out.leftover,) = w.commits
-    backend.delete(table_key(out.leftover))
+    for key in backend.list_prefix(INDEX_PREFIX):  # its sample table, in whatever bucket it landed
+        if commit_of_table_key(key) == out.leftover:
+            backend.delete(key)
     if corrupt:
         array = array_key(corrupt_commit)
         geometry = open_reader(url, storage_options=storage_options, commits=[corrupt_commit]).geometry_of(array)

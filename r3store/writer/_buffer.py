@@ -13,10 +13,19 @@ from typing import Any, Literal
 
 import numpy as np
 
-from r3store._format import token_hash
+from r3store._format import DEFAULT_MAX_SAMPLE_ROWS, format_ranges, format_spans, token_hash
 from r3store._spec import ModelSpec
-from r3store._validate import as_numpy, check_metadata, check_routes, check_row_count, check_sample_id, check_tokens
-from r3store.errors import ContinuationError, DuplicateSampleError, RouteValidationError
+from r3store._validate import (
+    as_numpy,
+    check_metadata,
+    check_policy_version,
+    check_routes,
+    check_row_count,
+    check_sample_id,
+    check_tokens,
+    find_missing_rows,
+)
+from r3store.errors import ContinuationError, DuplicateSampleError, RouteValidationError, RowCountError
 
 __all__ = ["MAX_TOKENS", "Sample", "SampleBuffer"]
 
@@ -38,6 +47,31 @@ class Sample:
     metadata: dict[str, Any] = field(default_factory=dict)
     reason: str | None = None
     """Why the sample is quarantined (None: it passed every check)."""
+    missing: list[tuple[int, int]] = field(default_factory=list)
+    """Half-open ranges of rows the engine could not capture (stored as 0)."""
+    spans: list[tuple[int, int, int]] = field(default_factory=list)
+    """``(start, stop, policy version)`` of each part, when versions are given."""
+    versions: list[int] | None = None
+    """Policy versions given to the parts (None: none given so far)."""
+
+    @property
+    def missing_rows(self) -> str | None:
+        """The ``missing_rows`` column: ``"a:b,c:d"`` or None."""
+        return format_ranges(self.missing)
+
+    @property
+    def policy_spans(self) -> str | None:
+        """The ``policy_spans`` column: ``"start:stop=version;..."`` or None (no version given)."""
+        return None if self.versions is None else format_spans(self.spans)
+
+    @property
+    def policy_version(self) -> int | None:
+        """The ``policy_version`` column: the largest version given, or None."""
+        return None if not self.versions else max(self.versions)
+
+    def reset_parts(self) -> None:
+        """Drop the routes kept so far (a quarantined sample whose routes cannot be stored)."""
+        self.parts, self.rows, self.missing, self.spans = [], 0, [], []
 
 
 class SampleBuffer:
@@ -48,11 +82,15 @@ class SampleBuffer:
     spec : ModelSpec
     on_invalid : {"raise", "quarantine"}
         What to do with a sample that fails a check.
+    max_sample_rows : int
+        Most rows one sample may have (the store's ``limits.max_sample_rows``).
     """
 
-    def __init__(self, spec: ModelSpec, *, on_invalid: Literal["raise", "quarantine"] = "raise") -> None:
+    def __init__(self, spec: ModelSpec, *, on_invalid: Literal["raise", "quarantine"] = "raise",
+                 max_sample_rows: int = DEFAULT_MAX_SAMPLE_ROWS) -> None:
         self.spec = spec
         self.on_invalid = on_invalid
+        self.max_sample_rows = max_sample_rows
         self.done: list[Sample] = []
         """Completed samples, in append order (the next commit takes a prefix of them)."""
         self.open: dict[str, Sample] = {}
@@ -66,25 +104,30 @@ class SampleBuffer:
     # -- appending --------------------------------------------------------------------
 
     def append(self, sample_id: str, routes: Any, *, num_tokens: int | None = None, tokens: Any = None,
-               metadata: Mapping[str, Any] | None = None, start: int = 0, final: bool = True) -> None:
+               metadata: Mapping[str, Any] | None = None, start: int = 0, final: bool = True,
+               allow_missing: bool = False, policy_version: int | None = None) -> None:
         """Validate and buffer the routes of one sample (or one turn of it); see
         :meth:`r3store.RouteWriter.append` for the parameters and errors."""
         check_sample_id(sample_id)
         arr = as_numpy(sample_id, "routes", routes)
         sample = self._sample_for(sample_id, start, len(arr) if arr.ndim else 0)
+        version = check_policy_version(sample_id, policy_version)
         types = dict(self.meta_types)  # adopted only if every check passes
         try:
-            moe = check_routes(sample_id, arr, self.spec)
+            self._check_versioned(sample, version)
+            missing = find_missing_rows(sample_id, arr, self.spec) if allow_missing else None
+            moe = check_routes(sample_id, arr, self.spec, missing=missing)
+            self._check_cap(sample, len(moe))
             toks = check_tokens(sample_id, tokens) if final else None
             meta = check_metadata(sample_id, metadata, types)
             total = check_row_count(sample_id, sample.rows + len(moe), num_tokens, toks) if final else 0
         except RouteValidationError as exc:
             if self.on_invalid == "raise":
                 raise
-            self._quarantine(sample, arr, exc, num_tokens, tokens, metadata, final)
+            self._quarantine(sample, arr, exc, num_tokens, tokens, metadata, final, version)
             return
         self.meta_types = types
-        self._add_part(sample, moe)
+        self._add_part(sample, moe, version, missing)
         sample.metadata.update(meta)  # metadata of every turn is kept
         if final:
             sample.num_tokens = total
@@ -93,7 +136,7 @@ class SampleBuffer:
 
     def append_decoded(self, sample_id: str, decode: Callable[[], np.ndarray], *, num_tokens: int | None = None,
                        tokens: Any = None, metadata: Mapping[str, Any] | None = None, start: int = 0,
-                       final: bool = True) -> None:
+                       final: bool = True, allow_missing: bool = False, policy_version: int | None = None) -> None:
         """:meth:`append` the routes ``decode()`` returns (an engine payload); a payload that
         cannot be decoded is a bad sample like any other (raised, or quarantined)."""
         check_sample_id(sample_id)
@@ -102,10 +145,28 @@ class SampleBuffer:
         except RouteValidationError as exc:
             if self.on_invalid == "raise":
                 raise
-            self._quarantine(self._sample_for(sample_id, start), None, exc, num_tokens, tokens, metadata, final)
+            version = check_policy_version(sample_id, policy_version)
+            self._quarantine(self._sample_for(sample_id, start), None, exc, num_tokens, tokens, metadata, final,
+                             version)
             return
         self.append(sample_id, routes, num_tokens=num_tokens, tokens=tokens, metadata=metadata, start=start,
-                    final=final)
+                    final=final, allow_missing=allow_missing, policy_version=policy_version)
+
+    @staticmethod
+    def _check_versioned(sample: Sample, version: int | None) -> None:
+        """Policy versions are given for every part of a sample or for none."""
+        if (sample.parts or sample.versions is not None) and (version is None) != (sample.versions is None):
+            given = "not given for this part but for earlier ones" if version is None else \
+                "given for this part but not for earlier ones"
+            raise RouteValidationError(sample.sample_id, "policy_version", f"{given}: give it with every part of a "
+                                                                           "multi-turn sample or with none")
+
+    def _check_cap(self, sample: Sample, rows: int) -> None:
+        if sample.rows + rows > self.max_sample_rows:
+            raise RowCountError(sample.sample_id, "routes",
+                                f"{sample.rows + rows:,} rows, more than the store's cap of {self.max_sample_rows:,} "
+                                "rows per sample (limits.max_sample_rows, set when the store is created: "
+                                "RouteWriter(..., max_sample_rows=...))")
 
     def _sample_for(self, sample_id: str, start: int, rows: int = 0) -> Sample:
         if isinstance(start, bool) or not isinstance(start, int | np.integer) or start < 0:
@@ -121,7 +182,17 @@ class SampleBuffer:
             raise ContinuationError(sample_id, (0, sample.rows), (start, start + rows))
         return sample
 
-    def _add_part(self, sample: Sample, moe: np.ndarray) -> None:
+    def _add_part(self, sample: Sample, moe: np.ndarray, version: int | None,
+                  missing: np.ndarray | None = None) -> None:
+        first = sample.rows
+        if missing is not None:
+            rows = np.flatnonzero(missing)
+            breaks = np.flatnonzero(np.diff(rows) != 1)
+            starts, stops = rows[np.r_[0, breaks + 1]], rows[np.r_[breaks, rows.size - 1]] + 1
+            sample.missing += [(first + int(a), first + int(b)) for a, b in zip(starts, stops, strict=True)]
+        if version is not None:
+            sample.versions = [*(sample.versions or []), version]
+            sample.spans.append((first, first + len(moe), version))
         sample.parts.append(moe)
         sample.rows += len(moe)
         self.open[sample.sample_id] = sample
@@ -133,25 +204,31 @@ class SampleBuffer:
         self.done.append(sample)
 
     def _quarantine(self, sample: Sample, arr: np.ndarray | None, exc: RouteValidationError,
-                    num_tokens: Any, tokens: Any, metadata: Any, final: bool = True) -> None:
+                    num_tokens: Any, tokens: Any, metadata: Any, final: bool = True,
+                    version: int | None = None) -> None:
         """Keep a failing sample as received (where it can be bit-packed), flagged.
 
         A failing turn of a multi-turn sample flags the sample and keeps it open, so its
         later turns append as usual; it is committed, flagged, with its final turn.
         """
         moe = _storable(arr, self.spec)
+        if moe is not None and sample.rows + len(moe) > self.max_sample_rows:
+            moe = None  # readers would refuse the whole table
+        if (version is None) != (sample.versions is None) and (sample.parts or sample.versions is not None):
+            sample.versions, sample.spans, version = None, [], None  # versions given for some parts only: none kept
         stored = "" if moe is not None else " (routes not storable; none kept)"
         if not final:
             if moe is not None:
-                self._add_part(sample, moe)
+                self._add_part(sample, moe, version)
             else:
                 self.open[sample.sample_id] = sample
             sample.reason = sample.reason or f"{exc.field}: {exc.fault}{stored}"
             return
         self.open.pop(sample.sample_id, None)
-        sample.parts = [] if moe is None else [*sample.parts, moe]
-        sample.rows = sum(len(p) for p in sample.parts)
-        self.nbytes += 0 if moe is None else moe.nbytes
+        if moe is None:
+            sample.reset_parts()
+        else:
+            self._add_part(sample, moe, version)
         sample.num_tokens = _quarantined_num_tokens(num_tokens, tokens, sample.rows)
         with contextlib.suppress(RouteValidationError):
             sample.metadata.update(check_metadata(sample.sample_id, metadata, self.meta_types))

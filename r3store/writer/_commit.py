@@ -2,31 +2,47 @@
 
 A commit writes, in this order: ``routes/<commit>/zarr.json`` created only if absent
 (this reserves the name), every storage object of the route array, then
-``index/<commit>.parquet`` created only if absent (this commits it). A failed commit is
-retried under the same name with the same bytes; finding its own sample table already
-there means an earlier attempt succeeded although its answer was lost.
+``index/<bucket>/<commit>.parquet`` created only if absent (this commits it). A failed
+commit is retried under the same name with the same bytes, and every retry rewrites every
+object of it (``zarr.json`` is created again if absent, else checked byte-identical), so a
+commit whose leftovers ``r3store gc --delete`` removed in between is still complete.
+Finding its own sample table already there means an earlier attempt succeeded although its
+answer was lost.
+
+``<bucket>`` is the UTC hour of the first attempt to write the table. A retry within
+:data:`BUCKET_REUSE` of that attempt writes the same key; a later one first looks for the old
+key (found: the commit is done) and otherwise writes under the current hour. So a table that
+lands at time ``t`` has a bucket no older than the hour of ``t - 15 min`` (what
+checkpoints rely on).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
 from r3store._format import (
+    DEFAULT_MAX_SAMPLE_ROWS,
+    FORMAT_VERSION,
     INDEX_PREFIX,
     MANIFEST_KEY,
     MAX_CHUNK_IDS,
     MAX_INDEX_ENTRIES,
+    MAX_ROWS,
     ROUTES_PREFIX,
     ArrayGeometry,
+    Manifest,
     array_key,
+    bucket_of,
     encode_object,
+    loads_document,
     make_manifest,
+    manifest_bytes,
     parse_manifest,
     route_codec,
     table_key,
@@ -34,11 +50,14 @@ from r3store._format import (
     zarr_group_json,
 )
 from r3store._spec import ModelSpec
-from r3store.errors import NotAStoreError, OptionError, SpecMismatchError, StorageError
+from r3store.errors import FormatVersionError, NotAStoreError, OptionError, SpecMismatchError, StorageError
 from r3store.storage import Backend
 from r3store.writer._buffer import Sample
 
-__all__ = ["Committer", "default_layers_per_chunk"]
+__all__ = ["BUCKET_REUSE", "Committer", "default_layers_per_chunk"]
+
+BUCKET_REUSE = timedelta(minutes=10)
+"""A retry this soon after the first attempt to write a sample table reuses its bucket."""
 
 _OWN_KEYS = (MANIFEST_KEY, "zarr.json", ROUTES_PREFIX, INDEX_PREFIX)
 
@@ -54,9 +73,14 @@ class _Pending:
 
     commit: str
     geometry: ArrayGeometry
+    zarr_json: bytes
     table: bytes
     count: int
     """How many of the oldest completed samples it commits."""
+    bucket: str | None = None
+    """Bucket of the first attempt to write the sample table (None: not tried yet)."""
+    first_try: datetime | None = None
+    """When that attempt started."""
 
 
 class Committer:
@@ -72,15 +96,24 @@ class Committer:
         Inner-chunk shape.
     object_bytes : int
         Target size of one storage object.
+    max_sample_rows : int, optional
+        The cap on rows per sample written into a new store's manifest (None: the
+        default); an existing store's cap must equal it when given.
+    clock : callable, optional
+        Returns the current UTC time (tests move it to exercise bucket changes).
 
     Raises
     ------
     r3store.errors.OptionError
-        An inner chunk would hold more ids than readers accept.
+        An inner chunk would hold more ids than readers accept, or ``max_sample_rows`` is
+        out of range.
     """
 
     def __init__(self, backend: Backend, spec: ModelSpec, *, writer_id: str, chunk_rows: int, layers_per_chunk: int,
-                 object_bytes: int) -> None:
+                 object_bytes: int, max_sample_rows: int | None = None,
+                 clock: Callable[[], datetime] | None = None) -> None:
+        if max_sample_rows is not None and not 1 <= max_sample_rows <= MAX_ROWS:
+            raise OptionError("max_sample_rows", max_sample_rows, "must lie in [1, 2**40]")
         if chunk_rows * min(layers_per_chunk, spec.num_moe_layers) * spec.top_k > MAX_CHUNK_IDS:
             raise OptionError("chunk_rows", chunk_rows,
                               f"chunk_rows x layers_per_chunk x top_k must be <= {MAX_CHUNK_IDS} ids (readers refuse "
@@ -91,6 +124,10 @@ class Committer:
         self.chunk_rows = chunk_rows
         self.layers_per_chunk = layers_per_chunk
         self.object_bytes = object_bytes
+        self.requested_max_sample_rows = max_sample_rows
+        self.max_sample_rows = max_sample_rows or DEFAULT_MAX_SAMPLE_ROWS
+        """The store's cap on rows per sample (known after :meth:`init_store`)."""
+        self.clock = clock or (lambda: datetime.now(UTC))
         self._seq = 0
         self._pending: _Pending | None = None
 
@@ -105,30 +142,50 @@ class Committer:
             The folder holds other files and no ``r3store.json``.
         r3store.errors.SpecMismatchError
             The store holds another spec.
+        r3store.errors.FormatVersionError
+            The store is of format version 1 (read-only for this release) or unknown.
+        r3store.errors.OptionError
+            ``max_sample_rows`` was given and differs from the store's.
         """
-        doc = make_manifest(self.spec)
+        doc = make_manifest(self.spec, max_sample_rows=self.max_sample_rows)
         if not self.backend.exists(MANIFEST_KEY):
             foreign = [k for k in self.backend.list_prefix("")
                        if not k.startswith(_OWN_KEYS) and not k.rpartition("/")[2].startswith(".")]
             if foreign:
                 raise NotAStoreError(self.backend.url,
                                      f"folder holds other files ({foreign[0]!r}, ...) and no r3store.json")
-            self.backend.set_if_absent(MANIFEST_KEY, (json.dumps(doc, indent=2) + "\n").encode())
-        self.check_spec()
+            self.backend.set_if_absent(MANIFEST_KEY, manifest_bytes(doc))
+        manifest = self.check_spec()
+        wanted = self.requested_max_sample_rows
+        if wanted is not None and wanted != manifest.max_sample_rows:
+            raise OptionError("max_sample_rows", wanted, f"the store at {self.backend.url} caps samples at "
+                                                         f"{manifest.max_sample_rows} rows (set when it was created)")
+        self.max_sample_rows = manifest.max_sample_rows
         for key, attrs in (("zarr.json", {"r3store": {"manifest": MANIFEST_KEY}}), (f"{ROUTES_PREFIX}zarr.json", {})):
             if not self.backend.exists(key):
                 self.backend.set_if_absent(key, json.dumps(zarr_group_json(attrs), indent=2).encode())
 
-    def check_spec(self) -> None:
-        """Re-read the manifest: commit nothing into a store whose spec changed.
+    def check_spec(self) -> Manifest:
+        """Re-read the manifest: commit nothing into a store whose spec or version changed.
 
         Raises
         ------
         r3store.errors.SpecMismatchError
+        r3store.errors.FormatVersionError
+            The store is not of the version this release writes (format v1 stores are
+            read-only: write to a new store).
+        r3store.errors.FormatError
+            The manifest is damaged (its checksum fails, ...).
         """
-        stored = parse_manifest(self.backend.get_json(MANIFEST_KEY), self.backend.path_of(MANIFEST_KEY))
-        if stored != self.spec:
-            raise SpecMismatchError(self.backend.url, stored.to_dict(), self.spec.to_dict())
+        path = self.backend.path_of(MANIFEST_KEY)
+        manifest = parse_manifest(loads_document(self.backend.get(MANIFEST_KEY), path), path)
+        if manifest.version != FORMAT_VERSION:
+            raise FormatVersionError(path, f"the store is of format version {manifest.version}; this release reads "
+                                           f"it but writes only format version {FORMAT_VERSION} stores (write to a "
+                                           "new store)")
+        if manifest.spec != self.spec:
+            raise SpecMismatchError(self.backend.url, manifest.spec.to_dict(), self.spec.to_dict())
+        return manifest
 
     # -- committing -------------------------------------------------------------------
 
@@ -161,21 +218,39 @@ class Committer:
         while True:
             commit = f"{self.writer_id}-{self._seq:05d}"
             self._seq += 1
-            attrs = {"r3store": {"shard": commit, "writer_id": self.writer_id, "spec": dict(self.spec.to_dict())}}
+            attrs = {"r3store": {"commit": commit, "writer_id": self.writer_id, "spec": dict(self.spec.to_dict()),
+                                 "format_version": FORMAT_VERSION}}
             doc = (json.dumps(geometry.to_zarr_json(attrs), indent=2) + "\n").encode()
             if self.backend.set_if_absent(f"{array_key(commit)}/zarr.json", doc):
                 break
-        return _Pending(commit, geometry, self._table_bytes(commit, samples, metadata_columns), len(samples))
+        return _Pending(commit, geometry, doc, self._table_bytes(commit, samples, metadata_columns), len(samples))
 
     def _write(self, pending: _Pending, samples: Sequence[Sample]) -> None:
+        """Write every object of the commit (again, on a retry), the sample table last."""
         array = array_key(pending.commit)
+        doc_key = f"{array}/zarr.json"
+        if not self.backend.set_if_absent(doc_key, pending.zarr_json) and \
+                bytes(self.backend.get(doc_key)) != pending.zarr_json:
+            raise StorageError(self.backend.path_of(doc_key), "holds another array document than this commit's "
+                                                              "(writer ids must be unique)")
         parts = (p for s in samples for p in s.parts)
-        for i, blob in enumerate(_encode_objects(pending.geometry, parts)):
+        for i, blob in enumerate(_encode_objects(pending.geometry, parts, pending.commit)):
             self.backend.set(f"{array}/{ArrayGeometry.object_key(i)}", blob)
-        key = table_key(pending.commit)
+        key = self._table_key(pending)
         if not self.backend.set_if_absent(key, pending.table) and bytes(self.backend.get(key)) != pending.table:
             raise StorageError(self.backend.path_of(key),
                                "another writer committed this commit name (writer ids must be unique)")
+
+    def _table_key(self, pending: _Pending) -> str:
+        """Where the sample table goes on this attempt (see the module docstring)."""
+        now = self.clock()
+        if pending.bucket is None or pending.first_try is None:
+            pending.bucket, pending.first_try = bucket_of(now), now
+        elif now - pending.first_try > BUCKET_REUSE:
+            old = table_key(pending.commit, pending.bucket)
+            if not self.backend.exists(old):
+                pending.bucket, pending.first_try = bucket_of(now), now
+        return table_key(pending.commit, pending.bucket)
 
     def geometry(self, rows: int) -> ArrayGeometry:
         """Geometry of a new route array of ``rows`` rows: objects of about ``object_bytes``."""
@@ -189,24 +264,27 @@ class Committer:
                                       layers_per_chunk=self.layers_per_chunk, object_rows=object_rows)
 
     def _table_bytes(self, commit: str, samples: Sequence[Sample], metadata_columns: Sequence[str]) -> bytes:
-        now = datetime.now(UTC)
+        now = self.clock()
         rows, start = [], 0
         array = array_key(commit)
         for s in samples:
             rows.append({
                 "sample_id": s.sample_id, "num_tokens": s.num_tokens, "num_rows": s.rows, "row_start": start,
-                "array": array, "shard": commit, "writer_id": self.writer_id, "token_hash": s.token_hash,
-                "committed_at": now, "quarantined": s.reason is not None, "reason": s.reason, **s.metadata,
+                "array": array, "commit": commit, "writer_id": self.writer_id, "token_hash": s.token_hash,
+                "committed_at": now, "quarantined": s.reason is not None, "reason": s.reason,
+                "missing_rows": s.missing_rows, "policy_spans": s.policy_spans, "policy_version": s.policy_version,
+                **s.metadata,
             })
             start += s.rows
         return write_table(rows, sorted(metadata_columns), json.dumps(self.spec.to_dict()))
 
 
-def _encode_objects(geometry: ArrayGeometry, parts: Iterator[np.ndarray]) -> Iterator[bytes]:
-    """Yield one encoded storage object after another, assembling rows chunk by chunk."""
+def _encode_objects(geometry: ArrayGeometry, parts: Iterator[np.ndarray], commit: str) -> Iterator[bytes]:
+    """Yield one encoded storage object after another, assembling rows chunk by chunk; frames
+    are bound to their place in ``commit``'s array."""
     blocks = _row_blocks(parts, geometry)
-    for _ in range(geometry.num_objects):
-        yield encode_object(blocks, geometry)
+    for i in range(geometry.num_objects):
+        yield encode_object(blocks, geometry, commit=commit, first_row_chunk=i * geometry.row_chunks_per_object)
 
 
 def _row_blocks(parts: Iterator[np.ndarray], geometry: ArrayGeometry) -> Iterator[np.ndarray]:

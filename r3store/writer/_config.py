@@ -27,6 +27,7 @@ class WriterConfigDict(TypedDict, total=False):
     object_bytes: int
     on_invalid: Literal["raise", "quarantine"]
     writer_id: str | None
+    max_sample_rows: int | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,12 +63,19 @@ class WriterConfig:
     instead of raising (it is hidden from readers unless asked for)."""
     writer_id: str | None = None
     """Unique per writer; ``None``: ``<UTC time>-<12 random hex digits>``."""
+    max_sample_rows: int | None = None
+    """Cap on rows per sample, written into the manifest of a store this writer creates
+    (``limits.max_sample_rows``; ``None``: 2**22, at most 2**40). Readers refuse longer
+    samples before allocating; a writer refuses to append them. Given for an existing
+    store, it must equal the store's cap."""
 
     def __post_init__(self) -> None:
         for name in ("buffer_bytes", "chunk_rows", "object_bytes"):
             object.__setattr__(self, name, parse_int(name, getattr(self, name), minimum=1))
         object.__setattr__(self, "layers_per_chunk", parse_optional_int("layers_per_chunk", self.layers_per_chunk,
                                                                          minimum=1))
+        object.__setattr__(self, "max_sample_rows", parse_optional_int("max_sample_rows", self.max_sample_rows,
+                                                                        minimum=1, maximum=1 << 40))
         parse_choice("on_invalid", self.on_invalid, ON_INVALID)
         wid = self.writer_id
         if wid is not None and (not isinstance(wid, str) or not WRITER_ID.fullmatch(wid)):

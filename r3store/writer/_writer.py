@@ -43,7 +43,7 @@ class RouteWriter:
         The writer's settings passed whole (see :class:`r3store.WriterConfig` for each).
     storage_options : mapping, optional
         Passed to fsspec (``endpoint_url``, ``key``, ``profile``, ...).
-    buffer_bytes, chunk_rows, layers_per_chunk, object_bytes, on_invalid, writer_id : optional
+    buffer_bytes, chunk_rows, layers_per_chunk, object_bytes, on_invalid, writer_id, max_sample_rows : optional
         Settings given one by one, merged into ``config`` (``None``: not given; a
         setting given both ways with different values is an error).
     shard_bytes : int, optional
@@ -62,6 +62,9 @@ class RouteWriter:
         A setting is invalid, or given both ways with different values.
     r3store.errors.SpecMismatchError
         The store exists with another spec (nothing is written).
+    r3store.errors.FormatVersionError
+        The store exists and is of format version 1 (written by r3store 0.1): this release
+        reads such stores but writes only format v2, so write to a new store.
     r3store.errors.NotAStoreError
         The folder holds other files and no ``r3store.json``.
     r3store.errors.StorageError
@@ -91,6 +94,7 @@ class RouteWriter:
         object_bytes: int | None = None,
         on_invalid: Literal["raise", "quarantine"] | None = None,
         writer_id: str | None = None,
+        max_sample_rows: int | None = None,
         shard_bytes: int | None = None,
     ) -> None:
         if not isinstance(spec, ModelSpec):
@@ -98,7 +102,7 @@ class RouteWriter:
         object_bytes = renamed_keyword("RouteWriter", "shard_bytes", "object_bytes", shard_bytes, object_bytes)
         settings = WriterConfig.resolve(config, buffer_bytes=buffer_bytes, chunk_rows=chunk_rows,
                                         layers_per_chunk=layers_per_chunk, object_bytes=object_bytes,
-                                        on_invalid=on_invalid, writer_id=writer_id)
+                                        on_invalid=on_invalid, writer_id=writer_id, max_sample_rows=max_sample_rows)
         self.config = dataclasses.replace(
             settings,
             layers_per_chunk=settings.layers_per_chunk or default_layers_per_chunk(spec),
@@ -108,13 +112,15 @@ class RouteWriter:
         self._committer = Committer(open_backend(url, storage_options), spec, writer_id=self.writer_id,
                                     chunk_rows=self.config.chunk_rows,
                                     layers_per_chunk=self.config.layers_per_chunk or 1,
-                                    object_bytes=self.config.object_bytes)
+                                    object_bytes=self.config.object_bytes,
+                                    max_sample_rows=self.config.max_sample_rows)
         self.backend = self._committer.backend
-        self._buffer = SampleBuffer(spec, on_invalid=self.config.on_invalid)
         self._closed = False
         self.commits: list[str] = []
         """Names of the commits this writer has made (one route array + sample table each)."""
         self._committer.init_store()
+        self._buffer = SampleBuffer(spec, on_invalid=self.config.on_invalid,
+                                    max_sample_rows=self._committer.max_sample_rows)
 
     shards = renamed_property("shards", "commits")
     store = renamed_property("store", "backend")
@@ -139,6 +145,8 @@ class RouteWriter:
         metadata: Mapping[str, Any] | None = None,
         start: int = 0,
         final: bool = True,
+        allow_missing: bool = False,
+        policy_version: int | None = None,
     ) -> None:
         """Validate and buffer the routes of one sample (or one turn of it).
 
@@ -165,12 +173,26 @@ class RouteWriter:
             (SGLang ``routed_experts_start_len``).
         final : bool
             Whether this call completes the sample. A sample is committed only once final.
+        allow_missing : bool
+            Accept rows the engine could not capture (prefix-cache hits, chunked prefill):
+            rows whose ids are -1 in every MoE layer (NeMo-RL's marker; dense layers 0 or
+            -1). They are stored as *missing rows*: :meth:`r3store.RouteStore.get` returns
+            them as -1, batches give them ``replay_mask`` False (replay keeps live routing
+            there), ``validate`` and ``stats`` count them. Without it such rows are an
+            :class:`~r3store.errors.ExpertIdError`.
+        policy_version : int, optional
+            Version of the policy weights that produced these rows (``[0, 2**63)``; async
+            RL can change weights between the turns of a sample). Give it with every part
+            of a sample or with none; readers get it per row range
+            (:meth:`r3store.RouteStore.policy_spans`).
 
         Raises
         ------
         r3store.errors.RouteValidationError
             (and subclasses RouteShapeError, ExpertIdError, RowCountError) the routes are
-            malformed; the sample is not buffered (unless ``on_invalid="quarantine"``).
+            malformed, the sample would exceed the store's ``max_sample_rows``, or
+            ``policy_version`` is invalid or given for some parts only; the sample is not
+            buffered (unless ``on_invalid="quarantine"``).
         r3store.errors.DuplicateSampleError
             ``sample_id`` was already appended by this writer.
         r3store.errors.ContinuationError
@@ -180,7 +202,7 @@ class RouteWriter:
         self._check_open()
         completed = len(self._buffer.done)
         self._buffer.append(sample_id, routes, num_tokens=num_tokens, tokens=tokens, metadata=metadata,
-                            start=start, final=final)
+                            start=start, final=final, allow_missing=allow_missing, policy_version=policy_version)
         self._flush_if_full(completed)
 
     def append_sglang(
@@ -193,6 +215,8 @@ class RouteWriter:
         metadata: Mapping[str, Any] | None = None,
         start: int = 0,
         final: bool = True,
+        allow_missing: bool = False,
+        policy_version: int | None = None,
     ) -> None:
         """Append SGLang output: ``meta_info["routed_experts"]`` decoded, then :meth:`append`.
 
@@ -213,7 +237,8 @@ class RouteWriter:
         self._check_open()
         completed = len(self._buffer.done)
         self._buffer.append_decoded(sample_id, lambda: decode_sglang(sample_id, meta_info, self.spec),
-                                    num_tokens=num_tokens, tokens=tokens, metadata=metadata, start=start, final=final)
+                                    num_tokens=num_tokens, tokens=tokens, metadata=metadata, start=start, final=final,
+                                    allow_missing=allow_missing, policy_version=policy_version)
         self._flush_if_full(completed)
 
     def _flush_if_full(self, completed: int) -> None:
