@@ -7,6 +7,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from r3store.audit import diff as run_diff
 from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
@@ -18,7 +19,7 @@ __all__ = ["diff", "plot_diff", "render_diff"]
 
 def render_diff(result: dict[str, Any], console: Console) -> None:
     """Print a :func:`r3store.audit.diff` result as tables."""
-    table = Table(title=f"r3store diff\n  A {result['store_a']}\n  B {result['store_b']}", show_header=False,
+    table = Table(title=Text(f"r3store diff\n  A {result['store_a']}\n  B {result['store_b']}"), show_header=False,
                   title_justify="left")
     table.add_column("figure", style="bold")
     table.add_column("value", justify="right")
@@ -50,7 +51,7 @@ def render_diff(result: dict[str, Any], console: Console) -> None:
         if result[f"only_in_{side}"]:
             ids = ", ".join(result[f"only_in_{side}_examples"][:5])
             count = result[f"only_in_{side}"]
-            console.print(f"only in {side.upper()}: {count:,} samples (e.g. {ids})", highlight=False)
+            console.print(Text(f"only in {side.upper()}: {count:,} samples (e.g. {ids})"))
 
 
 def plot_diff(result: dict[str, Any], path: str, size: tuple[int, int]) -> None:

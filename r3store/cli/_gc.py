@@ -6,11 +6,11 @@ import json
 import re
 
 import click
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from r3store.audit import collect_garbage
-from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import handle_errors, make_console, parse_storage_options, storage_option_flag
 
 __all__ = ["gc", "parse_duration"]
 
@@ -44,5 +44,5 @@ def gc(url: str, older_than: str, delete: bool, as_json: bool, storage_options: 
     for column in ("commit", "objects", "bytes", "age"):
         table.add_column(column)
     for item in found:
-        table.add_row(item.commit, str(len(item.keys)), f"{item.nbytes:,}", f"{item.age_s / 3600:.1f} h")
-    Console().print(table if found else "no uncommitted leftovers")
+        table.add_row(Text(item.commit), str(len(item.keys)), f"{item.nbytes:,}", f"{item.age_s / 3600:.1f} h")
+    make_console().print(table if found else "no uncommitted leftovers")

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
-from r3store.cli._options import EXIT_ERROR
+from r3store.cli._options import EXIT_ERROR, make_console
 
 __all__ = ["MissingExtra", "echo_json", "on_ray", "parse_size", "plot_canvas", "plot_options", "progress_bar",
            "save_plot", "scan_options"]
@@ -49,7 +49,7 @@ def progress_bar(description: str, enabled: bool, unit: str = "rows") -> Iterato
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
                TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with Progress(*columns, console=make_console(stderr=True), transient=True) as bar:
         task = bar.add_task(description, total=None)
 
         def update(done: int, total: int) -> None:
@@ -157,7 +157,7 @@ def emit(result: dict[str, Any], *, as_json: bool, render: Callable[[dict[str, A
     if as_json:
         echo_json(result)
         return
-    console = Console()
+    console = make_console()
     render(result, console)
     if plot_path is not None:
         console.print(f"plot: {plot_path} ({size[0]}x{size[1]} px)", highlight=False)

@@ -7,10 +7,11 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from r3store.audit import parse_layers, parse_rows
 from r3store.audit import show as run_show
-from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import handle_errors, make_console, parse_storage_options, storage_option_flag, styled
 from r3store.cli._scan import echo_json
 from r3store.errors import OptionError
 from r3store.reader import open_reader
@@ -38,7 +39,7 @@ def render_show(result: dict[str, Any], console: Console) -> None:
     if spans:
         kind = "mixed policy versions" if result["mixed_policy"] else "policy version"
         title += f"; {kind} " + ", ".join(f"{v} (rows {_span(a, b)})" for a, b, v in spans[:8])
-    table = Table(title=title, title_justify="left")
+    table = Table(title=Text(title), title_justify="left")
     table.add_column("row", justify="right", style="bold")
     for layer in result["layers"]:
         table.add_column(f"L{layer}", justify="left", overflow="fold")
@@ -49,11 +50,11 @@ def render_show(result: dict[str, Any], console: Console) -> None:
         for layer, ids in zip(result["layers"], row, strict=True):
             text = ",".join(map(str, ids)) if ids[0] >= 0 else "(not captured)"
             style = bad.get((t, layer))
-            cells.append(f"[{style}]{text}[/]" if style else text)
+            cells.append(Text(text, style=style or ""))
         table.add_row(str(t), *cells)
     console.print(table)
     if bad:
-        console.print("[red]red[/]: ids >= num_experts; [yellow]yellow[/]: repeated id", highlight=False)
+        console.print(styled(("red", "red"), ": ids >= num_experts; ", ("yellow", "yellow"), ": repeated id"))
 
 
 def _parse(value: str | None, parser: Any, hint: str) -> Any:
@@ -85,7 +86,7 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
     chosen = _parse(layers, parse_layers, "--layers")
     window = _parse(rows, parse_rows, "--rows")
     store = open_reader(url, storage_options=parse_storage_options(storage_options), on_duplicate="first")
-    console = Console()
+    console = make_console()
     if chosen is None and not as_json and store.spec.num_moe_layers > MAX_TABLE_LAYERS:
         chosen = list(store.spec.moe_layers[:MAX_TABLE_LAYERS])
         console.print(f"showing MoE layers {chosen[0]}..{chosen[-1]} of {store.spec.num_moe_layers}; "

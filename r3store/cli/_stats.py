@@ -7,6 +7,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from r3store.audit import stats as run_stats
 from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
@@ -19,8 +20,9 @@ __all__ = ["plot_stats", "render_stats", "stats"]
 def render_stats(result: dict[str, Any], console: Console) -> None:
     """Print a :func:`r3store.audit.stats` result as tables."""
     spec = result["spec"]
-    table = Table(title=f"r3store stats {result['url']}: {result['samples']:,} samples, {result['rows']:,} routed "
-                        f"tokens, {spec['num_experts']} experts, top-{spec['top_k']}", title_justify="left")
+    table = Table(title=Text(f"r3store stats {result['url']}: {result['samples']:,} samples, {result['rows']:,} "
+                             f"routed tokens, {spec['num_experts']} experts, top-{spec['top_k']}"),
+                  title_justify="left")
     for name in ("layer", "tokens/expert (mean)", "max", "max/mean", "entropy (bits)", "unused experts",
                  "hottest expert", "ids >= num_experts"):
         table.add_column(name, justify="right")

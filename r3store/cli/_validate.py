@@ -5,10 +5,19 @@ from __future__ import annotations
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from r3store.audit import ValidationReport
 from r3store.audit import validate as run_validate
-from r3store.cli._options import EXIT_FINDINGS, EXIT_OK, handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    handle_errors,
+    make_console,
+    parse_storage_options,
+    storage_option_flag,
+    styled,
+)
 from r3store.cli._scan import echo_json, on_ray, progress_bar, scan_options
 from r3store.reader import open_reader
 
@@ -20,7 +29,7 @@ _STYLE = {"error": "bold red", "warning": "yellow"}
 def render_report(report: ValidationReport, console: Console) -> None:
     """Print a :class:`r3store.audit.ValidationReport` as a table and a summary line."""
     if report.findings:
-        table = Table(title=f"r3store validate {report.url}", title_justify="left")
+        table = Table(title=Text(f"r3store validate {report.url}"), title_justify="left")
         for name, wrap in (("severity", False), ("kind", False), ("sample", True), ("layer", False),
                            ("rows", True), ("commit / chunk", True), ("detail", True)):
             table.add_column(name, overflow="fold", no_wrap=not wrap)
@@ -28,18 +37,18 @@ def render_report(report: ValidationReport, console: Console) -> None:
             where = (f.array or "").removeprefix("routes/")
             if f.chunk is not None:
                 where += f" chunk {tuple(f.chunk)}"
-            table.add_row(f"[{_STYLE[f.severity]}]{f.severity}[/]", f.kind, f.sample_id or "",
-                          "" if f.layer is None else str(f.layer), f.rows_text, where, f.detail)
+            table.add_row(Text(f.severity, style=_STYLE[f.severity]), f.kind, Text(f.sample_id or ""),
+                          "" if f.layer is None else str(f.layer), f.rows_text, Text(where), Text(f.detail))
         console.print(table)
     scope = f"{report.samples_checked:,} samples, {report.rows_checked:,} rows, {report.frames_checked:,} chunks " \
             f"in {report.arrays_checked:,} route arrays"
     if report.ok:
-        console.print(f"[bold green]clean[/]: {scope}; every checksum matches, no capture faults", highlight=False)
+        console.print(styled(("clean", "bold green"), f": {scope}; every checksum matches, no capture faults"))
         return
     kinds = ", ".join(f"{n} {k}" for k, n in report.counts.items())
     more = f" (first {len(report.findings):,} listed)" if report.truncated else ""
-    console.print(f"[bold red]{report.num_errors:,} error(s)[/], [yellow]{report.num_warnings:,} warning(s)[/]{more}: "
-                  f"{kinds}; scanned {scope}", highlight=False)
+    console.print(styled((f"{report.num_errors:,} error(s)", "bold red"), ", ",
+                         (f"{report.num_warnings:,} warning(s)", "yellow"), f"{more}: {kinds}; scanned {scope}"))
 
 
 @click.command()
@@ -71,5 +80,5 @@ def validate(url: str, as_json: bool, sample_filter: str | None, limit: int | No
     if as_json:
         echo_json(report.to_dict())
     else:
-        render_report(report, Console())
+        render_report(report, make_console())
     click.get_current_context().exit(EXIT_OK if report.ok else EXIT_FINDINGS)
