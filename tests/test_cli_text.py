@@ -33,8 +33,8 @@ def routes_of(rng: np.random.Generator, rows: int) -> np.ndarray:
 
 
 def flat(text: str) -> str:
-    """Whitespace runs as one space (a long title may wrap at a space)."""
-    return " ".join(text.split())
+    """``text`` without whitespace (a long title may wrap)."""
+    return "".join(text.split())
 
 
 def run(*args: str, columns: int = 240) -> Result:
@@ -108,7 +108,11 @@ def test_error_lines_are_one_line_even_when_wrapped_or_multiline(tmp_path: Path)
 
 
 def test_missing_extra_hint_keeps_its_brackets(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fsspec.registry  # noqa: F401 - the module, whose _registry caches loaded classes
+
     monkeypatch.setitem(sys.modules, "s3fs", None)  # as if s3fs were not installed
+    for protocol in ("s3", "s3a"):  # forget the class an earlier test may have loaded
+        monkeypatch.delitem(sys.modules["fsspec.registry"]._registry, protocol, raising=False)
     result = run("inspect", "s3://bucket/store")
     assert result.exit_code == 2
     assert "pip install 'r3store[s3]'" in result.stderr and len(result.stderr.strip().splitlines()) == 1

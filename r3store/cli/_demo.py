@@ -10,6 +10,7 @@ import click
 
 from r3store.cli._inspect import render_summary
 from r3store.cli._options import handle_errors, make_console, styled
+from r3store.cli._scan import MissingExtra
 
 __all__ = ["demo"]
 
@@ -30,9 +31,12 @@ def demo(directory: Path | None, writers: int, loader_workers: int) -> None:
     replayed in an fp32 trainer; flip rates and log-prob gaps with and without replay.
     """
     try:
+        import torch  # noqa: F401 - checked before any writer process starts
+
         from r3store.cli._demo_job import run_demo
     except ImportError as exc:
-        raise click.ClickException(f"{exc}; the demo needs PyTorch: pip install 'r3store[torch]'") from exc
+        raise MissingExtra(f"the demo needs PyTorch ({exc}): pip install 'r3store[torch]' "
+                           "(or 'r3store[hf]' for its replay part too)") from exc
     console = make_console()
     if directory is not None and directory.exists() and any(directory.iterdir()):
         raise click.BadParameter(f"{directory} is not empty", param_hint="DIRECTORY")

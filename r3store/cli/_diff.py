@@ -11,7 +11,16 @@ from rich.text import Text
 
 from r3store.audit import diff as run_diff
 from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
-from r3store.cli._scan import emit, on_ray, parse_size, plot_canvas, plot_options, progress_bar, scan_options
+from r3store.cli._scan import (
+    emit,
+    on_ray,
+    parse_size,
+    plot_canvas,
+    plot_format,
+    plot_options,
+    progress_bar,
+    scan_options,
+)
 from r3store.reader import open_reader
 
 __all__ = ["diff", "plot_diff", "render_diff"]
@@ -55,7 +64,7 @@ def render_diff(result: dict[str, Any], console: Console) -> None:
 
 
 def plot_diff(result: dict[str, Any], path: str, size: tuple[int, int]) -> None:
-    """Draw the per-layer flip rates as a bar chart into a PNG."""
+    """Draw the per-layer flip rates as a bar chart into ``path`` (format from its suffix: PNG, JPEG, SVG, PDF)."""
     fig = plot_canvas(*size)
     ax = fig.subplots()
     layers = [lay["layer"] for lay in result["per_layer"]]
@@ -68,7 +77,7 @@ def plot_diff(result: dict[str, Any], path: str, size: tuple[int, int]) -> None:
     ax.set_ylabel("fraction of tokens whose expert set differs")
     ax.set_title(f"R3 routing mismatch, {result['samples_compared']:,} samples, {result['tokens']:,} tokens")
     ax.legend()
-    fig.savefig(path, format="png")
+    fig.savefig(path, format=plot_format(path))
 
 
 @click.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
@@ -27,8 +28,29 @@ def _span(start: int, stop: int) -> str:
     return f"{start}" if stop - start == 1 else f"{start}-{stop - 1}"
 
 
+def _pack(text: str, width: int) -> str:
+    """``text`` broken into lines of at most ``width`` characters after commas or spaces only
+    (a line longer than that only when one id is), so no number is ever split."""
+    lines, line = [], ""
+    for token in re.findall(r"[^, ]+[, ]?", text):
+        if line and len(line) + len(token.rstrip()) > width:
+            lines.append(line.rstrip())
+            line = ""
+        line += token
+    return "\n".join([*lines, line.rstrip()])
+
+
+def _cell_width(console: Console, num_layers: int, row_digits: int) -> int:
+    """Characters per layer cell for the table to fit the console (at least 6: one id and a comma)."""
+    borders = 1 + (row_digits + 3)  # the right border, the row column with its padding and left border
+    return max(6, (console.width - borders) // max(1, num_layers) - 3)
+
+
 def render_show(result: dict[str, Any], console: Console) -> None:
-    """Print a :func:`r3store.audit.show` result: rows x layers, each cell the top-k ids."""
+    """Print a :func:`r3store.audit.show` result: rows x layers, each cell the top-k ids.
+
+    Cells break after commas to fit the console width; a number is never split.
+    """
     flag = ", quarantined: " + (result["reason"] or "") if result["quarantined"] else ""
     title = (f"{result['sample_id']}: {result['num_tokens']:,} tokens, {result['num_rows']:,} rows{flag}; "
              f"rows {result['row_start']}-{result['row_stop'] - 1}, "
@@ -40,9 +62,10 @@ def render_show(result: dict[str, Any], console: Console) -> None:
         kind = "mixed policy versions" if result["mixed_policy"] else "policy version"
         title += f"; {kind} " + ", ".join(f"{v} (rows {_span(a, b)})" for a, b, v in spans[:8])
     table = Table(title=Text(title), title_justify="left")
-    table.add_column("row", justify="right", style="bold")
+    table.add_column("row", justify="right", style="bold", no_wrap=True)
+    width = _cell_width(console, len(result["layers"]), len(str(max(result["row_stop"] - 1, 0))))
     for layer in result["layers"]:
-        table.add_column(f"L{layer}", justify="left", overflow="fold")
+        table.add_column(f"L{layer}", justify="left", no_wrap=True)
     bad = {tuple(c): "red" for c in result["out_of_range"]}
     bad.update({tuple(c): "yellow" for c in result["repeated"] if tuple(c) not in bad})
     for t, row in enumerate(result["routes"], start=result["row_start"]):
@@ -50,7 +73,7 @@ def render_show(result: dict[str, Any], console: Console) -> None:
         for layer, ids in zip(result["layers"], row, strict=True):
             text = ",".join(map(str, ids)) if ids[0] >= 0 else "(not captured)"
             style = bad.get((t, layer))
-            cells.append(Text(text, style=style or ""))
+            cells.append(Text(_pack(text, width), style=style or ""))
         table.add_row(str(t), *cells)
     console.print(table)
     if bad:
@@ -70,7 +93,8 @@ def _parse(value: str | None, parser: Any, hint: str) -> Any:
 @click.argument("url")
 @click.argument("sample_id")
 @click.option("--layers", default=None, metavar="LIST",
-              help="Decoder layers, e.g. '2,3,10-12' (default: every MoE layer).")
+              help=f"Decoder layers, e.g. '2,3,10-12' (default: the first {MAX_TABLE_LAYERS} MoE layers in the "
+                   "table, every MoE layer with --json).")
 @click.option("--rows", default=None, metavar="A:B",
               help="Rows within the sample, counted from 0, e.g. '0:64' (default: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print the ids as JSON (schema/cli-show.schema.json).")
@@ -80,8 +104,10 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
          storage_options: tuple[str, ...]) -> None:
     """Show the expert ids of SAMPLE_ID in the store at URL: rows x layers, each cell the top-k ids.
 
-    Quarantined samples are shown too. Cells with ids >= num_experts are red, cells
-    repeating an id yellow.
+    The table shows the first 8 MoE layers unless --layers names others (--json
+    gives every MoE layer); cells break after commas to fit the terminal. Quarantined
+    samples are shown too. Cells with ids >= num_experts are red, cells repeating an id
+    yellow.
     """
     chosen = _parse(layers, parse_layers, "--layers")
     window = _parse(rows, parse_rows, "--rows")
