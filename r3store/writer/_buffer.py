@@ -238,11 +238,12 @@ class SampleBuffer:
             sample.reason = sample.reason or f"{exc.field}: {exc.fault}{stored}"
             return
         self.open.pop(sample.sample_id, None)
+        given = sample.rows + (len(arr) if arr is not None and arr.ndim else 0)  # rows received, stored or not
         if moe is None:
             sample.reset_parts()
         else:
             self._add_part(sample, moe, version)
-        sample.num_tokens = _quarantined_num_tokens(num_tokens, tokens, sample.rows)
+        sample.num_tokens = _quarantined_num_tokens(num_tokens, tokens, given)
         with contextlib.suppress(RouteValidationError):
             sample.metadata.update(check_metadata(sample.sample_id, metadata, self.meta_types))
         sample.reason = sample.reason or f"{exc.field}: {exc.fault}{stored}"
