@@ -191,8 +191,10 @@ def test_validate_inspect_diff_at_80_columns(store: Path) -> None:
 # -- start-up ------------------------------------------------------------------------------------
 
 
-def test_help_imports_neither_numpy_pyarrow_zarr_nor_torch() -> None:
-    code = ("import sys\nfrom r3store.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+@pytest.mark.parametrize("command", [[], ["show"], ["validate"], ["stats"], ["diff"], ["gc"], ["inspect"], ["demo"]])
+def test_help_imports_neither_numpy_pyarrow_zarr_nor_torch(command: list[str]) -> None:
+    code = (f"import sys\nfrom r3store.cli import main\ntry:\n    main({[*command, '--help']!r})\nexcept SystemExit:\n"
+            "    pass\n"
             "print(sorted(m for m in ('numpy', 'pyarrow', 'zarr', 'torch', 'r3store.reader', 'r3store.writer') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout

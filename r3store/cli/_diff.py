@@ -9,7 +9,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from r3store.audit import diff as run_diff
 from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
 from r3store.cli._scan import (
     emit,
@@ -21,7 +20,6 @@ from r3store.cli._scan import (
     progress_bar,
     scan_options,
 )
-from r3store.reader import open_reader
 
 __all__ = ["diff", "plot_diff", "render_diff"]
 
@@ -98,6 +96,9 @@ def diff(url_a: str, url_b: str, as_json: bool, plot_path: str | None, plot_size
     overlap. Both stores need the same num_experts and top_k; the MoE layers they share
     are compared. Storage options apply to both URLs.
     """
+    from r3store.audit import diff as run_diff
+    from r3store.reader import open_reader
+
     size = parse_size(plot_size)
     options = parse_storage_options(storage_options)
     if ray_address is not None:

@@ -9,7 +9,6 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from r3store.audit import collect_garbage
 from r3store.cli._options import handle_errors, make_console, parse_storage_options, storage_option_flag
 
 __all__ = ["gc", "parse_duration"]
@@ -38,6 +37,8 @@ def gc(url: str, older_than: str, delete: bool, as_json: bool, storage_options: 
     Leftovers younger than --older-than are kept (a running writer may still be
     committing them) and counted.
     """
+    from r3store.audit import collect_garbage
+
     threshold = parse_duration(older_than)
     options = parse_storage_options(storage_options)
     everything = collect_garbage(url, older_than_s=0.0, storage_options=options)

@@ -10,9 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from r3store.audit import summarize
 from r3store.cli._options import handle_errors, make_console, parse_storage_options, storage_option_flag
-from r3store.reader import open_reader
 
 __all__ = ["inspect", "render_summary"]
 
@@ -71,6 +69,9 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
 @handle_errors
 def inspect(url: str, as_json: bool, cache_dir: str | None, storage_options: tuple[str, ...]) -> None:
     """Summarise the store at URL: samples, tokens, spec, bytes, bits per expert id, commits."""
+    from r3store.audit import summarize
+    from r3store.reader import open_reader
+
     store = open_reader(url, storage_options=parse_storage_options(storage_options), on_duplicate="report",
                        cache_dir=cache_dir)
     summary = summarize(store)

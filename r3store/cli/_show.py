@@ -10,12 +10,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from r3store.audit import parse_layers, parse_rows
-from r3store.audit import show as run_show
 from r3store.cli._options import handle_errors, make_console, parse_storage_options, storage_option_flag, styled
 from r3store.cli._scan import echo_json
 from r3store.errors import OptionError
-from r3store.reader import open_reader
 
 __all__ = ["render_show", "show"]
 
@@ -109,6 +106,10 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
     samples are shown too. Cells with ids >= num_experts are red, cells repeating an id
     yellow.
     """
+    from r3store.audit import parse_layers, parse_rows
+    from r3store.audit import show as run_show
+    from r3store.reader import open_reader
+
     chosen = _parse(layers, parse_layers, "--layers")
     window = _parse(rows, parse_rows, "--rows")
     store = open_reader(url, storage_options=parse_storage_options(storage_options), on_duplicate="first")

@@ -9,7 +9,6 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from r3store.audit import stats as run_stats
 from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
 from r3store.cli._scan import (
     emit,
@@ -21,7 +20,6 @@ from r3store.cli._scan import (
     progress_bar,
     scan_options,
 )
-from r3store.reader import open_reader
 
 __all__ = ["plot_stats", "render_stats", "stats"]
 
@@ -111,6 +109,9 @@ def stats(url: str, as_json: bool, top: int, plot_path: str | None, plot_size: s
     bits, unused experts and the hottest expert; then the hottest experts overall and
     the sequence-length distribution. Quarantined samples are left out.
     """
+    from r3store.audit import stats as run_stats
+    from r3store.reader import open_reader
+
     size = parse_size(plot_size)
     options = parse_storage_options(storage_options)
     if ray_address is not None:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from r3store.audit import ValidationReport, collect_garbage
-from r3store.audit import validate as run_validate
 from r3store.cli._gc import parse_duration
 from r3store.cli._options import (
     EXIT_FINDINGS,
@@ -22,7 +20,9 @@ from r3store.cli._options import (
     styled,
 )
 from r3store.cli._scan import echo_json, on_ray, progress_bar, scan_options
-from r3store.reader import open_reader
+
+if TYPE_CHECKING:
+    from r3store.audit import ValidationReport
 
 __all__ = ["render_report", "validate"]
 
@@ -68,6 +68,8 @@ def render_report(report: ValidationReport, console: Console) -> None:
 def young_leftovers(report: ValidationReport, url: str, options: dict[str, Any], grace_s: float) -> list[str] | None:
     """The commits of a report whose only findings are uncommitted leftovers younger than
     ``grace_s`` (a writer still committing), or None when the report holds anything else."""
+    from r3store.audit import collect_garbage
+
     kinds = {kind for kind, n in report.counts.items() if n}
     if kinds != {"uncommitted"} or report.truncated:
         return None
@@ -99,6 +101,9 @@ def validate(url: str, as_json: bool, grace: str, sample_filter: str | None, lim
     Exit status: 0 clean (or only uncommitted leftovers younger than --grace: a writer
     still committing), 1 findings, 2 usage or I/O error.
     """
+    from r3store.audit import validate as run_validate
+    from r3store.reader import open_reader
+
     grace_s = parse_duration(grace, "--grace")
     options = parse_storage_options(storage_options)
     if ray_address is not None:
