@@ -14,14 +14,18 @@ Writer -> codec -> storage -> reader -> batch (layout applied) -> dataset (torch
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from r3store import errors
-from r3store._spec import ModelSpec
-from r3store._store import RouteStore, open_store
 from r3store._version import __version__
-from r3store.reader import RouteReader, open_reader
-from r3store.writer import RouteWriter, WriterConfig, decode_sglang, decode_vllm, encode_sglang
+
+if TYPE_CHECKING:
+    from r3store._spec import ModelSpec
+    from r3store._store import RouteStore, open_store
+    from r3store.dataset import RouteDataset, to_device
+    from r3store.reader import RouteReader, open_reader
+    from r3store.writer import RouteWriter, WriterConfig, decode_sglang, decode_vllm, encode_sglang
 
 __all__ = [
     "ModelSpec",
@@ -40,18 +44,34 @@ __all__ = [
     "to_device",
 ]
 
-_LAZY = {"RouteDataset": "r3store.dataset", "to_device": "r3store.dataset"}
+_LAZY = {
+    "ModelSpec": "r3store._spec",
+    "RouteDataset": "r3store.dataset",
+    "RouteReader": "r3store.reader",
+    "RouteStore": "r3store._store",
+    "RouteWriter": "r3store.writer",
+    "WriterConfig": "r3store.writer",
+    "decode_sglang": "r3store.writer",
+    "decode_vllm": "r3store.writer",
+    "encode_sglang": "r3store.writer",
+    "open_reader": "r3store.reader",
+    "open_store": "r3store._store",
+    "to_device": "r3store.dataset",
+}
+"""Public names imported on first use, so that ``import r3store`` (and ``r3store --help``)
+loads neither numpy, pyarrow nor zarr until something needs them (torch: only the
+dataset names)."""
+
+_SHOWN_HERE = frozenset(_LAZY) - {"RouteDataset", "to_device"}
+"""Names documented as ``r3store.<name>`` (their ``__module__`` is set to ``"r3store"``)."""
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        if name in _SHOWN_HERE:
+            value.__module__ = "r3store"
+        globals()[name] = value  # later lookups skip this function
+        return value
     raise AttributeError(f"module 'r3store' has no attribute {name!r}")
 
-
-for _obj in (ModelSpec, RouteReader, RouteStore, RouteWriter, WriterConfig, open_reader, open_store, decode_sglang,
-             decode_vllm, encode_sglang):
-    _obj.__module__ = "r3store"
-del _obj

@@ -154,11 +154,16 @@ def _fault_error(sample_id: str, routes: np.ndarray, spec: ModelSpec, fault: ker
     if fault.kind == "dense":
         return ExpertIdError(sample_id, "routes",
                              f"dense decoder layer {fault.layer} has non-zero ids at row {row} "
-                             f"({ids.tolist()}); the ModelSpec's moe_layers may be wrong")
+                             f"({ids.tolist()}); the ModelSpec's moe_layers may be wrong (or, for a flat engine "
+                             "payload reshaped with the spec, its top_k or num_layers)")
     layer = fault.layer if all_layers else spec.moe_layers[fault.layer]
     if fault.kind == "repeat":
+        hint = ""
+        if not ids.any():
+            hint = (f"; all zeros: is decoder layer {layer} dense (engines send dense layers as zero rows)? "
+                    "Then leave it out of ModelSpec(moe_layers=...)")
         return ExpertIdError(sample_id, "routes", f"expert id repeated within row {row}, decoder layer {layer}: "
-                                                  f"{ids.tolist()}")
+                                                  f"{ids.tolist()}{hint}")
     value = int(ids[fault.slot])
     why = "negative" if value < 0 else f">= num_experts ({spec.num_experts})"
     hint = "; physical (EP-remapped) ids instead of logical ids?"

@@ -320,19 +320,24 @@ class SampleNotFoundError(R3StoreError, KeyError):
     url : str
     quarantined : str or None
         The quarantine reason, when the sample exists but is quarantined.
+    hint : str or None
+        What to do about it (default, for a quarantined sample: how to read it).
     """
 
-    def __init__(self, sample_id: str, url: str = "", quarantined: str | None = None) -> None:
+    def __init__(self, sample_id: str, url: str = "", quarantined: str | None = None,
+                 hint: str | None = None) -> None:
         self.sample_id = sample_id
         self.url = url
         self.quarantined = quarantined
+        self.hint = hint
         super().__init__(sample_id)
 
     def __str__(self) -> str:
         where = f" in {self.url}" if self.url else ""
         if self.quarantined is not None:
-            return (f"sample {self.sample_id!r}{where} is quarantined ({self.quarantined}); "
-                    "pass include_quarantined=True to read it")
+            hint = self.hint or ("get(sample_id, include_quarantined=True) or r3store show reads it; assemble and "
+                                 "RouteDataset never return quarantined samples")
+            return f"sample {self.sample_id!r}{where} is quarantined ({self.quarantined}); {hint}"
         return f"no committed sample {self.sample_id!r}{where}"
 
 

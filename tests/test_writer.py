@@ -278,11 +278,13 @@ def test_quarantine_keeps_bad_samples_flagged(tmp_path) -> None:
     np.testing.assert_array_equal(store.get("repeated", include_quarantined=True), repeated)
     np.testing.assert_array_equal(store.get("physical", include_quarantined=True), physical)
     np.testing.assert_array_equal(store.get("physical", [3], include_quarantined=True), physical[:, [2]])
-    assert store.get("too-big", include_quarantined=True).shape == (0, 3, 2)
+    with pytest.raises(SampleNotFoundError, match="could not be stored"):  # its routes were not kept
+        store.get("too-big", include_quarantined=True)
     np.testing.assert_array_equal(store.get("off-by-one", include_quarantined=True), good)
     assert store.num_tokens("off-by-one", include_quarantined=True) == 6
     assert table["off-by-one"]["num_rows"] == 6
-    assert store.get("not-base64", include_quarantined=True).shape == (0, 3, 2)
+    with pytest.raises(SampleNotFoundError, match="could not be stored"):
+        store.get("not-base64", include_quarantined=True)
     assert store.num_tokens("not-base64", include_quarantined=True) == 7
     for sid in ("good-0", "good-1"):
         np.testing.assert_array_equal(store.get(sid), good)

@@ -7,10 +7,10 @@ import tempfile
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from r3store.cli._inspect import render_summary
-from r3store.cli._options import handle_errors
+from r3store.cli._options import handle_errors, make_console, styled
+from r3store.cli._scan import MissingExtra
 
 __all__ = ["demo"]
 
@@ -31,23 +31,26 @@ def demo(directory: Path | None, writers: int, loader_workers: int) -> None:
     replayed in an fp32 trainer; flip rates and log-prob gaps with and without replay.
     """
     try:
+        import torch  # noqa: F401 - checked before any writer process starts
+
         from r3store.cli._demo_job import run_demo
     except ImportError as exc:
-        raise click.ClickException(f"{exc}; the demo needs PyTorch: pip install 'r3store[torch]'") from exc
-    console = Console()
+        raise MissingExtra(f"the demo needs PyTorch ({exc}): pip install 'r3store[torch]' "
+                           "(or 'r3store[hf]' for its replay part too)") from exc
+    console = make_console()
     if directory is not None and directory.exists() and any(directory.iterdir()):
         raise click.BadParameter(f"{directory} is not empty", param_hint="DIRECTORY")
     target = directory or Path(tempfile.mkdtemp(prefix="r3store-demo-"))
     try:
         report = run_demo(target, num_writers=writers, loader_workers=loader_workers,
-                          log=lambda line: console.print(line, highlight=False, soft_wrap=True))
+                          log=lambda line: console.print(line, soft_wrap=True))
     finally:
         if directory is None:
             shutil.rmtree(target, ignore_errors=True)
-    console.print(
-        f"[bold green]ok[/]: {report['samples']} samples, {report['tokens']:,} tokens in {report['batches']} batches; "
-        "every route bit-identical to the source trace, every pad row masked and in range"
-    )
+    console.print(styled(
+        ("ok", "bold green"),
+        f": {report['samples']} samples, {report['tokens']:,} tokens in {report['batches']} batches; "
+        "every route bit-identical to the source trace, every pad row masked and in range"))
     console.print(f"write: {report['write_s']:.2f} s (process start-up included)")
     console.print(f"read:  {report['read_s']:.2f} s, {report['tokens_per_s']:,.0f} tokens/s, "
                   f"{report['expert_ids_per_s']:,.0f} expert ids/s (DataLoader start-up included)")

@@ -161,9 +161,12 @@ def render_replay_demo(report: dict[str, Any], console: Any) -> None:
         table.add_row(label, f"{r['decision_flip_rate']:.2%} ({r['differing_decisions']:,}/{r['decisions']:,})",
                       f"{r['token_flip_rate']:.1%}", f"{report['logprob_gap'][name]:.4f}")
     console.print(table)
-    grads = "finite and non-zero" if report["router_grads_ok"] else "[bold red]missing or not finite[/]"
-    console.print(f"router gradients under replay: {grads} in all {len(report['moe_layers'])} MoE layers "
-                  f"(replay demo {report['seconds']:.1f} s)", highlight=False, soft_wrap=True)
+    from rich.text import Text
+
+    grads = ("finite and non-zero", "") if report["router_grads_ok"] else ("missing or not finite", "bold red")
+    console.print(Text.assemble("router gradients under replay: ", grads,
+                                f" in all {len(report['moe_layers'])} MoE layers "
+                                f"(replay demo {report['seconds']:.1f} s)"), highlight=False, soft_wrap=True)
 
 
 def replay_demo_cli(directory: Path | None, console: Any) -> dict[str, Any] | None:

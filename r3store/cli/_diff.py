@@ -7,18 +7,26 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from r3store.audit import diff as run_diff
 from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
-from r3store.cli._scan import emit, on_ray, parse_size, plot_canvas, plot_options, progress_bar, scan_options
-from r3store.reader import open_reader
+from r3store.cli._scan import (
+    emit,
+    on_ray,
+    parse_size,
+    plot_canvas,
+    plot_format,
+    plot_options,
+    progress_bar,
+    scan_options,
+)
 
 __all__ = ["diff", "plot_diff", "render_diff"]
 
 
 def render_diff(result: dict[str, Any], console: Console) -> None:
     """Print a :func:`r3store.audit.diff` result as tables."""
-    table = Table(title=f"r3store diff\n  A {result['store_a']}\n  B {result['store_b']}", show_header=False,
+    table = Table(title=Text(f"r3store diff\n  A {result['store_a']}\n  B {result['store_b']}"), show_header=False,
                   title_justify="left")
     table.add_column("figure", style="bold")
     table.add_column("value", justify="right")
@@ -50,11 +58,11 @@ def render_diff(result: dict[str, Any], console: Console) -> None:
         if result[f"only_in_{side}"]:
             ids = ", ".join(result[f"only_in_{side}_examples"][:5])
             count = result[f"only_in_{side}"]
-            console.print(f"only in {side.upper()}: {count:,} samples (e.g. {ids})", highlight=False)
+            console.print(Text(f"only in {side.upper()}: {count:,} samples (e.g. {ids})"))
 
 
 def plot_diff(result: dict[str, Any], path: str, size: tuple[int, int]) -> None:
-    """Draw the per-layer flip rates as a bar chart into a PNG."""
+    """Draw the per-layer flip rates as a bar chart into ``path`` (format from its suffix: PNG, JPEG, SVG, PDF)."""
     fig = plot_canvas(*size)
     ax = fig.subplots()
     layers = [lay["layer"] for lay in result["per_layer"]]
@@ -67,7 +75,7 @@ def plot_diff(result: dict[str, Any], path: str, size: tuple[int, int]) -> None:
     ax.set_ylabel("fraction of tokens whose expert set differs")
     ax.set_title(f"R3 routing mismatch, {result['samples_compared']:,} samples, {result['tokens']:,} tokens")
     ax.legend()
-    fig.savefig(path, format="png")
+    fig.savefig(path, format=plot_format(path))
 
 
 @click.command()
@@ -88,6 +96,9 @@ def diff(url_a: str, url_b: str, as_json: bool, plot_path: str | None, plot_size
     overlap. Both stores need the same num_experts and top_k; the MoE layers they share
     are compared. Storage options apply to both URLs.
     """
+    from r3store.audit import diff as run_diff
+    from r3store.reader import open_reader
+
     size = parse_size(plot_size)
     options = parse_storage_options(storage_options)
     if ray_address is not None:

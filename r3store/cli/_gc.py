@@ -6,23 +6,21 @@ import json
 import re
 
 import click
-from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from r3store.audit import collect_garbage
-from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import handle_errors, make_console, parse_storage_options, storage_option_flag
 
 __all__ = ["gc", "parse_duration"]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, option: str = "--older-than") -> float:
     """``"90s"``, ``"15m"``, ``"1h"``, ``"2d"`` or a bare number of seconds, to seconds."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
     if not match:
-        raise click.BadParameter(f"expected a duration like 90s, 15m, 1h or 2d, got {text!r}",
-                                 param_hint="--older-than")
+        raise click.BadParameter(f"expected a duration like 90s, 15m, 1h or 2d, got {text!r}", param_hint=option)
     return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
@@ -34,15 +32,45 @@ def parse_duration(text: str) -> float:
 @storage_option_flag
 @handle_errors
 def gc(url: str, older_than: str, delete: bool, as_json: bool, storage_options: tuple[str, ...]) -> None:
-    """List (or --delete) uncommitted leftovers of crashed writers. Committed data is never touched."""
-    found = collect_garbage(url, older_than_s=parse_duration(older_than), delete=delete,
-                            storage_options=parse_storage_options(storage_options))
+    """List (or --delete) uncommitted leftovers of crashed writers. Committed data is never touched.
+
+    Leftovers younger than --older-than are kept (a running writer may still be
+    committing them) and counted.
+    """
+    from r3store.audit import collect_garbage
+
+    threshold = parse_duration(older_than)
+    options = parse_storage_options(storage_options)
+    everything = collect_garbage(url, older_than_s=0.0, storage_options=options)
+    younger = [item for item in everything if item.age_s < threshold]
+    if delete:
+        found = collect_garbage(url, older_than_s=threshold, delete=True, storage_options=options)
+    else:
+        found = [item for item in everything if item.age_s >= threshold]
     if as_json:
-        click.echo(json.dumps({"deleted": delete, "leftovers": [f.to_dict() for f in found]}, indent=2))
+        click.echo(json.dumps({"deleted": delete, "leftovers": [f.to_dict() for f in found],
+                               "kept_younger": len(younger)}, indent=2))
         return
-    table = Table(title=f"uncommitted leftovers older than {older_than}" + (" (deleted)" if delete else ""))
-    for column in ("commit", "objects", "bytes", "age"):
-        table.add_column(column)
-    for item in found:
-        table.add_row(item.commit, str(len(item.keys)), f"{item.nbytes:,}", f"{item.age_s / 3600:.1f} h")
-    Console().print(table if found else "no uncommitted leftovers")
+    console = make_console()
+    if found:
+        table = Table(title=f"uncommitted leftovers older than {older_than}" + (" (deleted)" if delete else ""))
+        for column in ("commit", "objects", "bytes", "age"):
+            table.add_column(column, no_wrap=column != "commit")
+        for item in found:
+            table.add_row(Text(item.commit), str(len(item.keys)), f"{item.nbytes:,}", _age(item.age_s))
+        console.print(table)
+    else:
+        console.print(f"no uncommitted leftovers older than {older_than}")
+    if younger:
+        console.print(f"kept {len(younger)} younger leftover(s) (under {older_than} old; the oldest "
+                      f"{_age(max(item.age_s for item in younger))}): a running writer may still be committing "
+                      "them; --older-than 0s lists them")
+
+
+def _age(seconds: float) -> str:
+    """``"42 s"``, ``"7.5 min"``, ``"3.2 h"`` or ``"unknown"`` (the backend reports no times)."""
+    if seconds == float("inf"):
+        return "unknown"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"

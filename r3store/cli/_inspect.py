@@ -8,10 +8,9 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from r3store.audit import summarize
-from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
-from r3store.reader import open_reader
+from r3store.cli._options import handle_errors, make_console, parse_storage_options, storage_option_flag
 
 __all__ = ["inspect", "render_summary"]
 
@@ -30,7 +29,7 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     quarantined = summary["quarantined"]
     moe = spec["moe_layers"]
     span = f"{moe[0]}..{moe[-1]}" if moe == list(range(moe[0], moe[-1] + 1)) else ", ".join(map(str, moe))
-    table = Table(title=f"r3store {summary['url']}", show_header=False, title_justify="left")
+    table = Table(title=Text(f"r3store {summary['url']}"), show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value")
     rows = [
@@ -57,7 +56,7 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         rows.append(("uncommitted leftovers", f"{len(summary['uncommitted_commits'])} commits, "
                                               f"{_bytes(summary['uncommitted_bytes'])} (see r3store gc)"))
     for name, value in rows:
-        table.add_row(name, value)
+        table.add_row(name, Text(value))
     console.print(table)
 
 
@@ -70,10 +69,13 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
 @handle_errors
 def inspect(url: str, as_json: bool, cache_dir: str | None, storage_options: tuple[str, ...]) -> None:
     """Summarise the store at URL: samples, tokens, spec, bytes, bits per expert id, commits."""
+    from r3store.audit import summarize
+    from r3store.reader import open_reader
+
     store = open_reader(url, storage_options=parse_storage_options(storage_options), on_duplicate="report",
                        cache_dir=cache_dir)
     summary = summarize(store)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
-        render_summary(summary, Console())
+        render_summary(summary, make_console())

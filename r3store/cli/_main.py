@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import click
 
@@ -25,7 +26,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 class LazyGroup(click.Group):
-    """A group whose commands are imported on first use (their short help is kept here)."""
+    """A group whose commands are imported on first use (their short help is kept here).
+
+    Every r3store error that reaches it (from a command, an option callback or the
+    command's import) is printed as one line on stderr, verbatim, with exit status 2.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from r3store.errors import R3StoreError
+
+        try:
+            return super().invoke(ctx)
+        except R3StoreError as exc:
+            from r3store.cli._options import exit_on_error
+
+            exit_on_error(exc)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)

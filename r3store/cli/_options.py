@@ -6,14 +6,16 @@ import json
 import sys
 from collections.abc import Callable
 from functools import wraps
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 from rich.console import Console
+from rich.text import Text
 
 from r3store.errors import R3StoreError
 
-__all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_OK", "handle_errors", "parse_storage_options", "storage_option_flag"]
+__all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_OK", "error_line", "exit_on_error", "handle_errors", "make_console",
+           "parse_storage_options", "storage_option_flag", "styled"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -50,15 +52,42 @@ def storage_option_flag(func: F) -> F:
     )(func)
 
 
+def make_console(*, stderr: bool = False) -> Console:
+    """A rich console that never reads markup in what it prints.
+
+    Sample ids, URLs, commit names, reasons and exception texts (botocore's contain
+    ``[/:]``) are data: printed verbatim, never as rich markup (``[bold]x`` stays
+    ``[bold]x``, ``[/]`` cannot raise ``MarkupError``). Styles are given as
+    :class:`rich.text.Text` spans (:func:`styled`) instead.
+    """
+    return Console(stderr=stderr, markup=False, highlight=False)
+
+
+def styled(*parts: str | tuple[str, str]) -> Text:
+    """Text from plain strings and ``(text, style)`` pairs; no markup is read in either."""
+    return Text.assemble(*parts)
+
+
+def error_line(exc: BaseException) -> str:
+    """``"<ErrorType>: <message>"`` on one line (line breaks in the message become spaces)."""
+    message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return f"{type(exc).__name__}: {message}"
+
+
+def exit_on_error(exc: R3StoreError) -> NoReturn:
+    """Print an r3store error as one line on stderr, verbatim, and exit 2 (``EXIT_ERROR``)."""
+    make_console(stderr=True).print(styled(("error:", "bold red"), " ", error_line(exc)), soft_wrap=True)
+    sys.exit(EXIT_ERROR)
+
+
 def handle_errors(func: F) -> F:
-    """Print r3store errors as one line on stderr and exit 2."""
+    """Print r3store errors as one line on stderr and exit 2 (see :func:`exit_on_error`)."""
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
         except R3StoreError as exc:
-            Console(stderr=True).print(f"[bold red]error:[/] {type(exc).__name__}: {exc}", highlight=False)
-            sys.exit(EXIT_ERROR)
+            exit_on_error(exc)
 
     return wrapper  # type: ignore[return-value]

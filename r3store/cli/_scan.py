@@ -12,10 +12,10 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
-from r3store.cli._options import EXIT_ERROR
+from r3store.cli._options import EXIT_ERROR, make_console
 
-__all__ = ["MissingExtra", "echo_json", "on_ray", "parse_size", "plot_canvas", "plot_options", "progress_bar",
-           "save_plot", "scan_options"]
+__all__ = ["PLOT_FORMATS", "MissingExtra", "echo_json", "on_ray", "parse_size", "plot_canvas", "plot_format",
+           "plot_options", "progress_bar", "save_plot", "scan_options"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -49,7 +49,7 @@ def progress_bar(description: str, enabled: bool, unit: str = "rows") -> Iterato
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
                TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with Progress(*columns, console=make_console(stderr=True), transient=True) as bar:
         task = bar.add_task(description, total=None)
 
         def update(done: int, total: int) -> None:
@@ -123,20 +123,42 @@ def parse_size(text: str) -> tuple[int, int]:
     return size
 
 
+PLOT_FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".svg": "svg", ".pdf": "pdf"}
+"""``--plot`` file suffix (lower case) -> matplotlib ``savefig`` format."""
+
+
+def plot_format(path: str) -> str:
+    """The image format of ``path``, from its suffix (:data:`PLOT_FORMATS`).
+
+    Raises
+    ------
+    click.BadParameter
+        Another suffix (exit 2).
+    """
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in PLOT_FORMATS:
+        raise click.BadParameter(f"cannot tell the image format of {path!r}: name it "
+                                 f"{', '.join('*' + s for s in PLOT_FORMATS)}", param_hint="--plot")
+    return PLOT_FORMATS[suffix]
+
+
 def _plot_folder_exists(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """Fail before a long scan when the plot's folder does not exist."""
+    """Fail before a long scan when the plot's folder does not exist or its suffix names no format."""
     if value is not None and not os.path.isdir(os.path.dirname(value) or "."):
         raise click.BadParameter(f"folder of {value!r} does not exist", ctx=ctx, param=param)
+    if value is not None:
+        plot_format(value)
     return value
 
 
 def plot_options(func: F) -> F:
-    """Add ``--plot FILE.png`` and ``--plot-size WIDTHxHEIGHT``."""
+    """Add ``--plot FILE`` (.png, .jpg, .svg, .pdf) and ``--plot-size WIDTHxHEIGHT``."""
     func = click.option("--plot-size", default="1200x800", show_default=True, metavar="WxH",
                         help="Size of the --plot image in pixels.")(func)
     return click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
-                        callback=_plot_folder_exists, metavar="FILE.png",
-                        help="Also draw a PNG (needs matplotlib: pip install 'r3store[plot]').")(func)
+                        callback=_plot_folder_exists, metavar="FILE",
+                        help="Also draw the figure into FILE, as PNG, JPEG, SVG or PDF by its suffix "
+                             "(.png, .jpg, .svg, .pdf; needs matplotlib: pip install 'r3store[plot]').")(func)
 
 
 def save_plot(draw: Callable[[dict[str, Any], str, tuple[int, int]], None], result: dict[str, Any], path: str,
@@ -157,7 +179,7 @@ def emit(result: dict[str, Any], *, as_json: bool, render: Callable[[dict[str, A
     if as_json:
         echo_json(result)
         return
-    console = Console()
+    console = make_console()
     render(result, console)
     if plot_path is not None:
         console.print(f"plot: {plot_path} ({size[0]}x{size[1]} px)", highlight=False)

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from r3store.audit import parse_layers, parse_rows
-from r3store.audit import show as run_show
-from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import handle_errors, make_console, parse_storage_options, storage_option_flag, styled
 from r3store.cli._scan import echo_json
 from r3store.errors import OptionError
-from r3store.reader import open_reader
 
 __all__ = ["render_show", "show"]
 
@@ -26,8 +25,29 @@ def _span(start: int, stop: int) -> str:
     return f"{start}" if stop - start == 1 else f"{start}-{stop - 1}"
 
 
+def _pack(text: str, width: int) -> str:
+    """``text`` broken into lines of at most ``width`` characters after commas or spaces only
+    (a line longer than that only when one id is), so no number is ever split."""
+    lines, line = [], ""
+    for token in re.findall(r"[^, ]+[, ]?", text):
+        if line and len(line) + len(token.rstrip()) > width:
+            lines.append(line.rstrip())
+            line = ""
+        line += token
+    return "\n".join([*lines, line.rstrip()])
+
+
+def _cell_width(console: Console, num_layers: int, row_digits: int) -> int:
+    """Characters per layer cell for the table to fit the console (at least 6: one id and a comma)."""
+    borders = 1 + (row_digits + 3)  # the right border, the row column with its padding and left border
+    return max(6, (console.width - borders) // max(1, num_layers) - 3)
+
+
 def render_show(result: dict[str, Any], console: Console) -> None:
-    """Print a :func:`r3store.audit.show` result: rows x layers, each cell the top-k ids."""
+    """Print a :func:`r3store.audit.show` result: rows x layers, each cell the top-k ids.
+
+    Cells break after commas to fit the console width; a number is never split.
+    """
     flag = ", quarantined: " + (result["reason"] or "") if result["quarantined"] else ""
     title = (f"{result['sample_id']}: {result['num_tokens']:,} tokens, {result['num_rows']:,} rows{flag}; "
              f"rows {result['row_start']}-{result['row_stop'] - 1}, "
@@ -38,10 +58,11 @@ def render_show(result: dict[str, Any], console: Console) -> None:
     if spans:
         kind = "mixed policy versions" if result["mixed_policy"] else "policy version"
         title += f"; {kind} " + ", ".join(f"{v} (rows {_span(a, b)})" for a, b, v in spans[:8])
-    table = Table(title=title, title_justify="left")
-    table.add_column("row", justify="right", style="bold")
+    table = Table(title=Text(title), title_justify="left")
+    table.add_column("row", justify="right", style="bold", no_wrap=True)
+    width = _cell_width(console, len(result["layers"]), len(str(max(result["row_stop"] - 1, 0))))
     for layer in result["layers"]:
-        table.add_column(f"L{layer}", justify="left", overflow="fold")
+        table.add_column(f"L{layer}", justify="left", no_wrap=True)
     bad = {tuple(c): "red" for c in result["out_of_range"]}
     bad.update({tuple(c): "yellow" for c in result["repeated"] if tuple(c) not in bad})
     for t, row in enumerate(result["routes"], start=result["row_start"]):
@@ -49,11 +70,11 @@ def render_show(result: dict[str, Any], console: Console) -> None:
         for layer, ids in zip(result["layers"], row, strict=True):
             text = ",".join(map(str, ids)) if ids[0] >= 0 else "(not captured)"
             style = bad.get((t, layer))
-            cells.append(f"[{style}]{text}[/]" if style else text)
+            cells.append(Text(_pack(text, width), style=style or ""))
         table.add_row(str(t), *cells)
     console.print(table)
     if bad:
-        console.print("[red]red[/]: ids >= num_experts; [yellow]yellow[/]: repeated id", highlight=False)
+        console.print(styled(("red", "red"), ": ids >= num_experts; ", ("yellow", "yellow"), ": repeated id"))
 
 
 def _parse(value: str | None, parser: Any, hint: str) -> Any:
@@ -69,7 +90,8 @@ def _parse(value: str | None, parser: Any, hint: str) -> Any:
 @click.argument("url")
 @click.argument("sample_id")
 @click.option("--layers", default=None, metavar="LIST",
-              help="Decoder layers, e.g. '2,3,10-12' (default: every MoE layer).")
+              help=f"Decoder layers, e.g. '2,3,10-12' (default: the first {MAX_TABLE_LAYERS} MoE layers in the "
+                   "table, every MoE layer with --json).")
 @click.option("--rows", default=None, metavar="A:B",
               help="Rows within the sample, counted from 0, e.g. '0:64' (default: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print the ids as JSON (schema/cli-show.schema.json).")
@@ -79,13 +101,19 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
          storage_options: tuple[str, ...]) -> None:
     """Show the expert ids of SAMPLE_ID in the store at URL: rows x layers, each cell the top-k ids.
 
-    Quarantined samples are shown too. Cells with ids >= num_experts are red, cells
-    repeating an id yellow.
+    The table shows the first 8 MoE layers unless --layers names others (--json
+    gives every MoE layer); cells break after commas to fit the terminal. Quarantined
+    samples are shown too. Cells with ids >= num_experts are red, cells repeating an id
+    yellow.
     """
+    from r3store.audit import parse_layers, parse_rows
+    from r3store.audit import show as run_show
+    from r3store.reader import open_reader
+
     chosen = _parse(layers, parse_layers, "--layers")
     window = _parse(rows, parse_rows, "--rows")
     store = open_reader(url, storage_options=parse_storage_options(storage_options), on_duplicate="first")
-    console = Console()
+    console = make_console()
     if chosen is None and not as_json and store.spec.num_moe_layers > MAX_TABLE_LAYERS:
         chosen = list(store.spec.moe_layers[:MAX_TABLE_LAYERS])
         console.print(f"showing MoE layers {chosen[0]}..{chosen[-1]} of {store.spec.num_moe_layers}; "

@@ -7,11 +7,19 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from r3store.audit import stats as run_stats
 from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
-from r3store.cli._scan import emit, on_ray, parse_size, plot_canvas, plot_options, progress_bar, scan_options
-from r3store.reader import open_reader
+from r3store.cli._scan import (
+    emit,
+    on_ray,
+    parse_size,
+    plot_canvas,
+    plot_format,
+    plot_options,
+    progress_bar,
+    scan_options,
+)
 
 __all__ = ["plot_stats", "render_stats", "stats"]
 
@@ -19,23 +27,29 @@ __all__ = ["plot_stats", "render_stats", "stats"]
 def render_stats(result: dict[str, Any], console: Console) -> None:
     """Print a :func:`r3store.audit.stats` result as tables."""
     spec = result["spec"]
-    table = Table(title=f"r3store stats {result['url']}: {result['samples']:,} samples, {result['rows']:,} routed "
-                        f"tokens, {spec['num_experts']} experts, top-{spec['top_k']}", title_justify="left")
-    for name in ("layer", "tokens/expert (mean)", "max", "max/mean", "entropy (bits)", "unused experts",
-                 "hottest expert", "ids >= num_experts"):
-        table.add_column(name, justify="right")
+    most = f"; entropy at most {result['layers'][0]['max_entropy_bits']:.3f} bits" if result["layers"] else ""
+    # load: tokens routed to an expert; ids out of range: ids >= num_experts
+    console.print(Text(f"r3store stats {result['url']}: {result['samples']:,} samples, {result['rows']:,} "
+                       f"routed tokens, {spec['num_experts']} experts, top-{spec['top_k']}{most}"))
+    table = Table()
+    # headers broken by hand and numbers never wrapped: readable at 80 columns
+    for name in ("layer", "mean\nload", "max\nload", "max/mean", "entropy\n(bits)"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("unused\nexperts", justify="right", min_width=7)
+    for name in ("hottest\nexpert", "ids out\nof range"):
+        table.add_column(name, justify="right", no_wrap=True)
     for lay in result["layers"]:
         unused = f"{lay['unused_experts']}"
         if lay["unused"]:
             listed = ", ".join(map(str, lay["unused"][:8]))
             unused += f" ({listed}{', ...' if lay['unused_experts'] > 8 else ''})"
         table.add_row(str(lay["layer"]), f"{lay['mean_load']:,.1f}", f"{lay['max_load']:,}",
-                      f"{lay['max_over_mean']:.2f}", f"{lay['entropy_bits']:.3f} / {lay['max_entropy_bits']:.3f}",
+                      f"{lay['max_over_mean']:.2f}", f"{lay['entropy_bits']:.3f}",
                       unused, str(lay["hottest_expert"]), f"{lay['ids_out_of_range']:,}")
     console.print(table)
     hot = Table(title="hottest experts", title_justify="left")
     for name in ("layer", "expert", "tokens", "share of layer", "load / mean"):
-        hot.add_column(name, justify="right")
+        hot.add_column(name, justify="right", no_wrap=True)
     for h in result["hottest"]:
         hot.add_row(str(h["layer"]), str(h["expert"]), f"{h['tokens']:,}", f"{h['share']:.2%}",
                     f"{h['load_over_mean']:.2f}")
@@ -54,7 +68,8 @@ def render_stats(result: dict[str, Any], console: Console) -> None:
 
 
 def plot_stats(result: dict[str, Any], path: str, size: tuple[int, int]) -> None:
-    """Draw the layers x experts load heatmap and the length histogram into a PNG."""
+    """Draw the layers x experts load heatmap and the length histogram into ``path`` (PNG, JPEG, SVG or
+    PDF, by its suffix)."""
     fig = plot_canvas(*size)
     heat, hist = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 1]})
     layers = [lay["layer"] for lay in result["layers"]]
@@ -75,7 +90,7 @@ def plot_stats(result: dict[str, Any], path: str, size: tuple[int, int]) -> None
     hist.set_ylabel("samples")
     hist.set_title("sequence lengths")
     fig.suptitle(f"{result['url']}: {result['samples']:,} samples")
-    fig.savefig(path, format="png")
+    fig.savefig(path, format=plot_format(path))
 
 
 @click.command()
@@ -94,6 +109,9 @@ def stats(url: str, as_json: bool, top: int, plot_path: str | None, plot_size: s
     bits, unused experts and the hottest expert; then the hottest experts overall and
     the sequence-length distribution. Quarantined samples are left out.
     """
+    from r3store.audit import stats as run_stats
+    from r3store.reader import open_reader
+
     size = parse_size(plot_size)
     options = parse_storage_options(storage_options)
     if ray_address is not None:

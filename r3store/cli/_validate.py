@@ -2,25 +2,48 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from r3store.audit import ValidationReport
-from r3store.audit import validate as run_validate
-from r3store.cli._options import EXIT_FINDINGS, EXIT_OK, handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._gc import parse_duration
+from r3store.cli._options import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    handle_errors,
+    make_console,
+    parse_storage_options,
+    storage_option_flag,
+    styled,
+)
 from r3store.cli._scan import echo_json, on_ray, progress_bar, scan_options
-from r3store.reader import open_reader
+
+if TYPE_CHECKING:
+    from r3store.audit import ValidationReport
 
 __all__ = ["render_report", "validate"]
 
 _STYLE = {"error": "bold red", "warning": "yellow"}
 
 
+WIDE_TABLE = 120
+"""Console width below which findings are listed one per paragraph instead of as a table
+(a seven-column table cannot hold commit names and details at 80 columns)."""
+
+
 def render_report(report: ValidationReport, console: Console) -> None:
-    """Print a :class:`r3store.audit.ValidationReport` as a table and a summary line."""
-    if report.findings:
-        table = Table(title=f"r3store validate {report.url}", title_justify="left")
+    """Print a :class:`r3store.audit.ValidationReport` as a table (or, on a console narrower
+    than :data:`WIDE_TABLE`, one finding per paragraph) and a summary line."""
+    if report.findings and console.width < WIDE_TABLE:
+        console.print(Text(f"r3store validate {report.url}"))
+        for f in report.findings:
+            severity, rest = str(f).split(" ", 1)
+            console.print(styled((severity, _STYLE[f.severity]), " ", rest))
+    elif report.findings:
+        table = Table(title=Text(f"r3store validate {report.url}"), title_justify="left")
         for name, wrap in (("severity", False), ("kind", False), ("sample", True), ("layer", False),
                            ("rows", True), ("commit / chunk", True), ("detail", True)):
             table.add_column(name, overflow="fold", no_wrap=not wrap)
@@ -28,27 +51,45 @@ def render_report(report: ValidationReport, console: Console) -> None:
             where = (f.array or "").removeprefix("routes/")
             if f.chunk is not None:
                 where += f" chunk {tuple(f.chunk)}"
-            table.add_row(f"[{_STYLE[f.severity]}]{f.severity}[/]", f.kind, f.sample_id or "",
-                          "" if f.layer is None else str(f.layer), f.rows_text, where, f.detail)
+            table.add_row(Text(f.severity, style=_STYLE[f.severity]), f.kind, Text(f.sample_id or ""),
+                          "" if f.layer is None else str(f.layer), f.rows_text, Text(where), Text(f.detail))
         console.print(table)
     scope = f"{report.samples_checked:,} samples, {report.rows_checked:,} rows, {report.frames_checked:,} chunks " \
             f"in {report.arrays_checked:,} route arrays"
     if report.ok:
-        console.print(f"[bold green]clean[/]: {scope}; every checksum matches, no capture faults", highlight=False)
+        console.print(styled(("clean", "bold green"), f": {scope}; every checksum matches, no capture faults"))
         return
     kinds = ", ".join(f"{n} {k}" for k, n in report.counts.items())
     more = f" (first {len(report.findings):,} listed)" if report.truncated else ""
-    console.print(f"[bold red]{report.num_errors:,} error(s)[/], [yellow]{report.num_warnings:,} warning(s)[/]{more}: "
-                  f"{kinds}; scanned {scope}", highlight=False)
+    console.print(styled((f"{report.num_errors:,} error(s)", "bold red"), ", ",
+                         (f"{report.num_warnings:,} warning(s)", "yellow"), f"{more}: {kinds}; scanned {scope}"))
+
+
+def young_leftovers(report: ValidationReport, url: str, options: dict[str, Any], grace_s: float) -> list[str] | None:
+    """The commits of a report whose only findings are uncommitted leftovers younger than
+    ``grace_s`` (a writer still committing), or None when the report holds anything else."""
+    from r3store.audit import collect_garbage
+
+    kinds = {kind for kind, n in report.counts.items() if n}
+    if kinds != {"uncommitted"} or report.truncated:
+        return None
+    ages = {item.commit: item.age_s for item in collect_garbage(url, older_than_s=0.0, storage_options=options)}
+    commits = [(f.array or "").removeprefix("routes/") for f in report.findings if f.kind == "uncommitted"]
+    if all(ages.get(commit, float("inf")) < grace_s for commit in commits):
+        return commits
+    return None
 
 
 @click.command()
 @click.argument("url")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema/cli-validate.schema.json).")
+@click.option("--grace", default="1h", show_default=True, metavar="DURATION",
+              help="Uncommitted leftovers younger than this (s/m/h/d) are taken for a running writer's commit: "
+                   "a warning, exit status 0 (r3store gc --older-than uses the same default).")
 @scan_options
 @storage_option_flag
 @handle_errors
-def validate(url: str, as_json: bool, sample_filter: str | None, limit: int | None, workers: int | None,
+def validate(url: str, as_json: bool, grace: str, sample_filter: str | None, limit: int | None, workers: int | None,
              ray_address: str | None, storage_options: tuple[str, ...]) -> None:
     """Check every chunk checksum and look for capture faults in the store at URL.
 
@@ -57,8 +98,13 @@ def validate(url: str, as_json: bool, sample_filter: str | None, limit: int | No
     physical-looking (EP-remapped) id distributions, row counts other than
     num_tokens - 1, duplicate sample ids, quarantined samples and uncommitted leftovers.
 
-    Exit status: 0 clean, 1 findings, 2 usage or I/O error.
+    Exit status: 0 clean (or only uncommitted leftovers younger than --grace: a writer
+    still committing), 1 findings, 2 usage or I/O error.
     """
+    from r3store.audit import validate as run_validate
+    from r3store.reader import open_reader
+
+    grace_s = parse_duration(grace, "--grace")
     options = parse_storage_options(storage_options)
     if ray_address is not None:
         report = on_ray(ray_address, "validate", not as_json, lambda on_cluster, progress: on_cluster.validate(
@@ -68,8 +114,13 @@ def validate(url: str, as_json: bool, sample_filter: str | None, limit: int | No
         store = open_reader(url, storage_options=options, on_duplicate="report")
         with progress_bar("validate", enabled=not as_json) as progress:
             report = run_validate(store, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress)
+    young = None if report.ok else young_leftovers(report, url, options, grace_s)
     if as_json:
         echo_json(report.to_dict())
     else:
-        render_report(report, Console())
-    click.get_current_context().exit(EXIT_OK if report.ok else EXIT_FINDINGS)
+        console = make_console()
+        render_report(report, console)
+        if young is not None:
+            console.print(styled(("warning", "yellow"), f": {len(young)} uncommitted leftover(s) younger than {grace}: "
+                                                        "a writer is probably still committing; not a fault (exit 0)"))
+    click.get_current_context().exit(EXIT_OK if report.ok or young is not None else EXIT_FINDINGS)

@@ -21,7 +21,7 @@ from r3store._format import (
     parse_manifest,
 )
 from r3store._spec import ModelSpec
-from r3store.errors import NotAStoreError, ObjectNotFoundError, OptionError
+from r3store.errors import NotAStoreError, ObjectNotFoundError, OptionError, SampleNotFoundError
 from r3store.reader._catalog import (
     OnDuplicate,
     Preloaded,
@@ -273,7 +273,8 @@ class RouteReader:
         Raises
         ------
         r3store.errors.SampleNotFoundError
-            (a KeyError) no such committed sample.
+            (a KeyError) no such committed sample, or (with ``include_quarantined``) a
+            quarantined sample whose routes could not be stored (none were kept).
         r3store.errors.LayerError
             (an IndexError) a layer is not an MoE layer.
         r3store.errors.ChecksumError
@@ -284,6 +285,11 @@ class RouteReader:
         """
         catalog = self._catalog
         i = catalog.locate(sample_id, include_quarantined=include_quarantined)
+        if catalog.num_rows[i] == 0 and self.num_tokens(sample_id, include_quarantined=True) > 1:
+            row = self.row(sample_id, include_quarantined=True)
+            raise SampleNotFoundError(sample_id, self.url, quarantined=row["reason"] or "",
+                                      hint="its routes could not be stored, so it has no rows to read; "
+                                           "row(sample_id, include_quarantined=True) gives its sample-table row")
         positions = self.spec.layer_positions(layers)
         if rows is not None and not isinstance(rows, slice):
             hint = f"; use slice{tuple(rows)!r}" if isinstance(rows, tuple) and len(rows) == 2 else ""

@@ -25,7 +25,14 @@ from r3store._validate import (
     check_tokens,
     find_missing_rows,
 )
-from r3store.errors import ContinuationError, DuplicateSampleError, RouteValidationError, RowCountError
+from r3store.errors import (
+    ContinuationError,
+    DuplicateSampleError,
+    RouteShapeError,
+    RouteValidationError,
+    RowCountError,
+)
+from r3store.writer._ingest import NO_ROUTES_HINT
 
 __all__ = ["MAX_TOKENS", "Sample", "SampleBuffer"]
 
@@ -109,6 +116,8 @@ class SampleBuffer:
         """Validate and buffer the routes of one sample (or one turn of it); see
         :meth:`r3store.RouteWriter.append` for the parameters and errors."""
         check_sample_id(sample_id)
+        if routes is None:
+            raise RouteShapeError(sample_id, "routes", f"is None: {NO_ROUTES_HINT}")
         arr = as_numpy(sample_id, "routes", routes)
         sample = self._sample_for(sample_id, start, len(arr) if arr.ndim else 0)
         version = check_policy_version(sample_id, policy_version)
@@ -134,14 +143,18 @@ class SampleBuffer:
             sample.token_hash = token_hash(toks) if toks is not None else None
             self._finish(sample)
 
-    def append_decoded(self, sample_id: str, decode: Callable[[], np.ndarray], *, num_tokens: int | None = None,
-                       tokens: Any = None, metadata: Mapping[str, Any] | None = None, start: int = 0,
-                       final: bool = True, allow_missing: bool = False, policy_version: int | None = None) -> None:
-        """:meth:`append` the routes ``decode()`` returns (an engine payload); a payload that
-        cannot be decoded is a bad sample like any other (raised, or quarantined)."""
+    def append_decoded(self, sample_id: str, decode: Callable[[int | None], np.ndarray], *,
+                       num_tokens: int | None = None, tokens: Any = None, metadata: Mapping[str, Any] | None = None,
+                       start: int = 0, final: bool = True, allow_missing: bool = False,
+                       policy_version: int | None = None) -> None:
+        """:meth:`append` the routes ``decode(rows)`` returns (an engine payload); ``rows`` is
+        the row count the payload must hold when the call completes a sample of known token
+        count (else None). A payload that cannot be decoded is a bad sample like any other
+        (raised, or quarantined)."""
         check_sample_id(sample_id)
+        self._sample_for(sample_id, start)  # a continuation fault is named before the payload's size
         try:
-            routes = decode()
+            routes = decode(_expected_rows(num_tokens, tokens, start) if final else None)
         except RouteValidationError as exc:
             if self.on_invalid == "raise":
                 raise
@@ -225,11 +238,12 @@ class SampleBuffer:
             sample.reason = sample.reason or f"{exc.field}: {exc.fault}{stored}"
             return
         self.open.pop(sample.sample_id, None)
+        given = sample.rows + (len(arr) if arr is not None and arr.ndim else 0)  # rows received, stored or not
         if moe is None:
             sample.reset_parts()
         else:
             self._add_part(sample, moe, version)
-        sample.num_tokens = _quarantined_num_tokens(num_tokens, tokens, sample.rows)
+        sample.num_tokens = _quarantined_num_tokens(num_tokens, tokens, given)
         with contextlib.suppress(RouteValidationError):
             sample.metadata.update(check_metadata(sample.sample_id, metadata, self.meta_types))
         sample.reason = sample.reason or f"{exc.field}: {exc.fault}{stored}"
@@ -272,3 +286,16 @@ def _storable(arr: np.ndarray | None, spec: ModelSpec) -> np.ndarray | None:
     if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= 1 << spec.bits_per_id):
         return None
     return arr.astype(np.uint16)
+
+
+def _expected_rows(num_tokens: Any, tokens: Any, start: int) -> int | None:
+    """Rows the final part of a sample (from row ``start``) must hold, when the token count is known."""
+    if tokens is not None and num_tokens is None:
+        try:
+            num_tokens = len(tokens)
+        except TypeError:
+            return None  # the append names the fault
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int | np.integer):
+        return None
+    rows = int(num_tokens) - 1 - start
+    return rows if rows >= 0 else None

@@ -7,35 +7,74 @@ import binascii
 import io
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 from r3store._spec import ModelSpec
 from r3store._validate import as_numpy
 from r3store.codecs import kernels
-from r3store.errors import PayloadDecodeError
+from r3store.errors import PayloadDecodeError, RowCountError
 
-__all__ = ["decode_sglang", "decode_vllm", "encode_sglang"]
+__all__ = ["NO_ROUTES_HINT", "SGLANG_DTYPES", "decode_sglang", "decode_vllm", "encode_sglang", "sglang_meta",
+           "sglang_num_tokens", "sglang_start"]
+
+NO_ROUTES_HINT = ("the engine returned no routes: is routed-expert capture enabled (e.g. SGLang "
+                  "--enable-return-routed-experts and return_routed_experts=True in the request)?")
+"""What an absent or None ``routed_experts`` most likely means."""
+
+SGLANG_DTYPES: Mapping[str, str] = {"uint8": "<u1", "uint16": "<u2", "int16": "<i2", "int32": "<i4"}
+"""``meta_info["routed_experts_dtype"]`` -> the little-endian numpy dtype of the base64 payload.
+Source: SGLang's compact routed-expert wire dtypes (an open SGLang change); without the key
+the payload is int32, as released SGLang sends it."""
 
 
-def _payload_from_meta(sample_id: str, payload: Any) -> Any:
+def sglang_meta(payload: Any) -> Mapping[str, Any] | None:
+    """The mapping that holds ``routed_experts`` (``meta_info``, ``sglext`` or the payload itself), or None."""
+    if not isinstance(payload, Mapping):
+        return None
+    if "routed_experts" in payload:
+        return payload
+    for key in ("sglext", "meta_info"):
+        inner = payload.get(key)
+        if isinstance(inner, Mapping) and "routed_experts" in inner:
+            return inner
+    return None
+
+
+def _payload_from_meta(sample_id: str, payload: Any) -> tuple[Any, Mapping[str, Any] | None]:
     """Find the routes in an SGLang ``meta_info`` dict or OpenAI-style ``sglext`` dict."""
     if not isinstance(payload, Mapping):
-        return payload
-    for key in ("routed_experts",):
-        if key in payload:
-            return payload[key]
-    ext = payload.get("sglext")
-    if isinstance(ext, Mapping) and "routed_experts" in ext:
-        return ext["routed_experts"]
-    meta = payload.get("meta_info")
-    if isinstance(meta, Mapping) and "routed_experts" in meta:
-        return meta["routed_experts"]
-    raise PayloadDecodeError(sample_id, "meta_info", f"has no 'routed_experts' key (keys: {sorted(map(str, payload))})")
+        return payload, None
+    meta = sglang_meta(payload)
+    if meta is None:
+        raise PayloadDecodeError(sample_id, "meta_info", f"has no 'routed_experts' key "
+                                                         f"(keys: {sorted(map(str, payload))}): {NO_ROUTES_HINT}")
+    return meta["routed_experts"], meta
 
 
-def decode_sglang(sample_id: str, payload: Any, spec: ModelSpec) -> np.ndarray:
+def _count(meta: Mapping[str, Any], key: str) -> int | None:
+    value = meta.get(key)
+    return int(value) if isinstance(value, int | np.integer) and not isinstance(value, bool) else None
+
+
+def sglang_num_tokens(meta: Mapping[str, Any] | None) -> int | None:
+    """``prompt_tokens + completion_tokens`` of an SGLang ``meta_info`` (None unless both are ints).
+
+    Source: SGLang ``/generate`` ``meta_info``; the routes hold one row per token but the last.
+    """
+    if meta is None:
+        return None
+    prompt, completion = _count(meta, "prompt_tokens"), _count(meta, "completion_tokens")
+    return None if prompt is None or completion is None else prompt + completion
+
+
+def sglang_start(meta: Mapping[str, Any] | None) -> int | None:
+    """``meta_info["routed_experts_start_len"]``: the first row of the routes within the sample (None: absent)."""
+    return None if meta is None else _count(meta, "routed_experts_start_len")
+
+
+def decode_sglang(sample_id: str, payload: Any, spec: ModelSpec, *, num_rows: int | None = None) -> np.ndarray:
     """Decode SGLang routed experts into an int32 array.
 
     Parameters
@@ -46,9 +85,16 @@ def decode_sglang(sample_id: str, payload: Any, spec: ModelSpec) -> np.ndarray:
         SGLang ``meta_info["routed_experts"]`` (or the ``meta_info`` dict itself, or an
         OpenAI-style response dict with ``sglext.routed_experts``): base64 of raw
         little-endian int32 in C order, flattened ``[rows, num_hidden_layers, top_k]``,
-        with no shape sent. An already-decoded array (flat or 3-D) is accepted too.
+        with no shape sent; when the dict carries ``routed_experts_dtype`` (``"uint8"``,
+        ``"uint16"``, ``"int16"`` or ``"int32"``, SGLang's compact wire dtypes) the
+        payload is read as that little-endian dtype. An already-decoded array (flat or
+        3-D) is accepted too.
     spec : ModelSpec
         Gives ``num_hidden_layers`` (``spec.num_layers``) and ``top_k`` for the reshape.
+    num_rows : int, optional
+        The rows the payload must hold, when known (``num_tokens - 1 - start``): a payload
+        of another size is an error naming the likely fault (a wrong ``top_k``, a row
+        count off by some).
 
     Returns
     -------
@@ -58,42 +104,109 @@ def decode_sglang(sample_id: str, payload: Any, spec: ModelSpec) -> np.ndarray:
     Raises
     ------
     r3store.errors.PayloadDecodeError
-        The string is not base64, its length is not a whole number of int32, or the ids
-        do not divide into ``(rows, num_layers, top_k)``.
+        ``routed_experts`` is absent, None or an empty payload (the engine returned no
+        routes); the string is not base64, its length is not a whole number of ids of
+        its dtype, the dtype is not one of :data:`SGLANG_DTYPES`, or the ids do not divide
+        into ``(rows, num_layers, top_k)`` (or ``num_rows`` rows).
 
     Notes
     -----
     Source: SGLang ``/generate`` ``meta_info["routed_experts"]`` (dense layers present as
     rows of zeros; shared experts not included).
     """
-    payload = _payload_from_meta(sample_id, payload)
+    payload, meta = _payload_from_meta(sample_id, payload)
     if payload is None:
-        raise PayloadDecodeError(sample_id, "routed_experts",
-                                 "is None: the engine returned no routes (is routed-expert capture enabled, "
-                                 "e.g. SGLang --enable-return-routed-experts and return_routed_experts=True?)")
+        raise PayloadDecodeError(sample_id, "routed_experts", f"is None: {NO_ROUTES_HINT}")
+    wire = _wire_dtype(sample_id, meta)
+    nbytes = None  # of a base64 payload (whose dtype is not sent unless routed_experts_dtype is)
     if isinstance(payload, str | bytes | bytearray | memoryview):
+        if not len(payload) and num_rows != 0:
+            raise PayloadDecodeError(sample_id, "routed_experts", f"is empty: {NO_ROUTES_HINT}")
         try:
             raw = kernels.b64decode(payload)  # a fresh writable uint8 array, as base64.b64decode(validate=True)
         except (binascii.Error, ValueError) as exc:
             raise PayloadDecodeError(sample_id, "routed_experts", f"is not valid base64: {exc}") from exc
-        if raw.size % 4:
+        itemsize = np.dtype(wire or "<i4").itemsize
+        if raw.size % itemsize:
             raise PayloadDecodeError(sample_id, "routed_experts",
-                                     f"decodes to {raw.size} bytes, not a whole number of int32")
-        flat = raw.view("<i4")
-        flat = flat if flat.dtype.isnative else flat.astype(np.int32)
+                                     f"decodes to {raw.size} bytes, not a whole number of "
+                                     f"{_dtype_name(wire)} ({itemsize} bytes each)"
+                                     + _dtype_hint(wire, raw.size, spec.num_layers * spec.top_k))
+        nbytes = raw.size
+        flat = raw.view(wire or "<i4")
+        flat = flat if flat.dtype.isnative else flat.astype(flat.dtype.newbyteorder("="))
     else:
         flat = as_numpy(sample_id, "routed_experts", payload)
         if flat.ndim == 3:
             return flat
         flat = flat.reshape(-1)
     per_row = spec.num_layers * spec.top_k
-    _reject_int64(sample_id, flat, per_row)
+    if wire is None:
+        _reject_int64(sample_id, flat, per_row)
+    if num_rows is not None and flat.size != num_rows * per_row:
+        _wrong_size(sample_id, flat, num_rows, spec, wire, nbytes)
     if flat.size % per_row:
         raise PayloadDecodeError(
             sample_id, "routed_experts",
-            f"{flat.size} ids do not divide into (rows, num_layers={spec.num_layers}, top_k={spec.top_k})",
+            f"{flat.size} ids do not divide into (rows, num_layers={spec.num_layers}, "
+            f"top_k={spec.top_k})" + _dtype_hint(wire, nbytes, per_row),
         )
     return flat.reshape(-1, spec.num_layers, spec.top_k)
+
+
+def _wire_dtype(sample_id: str, meta: Mapping[str, Any] | None) -> str | None:
+    """The payload dtype named by ``routed_experts_dtype`` (None: not given, int32)."""
+    if meta is None or meta.get("routed_experts_dtype") is None:
+        return None
+    name = meta["routed_experts_dtype"]
+    key = name.removeprefix("torch.").removeprefix("numpy.") if isinstance(name, str) else ""
+    if key not in SGLANG_DTYPES:
+        raise PayloadDecodeError(sample_id, "routed_experts_dtype",
+                                 f"is {name!r}; expected one of {', '.join(SGLANG_DTYPES)}")
+    return SGLANG_DTYPES[key]
+
+
+def _dtype_name(wire: str | None) -> str:
+    return "int32" if wire is None else str(np.dtype(wire))
+
+
+def _dtype_hint(wire: str | None, nbytes: int | None, per_row: int) -> str:
+    """Which other wire dtype ``nbytes`` of base64 payload would fit, when it is read as int32 by default."""
+    if nbytes is None:
+        return ""
+    if wire is not None:
+        return f" (meta_info routed_experts_dtype is {_dtype_name(wire)})"
+    fits = [name for name, code in SGLANG_DTYPES.items()
+            if name != "int32" and nbytes % np.dtype(code).itemsize == 0
+            and (nbytes // np.dtype(code).itemsize) % per_row == 0]
+    if fits:
+        return (f"; read as int32 (no routed_experts_dtype in meta_info), but the bytes would fit {' or '.join(fits)}"
+                ": pass the meta_info dict with its routed_experts_dtype")
+    return ""
+
+
+def _wrong_size(sample_id: str, flat: np.ndarray, num_rows: int, spec: ModelSpec, wire: str | None,
+                nbytes: int | None) -> NoReturn:
+    """Raise for a payload of ``flat.size`` ids that should hold ``num_rows`` rows, naming the likely fault."""
+    size = flat.size
+    have = f"{size} ids" + (f" of {flat.dtype}" if wire is not None else "")
+    if num_rows > 0 and size and size % (num_rows * spec.num_layers) == 0:
+        top_k = size // (num_rows * spec.num_layers)
+        per_row = spec.num_layers * spec.top_k
+        other = f" (or {size // per_row:,} rows, not {num_rows:,}?)" if size % per_row == 0 else ""
+        raise PayloadDecodeError(sample_id, "routed_experts",
+                                 f"{have} divide into {num_rows:,} rows x num_layers={spec.num_layers} x {top_k}: "
+                                 f"is top_k {top_k}, not the ModelSpec's top_k={spec.top_k}?{other}")
+    per_row = spec.num_layers * spec.top_k
+    if size % per_row == 0:
+        rows = size // per_row
+        raise RowCountError(sample_id, "routed_experts",
+                            f"holds {rows:,} rows (of num_layers={spec.num_layers} x top_k={spec.top_k}), expected "
+                            f"num_tokens - 1 - start = {num_rows:,}")
+    raise PayloadDecodeError(sample_id, "routed_experts",
+                             f"{have} do not divide into {num_rows:,} rows x num_layers={spec.num_layers} x "
+                             f"top_k={spec.top_k}"
+                             + _dtype_hint(wire, nbytes, per_row))
 
 
 def _reject_int64(sample_id: str, flat: np.ndarray, per_row: int) -> None:
@@ -148,7 +261,11 @@ def decode_vllm(sample_id: str, payload: Any) -> np.ndarray:
     Raises
     ------
     r3store.errors.PayloadDecodeError
+        ``payload`` is None (the engine returned no routes), not a base64 ``.npy`` blob,
+        or a blob that cannot be read safely.
     """
+    if payload is None:
+        raise PayloadDecodeError(sample_id, "routed_experts", f"is None: {NO_ROUTES_HINT}")
     if isinstance(payload, str | bytes | bytearray | memoryview):
         try:
             raw = base64.b64decode(payload, validate=True)

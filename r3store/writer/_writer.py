@@ -12,12 +12,12 @@ from typing import Any, Literal
 
 from r3store._deprecated import renamed_keyword, renamed_property
 from r3store._spec import ModelSpec
-from r3store.errors import DiscardedSampleWarning, IncompleteSampleError, WriterClosedError
+from r3store.errors import DiscardedSampleWarning, IncompleteSampleError, RouteValidationError, WriterClosedError
 from r3store.storage import Backend, open_backend
 from r3store.writer._buffer import SampleBuffer
 from r3store.writer._commit import Committer, default_layers_per_chunk
 from r3store.writer._config import WriterConfig, WriterConfigDict
-from r3store.writer._ingest import decode_sglang
+from r3store.writer._ingest import decode_sglang, sglang_meta, sglang_num_tokens, sglang_start
 
 __all__ = ["RouteWriter"]
 
@@ -213,7 +213,7 @@ class RouteWriter:
         num_tokens: int | None = None,
         tokens: Any = None,
         metadata: Mapping[str, Any] | None = None,
-        start: int = 0,
+        start: int | None = None,
         final: bool = True,
         allow_missing: bool = False,
         policy_version: int | None = None,
@@ -224,22 +224,54 @@ class RouteWriter:
         ----------
         meta_info : mapping, str, bytes or array
             SGLang ``/generate`` ``meta_info`` (or the ``routed_experts`` value itself):
-            base64 of little-endian int32, flattened ``[rows, num_layers, top_k]``, no
-            shape sent (see :func:`r3store.decode_sglang`).
+            base64 of little-endian int32 (or of ``meta_info["routed_experts_dtype"]``),
+            flattened ``[rows, num_layers, top_k]``, no shape sent (see
+            :func:`r3store.decode_sglang`).
+        num_tokens : int, optional
+            As for :meth:`append`. When neither it nor ``tokens`` is given, the final call
+            takes ``meta_info["prompt_tokens"] + meta_info["completion_tokens"]`` (when both
+            are present; otherwise rows + 1), so a payload one row short or long is an
+            error, not a sample stored with a wrong token count.
+        start : int, optional
+            As for :meth:`append`; default ``meta_info["routed_experts_start_len"]`` when
+            present, else 0.
 
         Other parameters are as for :meth:`append`.
 
         Raises
         ------
         r3store.errors.PayloadDecodeError
-            The payload is not base64 or does not divide into ``(rows, num_layers, top_k)``.
+            ``routed_experts`` is missing, None or empty (the engine returned no routes);
+            the payload is not base64, names an unknown ``routed_experts_dtype``, or does not
+            divide into ``(rows, num_layers, top_k)`` (with a known token count: into the
+            rows expected, else the likely wrong ``top_k`` is named).
+        r3store.errors.RowCountError
+            The payload holds another number of rows than the token count implies.
+        r3store.errors.RouteValidationError
+            ``start`` differs from ``meta_info["routed_experts_start_len"]``.
         """
         self._check_open()
+        meta = sglang_meta(meta_info)
+        start = self._sglang_start(sample_id, start, meta)
+        if final and num_tokens is None and tokens is None:
+            num_tokens = sglang_num_tokens(meta)
         completed = len(self._buffer.done)
-        self._buffer.append_decoded(sample_id, lambda: decode_sglang(sample_id, meta_info, self.spec),
+        self._buffer.append_decoded(sample_id, lambda rows: decode_sglang(sample_id, meta_info, self.spec,
+                                                                          num_rows=rows),
                                     num_tokens=num_tokens, tokens=tokens, metadata=metadata, start=start, final=final,
                                     allow_missing=allow_missing, policy_version=policy_version)
         self._flush_if_full(completed)
+
+    @staticmethod
+    def _sglang_start(sample_id: str, start: int | None, meta: Mapping[str, Any] | None) -> int:
+        """``start``, else ``routed_experts_start_len``, else 0; both given must agree."""
+        given = sglang_start(meta)
+        if start is None:
+            return 0 if given is None else given
+        if given is not None and given != start:
+            raise RouteValidationError(sample_id, "start", f"is {start} but meta_info routed_experts_start_len is "
+                                                           f"{given}: give one, or the same value")
+        return start
 
     def _flush_if_full(self, completed: int) -> None:
         """Commit once a sample completed and the buffer holds ``buffer_bytes`` or more."""
@@ -313,3 +345,4 @@ class RouteWriter:
         self.close()  # before warning: a warning filter set to "error" must not skip the commit
         if discarded:
             warnings.warn(DiscardedSampleWarning(f"discarded open samples {discarded}"), stacklevel=2)
+

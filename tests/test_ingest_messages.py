@@ -1,0 +1,181 @@
+"""Engine payloads: SGLang's compact wire dtypes, and errors that name the real fault.
+
+SGLang ``meta_info`` carries ``routed_experts`` (base64, flattened ``[rows, num_layers,
+top_k]``), ``prompt_tokens``, ``completion_tokens``, ``routed_experts_start_len`` (multi-turn)
+and, with an open SGLang change, ``routed_experts_dtype`` (uint8/uint16/int16/int32).
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import r3store
+from r3store.errors import (
+    ContinuationError,
+    ExpertIdError,
+    PayloadDecodeError,
+    RouteShapeError,
+    RouteValidationError,
+    RowCountError,
+)
+
+SPEC = r3store.ModelSpec(num_layers=4, num_experts=60, top_k=4, moe_layers=[1, 2, 3])  # layer 0 dense
+
+
+def moe_routes(rng: np.random.Generator, rows: int, layers: int = 3, top_k: int = 4) -> np.ndarray:
+    return np.argsort(rng.random((rows, layers, 60)), axis=-1)[..., :top_k].astype(np.int32)
+
+
+def all_layers(moe: np.ndarray) -> np.ndarray:
+    """As SGLang sends them: every decoder layer, the dense one as zeros."""
+    out = np.zeros((moe.shape[0], SPEC.num_layers, moe.shape[2]), dtype=np.int32)
+    out[:, 1:] = moe
+    return out
+
+
+def b64(routes: np.ndarray, dtype: str = "<i4") -> str:
+    return base64.b64encode(np.ascontiguousarray(routes, dtype=dtype).tobytes()).decode("ascii")
+
+
+def meta(routes: np.ndarray, *, dtype: str | None = None, prompt: int | None = None, completion: int | None = None,
+         start_len: int | None = None) -> dict[str, Any]:
+    codes = {"uint8": "<u1", "uint16": "<u2", "int16": "<i2", "int32": "<i4", None: "<i4"}
+    info: dict[str, Any] = {"routed_experts": b64(routes, codes[dtype]), "e2e_latency": 0.5}
+    if dtype is not None:
+        info["routed_experts_dtype"] = dtype
+    if prompt is not None:
+        info["prompt_tokens"] = prompt
+    if completion is not None:
+        info["completion_tokens"] = completion
+    if start_len is not None:
+        info["routed_experts_start_len"] = start_len
+    return info
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(13)
+
+
+# -- item 12: SGLang's compact wire dtypes ---------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "int16", "int32"])
+def test_routed_experts_dtype_is_honoured(tmp_path: Path, rng: np.random.Generator, dtype: str) -> None:
+    moe = moe_routes(rng, 9)
+    with r3store.RouteWriter(tmp_path, SPEC) as w:
+        w.append_sglang("s", {"meta_info": meta(all_layers(moe), dtype=dtype, prompt=4, completion=6)})
+    store = r3store.open_store(tmp_path)
+    np.testing.assert_array_equal(store.get("s"), moe)
+    assert store.num_tokens("s") == 10
+
+
+def test_decode_sglang_reads_the_named_dtype(rng: np.random.Generator) -> None:
+    full = all_layers(moe_routes(rng, 5))
+    got = r3store.decode_sglang("s", meta(full, dtype="uint16"), SPEC)
+    np.testing.assert_array_equal(got, full)
+    np.testing.assert_array_equal(r3store.decode_sglang("s", {**meta(full, dtype="int16"),
+                                                              "routed_experts_dtype": "torch.int16"}, SPEC), full)
+
+
+def test_payload_size_that_does_not_fit_the_dtype_names_it(tmp_path: Path, rng: np.random.Generator) -> None:
+    full = all_layers(moe_routes(rng, 5))
+    odd = base64.b64encode(full.astype("<u2").tobytes()[:-1]).decode()
+    with r3store.RouteWriter(tmp_path, SPEC) as w:
+        with pytest.raises(PayloadDecodeError, match=r"not a whole number of uint16"):
+            w.append_sglang("a", {"routed_experts": odd, "routed_experts_dtype": "uint16"})
+        short = base64.b64encode(full.astype("<u1").tobytes()[:-2]).decode()
+        with pytest.raises(PayloadDecodeError, match=r"do not divide.*routed_experts_dtype is uint8"):
+            w.append_sglang("b", {"routed_experts": short, "routed_experts_dtype": "uint8"})
+        with pytest.raises(PayloadDecodeError, match=r"routed_experts_dtype: is 'float32'; expected one of uint8"):
+            w.append_sglang("c", meta(full) | {"routed_experts_dtype": "float32"})
+        # a compact payload sent without its dtype: the int32 reading fails and the error says which dtype fits
+        no_dtype = base64.b64encode(full.astype("<u2").tobytes()).decode()  # 5 rows: 80 uint16, 40 int32
+        with pytest.raises(PayloadDecodeError, match=r"uint16.*routed_experts_dtype"):
+            w.append_sglang("d", {"routed_experts": no_dtype})
+    assert len(r3store.open_store(tmp_path)) == 0
+
+
+# -- item 13: messages that name the real fault ----------------------------------------------
+
+
+def test_none_routes_say_the_engine_returned_none(tmp_path: Path) -> None:
+    with r3store.RouteWriter(tmp_path, SPEC) as w, pytest.raises(RouteShapeError, match="engine returned no routes"):
+        w.append("a", None)
+    with pytest.raises(PayloadDecodeError, match="engine returned no routes"):
+        r3store.decode_vllm("a", None)
+
+
+def test_missing_routed_experts_key_hints_at_capture(tmp_path: Path) -> None:
+    with r3store.RouteWriter(tmp_path, SPEC) as w, \
+            pytest.raises(PayloadDecodeError, match=r"no 'routed_experts' key.*engine returned no routes.*"
+                                                    r"--enable-return-routed-experts"):
+        w.append_sglang("a", {"meta_info": {"prompt_tokens": 3, "completion_tokens": 4}})
+
+
+def test_empty_payload_is_an_error_not_a_one_token_sample(tmp_path: Path) -> None:
+    with r3store.RouteWriter(tmp_path, SPEC) as w:
+        with pytest.raises(PayloadDecodeError, match="is empty: the engine returned no routes"):
+            w.append_sglang("a", {"routed_experts": ""})
+        with pytest.raises(PayloadDecodeError, match="is empty"):
+            w.append_sglang("b", {"routed_experts": "", "prompt_tokens": 5, "completion_tokens": 3})
+        w.append_sglang("one-token", {"routed_experts": ""}, num_tokens=1)  # a 1-token sample has no rows
+    store = r3store.open_store(tmp_path)
+    assert store.sample_ids == ["one-token"] and store.get("one-token").shape == (0, 3, 4)
+
+
+def test_token_counts_from_meta_info_catch_an_off_by_one(tmp_path: Path, rng: np.random.Generator) -> None:
+    full = all_layers(moe_routes(rng, 9))
+    with r3store.RouteWriter(tmp_path, SPEC) as w:
+        with pytest.raises(RowCountError, match=r"holds 9 rows.*expected num_tokens - 1 - start = 10"):
+            w.append_sglang("long", meta(full, prompt=5, completion=6))  # 11 tokens: 10 rows expected
+        with pytest.raises(RowCountError, match=r"holds 9 rows.*= 8"):
+            w.append_sglang("short", meta(full, prompt=5, completion=4))
+        w.append_sglang("ok", meta(full, prompt=5, completion=5))
+        w.append_sglang("explicit", meta(full, prompt=5, completion=6), num_tokens=10)  # the caller's count wins
+    store = r3store.open_store(tmp_path)
+    assert sorted(store.sample_ids) == ["explicit", "ok"] and store.num_tokens("ok") == 10
+
+
+def test_routed_experts_start_len_is_used_as_start(tmp_path: Path, rng: np.random.Generator) -> None:
+    whole = moe_routes(rng, 20)
+    turn1 = meta(all_layers(whole[:7]), prompt=5, completion=3, start_len=0)
+    turn2 = meta(all_layers(whole[7:]), prompt=15, completion=6, start_len=7)
+    with r3store.RouteWriter(tmp_path, SPEC) as w:
+        w.append_sglang("chat", {"meta_info": turn1}, final=False)
+        with pytest.raises(RouteValidationError, match=r"start: is 8 but meta_info routed_experts_start_len is 7"):
+            w.append_sglang("chat", {"meta_info": turn2}, start=8)
+        w.append_sglang("chat", {"meta_info": turn2})
+    store = r3store.open_store(tmp_path)
+    np.testing.assert_array_equal(store.get("chat"), whole)
+    assert store.num_tokens("chat") == 21
+
+
+def test_start_len_gap_is_still_a_continuation_error(tmp_path: Path, rng: np.random.Generator) -> None:
+    with r3store.RouteWriter(tmp_path, SPEC) as w:
+        w.append_sglang("chat", meta(all_layers(moe_routes(rng, 4))), final=False)
+        with pytest.raises(ContinuationError, match=r"\[0, 4\)"):
+            w.append_sglang("chat", meta(all_layers(moe_routes(rng, 3)), start_len=5, prompt=6, completion=3))
+        w.append_sglang("chat", meta(all_layers(moe_routes(rng, 3)), start_len=4, prompt=5, completion=3))
+
+
+def test_wrong_top_k_whose_size_divides_is_named(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Routes of top-2 sent to a top-4 spec: 10 rows of top-2 reshape into 5 rows of top-4."""
+    full = all_layers(moe_routes(rng, 10, top_k=2))
+    with r3store.RouteWriter(tmp_path, SPEC) as w:
+        with pytest.raises(PayloadDecodeError, match=r"is top_k 2, not the ModelSpec's top_k=4\?"):
+            w.append_sglang("a", meta(full, prompt=6, completion=5))
+        with pytest.raises(ExpertIdError, match=r"moe_layers may be wrong.*top_k"):
+            w.append_sglang("b", b64(full))  # no token count: the dense-layer check fires, naming top_k too
+
+
+def test_forgotten_moe_layers_hint_that_layer_0_may_be_dense(tmp_path: Path, rng: np.random.Generator) -> None:
+    all_moe = r3store.ModelSpec(num_layers=4, num_experts=60, top_k=4)  # moe_layers forgotten
+    with r3store.RouteWriter(tmp_path, all_moe) as w, \
+            pytest.raises(ExpertIdError, match=r"repeated.*decoder layer 0.*is decoder layer 0 dense.*moe_layers"):
+        w.append_sglang("a", meta(all_layers(moe_routes(rng, 6)), prompt=3, completion=4))
