@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import platform
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -123,14 +123,19 @@ def main() -> None:
         results = []
         for cp in CPS:
             ds = r3store.RouteDataset(work / "store", max_tokens_per_batch=BUDGET, cp_size=cp, cp_rank=0)
+            narrow = r3store.RouteDataset(work / "store", max_tokens_per_batch=BUDGET, cp_size=cp, cp_rank=0,
+                                          dtype="auto")
             ids = ds.sample_ids
             order = plan_batches([tokens_of[s] for s in ids], BUDGET, shuffle=False, seed=0, epoch=0)
             batches = [[ids[i] for i in b] for b in order]
             for workers in (0, 2):
                 makers = (
                     ("int32 .npy + numpy (status quo)",
-                     lambda w=workers, c=cp: DataLoader(NpyBaseline(npy, batches, c), batch_size=None, num_workers=w)),
+                     lambda w=workers, c=cp, b=batches: DataLoader(NpyBaseline(npy, b, c), batch_size=None,
+                                                                  num_workers=w)),
                     ("r3store RouteDataset", lambda w=workers, d=ds: DataLoader(d, batch_size=None, num_workers=w)),
+                    ("r3store RouteDataset, dtype='auto' (uint8)",
+                     lambda w=workers, d=narrow: DataLoader(d, batch_size=None, num_workers=w)),
                 )
                 runs: dict[str, list[tuple[float, int]]] = {name: [] for name, _ in makers}
                 for _ in range(repeats):  # interleaved, so both sides see the same machine load

@@ -9,7 +9,7 @@ against the rank's output. The baseline, measured in the same run, is the read b
 rank-local reads: every sample read whole, then laid out (``RouteReader.get`` +
 ``r3store.layout.apply_routes``). Stores are written twice, at today's default geometry and
 at the former default (4096-row chunks), to show what the geometry costs and buys (CP=1
-reads included).
+reads included). "today" is the whole read at the former geometry.
 
 usage: python benchmarks/bench_rank_local.py [--quick] [--samples N] [--tokens T] [--no-s3]
 """
@@ -161,22 +161,23 @@ def main() -> None:
             endpoint = server.stdout.readline().strip()
             make_bucket(endpoint, BUCKET)
             options = storage_options(endpoint)
-            url = f"s3://{BUCKET}/store"
-            with r3store.RouteWriter(url, SPEC, storage_options=options) as writer:
-                for sid, routes in samples.items():
-                    writer.append(sid, routes)
 
             def s3_counts() -> tuple[int, int]:
                 c = reset_remote_counter(endpoint)
                 return int(c["bytes_sent"]), int(c["gets"])
 
-            backends.append(("S3 loopback", "default (128-row chunks)", lambda: open_backend(url, options),
-                             (s3_counts, lambda: reset_remote_counter(endpoint))))
+            for gname, kw in geometries.items():
+                url = f"s3://{BUCKET}/{gname.split()[0]}"
+                with r3store.RouteWriter(url, SPEC, storage_options=options, **kw) as writer:
+                    for sid, routes in samples.items():
+                        writer.append(sid, routes)
+                backends.append(("S3 loopback", gname, lambda u=url: open_backend(u, options),
+                                 (s3_counts, lambda: reset_remote_counter(endpoint))))
         for store, gname, backend, (counts, reset) in backends:
             for layout, size in (("CP=8", 8), ("TP=8+SP", 8), ("CP=1", 1)):
                 for read_name, read in (("rank-local", rank_local), ("whole, then laid out", whole_read)):
-                    if read_name != "rank-local" and (store != "local" or not gname.startswith("default")):
-                        continue
+                    if read_name != "rank-local" and not gname.startswith("former"):
+                        continue  # today: the whole read at the former geometry
                     m = measure(lambda b=backend: r3store.open_store(b()), counts, reset, ids, layout, size, read)
                     table.add_row(store, gname, layout, read_name, f"{m['out'] / 2**20:.1f}",
                                   f"{m['cold_ratio']:.3f}x, {m['warm_ratio']:.3f}x",

@@ -50,6 +50,7 @@ class RouteStore(RouteReader):
         return_tensors: Literal["np", "pt"] = "np",
         return_policy_version: bool = False,
         dtype: RouteDType = "int32",
+        packed: bool = False,
     ) -> dict[str, Any]:
         """The batch for exactly ``sample_ids``, in that order, laid out like the trainer's tokens.
 
@@ -92,6 +93,9 @@ class RouteStore(RouteReader):
         dtype : {"int32", "int16", "uint8", "auto"}
             dtype of ``routes``: int32 (default), int16, uint8, or the narrowest holding
             every expert and pad id (see :func:`r3store.batch.route_dtype`).
+        packed : bool
+            ``routes`` bit-packed (uint8) plus ``routes_bits`` and ``routes_shape``, to be
+            unpacked on the device by :func:`r3store.dataset.unpack_routes`.
 
         Only this rank's rows (CP/SP slice) and ``layers`` are fetched and decoded, and
         only its output is allocated (see :func:`r3store.batch.assemble`).
@@ -121,7 +125,7 @@ class RouteStore(RouteReader):
                                      tp_size=tp_size, tp_rank=tp_rank, pad_multiple=pad_multiple,
                                      sequence_parallel=sequence_parallel, max_seqlen=max_seqlen)
         batch = assemble(self, sample_ids, opts, layers=layers, pad_policy=pad_policy, fill_value=fill_value,
-                         tokens=tokens, return_policy_version=return_policy_version, dtype=dtype)
+                         tokens=tokens, return_policy_version=return_policy_version, dtype=dtype, packed=packed)
         if return_tensors == "np":
             return batch
         from r3store.dataset import batch_to_tensors

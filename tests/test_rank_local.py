@@ -278,3 +278,67 @@ def test_rank_peak_memory_bounded_by_its_output(big_store, case: dict[str, Any])
     full = sum(reader.num_tokens(s) - 1 for s in ids[:4]) * BIG.num_moe_layers * BIG.top_k * 4
     assert peak <= 2.6 * out + (4 << 20), (peak, out, full)
     assert peak < full / 2
+
+
+# -- packed to the device --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bits", range(1, 17))
+def test_unpack_routes_every_width(bits: int) -> None:
+    torch = pytest.importorskip("torch")
+    from r3store.codecs import kernels
+    from r3store.dataset import unpack_routes
+
+    rng = np.random.default_rng(bits)
+    for shape in ((1, 1, 1), (3, 5, 7), (13, 2, 6), (64, 4, 8)):  # odd sizes: n % 8 != 0
+        ids = rng.integers(0, 1 << bits, shape)
+        packed = kernels.pack_bits(ids, bits)
+        assert packed.nbytes == -(-ids.size * bits // 8)
+        got = unpack_routes(torch.from_numpy(packed), bits, shape)
+        assert got.dtype == torch.int32
+        assert tuple(got.shape) == shape
+        np.testing.assert_array_equal(got.numpy(), ids)
+        np.testing.assert_array_equal(got.numpy().reshape(-1), kernels.unpack_bits(packed, ids.size, bits))
+
+
+@pytest.mark.parametrize("case", [{"layout": "thd", "cp_size": 2, "cp_rank": 1}, {"layout": "bshd"},
+                                  {"layout": "sbhd", "tp_size": 3, "tp_rank": 2, "sequence_parallel": True}])
+@pytest.mark.parametrize("pad", [("spread", -1), ("fill", 3), ("fill", 300)])
+def test_packed_batch_unpacks_to_the_routes(store, case: dict[str, Any], pad: tuple[str, int]) -> None:
+    torch = pytest.importorskip("torch")
+    from r3store.dataset import batch_to_tensors, unpack_routes
+
+    path, ids = store
+    reader = r3store.open_store(path)
+    pad_policy, fill = pad
+    want = assemble(reader, ids[:5], case, pad_policy=pad_policy, fill_value=fill)  # type: ignore[arg-type]
+    got = assemble(reader, ids[:5], case, pad_policy=pad_policy, fill_value=fill, packed=True)  # type: ignore[arg-type]
+    bits = got["routes_bits"]
+    assert bits == (SPEC.bits_per_id if pad_policy == "spread" else max(SPEC.bits_per_id, fill.bit_length()))
+    assert got["routes_shape"] == want["routes"].shape
+    assert got["routes"].dtype == np.uint8
+    assert got["routes"].nbytes == -(-want["routes"].size * bits // 8)  # bits/32 of int32's bytes
+    tensors = batch_to_tensors(got)
+    routes = unpack_routes(tensors["routes"], tensors["routes_bits"], tensors["routes_shape"], dtype=torch.int64)
+    np.testing.assert_array_equal(routes.numpy(), want["routes"])
+    np.testing.assert_array_equal(got["replay_mask"], want["replay_mask"])
+
+
+def test_packed_refuses_a_negative_fill(store) -> None:
+    path, ids = store
+    with pytest.raises(LayoutOptionError, match="fill_value"):
+        assemble(r3store.open_store(path), ids[:2], None, pad_policy="fill", fill_value=-1, packed=True)
+    with pytest.raises(LayoutOptionError, match="fill_value"):
+        r3store.RouteDataset(path, pad_policy="fill", fill_value=-1, packed=True)
+
+
+def test_dataset_packed(store) -> None:
+    torch = pytest.importorskip("torch")
+    from r3store.dataset import unpack_routes
+
+    path, _ = store
+    reader = r3store.open_store(path)
+    for batch in r3store.RouteDataset(path, max_tokens_per_batch=150, packed=True, cp_size=2, cp_rank=0):
+        ref = assemble(reader, batch["sample_ids"], {"cp_size": 2, "cp_rank": 0})["routes"]
+        got = unpack_routes(batch["routes"], batch["routes_bits"], batch["routes_shape"])
+        assert got.dtype == torch.int32
+        np.testing.assert_array_equal(got.numpy(), ref)

@@ -9,6 +9,7 @@ import numpy as np
 
 from r3store._format import token_hash
 from r3store._validate import as_numpy
+from r3store.codecs import kernels
 from r3store.codecs.kernels import gather_rows
 from r3store.errors import AlignmentError, LayoutOptionError, OptionError
 from r3store.layout import (
@@ -23,7 +24,7 @@ from r3store.layout import (
 )
 from r3store.reader import RouteReader
 
-__all__ = ["BATCH_KEYS", "PadPolicy", "ROUTE_DTYPES", "RouteDType", "assemble", "route_dtype"]
+__all__ = ["BATCH_KEYS", "PadPolicy", "ROUTE_DTYPES", "RouteDType", "assemble", "packed_bits", "route_dtype"]
 
 BATCH_KEYS = ("routes", "replay_mask", "cu_seqlens", "num_tokens", "sample_ids", "layers", "sp_range")
 """Keys of every batch (``tokens`` is added when token ids are given, ``policy_version`` when asked for)."""
@@ -89,6 +90,23 @@ def route_dtype(dtype: Any, num_experts: int, *, pad_policy: PadPolicy = "spread
     return dt
 
 
+def packed_bits(bits_per_id: int, pad_policy: PadPolicy = "spread", fill_value: int = -1) -> int:
+    """Bits per id of ``assemble(..., packed=True)``: the store's, widened for a fill value.
+
+    Raises
+    ------
+    r3store.errors.LayoutOptionError
+        ``pad_policy="fill"`` with a negative ``fill_value`` (not packable) or one of more
+        than 16 bits.
+    """
+    if pad_policy != "fill":
+        return bits_per_id
+    if not 0 <= fill_value < 1 << 16:
+        raise LayoutOptionError("fill_value", fill_value, "must lie in [0, 2**16) with packed=True (ids are packed "
+                                                          "as unsigned bit fields)")
+    return max(bits_per_id, int(fill_value).bit_length())
+
+
 def _check_tokens(reader: RouteReader, sample_ids: Sequence[str], tokens: Sequence[Any]) -> np.ndarray:
     if len(tokens) != len(sample_ids):
         raise AlignmentError("<batch>", f"got token ids for {len(tokens)} samples, asked for {len(sample_ids)}")
@@ -118,6 +136,7 @@ def assemble(
     tokens: Sequence[Any] | None = None,
     return_policy_version: bool = False,
     dtype: RouteDType = "int32",
+    packed: bool = False,
 ) -> dict[str, Any]:
     """Read and lay out the routes of ``sample_ids`` as one micro-batch (numpy arrays).
 
@@ -148,6 +167,15 @@ def assemble(
         dtype of ``routes`` (see :func:`route_dtype`): int32 (default), int16 (verl),
         uint8, or ``"auto"``, the narrowest of uint8/int16/int32 holding every expert id
         and pad id.
+
+    packed : bool
+        Return ``routes`` bit-packed for the trip to the device: ``routes`` uint8
+        ``(ceil(n * bits / 8),)``, the ids of the laid-out routes (C order) at ``bits``
+        bits each in the stream of the ``r3store.bitpack`` payload (FORMAT.md 5.1), plus
+        ``routes_bits`` (``spec.bits_per_id``, more if a fill value needs it) and
+        ``routes_shape``; :func:`r3store.dataset.unpack_routes` restores them on any
+        device. Host-to-device bytes are ``bits / 32`` of int32's. ``fill_value`` must
+        then be >= 0.
 
     Only this rank's rows are read: the plan names the rows its output positions hold
     (CP and SP slices), and only the frames holding those rows and ``layers`` are fetched
@@ -187,7 +215,9 @@ def assemble(
     opts = LayoutOptions.resolve(options)
     spec = reader.spec
     check_pad_args(spec.num_experts, pad_policy, fill_value)
-    out_dtype = route_dtype(dtype, spec.num_experts, pad_policy=pad_policy, fill_value=fill_value)
+    out_dtype = route_dtype("auto" if packed else dtype, spec.num_experts, pad_policy=pad_policy,
+                            fill_value=fill_value)
+    bits = packed_bits(spec.bits_per_id, pad_policy, fill_value) if packed else 0
     if pad_policy == "spread":
         pad_routes(0, 0, spec.top_k, spec.num_experts)  # top_k <= num_experts, before any work
     sample_ids = list(sample_ids)
@@ -207,7 +237,7 @@ def assemble(
     out = _read_rank_rows(reader, sample_ids, offsets, ridx, list(positions), layers, out_dtype,
                           num_experts=spec.num_experts if pad_policy == "spread" else None, fill_value=fill_value)
     batch: dict[str, Any] = {
-        "routes": out,
+        "routes": kernels.pack_bits(out, bits) if packed else out,
         "replay_mask": ridx >= 0,
         "cu_seqlens": np.array(plan.cu_seqlens, dtype=np.int32),
         "num_tokens": np.array(plan.seqlens, dtype=np.int32),
@@ -215,6 +245,8 @@ def assemble(
         "layers": [spec.moe_layers[p] for p in positions],
         "sp_range": tuple(int(v) for v in plan.sp_range),
     }
+    if packed:
+        batch["routes_bits"], batch["routes_shape"] = bits, tuple(out.shape)
     if flat_tokens is not None:
         batch["tokens"] = apply_plan(plan, flat_tokens, fill_value=0)
     if return_policy_version:

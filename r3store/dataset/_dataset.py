@@ -11,7 +11,7 @@ from torch.utils.data import IterableDataset
 
 from r3store._checks import parse_int
 from r3store._deprecated import renamed_keyword, renamed_property
-from r3store.batch import PadPolicy, RouteDType, assemble, route_dtype
+from r3store.batch import PadPolicy, RouteDType, assemble, packed_bits, route_dtype
 from r3store.dataset._batches import plan_batches, sample_fingerprint
 from r3store.dataset._tensors import batch_to_tensors
 from r3store.dataset._topology import Topology
@@ -91,6 +91,10 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         dtype of ``routes`` (see :func:`r3store.batch.route_dtype`): int32 (default),
         int16, uint8, or the narrowest holding every expert and pad id. Each batch reads
         and allocates only this rank's rows (CP/SP slice) and ``layers``.
+    packed : bool
+        Yield ``routes`` bit-packed (uint8, with ``routes_bits`` and ``routes_shape``) for
+        the trip to the device; :func:`r3store.dataset.unpack_routes` restores them there
+        (see :func:`r3store.batch.assemble`).
     rank, world_size : int, optional
         Deprecated names of ``dp_rank`` and ``dp_size``.
 
@@ -147,6 +151,7 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         fill_value: int = -1,
         return_policy_version: bool = False,
         dtype: RouteDType = "int32",
+        packed: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
@@ -162,6 +167,9 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
                                              max_seqlen=max_seqlen)
         check_pad_args(self.reader.spec.num_experts, pad_policy, fill_value)
         self.dtype = route_dtype(dtype, self.reader.spec.num_experts, pad_policy=pad_policy, fill_value=fill_value)
+        self.packed = bool(packed)
+        if self.packed:
+            packed_bits(self.reader.spec.bits_per_id, pad_policy, fill_value)  # fail early on an unpackable fill
         self.shuffle = bool(shuffle)
         self.seed = parse_int("seed", seed, minimum=0)
         self.pad_policy = pad_policy
@@ -223,7 +231,7 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
             ids = [self.sample_ids[i] for i in positions]
             batch = assemble(self.reader, ids, self.options, layers=self.layers, pad_policy=self.pad_policy,
                              fill_value=self.fill_value, return_policy_version=self.return_policy_version,
-                             dtype=self.dtype)
+                             dtype=self.dtype, packed=self.packed)
             self._yielded += 1
             yield batch_to_tensors(batch)
 
