@@ -262,16 +262,73 @@ class ChunkReader:
             dst = by_chunk[b][0]
             return (o, dst.start) if (lo, hi) == (c * cr, (c + 1) * cr) and isinstance(dst, slice) else None
 
+        def copy(c: int, b: int, chunk: np.ndarray) -> None:
+            dst, src = by_chunk[b]
+            for lo, hi, o in pieces[c]:
+                out[o : o + hi - lo, dst] = chunk[lo - c * cr : hi - c * cr, src]
+
+        fast = (type(codec) is BitpackCodec and kernels.native_module() is not None and out.flags.c_contiguous
+                and out.dtype.itemsize <= 4)
+        layer_place = np.array([by_chunk[b][0].start if b in whole else -1 for b in sorted(by_chunk)],  # type: ignore[union-attr]
+                               dtype=np.int64)
         chunks = sorted(pieces)
         for obj, group in itertools.groupby(chunks, key=lambda c: c // per_object):
-            wanted = [(c, b) for c in group for b in by_chunk]
+            row_chunks = list(group)
+            row_place = np.array([pieces[c][0][2] if len(pieces[c]) == 1 and pieces[c][0][:2] == (c * cr, (c + 1) * cr)
+                                  else -1 for c in row_chunks], dtype=np.int64)
+            if fast and self._read_object_fast(array, geometry, codec, obj, row_chunks, sorted(by_chunk), row_place,
+                                               layer_place, copy, out):
+                continue
+            wanted = [(c, b) for c in row_chunks for b in by_chunk]
             for (c, b), chunk in self._stream_object(array, geometry, codec, obj, wanted, into, out):
-                if chunk is None:  # decoded in place
-                    continue
-                dst, src = by_chunk[b]
-                for lo, hi, o in pieces[c]:
-                    out[o : o + hi - lo, dst] = chunk[lo - c * cr : hi - c * cr, src]
+                if chunk is not None:  # else decoded in place
+                    copy(c, b, chunk)
         return out
+
+    def _read_object_fast(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int, row_chunks: list[int],
+                          layer_chunks: list[int], row_place: np.ndarray, layer_place: np.ndarray,
+                          copy: Callable[[int, int, np.ndarray], None], out: np.ndarray) -> bool:
+        """The frames of ``row_chunks`` x ``layer_chunks`` of one storage object, vectorised: index
+        entries looked up, ranges merged and whole chunks decoded in place by one kernel call
+        per fetched range; the others (a run's partial first and last chunks) one by one.
+        ``row_place``/``layer_place``: per row chunk and layer chunk, the output row or layer
+        it decodes in place to, or -1.
+        False, having read nothing, when an index entry is unusual (a chunk past the array's
+        end, a bad entry): the caller's general path handles (or names) it."""
+        index = self.object_index(array, geometry, obj)
+        first = obj * geometry.row_chunks_per_object
+        rc = np.repeat(np.asarray(row_chunks, dtype=np.int64), len(layer_chunks))
+        lc = np.tile(np.asarray(layer_chunks, dtype=np.int64), len(row_chunks))
+        entries = index[rc - first, lc]
+        cached = self._chunks and any((array, int(c), int(b)) in self._chunks for c, b in zip(rc, lc, strict=True))
+        if cached or (entries >= np.uint64(1 << 62)).any() or not entries[:, 1].all():
+            return False
+        offsets, nbytes = entries[:, 0].astype(np.int64), entries[:, 1].astype(np.int64)
+        order = np.argsort(offsets, kind="stable")
+        offsets, nbytes, rc, lc = offsets[order], nbytes[order], rc[order], lc[order]
+        ends = offsets + nbytes
+        new = np.r_[True, offsets[1:] > np.maximum.accumulate(ends)[:-1]]
+        heads = np.flatnonzero(new)
+        starts, stops = offsets[heads], np.maximum.reduceat(ends, heads)
+        key = f"{array}/{ArrayGeometry.object_key(obj)}"
+        blobs = self.backend.get_ranges(key, [ByteRange(int(a), int(b)) for a, b in zip(starts, stops, strict=True)])
+        which = np.cumsum(new) - 1
+        rows_at = row_place[np.searchsorted(np.asarray(row_chunks), rc)]
+        layers_at = layer_place[np.searchsorted(np.asarray(layer_chunks), lc)]
+        direct = (rows_at >= 0) & (layers_at >= 0)  # decoded in place: whole rows and whole layers
+        bound = self.manifest.version >= 2 and isinstance(codec, SupportsBinding)
+        for r, blob in enumerate(blobs):
+            sel = direct & (which == r)
+            if sel.any():
+                frames = list(zip((offsets[sel] - starts[r]).tolist(), nbytes[sel].tolist(), rows_at[sel].tolist(),
+                                  layers_at[sel].tolist(), rc[sel].tolist(), lc[sel].tolist(), strict=True))
+                self._decode_batch(codec, geometry, array, key, blob, int(starts[r]), frames, bound, out)
+            for f in np.flatnonzero(~direct & (which == r)).tolist():
+                c, b = int(rc[f]), int(lc[f])
+                chunk = self._decode_frame(codec, geometry, array, key, blob, int(offsets[f] - starts[r]),
+                                           int(nbytes[f]), int(offsets[f]), (c, b), bound)
+                copy(c, b, chunk)
+        return True
 
     def _stream_object(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int, wanted: list[Chunk],
                        into: Callable[[Chunk], tuple[int, int] | None] | None = None, out: np.ndarray | None = None,
