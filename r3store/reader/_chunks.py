@@ -198,10 +198,13 @@ class ChunkReader:
         """Several row ranges of a route array at stored layer positions, into ``out``.
 
         The rank-local read: each needed frame is fetched once (frames of several runs in
-        one storage object coalesce into one ranged request per contiguous byte span),
-        decoded one at a time and copied into ``out`` at once; decoded chunks are taken
-        from the cache when there but not added to it, so the scratch is the packed bytes
-        of one storage object's needed frames plus one decoded chunk.
+        one storage object coalesce into one ranged request per contiguous byte span). A
+        chunk whose rows all land in one run and whose layers are all wanted, in order, is
+        decoded in place (with the compiled kernels, all such frames of a fetched range in
+        one :func:`r3store.codecs.kernels.decode_frames` call); the others are decoded one
+        at a time and copied. Decoded chunks are taken from the cache when there but not
+        added to it, so the scratch is the packed bytes of one storage object's needed
+        frames plus one decoded chunk.
 
         Parameters
         ----------
@@ -320,9 +323,8 @@ class ChunkReader:
         for r, blob in enumerate(blobs):
             sel = direct & (which == r)
             if sel.any():
-                frames = list(zip((offsets[sel] - starts[r]).tolist(), nbytes[sel].tolist(), rows_at[sel].tolist(),
-                                  layers_at[sel].tolist(), rc[sel].tolist(), lc[sel].tolist(), strict=True))
-                self._decode_batch(codec, geometry, array, key, blob, int(starts[r]), frames, bound, out)
+                cols = np.stack([offsets[sel] - starts[r], nbytes[sel], rows_at[sel], layers_at[sel], rc[sel], lc[sel]])
+                self._decode_batch(codec, geometry, array, key, blob, int(starts[r]), cols, bound, out)
             for f in np.flatnonzero(~direct & (which == r)).tolist():
                 c, b = int(rc[f]), int(lc[f])
                 chunk = self._decode_frame(codec, geometry, array, key, blob, int(offsets[f] - starts[r]),
@@ -379,23 +381,23 @@ class ChunkReader:
                                        (c, b), bound, dest)
             yield (c, b), None if dest is not None else chunk
         for r, frames in batches.items():
-            self._decode_batch(codec, geometry, array, key, blobs[r], ranges[r][0], frames, bound, out)
+            self._decode_batch(codec, geometry, array, key, blobs[r], ranges[r][0], np.array(frames, np.int64).T, bound,
+                               out)
 
     def _decode_batch(self, codec: Codec, geometry: ArrayGeometry, array: str, key: str, blob: bytes | memoryview,
-                      first: int, frames: list[tuple[int, int, int, int, int, int]], bound: bool,
-                      out: np.ndarray | None) -> None:
-        """Frames ``(start in blob, nbytes, output row, output layer, row chunk, layer chunk)`` of one
-        fetched range, checked and decoded into ``out`` by one kernel call; a frame that fails is
+                      first: int, cols: np.ndarray, bound: bool, out: np.ndarray | None) -> None:
+        """Frames of one fetched range (``first``: its object offset), checked and decoded into
+        ``out`` by one kernel call; ``cols``: int64 ``(6, n)``, per frame its start in ``blob``,
+        size, output row, output layer, row chunk and layer chunk. A frame that fails is
         decoded again alone, which names its fault."""
         assert out is not None
-        cols = np.array(frames, dtype=np.int64).T
         commit = array.removeprefix(ROUTES_PREFIX)
         failed = kernels.decode_frames(blob, cols[0], cols[1], cast(BitpackCodec, codec).bits, out, cols[2], cols[3],
                                        chunk_rows=geometry.chunk_rows, layers_per_chunk=geometry.layers_per_chunk,
                                        tag_prefix=commit if bound else None, row_chunks=cols[4], layer_chunks=cols[5])
         if failed < 0:
             return
-        rel, nbytes, _, _, c, b = frames[failed]
+        rel, nbytes, _, _, c, b = (int(v) for v in cols[:, failed])
         self._decode_frame(codec, geometry, array, key, blob, rel, nbytes, first + rel, (c, b), bound)
         raise FormatError(f"{array} chunk {(c, b, 0)}", "frame failed the batch decode's checks")  # not reached
 
