@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import r3store
 from r3store.batch import assemble, route_dtype
@@ -342,3 +344,24 @@ def test_dataset_packed(store) -> None:
         got = unpack_routes(batch["routes"], batch["routes_bits"], batch["routes_shape"])
         assert got.dtype == torch.int32
         np.testing.assert_array_equal(got.numpy(), ref)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_rank_local_matches_full_layout_on_random_batches(store, data: st.DataObject) -> None:
+    path, ids = store
+    reader = r3store.open_store(path)
+    batch_ids = data.draw(st.lists(st.sampled_from(ids), min_size=1, max_size=6, unique=True))
+    layout = data.draw(st.sampled_from(["thd", "bshd", "sbhd"]))
+    cp = data.draw(st.integers(1, 4))
+    tp = data.draw(st.integers(1, 3))
+    opts = LayoutOptions(layout=layout, cp_size=cp, cp_rank=data.draw(st.integers(0, cp - 1)),
+                         cp_mode=data.draw(st.sampled_from(["zigzag", "contiguous"])), tp_size=tp,
+                         tp_rank=data.draw(st.integers(0, tp - 1)), sequence_parallel=data.draw(st.booleans()),
+                         pad_multiple=data.draw(st.integers(1, 3)))
+    layers = data.draw(st.one_of(st.none(), st.lists(st.sampled_from(SPEC.moe_layers), min_size=1, unique=True)))
+    dtype = data.draw(st.sampled_from(["int32", "int16", "uint8"]))
+    want, mask = _reference(reader, batch_ids, opts, layers)
+    got = assemble(reader, batch_ids, opts, layers=layers, dtype=dtype)
+    np.testing.assert_array_equal(got["routes"], want.astype(dtype))
+    np.testing.assert_array_equal(got["replay_mask"], mask)
