@@ -124,6 +124,36 @@ def measure(open_reader: Callable[[], r3store.RouteReader], counts: Callable[[],
     return worst
 
 
+def packed_table(reader: r3store.RouteReader, ids: list[str]) -> Table:
+    """``packed=True``: bytes to the device vs int32 routes, and ``unpack_routes`` time per device."""
+    import torch
+
+    from r3store.dataset import unpack_routes
+
+    table = Table(title="packed=True: host-to-device bytes and unpack time (best of 5)")
+    for col in ("layout", "device", "int32 routes MiB", "packed MiB", "packed / int32", "unpack ms", "equal"):
+        table.add_column(col)
+    devices = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+    for name, opts in (("CP=8 rank 0", LayoutOptions(cp_size=8)), ("CP=1", LayoutOptions())):
+        plain = assemble(reader, ids, opts)["routes"]
+        batch = assemble(reader, ids, opts, packed=True)
+        for device in devices:
+            packed = torch.from_numpy(batch["routes"]).to(device)
+            best = float("inf")
+            for _ in range(5):
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                got = unpack_routes(packed, batch["routes_bits"], batch["routes_shape"])
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                best = min(best, time.perf_counter() - t0)
+            equal = bool((got.cpu().numpy() == plain).all())
+            table.add_row(name, device, f"{plain.nbytes / 2**20:.1f}", f"{batch['routes'].nbytes / 2**20:.2f}",
+                          f"{batch['routes'].nbytes / plain.nbytes:.3f}", f"{best * 1000:.1f}", str(equal))
+    return table
+
+
 def local_counts(counting: CountingBackend) -> tuple[Callable[[], tuple[int, int]], Callable[[], None]]:
     return (lambda: (counting.bytes_read, counting.requests)), counting.reset
 
@@ -190,6 +220,7 @@ def main() -> None:
                                   f"{m['cold_req']:.0f}, {m['warm_req']:.0f}", f"{m['peak'] / 2**20:.1f}",
                                   f"{m['peak_ratio']:.2f}x", f"{m['seconds']:.3f}")
         console.print(table)
+        console.print(packed_table(r3store.open_store(str(work / "default")), ids))
         console.print("fetched: bytes the storage layer served for the batch (S3: response bodies), over the packed "
                       f"size of the rank's own rows ({PACKED_ROW:.0f} B per row); cold: a fresh reader (array document "
                       "and object index read too); warm: the same reader again (object indexes kept, decoded-chunk "

@@ -56,14 +56,15 @@ def unpack_routes(packed: torch.Tensor, bits: int, shape: Sequence[int], *,
     if flat.numel() < nbytes:
         raise OptionError("packed", f"<{flat.numel()} bytes>", f"must hold {nbytes} bytes: {n} ids of {bits} bits")
     groups = -(-n // 8)
-    grid = torch.zeros((groups, bits + 2), dtype=torch.int32, device=packed.device)
-    body = torch.zeros(groups * bits, dtype=torch.int32, device=packed.device)
-    body[:nbytes] = flat[:nbytes].to(torch.int32)
-    grid[:, :bits] = body.view(groups, bits)
-    out = torch.empty((groups, 8), dtype=torch.int32, device=packed.device)
+    body = torch.zeros(groups * bits, dtype=torch.uint8, device=packed.device)
+    body[:nbytes] = flat[:nbytes]
+    # byte k of every group, contiguous: (bits + 2, groups), two zero rows for the 3-byte reads
+    grid = torch.zeros((bits + 2, groups), dtype=torch.int32, device=packed.device)
+    grid[:bits] = body.view(groups, bits).t()
+    out = torch.empty((8, groups), dtype=torch.int32, device=packed.device)
     mask = (1 << bits) - 1
     for j in range(8):
         lo, shift = divmod(j * bits, 8)
-        word = grid[:, lo] | (grid[:, lo + 1] << 8) | (grid[:, lo + 2] << 16)
-        out[:, j] = (word >> shift) & mask
-    return out.view(-1)[:n].reshape(tuple(int(v) for v in shape)).to(dtype)
+        word = grid[lo] | (grid[lo + 1] << 8) | (grid[lo + 2] << 16)
+        out[j] = (word >> shift) & mask
+    return out.t().reshape(-1)[:n].reshape(tuple(int(v) for v in shape)).to(dtype)
