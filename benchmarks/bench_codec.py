@@ -71,7 +71,7 @@ from r3store.codecs import BitpackCodec, kernels, pack_bits, unpack_bits
 from r3store.testing.synthetic import qwen3_30b_a3b_spec, routing_stats, synthetic_routes
 
 FLAME = "flame-moe-290m/flame_moe_290m_prefill_2048tok_8layers_top6.npz"
-CHUNK_ROWS = 4096  # RouteWriter's default chunk_rows; the raw-codec rows use 1 layer per frame
+CHUNK_ROWS = 4096  # RouteWriter's former default chunk_rows (today 128); the raw-codec rows use 1 layer per frame
 QWEN3_NEXT = r3store.ModelSpec(num_layers=48, num_experts=512, top_k=10)  # Qwen3-Next-80B-A3B
 
 

@@ -220,6 +220,8 @@ def layer_positions(moe_layers: Sequence[int], layers: Sequence[int] | None) -> 
 
 
 def _layer_int(layer: object) -> int:
+    if type(layer) is int:  # the common case, without the slow ABC check (runs per layer per batch)
+        return layer
     if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
         raise TypeError(f"layers must hold ints (decoder-layer indices), got {layer!r}")
     return int(layer)

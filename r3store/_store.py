@@ -13,7 +13,7 @@ from typing import Any, Literal
 from r3store._checks import parse_choice
 from r3store._deprecated import renamed_property, warn
 from r3store._format import ArrayGeometry
-from r3store.batch import PadPolicy, assemble
+from r3store.batch import PadPolicy, RouteDType, assemble
 from r3store.layout import LayoutOptions, LayoutOptionsDict
 from r3store.reader import OnDuplicate, RouteReader
 from r3store.storage import Backend
@@ -34,7 +34,7 @@ class RouteStore(RouteReader):
         sample_ids: Sequence[str],
         options: LayoutOptions | LayoutOptionsDict | Mapping[str, Any] | None = None,
         *,
-        layout: Literal["thd", "bshd"] | None = None,
+        layout: Literal["thd", "bshd", "sbhd"] | None = None,
         layers: Sequence[int] | None = None,
         cp_size: int | None = None,
         cp_rank: int | None = None,
@@ -49,6 +49,8 @@ class RouteStore(RouteReader):
         tokens: Sequence[Any] | None = None,
         return_tensors: Literal["np", "pt"] = "np",
         return_policy_version: bool = False,
+        dtype: RouteDType = "int32",
+        packed: bool = False,
     ) -> dict[str, Any]:
         """The batch for exactly ``sample_ids``, in that order, laid out like the trainer's tokens.
 
@@ -62,8 +64,10 @@ class RouteStore(RouteReader):
             The layout passed whole. The layout keywords below (``layout``, ``cp_*``,
             ``tp_*``, ``pad_multiple``, ``sequence_parallel``, ``max_seqlen``) are its
             fields given one by one and are merged into it; ``None`` means not given.
-        layout : {"thd", "bshd"}, optional
-            Packed with ``cu_seqlens``, or padded to ``max_seqlen`` / the batch maximum.
+        layout : {"thd", "bshd", "sbhd"}, optional
+            Packed with ``cu_seqlens``, or padded to ``max_seqlen`` / the batch maximum,
+            batch first (BSHD) or sequence first (SBHD: ``(T, B, n_layers, top_k)``, the
+            order Megatron's router flattens ``[S, B, h]`` hidden states in).
         layers : sequence of int, optional
             Global decoder layers to keep (a pipeline stage's MoE layers).
         cp_size, cp_rank, cp_mode : optional
@@ -86,6 +90,15 @@ class RouteStore(RouteReader):
             Add ``policy_version``, int64 per row laid out like the routes: the policy
             (weight) version that produced the row (``append(..., policy_version=)``), -1
             on pad rows and for samples written without a version.
+        dtype : {"int32", "int16", "uint8", "auto"}
+            dtype of ``routes``: int32 (default), int16, uint8, or the narrowest holding
+            every expert and pad id (see :func:`r3store.batch.route_dtype`).
+        packed : bool
+            ``routes`` bit-packed (uint8) plus ``routes_bits`` and ``routes_shape``, to be
+            unpacked on the device by :func:`r3store.dataset.unpack_routes`.
+
+        Only this rank's rows (CP/SP slice) and ``layers`` are fetched and decoded, and
+        only its output is allocated (see :func:`r3store.batch.assemble`).
 
         Returns
         -------
@@ -103,7 +116,8 @@ class RouteStore(RouteReader):
             A layout option is invalid, or given both in ``options`` and as a keyword
             with different values.
         r3store.errors.OptionError
-            ``return_tensors`` is not ``"np"`` or ``"pt"``.
+            ``return_tensors`` is not ``"np"`` or ``"pt"``; ``dtype`` is not a choice or
+            cannot hold every expert id; ``fill_value`` does not fit ``dtype``.
         r3store.errors.SampleNotFoundError, r3store.errors.LayerError
         """
         parse_choice("return_tensors", return_tensors, ("np", "pt"))
@@ -111,7 +125,7 @@ class RouteStore(RouteReader):
                                      tp_size=tp_size, tp_rank=tp_rank, pad_multiple=pad_multiple,
                                      sequence_parallel=sequence_parallel, max_seqlen=max_seqlen)
         batch = assemble(self, sample_ids, opts, layers=layers, pad_policy=pad_policy, fill_value=fill_value,
-                         tokens=tokens, return_policy_version=return_policy_version)
+                         tokens=tokens, return_policy_version=return_policy_version, dtype=dtype, packed=packed)
         if return_tensors == "np":
             return batch
         from r3store.dataset import batch_to_tensors

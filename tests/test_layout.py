@@ -243,7 +243,7 @@ def test_doctests():
 @pytest.mark.parametrize(
     ("kwargs", "option"),
     [
-        ({"layout": "sbhd"}, "layout"),
+        ({"layout": "hbsd"}, "layout"),
         ({"cp_size": 0}, "cp_size"),
         ({"cp_size": True}, "cp_size"),
         ({"cp_size": 2.0}, "cp_size"),

@@ -5,6 +5,14 @@ and lays them out with :mod:`r3store.layout`; tensors are the torch layer's job
 (:mod:`r3store.dataset`).
 """
 
-from r3store.batch._assemble import BATCH_KEYS, PadPolicy, assemble
+from r3store.batch._assemble import (
+    BATCH_KEYS,
+    ROUTE_DTYPES,
+    PadPolicy,
+    RouteDType,
+    assemble,
+    packed_bits,
+    route_dtype,
+)
 
-__all__ = ["BATCH_KEYS", "PadPolicy", "assemble"]
+__all__ = ["BATCH_KEYS", "PadPolicy", "ROUTE_DTYPES", "RouteDType", "assemble", "packed_bits", "route_dtype"]

@@ -9,25 +9,102 @@ import numpy as np
 
 from r3store._format import token_hash
 from r3store._validate import as_numpy
-from r3store.errors import AlignmentError
+from r3store.codecs import kernels
+from r3store.codecs.kernels import gather_rows
+from r3store.errors import AlignmentError, LayoutOptionError, OptionError
 from r3store.layout import (
     LayoutOptions,
     LayoutOptionsDict,
     LayoutPlan,
     apply_plan,
-    apply_routes,
     check_pad_args,
+    pad_routes,
     plan_layout,
     route_index,
 )
 from r3store.reader import RouteReader
 
-__all__ = ["BATCH_KEYS", "PadPolicy", "assemble"]
+__all__ = ["BATCH_KEYS", "PadPolicy", "ROUTE_DTYPES", "RouteDType", "assemble", "packed_bits", "route_dtype"]
 
 BATCH_KEYS = ("routes", "replay_mask", "cu_seqlens", "num_tokens", "sample_ids", "layers", "sp_range")
 """Keys of every batch (``tokens`` is added when token ids are given, ``policy_version`` when asked for)."""
 
 PadPolicy = Literal["spread", "fill"]
+RouteDType = Literal["int32", "int16", "uint8", "auto"] | np.dtype[Any] | type[np.integer[Any]]
+ROUTE_DTYPES = ("int32", "int16", "uint8")
+"""dtypes ``routes`` can be assembled in (trainers take int32, verl int16, NeMo-RL/SkyRL/prime-rl uint8)."""
+
+
+def route_dtype(dtype: Any, num_experts: int, *, pad_policy: PadPolicy = "spread", fill_value: int = -1) -> np.dtype:
+    """The numpy dtype of assembled routes, checked against the ids it must hold.
+
+    Parameters
+    ----------
+    dtype : {"int32", "int16", "uint8", "auto"} or numpy dtype
+        ``"auto"``: the narrowest of uint8, int16, int32 holding ``0 .. num_experts - 1``
+        and, with ``pad_policy="fill"``, ``fill_value`` (spread pad ids are expert ids).
+    num_experts : int
+    pad_policy : {"spread", "fill"}
+    fill_value : int
+
+    Returns
+    -------
+    numpy.dtype
+
+    Raises
+    ------
+    r3store.errors.OptionError
+        ``dtype`` is not one of :data:`ROUTE_DTYPES` or ``"auto"``, or cannot hold expert
+        id ``num_experts - 1``.
+    r3store.errors.LayoutOptionError
+        ``pad_policy="fill"`` and ``fill_value`` does not fit ``dtype``.
+
+    Examples
+    --------
+    >>> route_dtype("auto", 128), route_dtype("auto", 128, pad_policy="fill", fill_value=-1)
+    (dtype('uint8'), dtype('int16'))
+    """
+    def holds(dt: np.dtype, value: int) -> bool:
+        info = np.iinfo(dt)
+        return int(info.min) <= value <= int(info.max)
+
+    def fits(dt: np.dtype) -> bool:
+        return holds(dt, num_experts - 1) and (pad_policy != "fill" or holds(dt, fill_value))
+
+    if isinstance(dtype, str) and dtype == "auto":
+        for name in ("uint8", "int16", "int32"):
+            narrow: np.dtype = np.dtype(name)
+            if fits(narrow):
+                return narrow
+    dt: np.dtype[Any] | None
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt is None or dt.name not in ROUTE_DTYPES:
+        raise OptionError("dtype", dtype, f"must be one of {', '.join(ROUTE_DTYPES)} or 'auto'")
+    if not holds(dt, num_experts - 1):
+        raise OptionError("dtype", dtype, f"cannot hold expert id {num_experts - 1} (num_experts={num_experts})")
+    if not fits(dt):
+        raise LayoutOptionError("fill_value", fill_value, f"pad id does not fit the routes dtype {dt.name}")
+    return dt
+
+
+def packed_bits(bits_per_id: int, pad_policy: PadPolicy = "spread", fill_value: int = -1) -> int:
+    """Bits per id of ``assemble(..., packed=True)``: the store's, widened for a fill value.
+
+    Raises
+    ------
+    r3store.errors.LayoutOptionError
+        ``pad_policy="fill"`` with a negative ``fill_value`` (not packable) or one of more
+        than 16 bits.
+    """
+    if pad_policy != "fill":
+        return bits_per_id
+    if not 0 <= fill_value < 1 << 16:
+        raise LayoutOptionError("fill_value", fill_value, "must lie in [0, 2**16) with packed=True (ids are packed "
+                                                          "as unsigned bit fields)")
+    return max(bits_per_id, int(fill_value).bit_length())
 
 
 def _check_tokens(reader: RouteReader, sample_ids: Sequence[str], tokens: Sequence[Any]) -> np.ndarray:
@@ -58,6 +135,8 @@ def assemble(
     fill_value: int = -1,
     tokens: Sequence[Any] | None = None,
     return_policy_version: bool = False,
+    dtype: RouteDType = "int32",
+    packed: bool = False,
 ) -> dict[str, Any]:
     """Read and lay out the routes of ``sample_ids`` as one micro-batch (numpy arrays).
 
@@ -84,13 +163,32 @@ def assemble(
     return_policy_version : bool
         Add ``policy_version``: per row, the policy (weight) version that produced it
         (:meth:`r3store.RouteReader.policy_spans`), laid out like the routes.
+    dtype : {"int32", "int16", "uint8", "auto"} or numpy dtype
+        dtype of ``routes`` (see :func:`route_dtype`): int32 (default), int16 (verl),
+        uint8, or ``"auto"``, the narrowest of uint8/int16/int32 holding every expert id
+        and pad id.
+
+    packed : bool
+        Return ``routes`` bit-packed for the trip to the device: ``routes`` uint8
+        ``(ceil(n * bits / 8),)``, the ids of the laid-out routes (C order) at ``bits``
+        bits each in the stream of the ``r3store.bitpack`` payload (FORMAT.md 5.1), plus
+        ``routes_bits`` (``spec.bits_per_id``, more if a fill value needs it) and
+        ``routes_shape``; :func:`r3store.dataset.unpack_routes` restores them on any
+        device. Host-to-device bytes are ``bits / 32`` of int32's. ``fill_value`` must
+        then be >= 0.
+
+    Only this rank's rows are read: the plan names the rows its output positions hold
+    (CP and SP slices), and only the frames holding those rows and ``layers`` are fetched
+    and decoded (:meth:`r3store.RouteReader.get_runs`); memory is the output plus a
+    compact buffer of the rank's rows (same dtype) and one storage object's packed frames.
 
     Returns
     -------
     dict
-        ``routes`` int32 ``(T, n_layers, top_k)`` (THD) or ``(B, T, n_layers, top_k)``
-        (BSHD); ``replay_mask`` bool ``(T,)`` / ``(B, T)`` (False on pad rows and on rows
-        the engine could not capture, which hold pad-row ids); ``cu_seqlens`` int32;
+        ``routes`` of ``dtype`` ``(T, n_layers, top_k)`` (THD), ``(B, T, n_layers, top_k)``
+        (BSHD) or ``(T, B, n_layers, top_k)`` (SBHD); ``replay_mask`` bool ``(T,)`` /
+        ``(B, T)`` / ``(T, B)`` (False on pad rows and on rows the engine could not
+        capture, which hold pad-row ids); ``cu_seqlens`` int32;
         ``num_tokens`` int32 ``(B,)``; ``sample_ids`` list of str; ``layers`` list of
         global decoder-layer indices; ``sp_range`` (start, end); ``tokens`` int64 laid
         out the same way when ``tokens`` is given (pad positions 0); ``policy_version``
@@ -104,7 +202,10 @@ def assemble(
         ``tokens`` given and a sample's ``len(tokens) - 1`` differs from its route rows,
         or its token hash differs from the stored one.
     r3store.errors.LayoutOptionError
-        An option, ``pad_policy`` or ``fill_value`` is invalid.
+        An option, ``pad_policy`` or ``fill_value`` is invalid, or ``fill_value`` does
+        not fit ``dtype`` (an :class:`~r3store.errors.OptionError`).
+    r3store.errors.OptionError
+        ``dtype`` is not one of the choices, or cannot hold every expert id.
     r3store.errors.SampleNotFoundError, r3store.errors.LayerError
     TypeError
         ``sample_ids`` is a single str.
@@ -114,35 +215,90 @@ def assemble(
     opts = LayoutOptions.resolve(options)
     spec = reader.spec
     check_pad_args(spec.num_experts, pad_policy, fill_value)
+    out_dtype = route_dtype("auto" if packed else dtype, spec.num_experts, pad_policy=pad_policy,
+                            fill_value=fill_value)
+    bits = packed_bits(spec.bits_per_id, pad_policy, fill_value) if packed else 0
+    if pad_policy == "spread":
+        pad_routes(0, 0, spec.top_k, spec.num_experts)  # top_k <= num_experts, before any work
     sample_ids = list(sample_ids)
     positions = spec.layer_positions(layers)
     flat_tokens = _check_tokens(reader, sample_ids, tokens) if tokens is not None else None
     num_tokens = [reader.num_tokens(s) for s in sample_ids]
     offsets = np.concatenate([[0], np.cumsum([n - 1 for n in num_tokens])]).astype(np.int64)
-    routes = np.empty((int(offsets[-1]), len(positions), spec.top_k), dtype=np.int32)
-    missing: np.ndarray | None = None
-    for sid, lo, hi in zip(sample_ids, offsets[:-1], offsets[1:], strict=True):
-        reader.get(sid, layers, out=routes[lo:hi])
-        for a, b in reader.missing_rows(sid):
-            missing = np.zeros(len(routes), bool) if missing is None else missing
-            missing[lo + a : lo + b] = True
     plan = plan_layout(num_tokens, opts)
-    out, mask = apply_routes(plan, routes, num_experts=spec.num_experts, pad_policy=pad_policy, fill_value=fill_value,
-                             missing=missing)
+    ridx = route_index(plan)
+    missing = [(lo + a, lo + b) for sid, lo in zip(sample_ids, offsets[:-1], strict=True)
+               for a, b in reader.missing_rows(sid)]
+    if missing:  # rows the engine could not capture are laid out as pad rows
+        dropped = np.zeros(int(offsets[-1]), bool)
+        for a, b in missing:
+            dropped[a:b] = True
+        ridx = np.where((ridx >= 0) & dropped[np.maximum(ridx, 0)], -1, ridx)
+    out = _read_rank_rows(reader, sample_ids, offsets, ridx, list(positions), layers, out_dtype,
+                          num_experts=spec.num_experts if pad_policy == "spread" else None, fill_value=fill_value)
     batch: dict[str, Any] = {
-        "routes": out,
-        "replay_mask": mask,
+        "routes": kernels.pack_bits(out, bits) if packed else out,
+        "replay_mask": ridx >= 0,
         "cu_seqlens": np.array(plan.cu_seqlens, dtype=np.int32),
         "num_tokens": np.array(plan.seqlens, dtype=np.int32),
         "sample_ids": sample_ids,
         "layers": [spec.moe_layers[p] for p in positions],
         "sp_range": tuple(int(v) for v in plan.sp_range),
     }
+    if packed:
+        batch["routes_bits"], batch["routes_shape"] = bits, tuple(out.shape)
     if flat_tokens is not None:
         batch["tokens"] = apply_plan(plan, flat_tokens, fill_value=0)
     if return_policy_version:
         batch["policy_version"] = _policy_versions(reader, sample_ids, offsets, plan)
     return batch
+
+
+def _read_rank_rows(reader: RouteReader, sample_ids: list[str], offsets: np.ndarray, ridx: np.ndarray,
+                    positions: list[int], layers: Sequence[int] | None, dtype: np.dtype,
+                    *, num_experts: int | None, fill_value: int) -> np.ndarray:
+    """The routes of this rank's output positions: only the rows ``ridx`` names are read.
+
+    ``ridx``: per output position a row of the concatenated routes, or -1 (a pad row).
+    The rows are cut into runs within one sample (:meth:`RouteReader.get_runs`: only
+    their frames are fetched and decoded). When the runs land on runs of output positions
+    (THD, BSHD) they are read straight into the output and the pad rows written after;
+    otherwise (SBHD: a sample's rows are ``B`` positions apart) into a compact buffer of
+    the rank's rows that the row-gather kernel lays out with the pad rows.
+    """
+    flat = ridx.reshape(-1)
+    n_layers, top_k = len(positions), reader.spec.top_k
+    where = np.flatnonzero(flat >= 0)
+    rows = flat[where]
+    order = np.argsort(rows, kind="stable")
+    rows, where = rows[order], where[order]
+    out = np.empty((len(flat), n_layers, top_k), dtype=dtype)
+    if len(rows):
+        sample = np.searchsorted(offsets, rows, side="right") - 1
+        breaks = (np.diff(rows) != 1) | (np.diff(sample) != 0)
+        direct = (breaks | (np.diff(where) != 1))
+        if int(direct.sum()) <= 2 * int(breaks.sum()) + 2:  # output positions follow the rows: read in place
+            breaks = direct
+        cut = np.flatnonzero(breaks) + 1
+        firsts, lasts = np.r_[0, cut], np.r_[cut - 1, len(rows) - 1]
+        runs = [(sample_ids[s], int(rows[f]) - int(offsets[s]), int(rows[la]) + 1 - int(offsets[s]))
+                for f, la, s in zip(firsts.tolist(), lasts.tolist(), sample[firsts].tolist(), strict=True)]
+        if breaks is direct:
+            reader.get_runs(runs, layers, out=out, at=where[firsts].tolist())
+        else:
+            compact = np.empty((len(rows), n_layers, top_k), dtype=dtype)
+            reader.get_runs(runs, layers, out=compact)
+            local = np.full(len(flat), -1, dtype=np.int64)
+            local[where] = np.arange(len(rows))
+            gather_rows(compact, local, out, fill_value=fill_value, num_experts=num_experts)
+            return out.reshape((*ridx.shape, n_layers, top_k))
+    pad = np.flatnonzero(flat < 0)
+    if num_experts is None:
+        out[pad] = fill_value
+    elif len(pad):  # pad_routes' ids, numbered in output order; the same row in every layer
+        ids = np.arange(len(pad) * top_k, dtype=np.int64).reshape(-1, 1, top_k) % num_experts
+        out[pad] = ids.astype(dtype)
+    return out.reshape((*ridx.shape, n_layers, top_k))
 
 
 def _policy_versions(reader: RouteReader, sample_ids: list[str], offsets: np.ndarray,

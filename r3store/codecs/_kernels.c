@@ -21,6 +21,7 @@
 #include <Python.h>
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1183,6 +1184,136 @@ static PyObject *py_unpack(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(decode_frames_doc, "decode_frames(blob, starts, lengths, bits, out, rows, layers, chunk_rows,\n"
+"layers_per_chunk, prefix_crc, row_chunks, layer_chunks, check_tags) -> int\n\n"
+"Check and decode many r3store.bitpack frames of one storage object straight into their\n"
+"places in out, a C-contiguous integer array (n, L, K) of 1-, 2- or 4-byte words. Frame f\n"
+"is blob[starts[f] : starts[f] + lengths[f]]; it must hold chunk_rows * layers_per_chunk * K\n"
+"ids and lands in out[rows[f] : rows[f] + chunk_rows, layers[f] : layers[f] + layers_per_chunk]\n"
+"(ids past its n_encoded are 0). With check_tags its position tag must be the CRC-32C of\n"
+"the text '<prefix>/<row_chunks[f]>/<layer_chunks[f]>', given prefix_crc = crc32c(prefix +\n"
+"'/'). starts ... layer_chunks: C-contiguous int64 arrays of one length. Returns -1 when\n"
+"every frame decoded, else the index of the first frame that failed a check or lies\n"
+"outside blob or out (frames before it are decoded; the caller names the fault).");
+
+static int get_i64_array(PyObject *obj, Py_buffer *v, const char *what) {
+    if (PyObject_GetBuffer(obj, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        return -1;
+    }
+    if (v->itemsize != 8 || buffer_type(v) != T_I64) {
+        PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous int64 array", what);
+        PyBuffer_Release(v);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_decode_frames(PyObject *self, PyObject *args) {
+    PyObject *blob_obj, *out_obj, *arr_obj[6];
+    const char *names[6] = {"starts", "lengths", "rows", "layers", "row_chunks", "layer_chunks"};
+    int bits, check_tags, i, ok = 1;
+    Py_ssize_t chunk_rows, lpc, f, failed = -1;
+    unsigned long prefix_crc;
+    Py_buffer blob, out, arr[6];
+    if (!PyArg_ParseTuple(args, "OOOiOOOnnkOOp", &blob_obj, &arr_obj[0], &arr_obj[1], &bits, &out_obj, &arr_obj[2],
+                          &arr_obj[3], &chunk_rows, &lpc, &prefix_crc, &arr_obj[4], &arr_obj[5], &check_tags)
+        || check_bits(bits) < 0) {
+        return NULL;
+    }
+    if (get_bytes_buffer(blob_obj, &blob) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&blob);
+        return NULL;
+    }
+    for (i = 0; i < 6 && ok; i++) {
+        if (get_i64_array(arr_obj[i], &arr[i], names[i]) < 0) {
+            ok = 0;
+            break;
+        }
+        if (arr[i].len != arr[0].len) {
+            PyErr_Format(PyExc_ValueError, "%s has another length than starts", names[i]);
+            PyBuffer_Release(&arr[i]);
+            ok = 0;
+            break;
+        }
+    }
+    if (!ok) {
+        while (--i >= 0) {
+            PyBuffer_Release(&arr[i]);
+        }
+        PyBuffer_Release(&blob);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    const int otype = buffer_type(&out);
+    if (out.ndim != 3 || otype < 0 || type_size[otype] > 4 || chunk_rows < 1 || lpc < 1 || lpc > out.shape[1]) {
+        PyErr_SetString(PyExc_ValueError, "decode_frames: out must be a 3-D array of 1-, 2- or 4-byte integers "
+                                          "and 1 <= layers_per_chunk <= its layers");
+        ok = 0;
+    }
+    const Py_ssize_t N = ok ? out.shape[0] : 0, L = ok ? out.shape[1] : 0, K = ok ? out.shape[2] : 0;
+    const Py_ssize_t n_total = chunk_rows * lpc * K, width = lpc * K, n = arr[0].len / 8;
+    uint32_t *stage = NULL;
+    if (ok && (n_total <= 0 || n_total > ((Py_ssize_t)1 << 26))) {
+        PyErr_SetString(PyExc_ValueError, "decode_frames: chunk of more than 2**26 ids");
+        ok = 0;
+    }
+    if (ok && !(stage = (uint32_t *)malloc((size_t)n_total * 4))) {
+        PyErr_NoMemory();
+        ok = 0;
+    }
+    if (ok) {
+        const int64_t *st = (const int64_t *)arr[0].buf, *ln = (const int64_t *)arr[1].buf;
+        const int64_t *rw = (const int64_t *)arr[2].buf, *ly = (const int64_t *)arr[3].buf;
+        const int64_t *rc = (const int64_t *)arr[4].buf, *lc = (const int64_t *)arr[5].buf;
+        const int osize = type_size[otype];
+        const conv_fn conv = conv_table[T_U32][otype];
+        char *base = (char *)out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (f = 0; f < n; f++) {
+            uint32_t nt = 0, ne = 0, tag = 0;
+            int hdr = 0;
+            if (st[f] < 0 || ln[f] < 0 || st[f] > blob.len - ln[f] || rw[f] < 0 || rw[f] > N - chunk_rows
+                || ly[f] < 0 || ly[f] > L - lpc) {
+                failed = f;
+                break;
+            }
+            const uint8_t *d = (const uint8_t *)blob.buf + st[f];
+            if (frame_status(d, (Py_ssize_t)ln[f], bits, &nt, &ne, &hdr, &tag) || (Py_ssize_t)nt != n_total) {
+                failed = f;
+                break;
+            }
+            if (check_tags) {
+                char text[48];
+                int k = snprintf(text, sizeof text, "%lld/%lld", (long long)rc[f], (long long)lc[f]);
+                if (k <= 0 || k >= (int)sizeof text
+                    || crc32c_extend((uint32_t)prefix_crc, (const uint8_t *)text, (size_t)k) != tag) {
+                    failed = f;
+                    break;
+                }
+            }
+            unpack_contig(d + hdr, (Py_ssize_t)ln[f] - hdr, (Py_ssize_t)ne, bits, (char *)stage, 4);
+            memset(stage + ne, 0, (size_t)(n_total - (Py_ssize_t)ne) * 4);
+            for (Py_ssize_t r = 0; r < chunk_rows; r++) {
+                conv((const char *)(stage + r * width), 4, base + (((rw[f] + r) * L + ly[f]) * K) * osize, width);
+            }
+        }
+        Py_END_ALLOW_THREADS
+        free(stage);
+    }
+    for (i = 0; i < 6; i++) {
+        PyBuffer_Release(&arr[i]);
+    }
+    PyBuffer_Release(&blob);
+    PyBuffer_Release(&out);
+    if (!ok) {
+        return NULL;
+    }
+    return PyLong_FromSsize_t(failed);
+}
+
 PyDoc_STRVAR(check_routes_doc, "check_routes(routes, kinds, num_experts, out) -> None | (fault, row, layer, slot)\n\n"
 "Validate routes (rows, layers, top_k) of any integer type and strides. kinds: bytes, one\n"
 "per layer, 0 for a dense layer (all ids must be 0), 1 for an MoE layer (ids in\n"
@@ -1523,6 +1654,7 @@ static PyMethodDef methods[] = {
     {"check_frame", py_check_frame, METH_VARARGS, check_frame_doc},
     {"check_routes", py_check_routes, METH_VARARGS, check_routes_doc},
     {"gather_rows", py_gather_rows, METH_VARARGS, gather_rows_doc},
+    {"decode_frames", py_decode_frames, METH_VARARGS, decode_frames_doc},
     {"b64decode", py_b64decode, METH_VARARGS, b64decode_doc},
     {"b64_decoded_size", py_b64size, METH_VARARGS, b64size_doc},
     {"crc32c", py_crc32c, METH_VARARGS, crc32c_doc},

@@ -23,6 +23,7 @@ __all__ = [
     "check_ids_numpy",
     "encode_frame_numpy",
     "first_repeat",
+    "decode_frames_numpy",
     "gather_rows_numpy",
     "pack_bits_numpy",
     "repeated_ids",
@@ -273,6 +274,30 @@ def gather_rows_numpy(src: np.ndarray, index: np.ndarray, out: np.ndarray, *, fi
     ids = (np.arange(pad_start * top_k, (pad_start + num_pad) * top_k, dtype=np.int64) % num_experts)
     out[pad] = ids.astype(out.dtype).reshape(num_pad, 1, top_k)
     return num_pad
+
+
+def decode_frames_numpy(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray, bits: int, out: np.ndarray,
+                        rows: np.ndarray, layers: np.ndarray, chunk_rows: int, layers_per_chunk: int,
+                        prefix_crc: int, row_chunks: np.ndarray, layer_chunks: np.ndarray, check_tags: bool) -> int:
+    """numpy twin of :func:`r3store.codecs.kernels.decode_frames`."""
+    n_total = chunk_rows * layers_per_chunk * out.shape[2]
+    stage = np.empty(n_total, dtype=np.uint32)
+    for f in range(len(starts)):
+        s, n, r, la = int(starts[f]), int(lengths[f]), int(rows[f]), int(layers[f])
+        if s < 0 or n < 0 or s + n > blob.size or r < 0 or r + chunk_rows > out.shape[0] or la < 0 or \
+                la + layers_per_chunk > out.shape[1]:
+            return f
+        frame = blob[s : s + n]
+        check = check_frame_numpy(frame, bits)
+        if check.status or check.n_total != n_total:
+            return f
+        if check_tags:
+            text = f"{int(row_chunks[f])}/{int(layer_chunks[f])}".encode()
+            if google_crc32c.extend(prefix_crc, text) != check.tag:
+                return f
+        unpack_into_numpy(frame[check.header :], check.n_encoded, bits, stage)
+        out[r : r + chunk_rows, la : la + layers_per_chunk] = stage.reshape(chunk_rows, layers_per_chunk, -1)
+    return -1
 
 
 def b64decode_numpy(text: str | bytes | bytearray | memoryview) -> np.ndarray:

@@ -35,6 +35,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
 
+import google_crc32c
 import numpy as np
 import numpy.typing as npt
 
@@ -45,6 +46,7 @@ from r3store.codecs._kernels_numpy import (
     b64decode_numpy,
     check_frame_numpy,
     check_ids_numpy,
+    decode_frames_numpy,
     encode_frame_numpy,
     first_repeat,
     gather_rows_numpy,
@@ -65,6 +67,7 @@ __all__ = [
     "b64decode",
     "check_frame",
     "check_ids",
+    "decode_frames",
     "describe",
     "encode_frame",
     "first_repeat",
@@ -472,6 +475,69 @@ def gather_rows(src: np.ndarray, index: np.ndarray, out: np.ndarray, *, fill_val
                                        int(num_experts or 0), int(pad_start)))
     except IndexError as exc:
         raise CodecError(_KERNELS, str(exc)) from exc
+
+
+def decode_frames(blob: npt.ArrayLike | bytes | memoryview, starts: np.ndarray, lengths: np.ndarray, bits: int,
+                  out: np.ndarray, rows: np.ndarray, layers: np.ndarray, *, chunk_rows: int, layers_per_chunk: int,
+                  tag_prefix: str | None = None, row_chunks: np.ndarray | None = None,
+                  layer_chunks: np.ndarray | None = None) -> int:
+    """Check and decode many ``r3store.bitpack`` frames straight into their places in ``out``.
+
+    The batch decode of rank-local reads: one call per storage object instead of one per
+    frame. Frame ``f`` is ``blob[starts[f] : starts[f] + lengths[f]]``; it must be a valid
+    frame (the checks of :func:`check_frame`) of ``bits`` bits holding
+    ``chunk_rows * layers_per_chunk * top_k`` ids, and is written to
+    ``out[rows[f] : rows[f] + chunk_rows, layers[f] : layers[f] + layers_per_chunk]``
+    (ids after its ``n_encoded`` are 0).
+
+    Parameters
+    ----------
+    blob : bytes-like or ndarray of uint8
+    starts, lengths, rows, layers : ndarray of int64, shape (n,)
+    bits : int
+        1 to 16.
+    out : ndarray, C-contiguous, shape (N, L, top_k), int32, int16, uint16, uint8 (any 1-,
+        2- or 4-byte integer dtype; ids are cast as numpy casts)
+    chunk_rows, layers_per_chunk : int
+        The inner-chunk shape (FORMAT.md section 5).
+    tag_prefix : str, optional
+        Check each frame's position tag: the CRC-32C of
+        ``f"{tag_prefix}/{row_chunks[f]}/{layer_chunks[f]}"`` (``r3store._format.position_tag``
+        with ``tag_prefix`` the commit). None: tags are not checked.
+    row_chunks, layer_chunks : ndarray of int64, shape (n,), optional
+        Needed with ``tag_prefix``.
+
+    Returns
+    -------
+    int
+        -1 when every frame decoded; else the index of the first frame that failed a check
+        or lies outside ``blob`` or ``out`` (the frames before it are decoded): decode that
+        one with :class:`r3store.codecs.BitpackCodec` to name its fault.
+
+    Raises
+    ------
+    r3store.errors.CodecError
+        Arguments of the wrong type, dtype or shape.
+    """
+    data = _as_payload(blob)
+    arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (starts, lengths, rows, layers)]
+    n = arrays[0].size
+    check = tag_prefix is not None
+    rc = np.ascontiguousarray(row_chunks if row_chunks is not None else np.zeros(n), dtype=np.int64)
+    lc = np.ascontiguousarray(layer_chunks if layer_chunks is not None else np.zeros(n), dtype=np.int64)
+    if not (isinstance(out, np.ndarray) and out.ndim == 3 and out.dtype.kind in "iu" and out.dtype.itemsize <= 4
+            and out.flags.c_contiguous and out.flags.writeable and all(a.size == n for a in (*arrays, rc, lc))
+            and 1 <= layers_per_chunk <= out.shape[1] and chunk_rows >= 1 and (not check or (
+                row_chunks is not None and layer_chunks is not None))):
+        raise CodecError(_KERNELS, "decode_frames needs a writable C-contiguous 3-D out of 1-, 2- or 4-byte integers, "
+                                   "1 <= layers_per_chunk <= its layers, and int64 arrays of one length")
+    bits = _check_bits(bits)
+    prefix_crc = int(google_crc32c.value(f"{tag_prefix}/".encode())) if check else 0
+    if _native is None or not out.dtype.isnative:
+        return decode_frames_numpy(data, arrays[0], arrays[1], bits, out, arrays[2], arrays[3], chunk_rows,
+                                   layers_per_chunk, prefix_crc, rc, lc, check)
+    return int(_native.decode_frames(data, arrays[0], arrays[1], bits, out, arrays[2], arrays[3], int(chunk_rows),
+                                     int(layers_per_chunk), prefix_crc, rc, lc, check))
 
 
 # -- base64 --------------------------------------------------------------------------

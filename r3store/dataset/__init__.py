@@ -7,6 +7,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from r3store.dataset._batches import plan_batches, sample_fingerprint
 from r3store.dataset._dataset import RouteDataset
+from r3store.dataset._packed import unpack_routes
 from r3store.dataset._tensors import apply_plan_tensor, batch_to_tensors, to_device
 from r3store.dataset._topology import Topology
 
@@ -18,4 +19,5 @@ __all__ = [
     "plan_batches",
     "sample_fingerprint",
     "to_device",
+    "unpack_routes",
 ]

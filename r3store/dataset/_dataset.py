@@ -11,7 +11,7 @@ from torch.utils.data import IterableDataset
 
 from r3store._checks import parse_int
 from r3store._deprecated import renamed_keyword, renamed_property
-from r3store.batch import PadPolicy, assemble
+from r3store.batch import PadPolicy, RouteDType, assemble, packed_bits, route_dtype
 from r3store.dataset._batches import plan_batches, sample_fingerprint
 from r3store.dataset._tensors import batch_to_tensors
 from r3store.dataset._topology import Topology
@@ -87,6 +87,14 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         Add ``policy_version`` to every batch: int64 per row, laid out like the routes,
         the policy (weight) version that produced it (-1 on pad rows and for samples
         written without one); see :meth:`r3store.RouteStore.assemble`.
+    dtype : {"int32", "int16", "uint8", "auto"}
+        dtype of ``routes`` (see :func:`r3store.batch.route_dtype`): int32 (default),
+        int16, uint8, or the narrowest holding every expert and pad id. Each batch reads
+        and allocates only this rank's rows (CP/SP slice) and ``layers``.
+    packed : bool
+        Yield ``routes`` bit-packed (uint8, with ``routes_bits`` and ``routes_shape``) for
+        the trip to the device; :func:`r3store.dataset.unpack_routes` restores them there
+        (see :func:`r3store.batch.assemble`).
     rank, world_size : int, optional
         Deprecated names of ``dp_rank`` and ``dp_size``.
 
@@ -97,8 +105,9 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         A layout option, ``pad_policy`` or ``fill_value`` is invalid, or a layout field
         is given in ``options`` and as a keyword with different values.
     r3store.errors.OptionError
-        ``max_tokens_per_batch`` < 1, ``seed`` < 0 (or not an int), or
-        ``dp_rank``/``dp_size`` out of range.
+        ``max_tokens_per_batch`` < 1, ``seed`` < 0 (or not an int),
+        ``dp_rank``/``dp_size`` out of range, or ``dtype`` not a choice or too narrow
+        for the expert ids or ``fill_value``.
 
     Notes
     -----
@@ -129,7 +138,7 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         storage_options: Mapping[str, Any] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         on_duplicate: Literal["raise", "first"] = "raise",
-        layout: Literal["thd", "bshd"] | None = None,
+        layout: Literal["thd", "bshd", "sbhd"] | None = None,
         cp_size: int | None = None,
         cp_rank: int | None = None,
         cp_mode: Literal["zigzag", "contiguous"] | None = None,
@@ -141,6 +150,8 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         pad_policy: PadPolicy = "spread",
         fill_value: int = -1,
         return_policy_version: bool = False,
+        dtype: RouteDType = "int32",
+        packed: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
@@ -155,6 +166,10 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
                                              pad_multiple=pad_multiple, sequence_parallel=sequence_parallel,
                                              max_seqlen=max_seqlen)
         check_pad_args(self.reader.spec.num_experts, pad_policy, fill_value)
+        self.dtype = route_dtype(dtype, self.reader.spec.num_experts, pad_policy=pad_policy, fill_value=fill_value)
+        self.packed = bool(packed)
+        if self.packed:
+            packed_bits(self.reader.spec.bits_per_id, pad_policy, fill_value)  # fail early on an unpackable fill
         self.shuffle = bool(shuffle)
         self.seed = parse_int("seed", seed, minimum=0)
         self.pad_policy = pad_policy
@@ -215,7 +230,8 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         for positions in mine[start:]:
             ids = [self.sample_ids[i] for i in positions]
             batch = assemble(self.reader, ids, self.options, layers=self.layers, pad_policy=self.pad_policy,
-                             fill_value=self.fill_value, return_policy_version=self.return_policy_version)
+                             fill_value=self.fill_value, return_policy_version=self.return_policy_version,
+                             dtype=self.dtype, packed=self.packed)
             self._yielded += 1
             yield batch_to_tensors(batch)
 

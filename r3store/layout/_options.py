@@ -19,7 +19,7 @@ from r3store.errors import LayoutOptionError
 
 __all__ = ["LayoutOptionError", "LayoutOptions", "LayoutOptionsDict"]
 
-LAYOUTS = ("thd", "bshd")
+LAYOUTS = ("thd", "bshd", "sbhd")
 CP_MODES = ("zigzag", "contiguous")
 
 
@@ -46,15 +46,15 @@ def _parse_max_seqlen(value: Any, layout: str) -> int | None:
     if value is None:
         return None
     length = _parse_int("max_seqlen", value, 1, MAX_SEQLEN)
-    if layout != "bshd":
-        raise LayoutOptionError("max_seqlen", value, "applies to layout='bshd' only")
+    if layout == "thd":
+        raise LayoutOptionError("max_seqlen", value, "applies to layout='bshd' or 'sbhd' only")
     return length
 
 
 class LayoutOptionsDict(TypedDict, total=False):
     """Dict form of :class:`LayoutOptions` (every key optional; missing keys take defaults)."""
 
-    layout: Literal["thd", "bshd"]
+    layout: Literal["thd", "bshd", "sbhd"]
     cp_size: int
     cp_rank: int
     cp_mode: Literal["zigzag", "contiguous"]
@@ -71,9 +71,12 @@ class LayoutOptions:
 
     Parameters
     ----------
-    layout : {"thd", "bshd"}
+    layout : {"thd", "bshd", "sbhd"}
         ``"thd"`` packs the sequences back to back (``cu_seqlens`` marks them);
-        ``"bshd"`` pads every sequence to one common length.
+        ``"bshd"`` pads every sequence to one common length, batch first ``(B, T)``;
+        ``"sbhd"`` is the same padded batch sequence first, ``(T, B)``: the order
+        Megatron's router flattens tokens in (``hidden_states.view(-1, h)`` of an
+        ``[S, B, h]`` tensor), with the SP split along the sequence.
     cp_size, cp_rank : int
         Context-parallel group size (``>= 1``) and this rank (``0 <= cp_rank < cp_size``).
     cp_mode : {"zigzag", "contiguous"}
@@ -87,7 +90,7 @@ class LayoutOptions:
     sequence_parallel : bool
         When true, a TP rank holds only its contiguous ``1/tp_size`` of the token dimension.
     max_seqlen : int or None
-        BSHD only: pad every sequence to this length instead of the batch maximum.
+        BSHD/SBHD only: pad every sequence to this length instead of the batch maximum.
 
     Raises
     ------
@@ -96,7 +99,7 @@ class LayoutOptions:
         at most ``2**31``, ``max_seqlen`` at most ``2**40``); the message names the field.
     """
 
-    layout: Literal["thd", "bshd"] = "thd"
+    layout: Literal["thd", "bshd", "sbhd"] = "thd"
     cp_size: int = 1
     cp_rank: int = 0
     cp_mode: Literal["zigzag", "contiguous"] = "zigzag"

@@ -29,7 +29,8 @@ class LayoutPlan:
     Attributes
     ----------
     index : numpy.ndarray of int64
-        THD: shape ``(T_local,)``; BSHD: shape ``(B, T_local)``. Each value is a
+        THD: shape ``(T_local,)``; BSHD: shape ``(B, T_local)``; SBHD: shape
+        ``(T_local, B)`` (the BSHD index transposed). Each value is a
         position in the concatenation of all samples' tokens (sample ``i`` owns
         ``num_tokens[i]`` positions), or ``-1`` for padding. ``T_local`` is the
         length after the sequence-parallel split.
@@ -71,8 +72,9 @@ class LayoutPlan:
 
     @property
     def local_length(self) -> int:
-        """Length ``T_local`` of this rank's token dimension (the last axis of ``index``)."""
-        return int(self.index.shape[-1])
+        """Length ``T_local`` of this rank's token dimension (the last axis of ``index``; the
+        first in SBHD)."""
+        return int(self.index.shape[0 if self.options.layout == "sbhd" else -1])
 
     @property
     def token_offsets(self) -> np.ndarray:
@@ -235,7 +237,8 @@ def plan_layout(
     Returns
     -------
     LayoutPlan
-        ``index`` is int64, shape ``(T_local,)`` (THD) or ``(B, T_local)`` (BSHD).
+        ``index`` is int64, shape ``(T_local,)`` (THD), ``(B, T_local)`` (BSHD) or
+        ``(T_local, B)`` (SBHD).
 
     Raises
     ------
@@ -281,8 +284,9 @@ def plan_layout(
     build = _thd if opts.layout == "thd" else _bshd
     full, cu = build(seqlens, offsets, opts)
     start, end = _sp_range(full.shape[-1], opts)
+    local = full[..., start:end]
     return LayoutPlan(
-        index=_readonly(full[..., start:end]),
+        index=_readonly(local.T if opts.layout == "sbhd" else local),
         cu_seqlens=_readonly(cu),
         seqlens=_readonly(seqlens.astype(np.int32)),
         sp_range=(start, end),

@@ -19,8 +19,8 @@ from __future__ import annotations
 import copy
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from r3store._format import (
     route_codec,
 )
 from r3store._spec import ModelSpec
-from r3store.codecs import Codec, SupportsBinding, SupportsFrameSize, get_codec
+from r3store.codecs import BitpackCodec, Codec, SupportsBinding, SupportsFrameSize, get_codec, kernels
 from r3store.errors import (
     ChecksumError,
     CodecError,
@@ -52,6 +52,9 @@ __all__ = ["ChunkReader", "merge_ranges"]
 
 MISSING = 2**64 - 1
 """Index entry of a chunk that is not stored (past the end of the array)."""
+INDEX_CACHE_BYTES = 64 << 20
+"""Verified storage-object indexes kept per reader (least recently used dropped first): an
+index takes 16 bytes per inner chunk, about 0.45% of the packed routes at 128-row chunks."""
 MAX_PLACE_SEARCH = 1 << 16
 """Places tried when naming where an out-of-place frame belongs."""
 
@@ -102,7 +105,8 @@ class ChunkReader:
         self.array_rows = array_rows
         self.cache_bytes = parse_int("cache_bytes", cache_bytes, minimum=0)
         self._geometries: dict[str, tuple[ArrayGeometry, Codec]] = {}
-        self._indexes: dict[tuple[str, int], np.ndarray] = {}
+        self._indexes: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        self._index_bytes = 0
         self._chunks: OrderedDict[tuple[str, int, int], np.ndarray] = OrderedDict()
         self._cached = 0
 
@@ -189,6 +193,255 @@ class ChunkReader:
                     out[lo - start : hi - start, dst] = chunks[(c, b)][lo - c * cr : hi - c * cr, src]
         return out
 
+    def read_runs(self, array: str, runs: Sequence[tuple[int, int, int]], positions: Sequence[int],
+                  out: np.ndarray) -> np.ndarray:
+        """Several row ranges of a route array at stored layer positions, into ``out``.
+
+        The rank-local read: each needed frame is fetched once (frames of several runs in
+        one storage object coalesce into one ranged request per contiguous byte span). A
+        chunk whose rows all land in one run and whose layers are all wanted, in order, is
+        decoded in place (with the compiled kernels, all such frames of a fetched range in
+        one :func:`r3store.codecs.kernels.decode_frames` call); the others are decoded one
+        at a time and copied. Decoded chunks are taken from the cache when there but not
+        added to it, so the scratch is the packed bytes of one storage object's needed
+        frames plus one decoded chunk.
+
+        Parameters
+        ----------
+        array : str
+        runs : sequence of (start, stop, at)
+            Half-open array row ranges ``[start, stop)`` within the array (any order), each
+            copied to output rows ``[at, at + stop - start)``.
+        positions : sequence of int
+            Stored layer positions, in output order.
+        out : ndarray of integer dtype, shape (n, len(positions), top_k)
+            Receives the runs (ids cast to its dtype; rows no run names are left alone).
+
+        Returns
+        -------
+        ndarray
+            ``out``.
+
+        Raises
+        ------
+        r3store.errors.FormatError
+            A run lies past the array's end, or a frame or index is malformed.
+        r3store.errors.ChecksumError
+        r3store.errors.OptionError
+            A run is reversed or negative, or ``out`` has the wrong shape.
+        """
+        geometry, codec = self._geometry(array, partial=True)
+        if out.ndim != 3 or out.shape[1:] != (len(positions), geometry.top_k):
+            raise OptionError("out", f"<array of shape {out.shape}>",
+                              f"must have shape (n, {len(positions)}, {geometry.top_k})")
+        for start, stop, at in runs:
+            if start < 0 or stop < start or at < 0 or at + stop - start > len(out):
+                raise OptionError("runs", (start, stop, at), f"must be ranges 0 <= start <= stop whose output "
+                                                             f"rows lie within the {len(out)} of out")
+            if stop > geometry.rows:
+                raise FormatError(self.backend.path_of(array),
+                                  f"rows [{start}, {stop}) beyond the array's {geometry.rows} rows")
+        if not len(positions):
+            return out
+        pos = np.asarray(positions)
+        lpc, cr, per_object = geometry.layers_per_chunk, geometry.chunk_rows, geometry.row_chunks_per_object
+        by_chunk = {int(b): _as_slices(np.flatnonzero(pos // lpc == b), pos, b * lpc) for b in np.unique(pos // lpc)}
+        # row chunk -> pieces (first row, stop row, output row of the first) it serves
+        pieces: dict[int, list[tuple[int, int, int]]] = {}
+        for start, stop, at in runs:
+            for c in range(start // cr, (stop - 1) // cr + 1) if stop > start else ():
+                lo, hi = max(start, c * cr), min(stop, (c + 1) * cr)
+                pieces.setdefault(c, []).append((lo, hi, at + lo - start))
+        whole = {b for b, (dst, src) in by_chunk.items()  # layer chunks wanted whole, in order: decoded in place
+                 if isinstance(dst, slice) and isinstance(src, slice) and src == slice(0, lpc)}
+
+        def into(key: Chunk) -> tuple[int, int] | None:
+            """Where a frame decodes in place (output row, output layer): its rows form one whole
+            piece, and its layers are wanted whole and in order."""
+            c, b = key
+            if b not in whole or len(pieces[c]) != 1:
+                return None
+            lo, hi, o = pieces[c][0]
+            dst = by_chunk[b][0]
+            return (o, dst.start) if (lo, hi) == (c * cr, (c + 1) * cr) and isinstance(dst, slice) else None
+
+        def copy(c: int, b: int, chunk: np.ndarray) -> None:
+            dst, src = by_chunk[b]
+            for lo, hi, o in pieces[c]:
+                out[o : o + hi - lo, dst] = chunk[lo - c * cr : hi - c * cr, src]
+
+        fast = (type(codec) is BitpackCodec and kernels.native_module() is not None and out.flags.c_contiguous
+                and out.dtype.itemsize <= 4)
+        layer_place = np.array([by_chunk[b][0].start if b in whole else -1 for b in sorted(by_chunk)],  # type: ignore[union-attr]
+                               dtype=np.int64)
+        chunks = sorted(pieces)
+        for obj, group in itertools.groupby(chunks, key=lambda c: c // per_object):
+            row_chunks = list(group)
+            row_place = np.array([pieces[c][0][2] if len(pieces[c]) == 1 and pieces[c][0][:2] == (c * cr, (c + 1) * cr)
+                                  else -1 for c in row_chunks], dtype=np.int64)
+            if fast and self._read_object_fast(array, geometry, codec, obj, row_chunks, sorted(by_chunk), row_place,
+                                               layer_place, copy, out):
+                continue
+            wanted = [(c, b) for c in row_chunks for b in by_chunk]
+            for (c, b), chunk in self._stream_object(array, geometry, codec, obj, wanted, into, out):
+                if chunk is not None:  # else decoded in place
+                    copy(c, b, chunk)
+        return out
+
+    def _read_object_fast(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int, row_chunks: list[int],
+                          layer_chunks: list[int], row_place: np.ndarray, layer_place: np.ndarray,
+                          copy: Callable[[int, int, np.ndarray], None], out: np.ndarray) -> bool:
+        """The frames of ``row_chunks`` x ``layer_chunks`` of one storage object, vectorised: index
+        entries looked up, ranges merged and whole chunks decoded in place by one kernel call
+        per fetched range; the others (a run's partial first and last chunks) one by one.
+        ``row_place``/``layer_place``: per row chunk and layer chunk, the output row or layer
+        it decodes in place to, or -1.
+        False, having read nothing, when an index entry is unusual (a chunk past the array's
+        end, a bad entry): the caller's general path handles (or names) it."""
+        index = self.object_index(array, geometry, obj)
+        first = obj * geometry.row_chunks_per_object
+        rc = np.repeat(np.asarray(row_chunks, dtype=np.int64), len(layer_chunks))
+        lc = np.tile(np.asarray(layer_chunks, dtype=np.int64), len(row_chunks))
+        entries = index[rc - first, lc]
+        cached = self._chunks and any((array, int(c), int(b)) in self._chunks for c, b in zip(rc, lc, strict=True))
+        if cached or (entries >= np.uint64(1 << 62)).any() or not entries[:, 1].all():
+            return False
+        offsets, nbytes = entries[:, 0].astype(np.int64), entries[:, 1].astype(np.int64)
+        order = np.argsort(offsets, kind="stable")
+        offsets, nbytes, rc, lc = offsets[order], nbytes[order], rc[order], lc[order]
+        ends = offsets + nbytes
+        new = np.r_[True, offsets[1:] > np.maximum.accumulate(ends)[:-1]]
+        heads = np.flatnonzero(new)
+        starts, stops = offsets[heads], np.maximum.reduceat(ends, heads)
+        key = f"{array}/{ArrayGeometry.object_key(obj)}"
+        blobs = self.backend.get_ranges(key, [ByteRange(int(a), int(b)) for a, b in zip(starts, stops, strict=True)])
+        which = np.cumsum(new) - 1
+        rows_at = row_place[np.searchsorted(np.asarray(row_chunks), rc)]
+        layers_at = layer_place[np.searchsorted(np.asarray(layer_chunks), lc)]
+        direct = (rows_at >= 0) & (layers_at >= 0)  # decoded in place: whole rows and whole layers
+        bound = self.manifest.version >= 2 and isinstance(codec, SupportsBinding)
+        for r, blob in enumerate(blobs):
+            sel = direct & (which == r)
+            if sel.any():
+                cols = np.stack([offsets[sel] - starts[r], nbytes[sel], rows_at[sel], layers_at[sel], rc[sel], lc[sel]])
+                self._decode_batch(codec, geometry, array, key, blob, int(starts[r]), cols, bound, out)
+            for f in np.flatnonzero(~direct & (which == r)).tolist():
+                c, b = int(rc[f]), int(lc[f])
+                chunk = self._decode_frame(codec, geometry, array, key, blob, int(offsets[f] - starts[r]),
+                                           int(nbytes[f]), int(offsets[f]), (c, b), bound)
+                copy(c, b, chunk)
+        return True
+
+    def _stream_object(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int, wanted: list[Chunk],
+                       into: Callable[[Chunk], tuple[int, int] | None] | None = None, out: np.ndarray | None = None,
+                       ) -> Iterator[tuple[Chunk, np.ndarray | None]]:
+        """Decoded chunks of one storage object, one at a time: cached ones, then the others
+        fetched in coalesced ranges and decoded as they are consumed (not cached).
+
+        ``into``: the place in ``out`` (row, layer) a fetched chunk decodes into, or None;
+        such chunks are yielded as ``None``. With the compiled kernels and the bitpack codec
+        they are checked and decoded in one :func:`r3store.codecs.kernels.decode_frames`
+        call per fetched range, else one by one.
+        """
+        missing = []
+        for chunk_key in wanted:
+            hit = self._chunks.get((array, *chunk_key))
+            if hit is None:
+                missing.append(chunk_key)
+            else:
+                yield chunk_key, hit
+        if not missing:
+            return
+        index = self.object_index(array, geometry, obj)
+        key = f"{array}/{ArrayGeometry.object_key(obj)}"
+        spans = self._spans(index, geometry, obj, missing, key)
+        shape = (geometry.chunk_rows, geometry.layers_per_chunk, geometry.top_k)
+        ranges = merge_ranges((o, o + n) for o, n, _, _ in spans if n)
+        blobs = self.backend.get_ranges(key, [ByteRange(s, e) for s, e in ranges]) if ranges else []
+        bound = self.manifest.version >= 2 and isinstance(codec, SupportsBinding)
+        batched = (into is not None and out is not None and type(codec) is BitpackCodec
+                   and kernels.native_module() is not None and out.flags.c_contiguous and out.dtype.itemsize <= 4)
+        batches: dict[int, list[tuple[int, int, int, int, int, int]]] = {}  # range -> frames decoded in one call
+        r = 0
+        for offset, nbytes, c, b in spans:
+            if not nbytes:  # not stored: past the array's end
+                yield (c, b), np.zeros(shape, np.int32)
+                continue
+            while offset >= ranges[r][1]:
+                r += 1
+            place = into((c, b)) if into is not None else None
+            if place is not None and batched:
+                batches.setdefault(r, []).append((offset - ranges[r][0], nbytes, place[0], place[1], c, b))
+                yield (c, b), None
+                continue
+            dest = None
+            if place is not None and out is not None:
+                dest = out[place[0] : place[0] + shape[0], place[1] : place[1] + shape[1]]
+            chunk = self._decode_frame(codec, geometry, array, key, blobs[r], offset - ranges[r][0], nbytes, offset,
+                                       (c, b), bound, dest)
+            yield (c, b), None if dest is not None else chunk
+        for r, frames in batches.items():
+            self._decode_batch(codec, geometry, array, key, blobs[r], ranges[r][0], np.array(frames, np.int64).T, bound,
+                               out)
+
+    def _decode_batch(self, codec: Codec, geometry: ArrayGeometry, array: str, key: str, blob: bytes | memoryview,
+                      first: int, cols: np.ndarray, bound: bool, out: np.ndarray | None) -> None:
+        """Frames of one fetched range (``first``: its object offset), checked and decoded into
+        ``out`` by one kernel call; ``cols``: int64 ``(6, n)``, per frame its start in ``blob``,
+        size, output row, output layer, row chunk and layer chunk. A frame that fails is
+        decoded again alone, which names its fault."""
+        assert out is not None
+        commit = array.removeprefix(ROUTES_PREFIX)
+        failed = kernels.decode_frames(blob, cols[0], cols[1], cast(BitpackCodec, codec).bits, out, cols[2], cols[3],
+                                       chunk_rows=geometry.chunk_rows, layers_per_chunk=geometry.layers_per_chunk,
+                                       tag_prefix=commit if bound else None, row_chunks=cols[4], layer_chunks=cols[5])
+        if failed < 0:
+            return
+        rel, nbytes, _, _, c, b = (int(v) for v in cols[:, failed])
+        self._decode_frame(codec, geometry, array, key, blob, rel, nbytes, first + rel, (c, b), bound)
+        raise FormatError(f"{array} chunk {(c, b, 0)}", "frame failed the batch decode's checks")  # not reached
+
+    def _spans(self, index: np.ndarray, geometry: ArrayGeometry, obj: int, keys: list[Chunk],
+               key: str) -> list[tuple[int, int, int, int]]:
+        """Sorted (offset, nbytes, row chunk, layer chunk) of the frames of ``keys``; nbytes 0 for a
+        chunk not stored past the array's end. Raises FormatError on a bad index entry."""
+        first = obj * geometry.row_chunks_per_object
+        spans: list[tuple[int, int, int, int]] = []
+        for c, b in keys:
+            offset, nbytes = (int(v) for v in index[c - first, b])
+            if offset == MISSING and c * geometry.chunk_rows >= geometry.rows:
+                spans.append((-1, 0, c, b))
+            elif MISSING in (offset, nbytes):  # writers store every chunk holding rows
+                raise FormatError(key, f"storage object index marks chunk {(c, b, 0)} missing, inside the "
+                                       f"array's {geometry.rows} rows")
+            elif nbytes == 0 or offset + nbytes >= 1 << 63:
+                raise FormatError(key, f"storage object index gives chunk {(c, b, 0)} the byte range "
+                                       f"[{offset}, {offset + nbytes}): not a frame")
+            else:
+                spans.append((offset, nbytes, c, b))
+        spans.sort()
+        return spans
+
+    def _decode_frame(self, codec: Codec, geometry: ArrayGeometry, array: str, key: str, blob: bytes | memoryview,
+                      rel: int, nbytes: int, offset: int, chunk: Chunk, bound: bool,
+                      dest: np.ndarray | None = None) -> np.ndarray:
+        """Check and decode the frame at ``blob[rel : rel + nbytes]`` (object bytes from ``offset``),
+        into ``dest`` (a view of the chunk's shape, any integer dtype) when given."""
+        c, b = chunk
+        shape = (geometry.chunk_rows, geometry.layers_per_chunk, geometry.top_k)
+        frame = memoryview(blob)[rel : rel + nbytes]
+        if len(frame) != nbytes:
+            raise FormatError(key, f"storage object ends before chunk {(c, b, 0)} does (its index gives it "
+                                   f"bytes [{offset}, {offset + nbytes}))")
+        tag = position_tag(array.removeprefix(ROUTES_PREFIX), c, b) if bound else None
+        try:
+            return _decode(codec, frame, shape, array, (c, b, 0), tag, dest)
+        except ChecksumError as exc:
+            if tag is None or not isinstance(codec, SupportsBinding) or codec.frame_tag(frame) == tag:
+                raise
+            raise ChecksumError(array, (c, b, 0), self._misplaced(codec.frame_tag(frame), geometry, array,
+                                                                  (c, b))) from exc
+
     def _fetch(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int,
                wanted: list[Chunk]) -> dict[Chunk, np.ndarray]:
         """Decoded chunks of one storage object, from the cache or storage."""
@@ -213,51 +466,21 @@ class ChunkReader:
             raw = self.backend.get(key, SuffixByteRange(geometry.index_nbytes))
             index = decode_index(raw, geometry, array, obj).copy()
             self._indexes[(array, obj)] = index
+            self._index_bytes += index.nbytes
+            while self._index_bytes > INDEX_CACHE_BYTES and len(self._indexes) > 1:  # least recently used first
+                _, old = self._indexes.popitem(last=False)
+                self._index_bytes -= old.nbytes
+        else:
+            self._indexes.move_to_end((array, obj))
         return index
 
     def _fetch_object(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int,
                       keys: list[Chunk]) -> dict[Chunk, np.ndarray]:
-        """Read (coalescing adjacent frames into one range), verify and decode chunks."""
-        index = self.object_index(array, geometry, obj)
-        first = obj * geometry.row_chunks_per_object
-        shape = (geometry.chunk_rows, geometry.layers_per_chunk, geometry.top_k)
-        key = f"{array}/{ArrayGeometry.object_key(obj)}"
+        """Read (coalescing adjacent frames into one range), verify, decode and cache chunks."""
         got: dict[Chunk, np.ndarray] = {}
-        spans: list[tuple[int, int, int, int]] = []  # (offset, nbytes, row chunk, layer chunk)
-        for c, b in keys:
-            offset, nbytes = (int(v) for v in index[c - first, b])
-            if offset == MISSING and c * geometry.chunk_rows >= geometry.rows:
-                got[(c, b)] = np.zeros(shape, np.int32)
-            elif MISSING in (offset, nbytes):  # writers store every chunk holding rows
-                raise FormatError(key, f"storage object index marks chunk {(c, b, 0)} missing, inside the "
-                                       f"array's {geometry.rows} rows")
-            elif nbytes == 0 or offset + nbytes >= 1 << 63:
-                raise FormatError(key, f"storage object index gives chunk {(c, b, 0)} the byte range "
-                                       f"[{offset}, {offset + nbytes}): not a frame")
-            else:
-                spans.append((offset, nbytes, c, b))
-        spans.sort()
-        ranges = merge_ranges((o, o + n) for o, n, _, _ in spans)
-        blobs = self.backend.get_ranges(key, [ByteRange(s, e) for s, e in ranges])
-        bound = self.manifest.version >= 2 and isinstance(codec, SupportsBinding)
-        r = 0
-        for offset, nbytes, c, b in spans:
-            while offset >= ranges[r][1]:
-                r += 1
-            rel = offset - ranges[r][0]
-            frame = memoryview(blobs[r])[rel : rel + nbytes]
-            if len(frame) != nbytes:
-                raise FormatError(key, f"storage object ends before chunk {(c, b, 0)} does (its index gives it "
-                                       f"bytes [{offset}, {offset + nbytes}))")
-            tag = position_tag(array.removeprefix(ROUTES_PREFIX), c, b) if bound else None
-            try:
-                got[(c, b)] = _decode(codec, frame, shape, array, (c, b, 0), tag)
-            except ChecksumError as exc:
-                if tag is None or not isinstance(codec, SupportsBinding) or codec.frame_tag(frame) == tag:
-                    raise
-                raise ChecksumError(array, (c, b, 0), self._misplaced(codec.frame_tag(frame), geometry, array,
-                                                                      (c, b))) from exc
-        for (c, b), chunk in got.items():
+        for (c, b), chunk in self._stream_object(array, geometry, codec, obj, keys):
+            assert chunk is not None  # no destination given: every chunk is yielded decoded
+            got[(c, b)] = chunk
             self._remember(array, c, b, chunk)
         return got
 
@@ -290,7 +513,7 @@ class ChunkReader:
         """Drop decoded chunks and object indexes held in memory."""
         self._chunks.clear()
         self._indexes.clear()
-        self._cached = 0
+        self._cached = self._index_bytes = 0
 
     def fork(self, backend: Backend, *, cache_bytes: int | None = None) -> ChunkReader:
         """A reader for another thread: same arrays and parsed geometries, own caches, ``backend``."""
@@ -298,12 +521,12 @@ class ChunkReader:
         clone.backend = backend
         clone.cache_bytes = self.cache_bytes if cache_bytes is None else cache_bytes
         clone._geometries = dict(self._geometries)
-        clone._indexes, clone._chunks, clone._cached = {}, OrderedDict(), 0
+        clone._indexes, clone._chunks, clone._cached, clone._index_bytes = OrderedDict(), OrderedDict(), 0, 0
         return clone
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_chunks"], state["_cached"], state["_indexes"] = OrderedDict(), 0, {}
+        state.update(_chunks=OrderedDict(), _cached=0, _indexes=OrderedDict(), _index_bytes=0)
         return state
 
 
@@ -322,25 +545,49 @@ def _build_codec(config: dict[str, Any], path: str) -> Codec:
 
 
 def _decode(codec: Codec, frame: memoryview, shape: tuple[int, int, int], array: str,
-            chunk: tuple[int, int, int], tag: int | None = None) -> np.ndarray:
-    """One frame as ids of ``shape`` (decoded into a buffer of that size); faults name the array
-    and chunk. ``tag``: the position the frame must be bound to (a binding codec's)."""
+            chunk: tuple[int, int, int], tag: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """One frame as ids of ``shape`` (decoded into a buffer of that size, or into ``out``, a view
+    of that shape); faults name the array and chunk. ``tag``: the position the frame must be
+    bound to (a binding codec's)."""
     size = shape[0] * shape[1] * shape[2]
+    native = kernels.native_module()
+    if native is not None and type(codec) is BitpackCodec:  # the hot path: per-frame overhead counts at small chunks
+        data = np.frombuffer(frame, dtype=np.uint8)
+        status, n_total, n_encoded, header, found = native.check_frame(data, codec.bits)
+        if not status and n_total == size and (tag is None or found == tag):
+            dest = np.empty(shape, dtype=np.int32) if out is None else out
+            native.unpack(data, header, n_encoded, codec.bits, dest)
+            return dest
+        # else the codec's own decode below names the fault
     try:
-        if isinstance(codec, SupportsFrameSize) and codec.frame_size(frame) != size:  # before decode allocates
-            raise FormatError(f"{codec.codec_id} frame", f"header says {codec.frame_size(frame)} ids, "
-                                                         f"the chunk holds {shape}")
-        out = np.empty(shape, dtype=np.int32)
+        declared = cast(SupportsFrameSize, codec).frame_size(frame) if _sizes_frames(codec) else size
+        if declared != size:  # before decode allocates
+            raise FormatError(f"{codec.codec_id} frame", f"header says {declared} ids, the chunk holds {shape}")
+        dest = np.empty(shape, dtype=np.int32) if out is None else out
         # a binding codec takes the tag its frame must carry (SupportsBinding)
-        ids = codec.decode(frame, out=out, tag=tag) if tag is not None else codec.decode(frame, out=out)  # type: ignore[call-arg]
+        ids = codec.decode(frame, out=dest, tag=tag) if tag is not None else codec.decode(frame, out=dest)  # type: ignore[call-arg]
         if ids.size != size:
             raise FormatError(f"{codec.codec_id} frame", f"decodes to {ids.size} ids, the chunk holds {shape}")
-        return ids.reshape(shape)
+        if ids is not dest:  # a codec may hand back its own array
+            dest[...] = ids.reshape(shape)
+        return dest
     except ChecksumError as exc:
         raise ChecksumError(array, chunk, exc.fault) from exc
     except (FormatError, ValueError) as exc:
         fault = exc.fault if isinstance(exc, FormatError) else str(exc)
         raise FormatError(f"{array} chunk {chunk}", fault) from exc
+
+
+_SIZES_FRAMES: dict[type, bool] = {}
+
+
+def _sizes_frames(codec: Codec) -> bool:
+    """``isinstance(codec, SupportsFrameSize)``, remembered per class (a runtime Protocol check is
+    slow, and it runs once per frame)."""
+    known = _SIZES_FRAMES.get(type(codec))
+    if known is None:
+        known = _SIZES_FRAMES[type(codec)] = isinstance(codec, SupportsFrameSize)
+    return known
 
 
 def _as_slices(dst: np.ndarray, pos: np.ndarray, first: int) -> tuple[slice | np.ndarray, slice | np.ndarray]:

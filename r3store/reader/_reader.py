@@ -307,6 +307,66 @@ class RouteReader:
                 got[max(a, start) - start : min(b, stop) - start] = -1
         return got
 
+    def get_runs(self, runs: Sequence[tuple[str, int, int]], layers: Sequence[int] | None = None, *,
+                 out: np.ndarray, at: Sequence[int] | None = None) -> np.ndarray:
+        """Row ranges of several samples, back to back in ``out``: a rank-local read.
+
+        Only the frames holding the asked rows and layers are fetched and decoded; the
+        frames of all runs in one storage object are coalesced into the fewest ranged
+        requests, each frame is fetched once, and decoded chunks are not cached (scratch:
+        the packed bytes of one storage object's needed frames and one decoded chunk).
+
+        Parameters
+        ----------
+        runs : sequence of (sample_id, start, stop)
+            Rows ``[start, stop)`` of a committed sample, in output order.
+        layers : sequence of int, optional
+            Global decoder-layer indices (MoE layers only), in the order wanted.
+        out : ndarray of integer dtype, shape (n, len(layers), top_k)
+            Destination (int32, or a narrower dtype holding every expert id). Rows the
+            engine could not capture (:meth:`missing_rows`) hold what is stored there
+            (zeros), unlike :meth:`get`: callers mask them. Whole frames are decoded
+            straight into it.
+        at : sequence of int, optional
+            Output row of each run's first row; default: the runs back to back from row 0
+            (then ``n`` must be the sum of the run lengths).
+
+        Returns
+        -------
+        ndarray
+            ``out``.
+
+        Raises
+        ------
+        r3store.errors.SampleNotFoundError
+        r3store.errors.LayerError
+        r3store.errors.OptionError
+            A run is not within its sample's rows, or ``out`` has the wrong shape.
+        r3store.errors.ChecksumError, r3store.errors.FormatError, r3store.errors.StorageError
+        """
+        catalog = self._catalog
+        positions = self.spec.layer_positions(layers)
+        lengths = [stop - start for _, start, stop in runs]
+        rows_out = sum(lengths) if at is None else len(out)
+        shape = (rows_out, len(positions), self.spec.top_k)
+        if out.shape != shape:
+            raise OptionError("out", f"<array of shape {out.shape}>", f"must have shape {shape}")
+        starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)[:-1]]).tolist() if at is None else list(at)
+        if len(starts) != len(runs):
+            raise OptionError("at", f"<{len(starts)} rows>", f"must give one output row per run ({len(runs)})")
+        by_array: dict[str, list[tuple[int, int, int]]] = {}
+        for (sample_id, start, stop), first in zip(runs, starts, strict=True):
+            i = catalog.locate(sample_id)
+            rows = int(catalog.num_rows[i])
+            if not 0 <= start <= stop <= rows:
+                raise OptionError("runs", (sample_id, start, stop), f"must lie within the sample's {rows} rows")
+            base = int(catalog.row_start[i])
+            by_array.setdefault(catalog.array[i], []).append((base + start, base + stop, int(first)))
+        for array, array_runs in by_array.items():
+            self._chunks.geometry(array)  # the whole array must match its sample table
+            self._chunks.read_runs(array, array_runs, positions, out)
+        return out
+
     def get_many(self, sample_ids: Sequence[str], layers: Sequence[int] | None = None) -> list[np.ndarray]:
         """Routes of several samples (see :meth:`get`), in the order given."""
         return [self.get(s, layers) for s in sample_ids]

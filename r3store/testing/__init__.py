@@ -10,6 +10,8 @@
 * :mod:`r3store.testing.synthetic`: realistic synthetic traces (needs only numpy).
 * :mod:`r3store.testing.faults`: a small store holding one of each fault ``validate``
   reports, on any backend.
+* :mod:`r3store.testing.counting`: :class:`~r3store.testing.counting.CountingBackend`, a
+  backend wrapper counting read requests and bytes (what a reader fetches).
 * :mod:`r3store.testing.forge`: edit a store's sample table or manifest and recompute its
   checksums (a consistent forgery), to test the rules that sit behind the checksums.
 
