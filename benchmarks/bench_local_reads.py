@@ -19,8 +19,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 import r3store
 from r3store.storage import ByteRange, LocalBackend, SuffixByteRange
 from r3store.testing.synthetic import qwen3_30b_a3b_spec, synthetic_routes

@@ -211,8 +211,12 @@ def test_object_truncated_in_place_under_an_open_reader_is_an_error(tmp_path: Pa
                           text=True, timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, check=False)
     assert proc.returncode == 0, f"died ({proc.returncode}): {proc.stderr[-800:]}"
     first, second = proc.stdout.splitlines()
-    assert first.startswith("refused StorageError") and "/obj" in first and "truncated while open" in first
-    assert second.startswith("refused StorageError") and "/routes/" in second and "truncated while open" in second
+    assert first.startswith("refused StorageError")
+    assert "/obj" in first
+    assert "truncated while open" in first
+    assert second.startswith("refused StorageError")
+    assert "/routes/" in second
+    assert "truncated while open" in second
 
 
 def test_local_view_survives_overwrite_and_close(tmp_path: Path) -> None:
