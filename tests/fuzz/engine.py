@@ -33,6 +33,7 @@ import select
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -249,7 +250,7 @@ def _save(out_dir: Path, report: Report, kind: str, data: bytes, note: str) -> N
 
 
 def _read_exact(stream: BinaryIO, n: int, deadline: float) -> bytes | None:
-    """``n`` bytes from the pipe, or None on EOF or when ``deadline`` passes."""
+    """``n`` bytes from the pipe, or None when ``deadline`` passes; EOFError when the pipe closes."""
     chunks, got = [], 0
     fd = stream.fileno()
     while got < n:
@@ -258,7 +259,7 @@ def _read_exact(stream: BinaryIO, n: int, deadline: float) -> bytes | None:
             return None
         chunk = os.read(fd, n - got)
         if not chunk:
-            return None
+            raise EOFError
         chunks.append(chunk)
         got += len(chunk)
     return b"".join(chunks)
@@ -277,19 +278,26 @@ def supervise(report: Report, args: list[str], out_dir: Path, timeout: float, bu
               max_failures: int) -> bool:
     """Run one worker to its end; False when it died or hung (the caller may start another)."""
     report.workers += 1
-    proc = subprocess.Popen(_worker_cmd(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=_env())
-    assert proc.stdout is not None and proc.stderr is not None
+    stderr = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker never blocks on it
+    proc = subprocess.Popen(_worker_cmd(args), stdout=subprocess.PIPE, stderr=stderr, cwd=ROOT, env=_env())
+    assert proc.stdout is not None
     current: bytes | None = None
     startup = time.monotonic() + max(60.0, timeout)  # imports before the first input
+    hung = False
     try:
         while True:
-            head = _read_exact(proc.stdout, 6, startup if current is None and report.executions == 0
-                               else time.monotonic() + (timeout if current is not None else budget))
-            if head is None:
+            try:
+                head = _read_exact(proc.stdout, 6, startup if current is None and report.executions == 0
+                                   else time.monotonic() + (timeout if current is not None else budget))
+                if head is None:
+                    hung = True
+                    break
+                kind, (status, size) = head[:1], struct.unpack("<BI", head[1:])
+                body = _read_exact(proc.stdout, size, time.monotonic() + timeout) if size else b""
+            except EOFError:
                 break
-            kind, (status, size) = head[:1], struct.unpack("<BI", head[1:])
-            body = _read_exact(proc.stdout, size, time.monotonic() + timeout) if size else b""
             if body is None:
+                hung = True
                 break
             if kind == b"I":
                 current = body
@@ -305,12 +313,16 @@ def supervise(report: Report, args: list[str], out_dir: Path, timeout: float, bu
                 current = None
             elif kind == b"E":
                 return True
-        # EOF or no answer in time: a death or a hang
-        hung = proc.poll() is None
+        # the pipe closed (a death) or no answer came in time (a hang)
         if hung:
             proc.kill()
-        proc.wait()
-        err = proc.stderr.read().decode("utf-8", "replace")[-1500:]
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        stderr.seek(0)
+        err = stderr.read().decode("utf-8", "replace")[-1500:]
         if current is not None or proc.returncode:
             kind = "hang" if hung else "crash"
             note = (f"no answer within {timeout:g} s" if hung else f"worker exited with {proc.returncode}")
@@ -321,7 +333,7 @@ def supervise(report: Report, args: list[str], out_dir: Path, timeout: float, bu
             proc.kill()
             proc.wait()
         proc.stdout.close()
-        proc.stderr.close()
+        stderr.close()
 
 
 def fuzz(target: str, seconds: float, *, seed: int = 0, timeout: float = 20.0, out_dir: Path | None = None,
@@ -378,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     from tests.fuzz.targets import TARGETS
 
     parser = argparse.ArgumentParser(prog="python -m tests.fuzz", description="Fuzz r3store's parsers.")
-    parser.add_argument("--target", default="all", help=f"one of {', '.join(TARGETS)}, or all (default)")
+    public = [n for n in TARGETS if not n.startswith("_")]
+    parser.add_argument("--target", default="all", help=f"one of {', '.join(public)}, or all (default)")
     parser.add_argument("--seconds", type=float, default=60.0, help="per target (default 60)")
     parser.add_argument("--engine", choices=("auto", "atheris", "builtin"), default="auto",
                         help="auto: atheris when importable, else the built-in mutator")
@@ -391,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker is not None:
         return _worker_main(args.worker)
-    names = list(TARGETS) if args.target == "all" else [args.target]
+    names = [n for n in TARGETS if not n.startswith("_")] if args.target == "all" else [args.target]
     unknown = [n for n in names if n not in TARGETS]
     if unknown:
         parser.error(f"unknown target {unknown[0]!r}; choose from {', '.join(TARGETS)}")

@@ -87,8 +87,10 @@ def _call(fn: Callable[[], Any]) -> tuple[Any, BaseException | None]:
 # -- codec -----------------------------------------------------------------------------------------
 
 
-def _reference_frame(frame: bytes, bits: int) -> list[int] | None:
+def _reference_frame(frame: bytes, bits: int) -> tuple[list[int], int] | None:
     """Decode a version-2 ``r3store.bitpack`` frame as FORMAT.md 5.1 says; None if invalid.
+
+    Returns the ``n_encoded`` ids of the payload and ``n_total`` (the ids after them are 0).
 
     Written from the specification only (no r3store code), as the independent side of the
     differential check. Version-1 frames (section 10) are not decoded here.
@@ -107,7 +109,11 @@ def _reference_frame(frame: bytes, bits: int) -> list[int] | None:
     if stream >> (n_encoded * bits):  # unused high bits must be 0
         return None
     mask = (1 << bits) - 1
-    return [(stream >> (i * bits)) & mask for i in range(n_encoded)] + [0] * (n_total - n_encoded)
+    return [(stream >> (i * bits)) & mask for i in range(n_encoded)], n_total
+
+
+MAX_DECODE_IDS = 1 << 26
+"""``r3store.codecs.bitpack.MAX_DECODE_IDS`` as documented: the most ids decode allocates itself."""
 
 
 @cache
@@ -139,11 +145,16 @@ def run_codec(data: bytes) -> str:
         raise Failure("native and numpy decoders return different ids")
     if frame[4:5] == b"\x02":
         ref = _reference_frame(frame, bits)
-        if (ref is None) != (native is None):
+        if ref is not None and ref[1] > MAX_DECODE_IDS:  # documented: decode allocates no more on its own
+            if native_err is None:
+                raise Failure(f"decode allocated {ref[1]:,} ids, more than MAX_DECODE_IDS")
+        elif (ref is None) != (native is None):
             raise Failure(f"r3store {'accepts' if native is not None else 'refuses'} a frame the FORMAT.md "
                           f"reference decoder {'refuses' if ref is None else 'accepts'} ({native_err})")
-        if ref is not None and native is not None and native.tolist() != ref:
-            raise Failure("decoded ids differ from the FORMAT.md reference decoder's")
+        elif ref is not None and native is not None:
+            ids, n_total = ref
+            if native.size != n_total or native[: len(ids)].tolist() != ids or native[len(ids):].any():
+                raise Failure("decoded ids differ from the FORMAT.md reference decoder's")
     for probe in (codec.frame_size, codec.frame_tag):
         _call(lambda probe=probe: probe(frame))
     return "ok" if native_err is None else outcome(native_err)
@@ -356,6 +367,25 @@ def _table_key() -> str:
     return next(k for k in base_objects() if k.endswith(".parquet"))
 
 
+def _selftest(data: bytes) -> str:
+    """Misbehaves on purpose (tests of the supervisor): ``A`` aborts, ``H`` hangs, ``W`` serves wrong routes."""
+    import os
+    import time
+
+    if data.startswith(b"A"):
+        os.abort()
+    if data.startswith(b"H"):
+        time.sleep(3600)
+    if data.startswith(b"W"):
+        raise Failure("routes differ from the source without an error (self-test)")
+    if data.startswith(b"X"):
+        raise IndexError("a bare IndexError (self-test)")
+    return "ok"
+
+
+SELFTEST = "_selftest"
+"""A target for testing the harness itself; not run by ``--target all``."""
+
 TARGETS: dict[str, Target] = {
     "codec": Target("codec", run_codec, codec_seeds, BINARY_TOKENS + (b"R3BP\x02", b"R3BP\x01")),
     "ingest": Target("ingest", run_ingest, ingest_seeds,
@@ -367,4 +397,5 @@ TARGETS: dict[str, Target] = {
     "shard_index": Target("shard_index", run_shard_index, shard_index_seeds, BINARY_TOKENS),
     "sample_table": Target("sample_table", lambda d: check_store({**base_objects(), _table_key(): bytes(d)}),
                            lambda: [base_objects()[_table_key()]], BINARY_TOKENS),
+    SELFTEST: Target(SELFTEST, lambda d: _call(lambda: _selftest(d))[0] or "ok", lambda: [b"ok"]),
 }
