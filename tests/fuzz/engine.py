@@ -215,7 +215,8 @@ def worker_atheris(name: str, seconds: float, timeout: float, out_dir: Path, mem
     target = TARGETS[name]
     work = out_dir / name / "atheris-corpus"
     work.mkdir(parents=True, exist_ok=True)
-    for i, seed in enumerate([*target.seeds(), *_load_dir(CORPUS / name)]):
+    seeds = [*target.seeds(), *_load_dir(CORPUS / name)]
+    for i, seed in enumerate(seeds):
         (work / f"seed-{i}").write_bytes(seed)
 
     def one(data: bytes) -> None:
@@ -228,7 +229,8 @@ def worker_atheris(name: str, seconds: float, timeout: float, out_dir: Path, mem
     dictionary.write_text("".join('"' + "".join(f"\\x{b:02x}" for b in tok) + '"\n' for tok in target.tokens))
     argv = [sys.argv[0], str(work), f"-max_total_time={int(seconds)}", f"-timeout={int(timeout)}",
             f"-rss_limit_mb={int(memory_gib * 1024)}", f"-artifact_prefix={out_dir / name}/",
-            f"-dict={dictionary}", "-print_final_stats=1"]
+            f"-max_len={max(4096, 2 * max(map(len, seeds)))}", "-print_final_stats=1",
+            *([f"-dict={dictionary}"] if target.tokens else [])]
     atheris.Setup(argv, one)
     atheris.Fuzz()
 
