@@ -206,7 +206,7 @@ def worker_atheris(name: str, seconds: float, timeout: float, out_dir: Path, mem
     import atheris
 
     with atheris.instrument_imports(include=["r3store"]):
-        import r3store  # noqa: F401
+        import r3store
         import r3store.codecs
         import r3store.reader
         import r3store.writer  # noqa: F401

@@ -101,8 +101,9 @@ def build() -> dict[str, dict[str, bytes]]:
         return forge.reseal_table(table, lambda t: t.set_column(t.schema.get_field_index(name),
                                                                 t.schema.field(name), values))
 
-    import pyarrow.parquet as pq
     import io
+
+    import pyarrow.parquet as pq
 
     current = pq.read_table(io.BytesIO(table))
     ids = current.column("sample_id").to_pylist()

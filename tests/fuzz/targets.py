@@ -21,7 +21,8 @@ codec
     and checked against a reference decoder written here from ``schema/FORMAT.md`` 5.1.
 ingest
     An engine payload: byte 0 picks the path (SGLang base64 text, SGLang raw int32 stream,
-    vLLM ``.npy`` blob, vLLM base64 text), the rest is the payload. Decoded routes that come
+    vLLM ``.npy`` blob, vLLM base64 text, SGLang response or ``meta_info`` dict as JSON),
+    the rest is the payload. Decoded routes that come
     back are checked as a writer checks them (``check_routes``).
 manifest, zarr_json, sample_table, shard_index
     The golden store ``tests/fixtures/stores/v2-odd`` (missing rows, a quarantined and a
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import re
 import struct
 from collections.abc import Callable, Iterable, Sequence
@@ -163,7 +165,6 @@ def run_codec(data: bytes) -> str:
 def codec_seeds() -> list[bytes]:
     seeds = []
     for meta in sorted((FIXTURES / "codecs").glob("bitpack-v2-*.json")):
-        import json
 
         config = json.loads(meta.read_text())["config"]
         seeds.append(bytes([config["bits"] - 1]) + meta.with_suffix(".bin").read_bytes())
@@ -191,15 +192,21 @@ def _check_decoded(routes: Any) -> str:
 def run_ingest(data: bytes) -> str:
     if not data:
         return "empty"
-    mode, body = data[0] % 4, bytes(data[1:])
+    mode, body = data[0] % 5, bytes(data[1:])
     if mode == 0:  # SGLang: the base64 text as received
         got, err = _call(lambda: r3store.decode_sglang("fuzz", body.decode("latin-1"), INGEST_SPEC))
     elif mode == 1:  # SGLang: the int32 stream behind valid base64
         got, err = _call(lambda: r3store.decode_sglang("fuzz", base64.b64encode(body).decode(), INGEST_SPEC))
     elif mode == 2:  # vLLM: the .npy blob behind valid base64
         got, err = _call(lambda: r3store.decode_vllm("fuzz", base64.b64encode(body)))
-    else:  # vLLM: the base64 text as received
+    elif mode == 3:  # vLLM: the base64 text as received
         got, err = _call(lambda: r3store.decode_vllm("fuzz", body))
+    else:  # SGLang: a response or meta_info dict, as JSON
+        try:
+            doc = json.loads(body)
+        except (ValueError, RecursionError):
+            return "not JSON"
+        got, err = _call(lambda: r3store.decode_sglang("fuzz", doc, INGEST_SPEC))
     if err is not None:
         return outcome(err)
     return _check_decoded(got)
@@ -213,8 +220,11 @@ def ingest_seeds() -> list[bytes]:
     np.save(npy, routes[:, 1:].astype(np.uint16))
     npy32 = io.BytesIO()
     np.save(npy32, routes[:, 1:].astype("<i4"))
-    return [b"\x00" + base64.b64encode(routes.tobytes()), b"\x01" + routes.tobytes(), b"\x02" + npy.getvalue(),
-            b"\x02" + npy32.getvalue(), b"\x03" + base64.b64encode(npy.getvalue())]
+    text = base64.b64encode(routes.tobytes()).decode()
+    meta = {"meta_info": {"routed_experts": text, "prompt_tokens": 3, "completion_tokens": 3, "id": "x"}}
+    return [b"\x00" + text.encode(), b"\x01" + routes.tobytes(), b"\x02" + npy.getvalue(),
+            b"\x02" + npy32.getvalue(), b"\x03" + base64.b64encode(npy.getvalue()),
+            b"\x04" + json.dumps(meta).encode(), b"\x04" + json.dumps({"sglext": {"routed_experts": text}}).encode()]
 
 
 # -- whole stores ----------------------------------------------------------------------------------
@@ -326,12 +336,9 @@ OBJECT = f"routes/{COMMIT}/c/0/0/0"
 
 def _index_size() -> int:
     """Bytes of the index (entries and CRC) at the end of storage object ``c/0/0/0``."""
-    doc = base_objects()[f"routes/{COMMIT}/zarr.json"]
-    import json
-
-    sharding = json.loads(doc)["codecs"][0]["configuration"]
-    grid = [o // i for o, i in zip(json.loads(doc)["chunk_grid"]["configuration"]["chunk_shape"],
-                                   sharding["chunk_shape"], strict=True)]
+    doc = json.loads(base_objects()[f"routes/{COMMIT}/zarr.json"])
+    inner = doc["codecs"][0]["configuration"]["chunk_shape"]
+    grid = [o // i for o, i in zip(doc["chunk_grid"]["configuration"]["chunk_shape"], inner, strict=True)]
     return 16 * int(np.prod(grid)) + 4
 
 
@@ -387,13 +394,14 @@ SELFTEST = "_selftest"
 """A target for testing the harness itself; not run by ``--target all``."""
 
 TARGETS: dict[str, Target] = {
-    "codec": Target("codec", run_codec, codec_seeds, BINARY_TOKENS + (b"R3BP\x02", b"R3BP\x01")),
+    "codec": Target("codec", run_codec, codec_seeds, (*BINARY_TOKENS, b"R3BP\x02", b"R3BP\x01")),
     "ingest": Target("ingest", run_ingest, ingest_seeds,
-                     BINARY_TOKENS + (b"\x93NUMPY\x01\x00", b"'descr': '<i4'", b"'shape': (", b"True", b"=", b"\n",
+                     (*BINARY_TOKENS, b"\x93NUMPY\x01\x00", b"'descr': '<i4'", b"'shape': (", b"True", b"=", b"\n",
                                       b"'fortran_order': True", b"(1000000000000, 4, 2)", b"'|O'")),
-    "manifest": Target("manifest", *_store_target("r3store.json"), tokens=JSON_TOKENS + (b'"version": 1', b'"moe_layers"')),
+    "manifest": Target("manifest", *_store_target("r3store.json"),
+                       tokens=(*JSON_TOKENS, b'"version": 1', b'"moe_layers"')),
     "zarr_json": Target("zarr_json", *_store_target(f"routes/{COMMIT}/zarr.json"),
-                        tokens=JSON_TOKENS + (b'"shape": [', b'"chunk_shape": [', b'"crc32c"', b'"bits": ')),
+                        tokens=(*JSON_TOKENS, b'"shape": [', b'"chunk_shape": [', b'"crc32c"', b'"bits": ')),
     "shard_index": Target("shard_index", run_shard_index, shard_index_seeds, BINARY_TOKENS),
     "sample_table": Target("sample_table", lambda d: check_store({**base_objects(), _table_key(): bytes(d)}),
                            lambda: [base_objects()[_table_key()]], BINARY_TOKENS),
