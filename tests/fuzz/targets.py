@@ -30,7 +30,8 @@ manifest, zarr_json, sample_table, shard_index
     ``r3store.json``; the route array's ``zarr.json``; the sample table; the trailing
     index (entries and CRC) of storage object ``c/0/0/0`` (its frames kept). The store is
     opened from memory, every sample read with ``get`` and compared to the routes it was
-    written with, and all of them assembled into one batch compared to the source's.
+    written with (and its sample-table row to the source's), and all of them assembled into
+    one batch compared to the source's.
 """
 
 from __future__ import annotations
@@ -286,6 +287,13 @@ def expected_batch() -> dict[str, Any]:
     return store.assemble(sorted(store.sample_ids))
 
 
+@cache
+def expected_rows() -> dict[str, dict[str, Any]]:
+    """Each sample's sample-table row (ids, counts, commit, quarantine, missing rows, policy spans, ...)."""
+    store = r3store.open_store(MemoryBackend(dict(base_objects())))
+    return {sid: store.row(sid, include_quarantined=sid in QUARANTINED) for sid in expected()}
+
+
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
@@ -311,6 +319,9 @@ def check_store(objects: dict[str, bytes]) -> str:
             continue
         if not _same(got, routes):
             raise Failure(f"sample {sid!r}: routes differ from the source without an error")
+        row, err = _call(lambda sid=sid: store.row(sid, include_quarantined=sid in QUARANTINED))
+        if err is None and row != expected_rows()[sid]:
+            raise Failure(f"sample {sid!r}: its sample-table row differs from the source without an error: {row}")
     batch, err = _call(lambda: store.assemble(listed))
     if err is not None:
         return outcome(first or err)
