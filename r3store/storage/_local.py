@@ -35,7 +35,7 @@ class _Handle:
         self.size = size
 
     def __del__(self) -> None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(Exception):  # OSError; at interpreter exit, os may be gone
             os.close(self.fd)
 
 

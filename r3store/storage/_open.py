@@ -38,9 +38,9 @@ def open_backend(
         ``secret``, ``profile``, ``client_kwargs``, ``config_kwargs`` with botocore's
         ``retries``, ...). Without them s3fs reads the usual ``AWS_*`` environment
         variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``,
-        ``AWS_ENDPOINT_URL_S3``, ...). For ``s3://`` every option name is checked here
-        (and the type of the well-known ones), and r3store's defaults apply unless
-        given: ``config_kwargs`` ``connect_timeout=5``, ``read_timeout=10`` (seconds; a
+        ``AWS_ENDPOINT_URL_S3``, ...). For ``s3://`` (not chained) every option name
+        is checked here (and the type of the well-known ones), and r3store's defaults
+        apply unless given: ``config_kwargs`` ``connect_timeout=5``, ``read_timeout=10`` (seconds; a
         stalled response), ``retries={"total_max_attempts": 3, "mode": "standard"}``, and
         ``retries=2`` (s3fs's own retry loop around botocore's; an r3store option).
     cache_dir : str or os.PathLike, optional
@@ -82,7 +82,7 @@ def _open_uncached(url: str | os.PathLike[str] | Backend, storage_options: Mappi
     masked = mask_credentials(url)
     options = _checked_options(masked, storage_options)
     s3fs_retries = None
-    if _protocol(url) in ("s3", "s3a"):
+    if _protocol(url) in ("s3", "s3a") and "::" not in url:  # chained URLs nest options per protocol
         try:
             options, s3fs_retries = s3_options(masked, options)
         except ImportError as exc:
@@ -107,9 +107,8 @@ def _cause(exc: BaseException) -> BaseException | None:
 
 
 def _protocol(url: str) -> str:
-    """The protocol of the filesystem a (possibly chained) URL ends at: ``s3`` for ``filecache::s3://b``."""
-    last = url.split("::")[-1]
-    return last.partition("://")[0].lower() if "://" in last else ""
+    """The protocol of a URL: ``s3`` for ``s3://bucket/x``."""
+    return url.partition("://")[0].lower() if "://" in url else ""
 
 
 def _checked_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
