@@ -30,8 +30,10 @@ response (a stalled response), 3 attempts per request in all (``total_max_attemp
 
 S3FS_RETRIES_DEFAULT = 2
 """Attempts of s3fs's own retry loop around botocore's (``storage_options["retries"]``; s3fs's
-default is 5). A stalled object read therefore fails after at most ``2 x 3`` attempts of 10 s
-(about a minute, with the backoff), where it blocked forever before."""
+default is 5). s3fs runs that loop twice over (around the request and around the read of its
+body), so a read of an object whose every response stalls fails after at most ``2 x 2 x 3``
+attempts of 10 s: about two minutes (125 s measured against the loopback server), where it
+blocked forever before. Lower ``read_timeout`` or ``retries`` for a tighter bound."""
 
 _BOOL = ("anon", "use_ssl", "requester_pays", "version_aware", "cache_regions", "asynchronous",
          "default_fill_cache", "fixed_upload_size", "skip_instance_cache", "use_listings_cache")
