@@ -64,10 +64,14 @@ class Report:
     outcomes: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"target": self.target, "engine": self.engine, "seconds": round(self.seconds, 1),
-                "executions": self.executions, "refused": self.refused, "workers": self.workers,
-                "failures": self.failures, "distinct_outcomes": len(self.outcomes),
-                "top_outcomes": dict(self.outcomes.most_common(8))}
+        doc = {"target": self.target, "engine": self.engine, "seconds": round(self.seconds, 1),
+               "executions": self.executions, "refused": self.refused, "workers": self.workers,
+               "failures": self.failures, "distinct_outcomes": len(self.outcomes),
+               "top_outcomes": dict(self.outcomes.most_common(8))}
+        if self.engine == "atheris":  # libFuzzer reports executions and failures only
+            for key in ("refused", "distinct_outcomes", "top_outcomes"):
+                del doc[key]
+        return doc
 
 
 # -- mutation ----------------------------------------------------------------------------------------
