@@ -159,18 +159,64 @@ def test_local_write_of_bad_data_leaves_no_temp_file(tmp_path: Path) -> None:
     assert _leftovers(tmp_path) == []
 
 
-def test_local_ranged_reads_come_through_mmap(tmp_path: Path) -> None:
+def test_local_ranged_reads_keep_one_descriptor(tmp_path: Path) -> None:
     store = LocalBackend(tmp_path)
     store.set("obj", b"0123456789")
-    got = store.get("obj", ByteRange(2, 6))
-    assert isinstance(got, memoryview)
-    assert got.readonly
-    assert bytes(got) == b"2345"
-    suffix = store.get("obj", SuffixByteRange(3))
-    assert isinstance(suffix, memoryview)
-    assert bytes(suffix) == b"789"
-    assert all(isinstance(v, memoryview) for v in store.get_ranges("obj", [ByteRange(0, 1), ByteRange(1, 2)]))
-    assert list(store._maps) == ["obj"]
+    assert bytes(store.get("obj", ByteRange(2, 6))) == b"2345"
+    assert bytes(store.get("obj", SuffixByteRange(3))) == b"789"
+    assert bytes(store.get("obj", ByteRange(8, 20))) == b"89"
+    assert bytes(store.get("obj", ByteRange(12, 20))) == b""
+    assert [bytes(v) for v in store.get_ranges("obj", [ByteRange(0, 1), ByteRange(1, 2)])] == [b"0", b"1"]
+    assert list(store._files) == ["obj"]
+
+
+TRUNCATE_UNDER_A_READER = """
+import os, sys
+import numpy as np
+import r3store
+from r3store.storage import ByteRange, LocalBackend
+
+root = sys.argv[1]
+backend = LocalBackend(root)
+backend.set("obj", bytes(range(256)) * 64)
+assert bytes(backend.get("obj", ByteRange(0, 4))) == bytes(range(4))  # opened (formerly: mapped)
+os.truncate(os.path.join(root, "obj"), 100)  # rewritten in place, as rsync --inplace does
+try:
+    bytes(backend.get("obj", ByteRange(8000, 8192)))
+except r3store.errors.StorageError as exc:
+    print("refused", type(exc).__name__, exc)
+
+spec = r3store.ModelSpec(num_layers=2, num_experts=8, top_k=2)
+with r3store.RouteWriter(os.path.join(root, "s"), spec, chunk_rows=4) as w:
+    w.append("a", np.array([[[0, 1], [2, 3]]] * 40))
+store = r3store.open_store(os.path.join(root, "s"))
+store.get("a", rows=slice(0, 2))
+(obj,) = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(root, "s", "routes")) for f in fs if f == "0"]
+os.truncate(obj, os.path.getsize(obj) // 3)
+try:
+    store.get("a")
+except r3store.errors.R3StoreError as exc:
+    print("refused", type(exc).__name__, exc)
+"""
+
+
+def test_object_truncated_in_place_under_an_open_reader_is_an_error(tmp_path: Path) -> None:
+    """Issue 13 item 2: a mapped object truncated in place killed the reader with SIGBUS; reads are
+    ``pread`` calls now and a range the file no longer holds is a StorageError naming the object."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", TRUNCATE_UNDER_A_READER, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, check=False)
+    assert proc.returncode == 0, f"died ({proc.returncode}): {proc.stderr[-800:]}"
+    first, second = proc.stdout.splitlines()
+    assert first.startswith("refused StorageError")
+    assert "/obj" in first
+    assert "truncated while open" in first
+    assert second.startswith("refused StorageError")
+    assert "/routes/" in second
+    assert "truncated while open" in second
 
 
 def test_local_view_survives_overwrite_and_close(tmp_path: Path) -> None:
@@ -184,14 +230,14 @@ def test_local_view_survives_overwrite_and_close(tmp_path: Path) -> None:
     assert bytes(store.get("obj", ByteRange(0, 9))) == b"NEW BYTES"
 
 
-def test_local_map_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("r3store.storage._local.MAX_OPEN_MAPS", 4)
+def test_local_descriptor_cache_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("r3store.storage._local.MAX_OPEN_FILES", 4)
     store = LocalBackend(tmp_path)
     for i in range(10):
         store.set(f"k{i}", bytes([i]) * 8)
     for i in range(10):
         assert bytes(store.get(f"k{i}", ByteRange(0, 2))) == bytes([i]) * 2
-    assert list(store._maps) == ["k6", "k7", "k8", "k9"]
+    assert list(store._files) == ["k6", "k7", "k8", "k9"]
     assert bytes(store.get("k0", ByteRange(7, 8))) == b"\x00"
 
 
@@ -223,7 +269,7 @@ def test_local_store_pickles(tmp_path: Path) -> None:
     store.get("obj", ByteRange(0, 1))
     clone = pickle.loads(pickle.dumps(store))
     assert clone.root == store.root
-    assert clone._maps == {}
+    assert clone._files == {}
     assert bytes(clone.get("obj", ByteRange(1, 3))) == b"bc"
 
 

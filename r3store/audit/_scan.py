@@ -18,7 +18,7 @@ mapper and merge.
 Thread safety: a :class:`RouteReader` keeps an LRU cache of decoded chunks that is not
 thread-safe, so every worker thread gets its **own** reader, made by
 :meth:`RouteReader.fork` (own chunk cache and backend handles: a local backend's own
-mmaps, an fsspec backend's shared thread-safe filesystem). The forks share the immutable
+descriptors, an fsspec backend's shared thread-safe filesystem). The forks share the immutable
 sample catalogue, so no sample table is re-read. No lock is held around I/O.
 """
 
@@ -140,7 +140,7 @@ WORKER_CACHE_BYTES = 16 << 20
 
 
 def default_workers(*stores: RouteReader) -> int:
-    """1 when every store is on local disk (mmap reads gain nothing from threads), else 8."""
+    """1 when every store is on local disk (page-cache reads gain nothing from threads), else 8."""
     return 1 if all(s.is_local for s in stores) else REMOTE_WORKERS
 
 

@@ -149,7 +149,7 @@ class RouteReader:
 
     @property
     def is_local(self) -> bool:
-        """Whether the store is on a local disk (reads go through mmap)."""
+        """Whether the store is on a local disk (reads are ``pread`` calls)."""
         return self.backend.is_local
 
     @property
@@ -416,7 +416,7 @@ class RouteReader:
 
     def fork(self, *, cache_bytes: int | None = None) -> Self:
         """A reader of the same store for another thread: shares the catalogue (read-only),
-        has its own chunk cache and backend handles (a local backend's own mmaps; an fsspec
+        has its own chunk cache and backend handles (a local backend's own descriptors; an fsspec
         backend shares its thread-safe filesystem)."""
         clone = copy.copy(self)
         clone.backend = copy.copy(self.backend)

@@ -68,7 +68,7 @@ class Backend(ABC):
     supports_listing: bool = True
     """Whether :meth:`list_prefix` works."""
     is_local: bool = False
-    """Whether objects live on a local filesystem (reads go through mmap)."""
+    """Whether objects live on a local filesystem (cheap ranged reads, no request costs)."""
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
@@ -183,4 +183,4 @@ class Backend(ABC):
         return len(keys)
 
     def close(self) -> None:  # noqa: B027 - optional hook
-        """Release handles (mmaps); the store stays usable and reopens them on demand."""
+        """Release handles (open descriptors); the store stays usable and reopens them on demand."""

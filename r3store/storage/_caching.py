@@ -34,7 +34,7 @@ class CachingBackend(Backend):
     downloads the whole object from ``inner`` and writes it to ``cache_dir`` atomically
     (temporary file, fsync, ``os.replace``: a reader in another process, such as a
     second DataLoader worker, sees no file or the whole file, never part of one). Every
-    later read is served from that copy through :class:`LocalBackend`'s mmap, so a second
+    later read is served from that copy through :class:`LocalBackend` (``pread``), so a second
     epoch over a remote store makes no requests for those objects at all.
 
     Everything that can change goes to ``inner`` every time: listings
@@ -77,7 +77,7 @@ class CachingBackend(Backend):
     (so a store deleted and re-created at the same URL would serve its old manifest),
     fail a negative-start ``cat_file`` (the cached file object has no ``size``), so each
     object-index read through them still costs a HEAD for the object's size, and read
-    through ``open()``/``read()`` copies instead of mmap. ``blockcache::`` caches
+    through ``open()``/``read()`` copies of whole files. ``blockcache::`` caches
     blocks of open files only, not ``cat_ranges``.
     Writing whole write-once objects atomically is all this class adds.
 

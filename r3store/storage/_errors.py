@@ -12,9 +12,11 @@ are imported, so the mapping looks their classes up in ``sys.modules``.
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 from r3store.errors import ObjectNotFoundError, R3StoreError, StorageError
 
@@ -57,7 +59,10 @@ def map_storage_errors(url: str) -> Iterator[None]:
     any other exception of :func:`handled_exceptions` becomes
     :class:`r3store.errors.StorageError`. r3store's own errors and every other
     exception pass through unchanged. The original exception is chained
-    (``raise ... from exc``). Messages carry the URL, never credentials.
+    (``raise ... from exc``), except where its text (or its own cause's) holds credentials
+    given in a URL (``s3://KEY:SECRET@bucket``, which botocore quotes back): then the
+    chain is dropped. Messages carry the URL, never credentials: ``user:password@`` in
+    foreign text is masked as ``***@``.
     """
     try:
         yield
@@ -66,15 +71,47 @@ def map_storage_errors(url: str) -> Iterator[None]:
     except FileNotFoundError as exc:
         raise ObjectNotFoundError(url, "no such object") from exc
     except PermissionError as exc:
-        raise StorageError(url, f"permission denied ({exc.strerror or exc})") from exc
+        _raise(StorageError(url, f"permission denied ({exc.strerror or exc})"), exc)
     except OSError as exc:
-        raise StorageError(url, f"{type(exc).__name__}: {_describe(exc)}") from exc
+        _raise(StorageError(url, f"{type(exc).__name__}: {_describe(exc)}"), exc)
     except Exception as exc:
         if not isinstance(exc, tuple(_optional_types(load=False))):
             raise
         if _is_not_found(exc):
             raise ObjectNotFoundError(url, "no such object") from exc
-        raise StorageError(url, f"{type(exc).__name__}: {_describe(exc)}") from exc
+        _raise(StorageError(url, f"{type(exc).__name__}: {_describe(exc)}"), exc)
+
+
+def _raise(error: StorageError, cause: BaseException) -> NoReturn:
+    """Raise ``error`` from ``cause``; without the chain where the foreign text held credentials
+    (a traceback prints the cause's own message, which masking cannot reach)."""
+    if any(_has_credentials(str(e)) for e in _chain(cause)):
+        raise error from None
+    raise error from cause
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+_USERINFO = re.compile(r"(?<![\w.+-])([A-Za-z][A-Za-z0-9+.-]*://)(?:[^\s\"'/@<>()\[\]{},;]*@)"
+                       r"|(?<![\w.+-])()[^\s\"'/@<>()\[\]{},;:]*:[^\s\"'/@<>()\[\]{},;]*@")
+"""``user:password@`` (with or without a ``scheme://`` before it): credentials put in a URL,
+as botocore quotes them back (``Invalid bucket name "KEY:SECRET@bucket"``)."""
+
+
+def _has_credentials(text: str) -> bool:
+    return mask_userinfo(text) != text
+
+
+def mask_userinfo(text: str) -> str:
+    """``text`` with every ``user:password@`` replaced by ``***@`` (messages of foreign libraries)."""
+    return _USERINFO.sub(lambda m: f"{m.group(1) or ''}***@", text)
 
 
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404"})
@@ -89,5 +126,5 @@ def _is_not_found(exc: BaseException) -> bool:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc) or repr(exc)
+    text = mask_userinfo(str(exc) or repr(exc))
     return text if len(text) <= 300 else text[:297] + "..."

@@ -28,6 +28,9 @@ class FsspecBackend(Backend):
         Path of the store inside ``fs`` (no protocol).
     url : str
         The URL the user gave, for messages.
+    retries : int, optional
+        Attempts of s3fs's own retry loop (``S3FileSystem.retries``), kept when the
+        filesystem is re-created after a fork; None leaves the filesystem's.
 
     Notes
     -----
@@ -49,9 +52,10 @@ class FsspecBackend(Backend):
 
     Transient S3 errors (5xx, ``SlowDown`` throttling, dropped connections) are retried
     by botocore's retry handler (``storage_options={"config_kwargs": {"retries":
-    {"max_attempts": 10, "mode": "adaptive"}}}``; default: botocore's legacy mode, 5
-    attempts) and then by s3fs's own loop (``s3fs.S3FileSystem.retries``, a class
-    attribute, 5 by default, for throttling and broken connections). Permanent errors
+    {"total_max_attempts": 10, "mode": "adaptive"}}}``; r3store's default through
+    :func:`open_backend`: standard mode, 3 attempts, 5 s connect and 10 s read
+    timeouts) and then by s3fs's own loop (``storage_options={"retries": n}``, r3store's
+    default 2, s3fs's 5, for throttling, broken connections and timeouts). Permanent errors
     (403, 404, ...) are not retried and leave as :mod:`r3store.errors` errors naming the
     ``s3://`` URL; credentials in a URL (``s3://key:secret@bucket``) are masked.
 
@@ -59,8 +63,11 @@ class FsspecBackend(Backend):
     fsspec's async filesystems refuse to run in a process they were not created in.
     """
 
-    def __init__(self, fs: AbstractFileSystem, root: str, url: str) -> None:
+    def __init__(self, fs: AbstractFileSystem, root: str, url: str, *, retries: int | None = None) -> None:
         super().__init__(mask_credentials(url))
+        self._retries = retries
+        if retries is not None:
+            fs.retries = retries  # s3fs's own retry loop: an attribute, not a constructor option
         self._fs = fs
         self._pid = os.getpid()
         self.root = root.rstrip("/")
@@ -72,6 +79,8 @@ class FsspecBackend(Backend):
         """The fsspec filesystem (re-created after a fork; never closed here)."""
         if self._pid != os.getpid():
             self._fs = _reopen(self._fs)
+            if self._retries is not None:
+                self._fs.retries = self._retries
             self._pid = os.getpid()
         return self._fs
 

@@ -1,12 +1,12 @@
-"""Local-disk backend: mmap reads, temp-file-then-rename writes."""
+"""Local-disk backend: ``pread`` reads through cached descriptors, temp-file-then-rename writes."""
 
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import stat
 import tempfile
+import threading
 from collections import OrderedDict
 from pathlib import Path
 
@@ -16,16 +16,41 @@ from r3store.storage._errors import map_storage_errors
 
 __all__ = ["LocalBackend"]
 
-MAX_OPEN_MAPS = 128
+MAX_OPEN_FILES = 128
+"""Descriptors kept open per backend for ranged reads (least recently used ones are closed)."""
+
+
+class _Handle:
+    """An open read-only descriptor and the size the file had when it was opened.
+
+    Closed when the last reference goes: a read holds a reference while it runs, so a
+    descriptor dropped from the cache by another thread is never closed (and its number
+    reused) under that read.
+    """
+
+    __slots__ = ("fd", "size")
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        self.size = size
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # OSError; at interpreter exit, os may be gone
+            os.close(self.fd)
 
 
 class LocalBackend(Backend):
     """Objects as files under a local folder.
 
-    Reads of byte ranges go through a bounded cache of read-only ``mmap`` handles, so
-    only the pages holding the requested bytes are touched. Writes go to a temporary
-    file in the destination folder, are fsynced, then ``os.replace``-d into place; the
-    temporary file is removed on failure.
+    Reads of byte ranges are ``os.pread`` calls on a bounded cache of open read-only
+    descriptors, so only the requested bytes are read (no ``mmap``: a mapped file
+    truncated in place, by a re-copy, ``rsync --inplace`` or a restore, kills the reader
+    with SIGBUS when it touches a page past the new end). A range that the file held when
+    it was opened but no longer holds raises :class:`r3store.errors.StorageError` naming
+    the object ("truncated while open"). Writes go to a temporary file in the
+    destination folder, are fsynced, then ``os.replace``-d into place (a new file: a
+    descriptor opened before keeps reading the old bytes); the temporary file is removed
+    on failure.
 
     Keys stay inside the folder: a key that is absolute or has an empty, ``.`` or ``..``
     component or a NUL byte raises :class:`r3store.errors.StorageError`, and reading
@@ -43,7 +68,8 @@ class LocalBackend(Backend):
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().absolute()
         super().__init__(str(self.root))
-        self._maps: OrderedDict[str, tuple[mmap.mmap | None, int]] = OrderedDict()
+        self._files: OrderedDict[str, _Handle] = OrderedDict()
+        self._lock = threading.Lock()
 
     def _path(self, key: str) -> Path:
         """The file of ``key``; a key that could leave the root raises StorageError."""
@@ -72,32 +98,53 @@ class LocalBackend(Backend):
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__(state["root"])  # type: ignore[misc]
 
-    def _map(self, key: str) -> tuple[mmap.mmap | None, int]:
-        entry = self._maps.get(key)
-        if entry is not None:
-            self._maps.move_to_end(key)
-            return entry
-        with open(self._open(key), "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-        self._maps[key] = (mapped, size)
-        if len(self._maps) > MAX_OPEN_MAPS:
-            _close_quietly(self._maps.popitem(last=False)[1][0])
-        return mapped, size
+    def _handle(self, key: str) -> _Handle:
+        with self._lock:
+            handle = self._files.get(key)
+            if handle is not None:
+                self._files.move_to_end(key)
+                return handle
+        fd = self._open(key)
+        try:
+            handle = _Handle(fd, os.fstat(fd).st_size)
+        except BaseException:
+            os.close(fd)
+            raise
+        with self._lock:
+            self._files[key] = handle
+            while len(self._files) > MAX_OPEN_FILES:
+                self._files.popitem(last=False)  # closed when no read holds it any more
+        return handle
 
     def get(self, key: str, byte_range: ByteRange | SuffixByteRange | None = None) -> bytes | memoryview:
         with map_storage_errors(self.path_of(key)):
             if byte_range is None:
                 with open(self._open(key), "rb") as f:
                     return f.read()
-            mapped, size = self._map(key)
+            handle = self._handle(key)
+            size = handle.size
             if isinstance(byte_range, SuffixByteRange):
                 start, end = max(0, size - byte_range.nbytes), size
             else:
                 start, end = min(byte_range.start, size), min(byte_range.end, size)
-            if mapped is None:
+            if end <= start:
                 return b""
-            return memoryview(mapped)[start:end]
+            data = os.pread(handle.fd, end - start, start)
+            while len(data) < end - start:  # a short read: the file shrank (or a signal came)
+                more = os.pread(handle.fd, end - start - len(data), start + len(data))
+                if not more:
+                    self._forget(key, handle)
+                    raise StorageError(self.path_of(key), f"truncated while open: it held {size:,} bytes when "
+                                       f"opened, bytes {start + len(data):,}..{end:,} are gone "
+                                       f"(the file was rewritten in place)")
+                data += more
+            return data
+
+    def _forget(self, key: str, handle: _Handle) -> None:
+        """Drop ``key``'s cached descriptor if it is still ``handle`` (the next read reopens it)."""
+        with self._lock:
+            if self._files.get(key) is handle:
+                del self._files[key]
 
     def set(self, key: str, data: bytes | memoryview) -> None:
         path = self._path(key)
@@ -108,7 +155,8 @@ class LocalBackend(Backend):
             except BaseException:
                 tmp.unlink(missing_ok=True)
                 raise
-            self._maps.pop(key, None)
+            with self._lock:
+                self._files.pop(key, None)
 
     def set_if_absent(self, key: str, data: bytes) -> bool:
         """Atomic create: the data is written to a temp file, then hard-linked into place."""
@@ -129,9 +177,8 @@ class LocalBackend(Backend):
 
     def delete(self, key: str) -> None:
         with map_storage_errors(self.path_of(key)):
-            entry = self._maps.pop(key, None)
-            if entry is not None:
-                _close_quietly(entry[0])
+            with self._lock:
+                self._files.pop(key, None)
             self._path(key).unlink(missing_ok=True)
 
     def list_prefix(self, prefix: str) -> list[str]:
@@ -155,9 +202,8 @@ class LocalBackend(Backend):
             return ObjectInfo(size=st.st_size, mtime=st.st_mtime)
 
     def close(self) -> None:
-        for mapped, _ in self._maps.values():
-            _close_quietly(mapped)
-        self._maps.clear()
+        with self._lock:
+            self._files.clear()  # each descriptor closes once no read holds it
 
 
 def _write_temp(path: Path, data: bytes | memoryview) -> Path:
@@ -173,10 +219,3 @@ def _write_temp(path: Path, data: bytes | memoryview) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return Path(tmp)
-
-
-def _close_quietly(mapped: mmap.mmap | None) -> None:
-    """Close a map; one still exported to a memoryview is left for the GC to close."""
-    if mapped is not None:
-        with contextlib.suppress(BufferError):
-            mapped.close()

@@ -10,9 +10,10 @@ from typing import Any
 from r3store.errors import StorageError
 from r3store.storage._base import Backend
 from r3store.storage._caching import CachingBackend, CachingStore, Immutable
-from r3store.storage._errors import map_storage_errors
+from r3store.storage._errors import map_storage_errors, mask_userinfo
 from r3store.storage._fsspec import FsspecBackend, mask_credentials
 from r3store.storage._local import LocalBackend
+from r3store.storage._s3 import s3_options
 
 __all__ = ["open_backend"]
 
@@ -37,7 +38,11 @@ def open_backend(
         ``secret``, ``profile``, ``client_kwargs``, ``config_kwargs`` with botocore's
         ``retries``, ...). Without them s3fs reads the usual ``AWS_*`` environment
         variables (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``,
-        ``AWS_ENDPOINT_URL_S3``, ...).
+        ``AWS_ENDPOINT_URL_S3``, ...). For ``s3://`` (not chained) every option name
+        is checked here (and the type of the well-known ones), and r3store's defaults
+        apply unless given: ``config_kwargs`` ``connect_timeout=5``, ``read_timeout=10`` (seconds; a
+        stalled response), ``retries={"total_max_attempts": 3, "mode": "standard"}``, and
+        ``retries=2`` (s3fs's own retry loop around botocore's; an r3store option).
     cache_dir : str or os.PathLike, optional
         Read the keys ``immutable`` accepts through a local copy in this folder
         (:class:`CachingBackend`): the first read of such an object downloads it whole,
@@ -51,7 +56,8 @@ def open_backend(
     ------
     r3store.errors.StorageError
         The filesystem cannot be created (unknown protocol, missing s3fs, an option
-        the filesystem does not take, a ``*_kwargs`` option that is not a mapping, ...).
+        the filesystem does not take, a ``*_kwargs`` option that is not a mapping, an
+        s3 option of the wrong type or refused by botocore, ...), naming the option.
     """
     backend = _open_uncached(url, storage_options)
     if cache_dir is None:
@@ -75,18 +81,34 @@ def _open_uncached(url: str | os.PathLike[str] | Backend, storage_options: Mappi
 
     masked = mask_credentials(url)
     options = _checked_options(masked, storage_options)
+    s3fs_retries = None
+    if _protocol(url) in ("s3", "s3a") and "::" not in url:  # chained URLs nest options per protocol
+        try:
+            options, s3fs_retries = s3_options(masked, options)
+        except ImportError as exc:
+            raise StorageError(masked, f"{exc} (for s3:// URLs: pip install 'r3store[s3]')") from exc
     with map_storage_errors(masked):
         try:
             fs, root = fsspec.core.url_to_fs(url, **options)
         except ImportError as exc:
             raise StorageError(masked, f"{exc} (for s3:// URLs: pip install 'r3store[s3]')") from exc
         except TypeError as exc:  # an option the filesystem's constructor does not take
-            raise StorageError(masked, f"bad storage options: {exc}") from exc
+            raise StorageError(masked, f"bad storage options: {mask_userinfo(str(exc))}") from _cause(exc)
         except ValueError as exc:  # fsspec: "Protocol not known", a malformed URL
-            raise StorageError(masked, f"cannot open: {exc}") from exc
+            raise StorageError(masked, f"cannot open: {mask_userinfo(str(exc))}") from _cause(exc)
     if isinstance(fs, LocalFileSystem):
         return LocalBackend(root)
-    return FsspecBackend(fs, root, url)
+    return FsspecBackend(fs, root, url, retries=s3fs_retries)
+
+
+def _cause(exc: BaseException) -> BaseException | None:
+    """``exc`` to chain, or None where its text holds credentials (a traceback would print them)."""
+    return None if mask_userinfo(str(exc)) != str(exc) else exc
+
+
+def _protocol(url: str) -> str:
+    """The protocol of a URL: ``s3`` for ``s3://bucket/x``."""
+    return url.partition("://")[0].lower() if "://" in url else ""
 
 
 def _checked_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -34,7 +34,8 @@ Faults
 ------
 :meth:`S3Counter.fail_next` answers the next requests with an S3 error (503 ``SlowDown``,
 500 ``InternalError``, 403 ``AccessDenied``, ...) and :meth:`S3Counter.drop_next` closes
-their connections without a response, so that retries and error mapping are tested
+their connections without a response, and :meth:`S3Counter.stall_next` holds them open without
+a byte of response for a while, so that retries, timeouts and error mapping are tested
 against real HTTP traffic instead of a mocked client.
 
 Notes
@@ -132,8 +133,9 @@ _ERROR_CODES = {
 @dataclass
 class _Fault:
     remaining: int
-    status: int | None  # None: drop the connection
+    status: int | None  # None: drop the connection (or stall, with stall_s)
     methods: frozenset[str] | None
+    stall_s: float = 0.0  # > 0: answer normally after this long (a stalled response)
 
 
 @dataclass
@@ -167,9 +169,12 @@ class S3Counter:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._pending: list[_Fault] = []
+        self._release = threading.Event()
 
     def reset(self) -> None:
-        """Zero every count, clear the log and cancel pending faults."""
+        """Zero every count, clear the log, cancel pending faults and end stalls in progress."""
+        self._release.set()
+        self._release = threading.Event()
         with self._lock:
             self.requests = self.gets = self.ranged_gets = self.heads = self.puts = self.bytes_sent = 0
             self.bytes_received = self.faults = 0
@@ -209,6 +214,11 @@ class S3Counter:
         """Close the connection of the next ``n`` requests without answering them."""
         self._queue(_Fault(n, None, None if methods is None else frozenset(methods)))
 
+    def stall_next(self, n: int, seconds: float, *, methods: Collection[str] | None = None) -> None:
+        """Hold the next ``n`` requests ``seconds`` before answering them (a stalled server:
+        the connection is open, no byte of the response comes); :meth:`reset` ends a stall."""
+        self._queue(_Fault(n, None, None if methods is None else frozenset(methods), float(seconds)))
+
     def _queue(self, fault: _Fault) -> None:
         if fault.remaining < 0:
             raise ValueError(f"n must be >= 0, got {fault.remaining}")
@@ -231,7 +241,8 @@ class S3Counter:
 
     def _record(self, environ: dict[str, Any], fault: _Fault | None) -> S3Request:
         method = environ.get("REQUEST_METHOD", "")
-        label = None if fault is None else ("drop" if fault.status is None else str(fault.status))
+        label = None if fault is None else ("stall" if fault.stall_s else "drop" if fault.status is None
+                                            else str(fault.status))
         with self._lock:
             self.requests += 1
             self.gets += method == "GET"
@@ -262,7 +273,9 @@ class S3Counter:
                 return
             fault = self._take_fault(environ.get("REQUEST_METHOD", ""))
             request = self._record(environ, fault)
-            if fault is not None:
+            if fault is not None and fault.stall_s:
+                self._release.wait(fault.stall_s)
+            elif fault is not None:
                 yield from self._answer_fault(fault, request, environ, start_response)
                 return
             body = app(environ, start_response)

@@ -6,6 +6,7 @@ import base64
 import binascii
 import io
 import math
+import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -279,25 +280,68 @@ def decode_vllm(sample_id: str, payload: Any) -> np.ndarray:
     return as_numpy(sample_id, "routed_experts", payload)
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_ENTRY = re.compile(
+    r"\s*'(descr|fortran_order|shape)'\s*:\s*"
+    r"('[<>|=]?[iu][1248]'|True|False|\(\s*(?:\d{1,19}\s*,\s*){0,31}(?:\d{1,19}\s*)?\))"
+    r"\s*(,|(?=\}))"
+)
+"""One entry of a ``.npy`` header dict: only the three keys numpy writes, an integer dtype,
+a bool, or a tuple of at most 32 non-negative integers (the whitelist: nothing else is parsed)."""
+
+
 def _check_npy_header(sample_id: str, raw: bytes) -> None:
     """Check a ``.npy`` header (format 1.0 or 2.0) against the bytes that follow it.
+
+    The header (a Python dict literal, see ``numpy.lib.format``) is parsed here with a
+    whitelist, never by Python's parser: ``{'descr': <integer dtype>, 'fortran_order':
+    True|False, 'shape': (<ints>)}``, keys in any order, each once, spaces and a trailing
+    comma allowed, then spaces and a newline. numpy's own reader (``np.load``) then sees
+    only headers it parses the same way.
 
     Raises
     ------
     r3store.errors.PayloadDecodeError
-        Another format version, an object dtype, or a shape needing more bytes than present.
-    ValueError
-        The header is malformed.
+        Not a ``.npy`` blob, another format version, a header outside the whitelist (an
+        object or other non-integer dtype included), or a shape needing more bytes than
+        follow the header.
     """
-    fp = io.BytesIO(raw)
-    version = np.lib.format.read_magic(fp)
-    read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-    if read is None:
-        raise PayloadDecodeError(sample_id, "routed_experts", f".npy format version {version} is not read (1.0, 2.0)")
-    shape, _, dtype = read(fp)
-    if dtype.hasobject:
-        raise PayloadDecodeError(sample_id, "routed_experts", f".npy holds dtype {dtype}: never unpickled")
-    need, have = math.prod(shape) * dtype.itemsize, len(raw) - fp.tell()
+
+    def bad(fault: str) -> PayloadDecodeError:
+        return PayloadDecodeError(sample_id, "routed_experts", fault)
+
+    if raw[:6] != _NPY_MAGIC or len(raw) < 10:
+        raise bad(f"is not a .npy blob (it starts with {bytes(raw[:8])!r}, not {_NPY_MAGIC!r})")
+    version = (raw[6], raw[7])
+    if version not in ((1, 0), (2, 0)):
+        raise bad(f".npy format version {version} is not read (1.0, 2.0)")
+    size_bytes = 2 if version == (1, 0) else 4
+    start = 8 + size_bytes
+    if len(raw) < start:
+        raise bad(f".npy blob of {len(raw)} bytes ends inside its header length")
+    length = int.from_bytes(raw[8:start], "little")
+    if length > 65535 or start + length > len(raw):
+        raise bad(f".npy header claims {length:,} bytes, {len(raw) - start:,} follow")
+    try:
+        text = bytes(raw[start : start + length]).decode("ascii")
+    except UnicodeDecodeError:
+        raise bad(".npy header is not ASCII") from None
+    body = text.rstrip(" \n")
+    if not (body.startswith("{") and body.endswith("}")) or not text.endswith("\n"):
+        raise bad(".npy header is not a dict literal ending in a newline")
+    found: dict[str, str] = {}
+    pos, inner = 1, body[:-1]
+    while inner[pos:].strip():
+        match = _NPY_ENTRY.match(body, pos)
+        if match is None or match.group(1) in found:
+            raise bad(f".npy header is not of the form numpy writes: {body[:120]!r}")
+        found[match.group(1)] = match.group(2)
+        pos = match.end()
+    if body[pos:].strip() != "}" or len(found) != 3:
+        raise bad(f".npy header is not of the form numpy writes: {body[:120]!r}")
+    dtype = np.dtype(found["descr"].strip("'"))
+    shape = tuple(int(v) for v in found["shape"].strip("()").replace(",", " ").split())
+    need, have = math.prod(shape) * dtype.itemsize, len(raw) - start - length
     if need > have:
         fault = f".npy header claims shape {shape} of {dtype} ({need:,} bytes), only {have:,} bytes follow"
-        raise PayloadDecodeError(sample_id, "routed_experts", fault)
+        raise bad(fault)

@@ -1,0 +1,148 @@
+"""S3 ``storage_options``: checked when a store is opened, with r3store's timeout and retry defaults.
+
+s3fs hands option names it does not know to aiobotocore's session and botocore's client and
+config, which fail only at the first request (``TypeError``, ``AttributeError``) or not at
+all (``anon="yes"``). :func:`s3_options` checks every name and the type of each well-known
+value up front and raises :class:`r3store.errors.StorageError` naming the option.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from r3store.errors import StorageError
+
+__all__ = ["S3_CONFIG_DEFAULTS", "S3FS_RETRIES_DEFAULT", "s3_options"]
+
+S3_CONFIG_DEFAULTS: dict[str, Any] = {
+    "connect_timeout": 5,
+    "read_timeout": 10,
+    "retries": {"total_max_attempts": 3, "mode": "standard"},
+}
+"""botocore ``Config`` defaults r3store sets for S3 (``config_kwargs``; each key given by the
+user wins, and each key of a ``retries`` mapping): 5 s to connect, 10 s without a byte of a
+response (a stalled response), 3 attempts per request in all (``total_max_attempts``) in botocore's standard retry mode
+(5xx, throttling, dropped connections, timeouts)."""
+
+S3FS_RETRIES_DEFAULT = 2
+"""Attempts of s3fs's own retry loop around botocore's (``storage_options["retries"]``; s3fs's
+default is 5). s3fs runs that loop twice over (around the request and around the read of its
+body), so a read of an object whose every response stalls fails after at most ``2 x 2 x 3``
+attempts of 10 s: about two minutes (125 s measured against the loopback server), where it
+blocked forever before. Lower ``read_timeout`` or ``retries`` for a tighter bound."""
+
+_BOOL = ("anon", "use_ssl", "requester_pays", "version_aware", "cache_regions", "asynchronous",
+         "default_fill_cache", "fixed_upload_size", "skip_instance_cache", "use_listings_cache")
+_STR = ("endpoint_url", "key", "secret", "token", "username", "password", "profile", "default_cache_type")
+_INT = ("default_block_size", "max_concurrency", "max_paths", "batch_size")
+_CLIENT_STR = ("region_name", "api_version", "endpoint_url", "aws_access_key_id", "aws_secret_access_key",
+               "aws_session_token", "aws_account_id")
+
+
+def _params(func: Any) -> set[str]:
+    return {name for name, p in inspect.signature(func).parameters.items()
+            if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+
+
+def _known_options() -> set[str]:
+    """Every top-level option s3fs and what it passes them to take (checked against the installed versions)."""
+    import s3fs
+    from aiobotocore.session import AioSession
+    from fsspec.dircache import DirCache
+
+    return (_params(s3fs.S3FileSystem.__init__) | _params(AioSession.__init__) | _params(DirCache.__init__)
+            | {"skip_instance_cache", "batch_size", "retries"})
+
+
+def _unknown(url: str, where: str, name: str, known: set[str]) -> StorageError:
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(known))})"
+    return StorageError(url, f"unknown storage option '{where}{name}'{hint}")
+
+
+def _check_type(url: str, where: str, name: str, value: Any, kinds: tuple[type, ...], words: str) -> None:
+    if value is None or (isinstance(value, kinds) and not (bool not in kinds and isinstance(value, bool))):
+        return
+    raise StorageError(url, f"storage option '{where}{name}' must be {words}, got {type(value).__name__} {value!r:.60}")
+
+
+def s3_options(url: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+    """Check s3fs ``storage_options`` and add r3store's defaults.
+
+    Parameters
+    ----------
+    url : str
+        The store's URL, credentials masked (for messages).
+    options : mapping
+        The user's options (names already checked to be ``str``, ``*_kwargs`` mappings).
+
+    Returns
+    -------
+    options : dict
+        For ``s3fs.S3FileSystem``: ``config_kwargs`` merged over :data:`S3_CONFIG_DEFAULTS`,
+        ``retries`` removed.
+    retries : int
+        Attempts of s3fs's own retry loop (``options["retries"]``, default
+        :data:`S3FS_RETRIES_DEFAULT`).
+
+    Raises
+    ------
+    r3store.errors.StorageError
+        An option s3fs does not take (with the closest known name), a value of the wrong
+        type for a well-known option (``anon="yes"``, ``key=123``), a ``client_kwargs`` key
+        botocore's ``create_client`` does not take, or ``config_kwargs`` that botocore's
+        ``Config`` refuses; the message names the option.
+    """
+    import botocore.config
+    import botocore.exceptions
+    import botocore.session
+
+    known = _known_options()
+    out = dict(options)
+    for name, value in out.items():
+        if name not in known:
+            raise _unknown(url, "", name, known)
+        if name in _BOOL:
+            _check_type(url, "", name, value, (bool,), "true or false")
+        elif name in _STR:
+            _check_type(url, "", name, value, (str,), "a string")
+        elif name in _INT:
+            _check_type(url, "", name, value, (int,), "an integer")
+    retries = out.pop("retries", S3FS_RETRIES_DEFAULT)
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 1 <= retries <= 100:
+        raise StorageError(url, f"storage option 'retries' (attempts of s3fs's retry loop) must be an integer "
+                                f"in [1, 100], got {retries!r:.60}")
+    client = dict(out.get("client_kwargs") or {})
+    client_known = _params(botocore.session.Session.create_client) - {"service_name"}
+    for name, value in client.items():
+        if name not in client_known:
+            raise _unknown(url, "client_kwargs.", str(name), client_known)
+        if name in _CLIENT_STR:
+            _check_type(url, "client_kwargs.", name, value, (str,), "a string")
+        elif name == "use_ssl":
+            _check_type(url, "client_kwargs.", name, value, (bool,), "true or false")
+        elif name == "verify":
+            _check_type(url, "client_kwargs.", name, value, (bool, str), "true, false or a CA bundle path")
+    given = dict(out.get("config_kwargs") or {})
+    config = copy.deepcopy({**S3_CONFIG_DEFAULTS, **given})  # botocore's Config rewrites retries in place
+    if isinstance(given.get("retries"), Mapping):  # {"total_max_attempts": 5} keeps the standard mode
+        policy = {**S3_CONFIG_DEFAULTS["retries"], **given["retries"]}
+        if "max_attempts" in policy and "total_max_attempts" not in given["retries"]:
+            del policy["total_max_attempts"]  # botocore's other spelling (retries after the first) given
+        config["retries"] = policy
+    config_known = set(botocore.config.Config.OPTION_DEFAULTS)
+    for name in config:
+        if name not in config_known:
+            raise _unknown(url, "config_kwargs.", str(name), config_known)
+    for name in ("connect_timeout", "read_timeout"):
+        _check_type(url, "config_kwargs.", name, config[name], (int, float), "a number of seconds")
+    try:
+        botocore.config.Config(**copy.deepcopy(config))
+    except (TypeError, ValueError, AttributeError, botocore.exceptions.BotoCoreError) as exc:
+        raise StorageError(url, f"storage option 'config_kwargs' is refused by botocore: {exc}") from exc
+    out["config_kwargs"] = config
+    return out, retries
