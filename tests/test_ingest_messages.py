@@ -179,3 +179,17 @@ def test_forgotten_moe_layers_hint_that_layer_0_may_be_dense(tmp_path: Path, rng
     with r3store.RouteWriter(tmp_path, all_moe) as w, \
             pytest.raises(ExpertIdError, match=r"repeated.*decoder layer 0.*is decoder layer 0 dense.*moe_layers"):
         w.append_sglang("a", meta(all_layers(moe_routes(rng, 6)), prompt=3, completion=4))
+
+
+@pytest.mark.parametrize("payload", [[], {"routed_experts": []}, np.zeros((0, 4, 4))])
+def test_empty_list_payload_is_no_routes_not_a_float_array(payload: Any) -> None:
+    # Found by the ingest fuzz target: json `[]` decoded to a float64 array of 0 rows.
+    with pytest.raises(PayloadDecodeError, match="engine returned no routes"):
+        r3store.decode_sglang("s", payload, SPEC)
+    assert r3store.decode_sglang("s", [], SPEC, num_rows=0).dtype.kind == "i"
+
+
+@pytest.mark.parametrize("payload", [[1.5] * 16, np.ones(16, dtype=bool), np.ones((1, 4, 4), dtype=np.float32)])
+def test_non_integer_payload_is_refused_at_decode(payload: Any) -> None:
+    with pytest.raises(PayloadDecodeError, match="expert ids must be integers"):
+        r3store.decode_sglang("s", payload, SPEC)

@@ -138,6 +138,13 @@ def decode_sglang(sample_id: str, payload: Any, spec: ModelSpec, *, num_rows: in
         flat = flat if flat.dtype.isnative else flat.astype(flat.dtype.newbyteorder("="))
     else:
         flat = as_numpy(sample_id, "routed_experts", payload)
+        if not flat.size:
+            if num_rows != 0:
+                raise PayloadDecodeError(sample_id, "routed_experts", f"is empty: {NO_ROUTES_HINT}")
+            flat = flat.astype(np.int32)  # an empty list is float64 to numpy
+        if flat.dtype.kind not in "iu":
+            raise PayloadDecodeError(sample_id, "routed_experts",
+                                     f"has dtype {flat.dtype}; expert ids must be integers")
         if flat.ndim == 3:
             return flat
         flat = flat.reshape(-1)

@@ -165,8 +165,12 @@ def run_one(target: Any, data: bytes) -> tuple[int, str]:
         return FAILED, str(exc)
 
 
-def worker_builtin(name: str, seed: int, seconds: float, memory_gib: float) -> None:
-    """Fuzz ``name`` with the built-in mutator, reporting every input on stdout."""
+def worker_builtin(name: str, seed: int, seconds: float, memory_gib: float, min_runs: int = 0) -> None:
+    """Fuzz ``name`` with the built-in mutator, reporting every input on stdout.
+
+    Runs for ``seconds`` after start-up and at least ``min_runs`` inputs (so a short run on a
+    busy machine still exercises the target).
+    """
     from tests.fuzz.targets import TARGETS
 
     _limit_memory(memory_gib)
@@ -179,7 +183,9 @@ def worker_builtin(name: str, seed: int, seconds: float, memory_gib: float) -> N
     seen: set[str] = set()
     queue = list(corpus)  # the corpus entries run once, unmutated, first
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    runs = 0
+    while time.monotonic() < deadline or runs < min_runs:
+        runs += 1
         data = queue.pop(0) if queue else mutator.mutate(rng.choice(corpus), rng.choice(corpus))
         _send(out, b"I", data)
         status, text = run_one(target, data)
@@ -343,8 +349,12 @@ def supervise(report: Report, args: list[str], out_dir: Path, timeout: float, bu
 
 
 def fuzz(target: str, seconds: float, *, seed: int = 0, timeout: float = 20.0, out_dir: Path | None = None,
-         engine: str = "builtin", memory_gib: float = 4.0, max_failures: int = 20) -> Report:
-    """Fuzz ``target`` for ``seconds``; failures are saved under ``out_dir/<target>/``."""
+         engine: str = "builtin", memory_gib: float = 4.0, max_failures: int = 20, min_runs: int = 0) -> Report:
+    """Fuzz ``target`` for ``seconds``; failures are saved under ``out_dir/<target>/``.
+
+    ``min_runs`` (built-in engine): the first worker runs at least that many inputs even when
+    ``seconds`` has passed.
+    """
     out_dir = out_dir or HERE / "findings"
     report = Report(target, engine)
     start = time.monotonic()
@@ -353,7 +363,8 @@ def fuzz(target: str, seconds: float, *, seed: int = 0, timeout: float = 20.0, o
     else:
         attempt = 0
         while (left := seconds - (time.monotonic() - start)) > 0.5 and len(report.failures) < max_failures:
-            args = ["builtin", target, str(seed + attempt), f"{left:.1f}", str(memory_gib)]
+            args = ["builtin", target, str(seed + attempt), f"{left:.1f}", str(memory_gib),
+                    str(min_runs if attempt == 0 else 0)]
             if supervise(report, args, out_dir, timeout, left + timeout, max_failures):
                 break
             attempt += 1
@@ -437,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
 def _worker_main(argv: list[str]) -> int:
     mode, name, *rest = argv
     if mode == "builtin":
-        worker_builtin(name, int(rest[0]), float(rest[1]), float(rest[2]))
+        worker_builtin(name, int(rest[0]), float(rest[1]), float(rest[2]), int(rest[3]) if len(rest) > 3 else 0)
     elif mode == "replay":
         worker_replay(name, rest[1:], float(rest[0]))
     elif mode == "atheris":
