@@ -20,7 +20,7 @@ from r3store import errors
 from r3store._spec import ModelSpec
 from r3store._store import RouteStore, open_store
 from r3store._version import __version__
-from r3store.reader import RouteReader, open_reader
+from r3store.reader import RouteReader, compact, open_reader
 from r3store.writer import RouteWriter, WriterConfig, decode_sglang, decode_vllm, encode_sglang
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "RouteWriter",
     "WriterConfig",
     "__version__",
+    "compact",
     "decode_sglang",
     "decode_vllm",
     "encode_sglang",
@@ -52,6 +53,6 @@ def __getattr__(name: str) -> Any:
 
 
 for _obj in (ModelSpec, RouteReader, RouteStore, RouteWriter, WriterConfig, open_reader, open_store, decode_sglang,
-             decode_vllm, encode_sglang):
+             decode_vllm, encode_sglang, compact):
     _obj.__module__ = "r3store"
 del _obj

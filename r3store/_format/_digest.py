@@ -78,7 +78,8 @@ def _strings(column: pa.ChunkedArray) -> bytes:
     return b"".join(parts)
 
 
-def table_digest(table: pa.Table, version: str, spec: str, path: str = "sample table") -> str:
+def table_digest(table: pa.Table, version: str, spec: str, path: str = "sample table", *,
+                 extra: tuple[str, ...] = ()) -> str:
     """``"blake2b128:<hex>"`` of a sample table's content and metadata (see the module docstring).
 
     Parameters
@@ -89,6 +90,9 @@ def table_digest(table: pa.Table, version: str, spec: str, path: str = "sample t
         The ``r3store.version`` and ``r3store.spec`` key-value metadata.
     path : str
         For messages.
+    extra : tuple of str
+        Further metadata values hashed after the spec, each as ``u32 len + UTF-8`` (a
+        checkpoint's ``r3store.checkpoint``; FORMAT.md section 11).
 
     Raises
     ------
@@ -121,4 +125,6 @@ def table_digest(table: pa.Table, version: str, spec: str, path: str = "sample t
             h.update(_strings(column))
     h.update(_text(version))
     h.update(_text(spec))
+    for value in extra:
+        h.update(_text(value))
     return f"blake2b128:{h.hexdigest()}"

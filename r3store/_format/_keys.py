@@ -133,9 +133,9 @@ def commit_of_route_key(key: str) -> str | None:
 def is_immutable_key(key: str) -> bool:
     """Whether the object under ``key`` never changes once written.
 
-    Route objects and sample tables carry writer-unique commit names and are written
+    Route objects, sample tables and checkpoints carry unique names and are written
     once (a retried commit writes the same bytes); the manifest and the zarr group
     documents may be re-created if a store is deleted and made again at the same URL.
     Temporary files are not.
     """
-    return key.startswith((ROUTES_PREFIX, INDEX_PREFIX)) and not is_temporary_key(key)
+    return key.startswith((ROUTES_PREFIX, INDEX_PREFIX, "checkpoints/")) and not is_temporary_key(key)

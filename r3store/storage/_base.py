@@ -116,6 +116,17 @@ class Backend(ABC):
     def list_prefix(self, prefix: str) -> list[str]:
         """Keys (sorted) of every object whose key starts with ``prefix``."""
 
+    def list_folders(self, prefix: str) -> list[str]:
+        """Names (sorted) of the "folders" directly under ``prefix`` (which ends in ``/``): the
+        first path component after it of every key below it, e.g. the buckets under ``index/``.
+
+        Backends on object stores answer with one delimited listing (not one per key); this
+        default lists every key.
+        """
+        names = {key[len(prefix) :].partition("/")[0] for key in self.list_prefix(prefix)
+                 if "/" in key[len(prefix) :]}
+        return sorted(names)
+
     @abstractmethod
     def info(self, key: str) -> ObjectInfo:
         """Size and modification time of ``key``.

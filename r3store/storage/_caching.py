@@ -204,6 +204,9 @@ class CachingBackend(Backend):
     def list_info(self, prefix: str) -> dict[str, ObjectInfo]:
         return self.inner.list_info(prefix)
 
+    def list_folders(self, prefix: str) -> list[str]:
+        return self.inner.list_folders(prefix)
+
     def info(self, key: str) -> ObjectInfo:
         return self.inner.info(key)
 

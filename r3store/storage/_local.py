@@ -149,6 +149,13 @@ class LocalBackend(Backend):
                         keys.append(key)
             return sorted(keys)
 
+    def list_folders(self, prefix: str) -> list[str]:
+        with map_storage_errors(self.path_of(prefix)):
+            base = self._path(prefix.rstrip("/")) if prefix.rstrip("/") else self.root
+            if not base.is_dir():
+                return []
+            return sorted(e.name for e in os.scandir(base) if e.is_dir(follow_symlinks=False))
+
     def info(self, key: str) -> ObjectInfo:
         with map_storage_errors(self.path_of(key)):
             st = self._path(key).stat()
