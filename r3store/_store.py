@@ -112,6 +112,7 @@ class RouteStore(RouteReader):
         opts = LayoutOptions.resolve(options, layout=layout, cp_size=cp_size, cp_rank=cp_rank, cp_mode=cp_mode,
                                      tp_size=tp_size, tp_rank=tp_rank, pad_multiple=pad_multiple,
                                      sequence_parallel=sequence_parallel, max_seqlen=max_seqlen)
+        self.prefetch(sample_ids)
         batch = assemble(self, sample_ids, opts, layers=layers, pad_policy=pad_policy, fill_value=fill_value,
                          tokens=tokens, return_policy_version=return_policy_version)
         if return_tensors == "np":

@@ -522,7 +522,7 @@ class DiscardedSampleWarning(R3StoreWarning):
 
 
 class CheckpointWarning(R3StoreWarning):
-    """A checkpoint (``checkpoints/<name>.parquet``) was ignored because it failed its checks;
+    """A checkpoint (``index/<covered>-<token>.checkpoint``) was ignored because it failed its checks;
     the store was opened from its sample tables (or an older checkpoint) instead.
 
     Attributes

@@ -1,6 +1,6 @@
 """Checkpoints: one Parquet file holding the sample rows of many commits (``schema/FORMAT.md`` section 11).
 
-A checkpoint ``checkpoints/<covered:012d>-<token>.parquet`` is a cache of the sample tables
+A checkpoint ``index/<covered:012d>-<token>.checkpoint`` is a cache of the sample tables
 of the commits it covers, written create-if-absent by ``r3store compact``. The sample
 tables stay the source of truth: a reader that ignores checkpoints (any format v2 reader)
 reads the same store. A checkpoint is checksummed like a sample table (page CRCs, a
@@ -40,24 +40,27 @@ __all__ = [
     "write_checkpoint",
 ]
 
-CHECKPOINT_PREFIX = "checkpoints/"
+CHECKPOINT_PREFIX = "index/"
+"""Checkpoints lie directly under ``index/`` (not in a bucket, not named ``.parquet``): one
+delimited listing of ``index/`` finds them and the buckets at once, and readers of format v2
+that know nothing of checkpoints skip them (they read only ``.parquet`` keys)."""
 CHECKPOINT_VERSION = 1
 """Version of the checkpoint layout (``r3store.checkpoint`` metadata ``version``)."""
 LATE_TABLE_S = 15 * 60
 """A sample table that lands after time ``t`` has a bucket no older than the hour of
 ``t - LATE_TABLE_S`` (FORMAT.md section 2.1)."""
-_KEY = re.compile(r"checkpoints/(\d{12})-([0-9a-f]{32})\.parquet")
+_KEY = re.compile(r"index/(\d{12})-([0-9a-f]{32})\.checkpoint")
 
 
 def checkpoint_key(covered: int, token: str) -> str:
-    """``checkpoints/<covered:012d>-<token>.parquet``: names sort by the number of commits covered.
+    """``index/<covered:012d>-<token>.checkpoint``: names sort by the number of commits covered.
 
     Examples
     --------
     >>> checkpoint_key(1000, "0" * 32)
-    'checkpoints/000000001000-00000000000000000000000000000000.parquet'
+    'index/000000001000-00000000000000000000000000000000.checkpoint'
     """
-    return f"{CHECKPOINT_PREFIX}{covered:012d}-{token}.parquet"
+    return f"{CHECKPOINT_PREFIX}{covered:012d}-{token}.checkpoint"
 
 
 def parse_checkpoint_key(key: str) -> int | None:

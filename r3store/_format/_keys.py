@@ -138,4 +138,4 @@ def is_immutable_key(key: str) -> bool:
     documents may be re-created if a store is deleted and made again at the same URL.
     Temporary files are not.
     """
-    return key.startswith((ROUTES_PREFIX, INDEX_PREFIX, "checkpoints/")) and not is_temporary_key(key)
+    return key.startswith((ROUTES_PREFIX, INDEX_PREFIX)) and not is_temporary_key(key)

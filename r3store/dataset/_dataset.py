@@ -302,6 +302,7 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         self._epoch_batches = len(mine)
         for positions in mine[start:]:
             ids = [self.sample_ids[i] for i in positions]
+            self.reader.prefetch(ids)  # the batch's commits' metadata in one concurrent round
             batch = assemble(self.reader, ids, self.options, layers=self.layers, pad_policy=self.pad_policy,
                              fill_value=self.fill_value, return_policy_version=self.return_policy_version)
             self._yielded += 1

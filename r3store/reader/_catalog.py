@@ -10,7 +10,7 @@ to no commit (leftovers of a crashed writer).
 The catalogue can start from rows loaded elsewhere (:class:`Preloaded`: a verified
 table of sample rows and the set of commits they cover, e.g. a checkpoint); it then reads
 only the sample tables of the other commits. A complete catalogue of a format v2 store
-starts from the store's newest valid checkpoint (``checkpoints/``, written by
+starts from the store's newest valid checkpoint (``index/<covered>-<token>.checkpoint``, written by
 :func:`r3store.compact`; FORMAT.md section 11) and lists only the buckets that may hold
 tables it does not cover; a damaged checkpoint is skipped with a
 :class:`r3store.errors.CheckpointWarning`. :meth:`SampleCatalog.refresh` adds commits made
@@ -157,11 +157,19 @@ class Preloaded:
     """The commits whose rows :attr:`table` holds (all of each commit's rows)."""
 
 
-def checkpoint_keys(backend: Backend) -> list[str]:
-    """Keys of a store's checkpoints, newest first (most commits covered, then name), from one
-    listing of ``checkpoints/``; other keys there (temporary files) are skipped."""
-    found = [(count, key) for key in backend.list_prefix(CHECKPOINT_PREFIX)
-             if (count := parse_checkpoint_key(key)) is not None]
+def checkpoint_keys(backend: Backend, files: list[str] | None = None) -> list[str]:
+    """Keys of a store's checkpoints, newest first (most commits covered, then name).
+
+    Parameters
+    ----------
+    backend : Backend
+    files : list of str, optional
+        The keys directly under ``index/`` (from :meth:`Backend.list_children`); listed
+        when not given.
+    """
+    if files is None:
+        files = backend.list_children(CHECKPOINT_PREFIX)[0]
+    found = [(count, key) for key in files if (count := parse_checkpoint_key(key)) is not None]
     return [key for _, key in sorted(found, reverse=True)]
 
 
@@ -170,7 +178,7 @@ class LoadedCheckpoint:
     """A checkpoint that passed its checks."""
 
     key: str
-    """``checkpoints/<covered>-<token>.parquet``."""
+    """``index/<covered>-<token>.checkpoint``."""
     table: pa.Table
     """Every row of the commits it covers (format v2 columns, then user metadata)."""
     info: CheckpointInfo
@@ -331,8 +339,11 @@ class SampleCatalog:
         """The commits the checkpoint covers (empty without one)."""
         self._known: set[str] = set()
         wanted = None if commits is None else _parse_commits(commits)
-        if preloaded is None and wanted is None and use_checkpoint:
-            loaded = load_checkpoint(backend, manifest, max_sample_rows=self.max_sample_rows)
+        self._buckets: list[str] | None = None
+        if preloaded is None and wanted is None and use_checkpoint and manifest.version >= 2:
+            files, self._buckets = backend.list_children(INDEX_PREFIX)  # checkpoints and buckets at once
+            loaded = load_checkpoint(backend, manifest, max_sample_rows=self.max_sample_rows,
+                                     keys=checkpoint_keys(backend, files))
             if loaded is not None:
                 preloaded = Preloaded(loaded.table, loaded.info.commits)
                 self.checkpoint, self._watermark = loaded.key, loaded.info.watermark
@@ -358,7 +369,9 @@ class SampleCatalog:
         if wanted is not None and self.manifest.version == 1:
             return {commit: [table_key(commit)] for commit in wanted}  # flat keys: no listing needed
         if wanted is None and self._watermark is not None:
-            keys = [key for bucket in backend.list_folders(INDEX_PREFIX) if bucket >= self._watermark
+            buckets = self._buckets if self._buckets is not None else backend.list_children(INDEX_PREFIX)[1]
+            self._buckets = None  # a listing is used once: refresh() lists again
+            keys = [key for bucket in buckets if bucket >= self._watermark
                     for key in backend.list_prefix(f"{INDEX_PREFIX}{bucket}/")]
         else:
             keys = backend.list_prefix(INDEX_PREFIX)

@@ -1,7 +1,7 @@
 """``compact``: write a checkpoint, one Parquet file of the sample rows of every commit so far.
 
 Opening a store reads one sample table per commit; a store that grows for weeks has tens of
-thousands. A checkpoint (``checkpoints/<covered>-<token>.parquet``, FORMAT.md section 11)
+thousands. A checkpoint (``index/<covered>-<token>.checkpoint``, FORMAT.md section 11)
 holds the rows of the commits it covers, so a reader reads it plus the tables committed
 after it. Sample tables stay the source of truth: nothing is deleted or rewritten.
 """
@@ -36,7 +36,7 @@ class CompactResult:
     """What :func:`compact` did."""
 
     key: str | None
-    """The checkpoint written (``checkpoints/...``), or the existing one that already covered
+    """The checkpoint written (``index/<covered>-<token>.checkpoint``), or the existing one that already covered
     every commit (``written`` False); None for a store with no commit."""
     written: bool
     """Whether a new checkpoint was written."""
@@ -62,7 +62,7 @@ def compact(url: str | os.PathLike[str] | Backend, *, storage_options: Mapping[s
     Reads the newest valid checkpoint and the sample tables of the commits it does not
     cover (every table when there is none), then writes their rows, all of them
     (quarantined and duplicated ids included: readers resolve those as from the tables),
-    as ``checkpoints/<covered:012d>-<random>.parquet``, created only if absent. Safe while
+    as ``index/<covered:012d>-<random>.checkpoint``, created only if absent. Safe while
     writers commit and while other compactions run: each checkpoint names exactly the
     commits whose rows it holds, and a reader reads every other commit from its table, so
     nothing is lost or counted twice; of several checkpoints readers take the one covering

@@ -148,7 +148,7 @@ class RouteReader:
 
     @property
     def checkpoint(self) -> str | None:
-        """Key of the checkpoint the reader started from (``checkpoints/...``), or None when it
+        """Key of the checkpoint the reader started from (``index/<covered>-<token>.checkpoint``), or None when it
         read every sample table (no valid checkpoint, ``use_checkpoint=False``, ``commits=``)."""
         return self._catalog.checkpoint
 
@@ -345,6 +345,36 @@ class RouteReader:
                 got[max(a, start) - start : min(b, stop) - start] = -1
         return got
 
+    def prefetch(self, sample_ids: Sequence[str]) -> None:
+        """Fetch concurrently what reading these samples needs first and is not cached yet: the
+        array documents of their commits and the indexes of the storage objects holding them
+        (on object stores one round of parallel requests instead of two sequential ones per
+        commit; on local disk only the documents are read). Unknown ids are skipped (the read
+        reports them).
+
+        Raises
+        ------
+        r3store.errors.StorageError
+        r3store.errors.FormatError
+            An array document is malformed.
+        """
+        catalog = self._catalog
+        spans: dict[str, list[tuple[int, int]]] = {}
+        for sid in sample_ids:
+            i = catalog._where.get(sid) if isinstance(sid, str) else None
+            if i is not None:
+                start = int(catalog.row_start[i])
+                spans.setdefault(catalog.array[i], []).append((start, start + max(1, int(catalog.num_rows[i]))))
+        if not spans:
+            return
+        self._chunks.prefetch({a: [] for a in spans})  # the documents, to learn each array's geometry
+        wanted: dict[str, list[int]] = {}
+        for array, ranges in spans.items():
+            geometry = self._chunks.geometry(array, partial=True)
+            per_object = geometry.row_chunks_per_object * geometry.chunk_rows
+            wanted[array] = sorted({o for a, b in ranges for o in range(a // per_object, (b - 1) // per_object + 1)})
+        self._chunks.prefetch(wanted)
+
     def get_many(self, sample_ids: Sequence[str], layers: Sequence[int] | None = None) -> list[np.ndarray]:
         """Routes of several samples (see :meth:`get`), in the order given."""
         return [self.get(s, layers) for s in sample_ids]
@@ -467,7 +497,7 @@ def open_reader(
         or indexed; duplicates are then resolved among the selected rows. The result
         equals a full open filtered with :func:`r3store.reader.filter_samples`.
     use_checkpoint : bool
-        Start from the newest valid checkpoint (``checkpoints/``, written by
+        Start from the newest valid checkpoint (``index/*.checkpoint``, written by
         :func:`r3store.compact`) and read only the sample tables of commits it does not
         cover (one listing of ``index/``'s buckets, one of each bucket from the
         checkpoint's watermark on). A checkpoint that fails its checks is skipped with a
