@@ -240,3 +240,43 @@ def test_open_after_compact_on_s3_is_five_requests_plus_one_per_new_commit(
     full = r3store.open_store(s3_url, storage_options=s3_storage_options, use_checkpoint=False)
     assert len(s3_counter.log) >= 12 + new  # without the checkpoint: one GET per table
     assert full.sample_ids == store.sample_ids
+
+
+def test_validate_checks_checkpoints_against_the_tables(tmp_path: Path) -> None:
+    from r3store.audit import validate
+    from r3store.testing.forge import reseal_table
+
+    url = tmp_path / "store"
+    write_commits(str(url), 0, 3)
+    key = r3store.compact(url).key
+    assert key is not None
+    report = validate(r3store.open_reader(url, on_duplicate="report"))
+    assert not [f for f in report.findings if f.kind == "checkpoint"]
+    # a sample table changed after compaction (resealed: its own checks pass): the checkpoint disagrees
+    table = sorted((url / "index").rglob("*.parquet"))[0]
+    table.write_bytes(reseal_table(table.read_bytes(), lambda t: t.set_column(
+        t.schema.get_field_index("index"), "index", pc.add(t.column("index"), 1000))))
+    report = validate(r3store.open_reader(url, on_duplicate="report"))
+    found = [f for f in report.findings if f.kind == "checkpoint"]
+    assert len(found) == 1 and "'index'" in found[0].detail and found[0].severity == "error"
+    damage(url / key, "flip")
+    with pytest.warns(CheckpointWarning):
+        store = r3store.open_reader(url, on_duplicate="report")
+    found = [f for f in validate(store).findings if f.kind == "checkpoint"]
+    assert len(found) == 1 and "checkpoint ignored" in found[0].detail
+
+
+def test_gc_keeps_tables_and_the_newest_checkpoints(tmp_path: Path) -> None:
+    from r3store.audit import collect_garbage
+
+    url = tmp_path / "store"
+    keys = []
+    for c in range(4):
+        write_commits(str(url), c * 2, 1)
+        keys.append(r3store.compact(url).key)
+    found = collect_garbage(url, older_than_s=0, delete=True)
+    assert sorted(f.commit for f in found) == sorted(keys[:2])
+    assert sorted(checkpoint_keys(open_backend(url))) == sorted(keys[2:])
+    store = r3store.open_store(url)
+    assert store.checkpoint == keys[3] and len(store) == 8
+    assert len(r3store.open_store(url, use_checkpoint=False)) == 8

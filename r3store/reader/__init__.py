@@ -26,6 +26,7 @@ from r3store.reader._catalog import (
     checkpoint_keys,
     committed_commits,
     load_checkpoint,
+    read_all_rows,
     table_keys,
     uncommitted_route_objects,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "load_checkpoint",
     "merge_ranges",
     "open_reader",
+    "read_all_rows",
     "table_keys",
     "uncommitted_route_objects",
 ]

@@ -70,6 +70,7 @@ __all__ = [
     "checkpoint_keys",
     "committed_commits",
     "load_checkpoint",
+    "read_all_rows",
     "storage_usage",
     "table_keys",
     "uncommitted_route_objects",
@@ -220,6 +221,12 @@ def load_checkpoint(backend: Backend, manifest: Manifest, *, max_sample_rows: in
             continue
         return LoadedCheckpoint(key=key, table=table, info=info)
     return None
+
+
+def read_all_rows(backend: Backend, manifest: Manifest) -> pa.Table:
+    """Every row of every sample table of a store (read from the tables, no checkpoint; duplicates
+    kept), in store order: what a checkpoint of all commits would hold (audits compare them)."""
+    return SampleCatalog(backend, manifest, on_duplicate="report", use_checkpoint=False).all_rows
 
 
 def uncommitted_route_objects(listing: Mapping[str, V], committed: Collection[str]) -> dict[str, dict[str, V]]:

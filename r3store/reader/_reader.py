@@ -147,6 +147,11 @@ class RouteReader:
         return list(self._catalog.commits)
 
     @property
+    def manifest(self) -> Manifest:
+        """The store's checked manifest (format version, spec, cap on rows per sample)."""
+        return self._catalog.manifest
+
+    @property
     def checkpoint(self) -> str | None:
         """Key of the checkpoint the reader started from (``index/<covered>-<token>.checkpoint``), or None when it
         read every sample table (no valid checkpoint, ``use_checkpoint=False``, ``commits=``)."""
