@@ -18,8 +18,11 @@ __all__ = ["compact"]
 @storage_option_flag
 @handle_errors
 def compact(url: str, as_json: bool, storage_options: tuple[str, ...]) -> None:
-    """Write a checkpoint of every commit so far, so readers open the store from one file plus
-    the commits made after it. Safe while writers commit; sample tables are never touched."""
+    """Write a checkpoint of every commit so far, so the store at URL opens from one file.
+
+    Readers then read the checkpoint plus the sample tables of commits made after it. Safe
+    while writers commit and while other compactions run; sample tables are never touched.
+    """
     result = compact_store(url, storage_options=parse_storage_options(storage_options))
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
