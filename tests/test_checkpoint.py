@@ -280,3 +280,21 @@ def test_gc_keeps_tables_and_the_newest_checkpoints(tmp_path: Path) -> None:
     store = r3store.open_store(url)
     assert store.checkpoint == keys[3] and len(store) == 8
     assert len(r3store.open_store(url, use_checkpoint=False)) == 8
+
+
+@pytest.mark.s3
+def test_prefetch_reads_a_batch_of_many_commits_up_front(s3_url: str, s3_storage_options: dict[str, Any],
+                                                         s3_counter: S3Counter) -> None:
+    write_commits(s3_url, 0, 12, per_commit=1, storage_options=s3_storage_options)
+    store = r3store.open_store(s3_url, storage_options=s3_storage_options)
+    ids = store.sample_ids
+    s3_counter.reset()
+    store.prefetch(ids)
+    fetched = len(s3_counter.log)
+    assert fetched == 3 * 12  # a document, an index and the frames per commit, fetched concurrently
+    s3_counter.reset()
+    batch = store.assemble(ids)
+    assert len(s3_counter.log) == 0  # everything the batch needs is cached
+    cu = batch["cu_seqlens"]
+    for j, sid in enumerate(ids):
+        np.testing.assert_array_equal(batch["routes"][cu[j] : cu[j + 1] - 1], routes(int(sid[1:])))

@@ -237,6 +237,45 @@ class ChunkReader:
         for (array, geometry, obj), raw in zip(todo, raws, strict=True):
             self._indexes[(array, obj)] = decode_index(raw, geometry, array, obj).copy()
 
+    def prefetch_rows(self, spans: Mapping[str, Sequence[tuple[int, int]]], *, threads: int = 16) -> None:
+        """Read and decode, concurrently, the chunks (all layers) holding rows ``[start, stop)`` of
+        each array (route array -> row ranges) that are not cached, while they fit in half the
+        cache; one request per storage object, in parallel. Only for object stores (local disks
+        read through mmap); the reads that follow find the chunks in the cache."""
+        if self.backend.is_local:
+            return
+        todo: list[tuple[str, ArrayGeometry, Codec, int, list[Chunk]]] = []
+        budget = self.cache_bytes // 2
+        for array, ranges in spans.items():
+            geometry, codec = self._geometry(array, partial=True)
+            cr, per_object = geometry.chunk_rows, geometry.row_chunks_per_object
+            chunk_bytes = cr * geometry.layers_per_chunk * geometry.top_k * 4
+            ends = [(a, min(b, geometry.rows)) for a, b in ranges]
+            wanted = sorted({c for a, b in ends if b > a for c in range(a // cr, (b - 1) // cr + 1)})
+            by_object: dict[int, list[Chunk]] = {}
+            for c in wanted:
+                for b in range(geometry.layer_chunks):
+                    if (array, c, b) not in self._chunks:
+                        by_object.setdefault(c // per_object, []).append((c, b))
+            for obj, chunks in by_object.items():
+                budget -= chunk_bytes * len(chunks)
+                if budget < 0:
+                    break
+                todo.append((array, geometry, codec, obj, chunks))
+        if len(todo) < 2:
+            return
+
+        def fetch(item: tuple[str, ArrayGeometry, Codec, int, list[Chunk]]) -> dict[Chunk, np.ndarray]:
+            worker = copy.copy(self)  # shares documents and indexes (dicts: safe to share); own chunk cache
+            worker._chunks, worker._cached, worker.cache_bytes = OrderedDict(), 0, 1 << 62
+            return worker._fetch_object(*item)
+
+        with ThreadPoolExecutor(min(threads, len(todo))) as pool:
+            results = list(pool.map(fetch, todo))
+        for (array, *_), got in zip(todo, results, strict=True):
+            for (c, b), chunk in got.items():
+                self._remember(array, c, b, chunk)
+
     def object_index(self, array: str, geometry: ArrayGeometry, obj: int) -> np.ndarray:
         """The verified index of storage object ``obj``: uint64 ``(row chunks, layer chunks, 2)``."""
         index = self._indexes.get((array, obj))
