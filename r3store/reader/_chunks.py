@@ -266,7 +266,8 @@ class ChunkReader:
             return
 
         def fetch(item: tuple[str, ArrayGeometry, Codec, int, list[Chunk]]) -> dict[Chunk, np.ndarray]:
-            worker = copy.copy(self)  # shares documents and indexes (dicts: safe to share); own chunk cache
+            worker = copy.copy(self)  # (copies drop the caches: see __getstate__)
+            worker._indexes = self._indexes  # shared (a dict: safe across threads); own chunk cache
             worker._chunks, worker._cached, worker.cache_bytes = OrderedDict(), 0, 1 << 62
             return worker._fetch_object(*item)
 
