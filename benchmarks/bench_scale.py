@@ -2,7 +2,9 @@
 
 Builds stores of N commits of small samples (2 samples of 16 tokens per commit, metadata
 ``step = commit // 100``) with the writer's own commit code in a loop (one ``RouteWriter``,
-``flush()`` after every commit: the same objects many writer processes would make), then
+``flush()`` after every commit: the same objects many writer processes would make), its
+clock set so that 100 commits land per hour, ending an hour ago (a store grown over
+N / 100 hours: 50,000 commits are three weeks of hourly buckets), then
 measures, each against the store without a checkpoint in the same run:
 
 * ``open_store``: time (and, on the loopback S3 server, requests);
@@ -30,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +51,13 @@ TOKENS = 16
 BUCKET = "r3store-scale"
 
 
-def build(path: Path, first: int, commits: int) -> float:
+def build(path: Path, first: int, commits: int, *, past: bool = True) -> float:
     """Commits ``first .. first + commits - 1`` of PER_COMMIT samples each; returns seconds taken.
 
     The local writer fsyncs every object it writes (three per commit); the builder turns
-    fsync off (the stores are scratch data, and the build is not what is measured).
+    fsync off (the stores are scratch data, and the build is not what is measured). With
+    ``past``, commit ``c`` is dated ``(first + commits - c) * 36 s + 1 h`` ago (100 per hour);
+    otherwise now.
     """
     rng = np.random.default_rng(first)
     base = np.argsort(rng.random((TOKENS - 1, SPEC.num_moe_layers, SPEC.num_experts)), axis=-1)[..., : SPEC.top_k]
@@ -60,7 +65,11 @@ def build(path: Path, first: int, commits: int) -> float:
     fsync, os.fsync = os.fsync, lambda fd: None
     try:
         with r3store.RouteWriter(path, SPEC, writer_id=f"bench{first:08d}") as w:
+            end = datetime.now(UTC) - timedelta(hours=1)
             for c in range(first, first + commits):
+                if past:
+                    when = end - timedelta(seconds=36 * (first + commits - c))
+                    w._committer.clock = lambda when=when: when  # the writer's commit code, dated in the past
                 for k in range(PER_COMMIT):
                     w.append(f"c{c:06d}-{k}", (base + c + k) % SPEC.num_experts, metadata={"step": c // 100})
                 w.flush()
@@ -160,7 +169,7 @@ def main() -> None:
             result = r3store.compact(work)
             rows.append({"commits": n, "what": "compact", "seconds": time.perf_counter() - t0, "requests": None,
                          "result": f"{result.nbytes:,} bytes"})
-            build(work, n, args.after)
+            build(work, n, args.after, past=False)
             rows += measure_after(str(work), n, args.after, None, args.repeats, None)
             shutil.rmtree(work)
             console.print(f"measured local {n:,}", highlight=False)
@@ -189,7 +198,7 @@ def main() -> None:
                                  "where": "s3"})
                     for c in range(n, n + args.after):
                         local_extra = tmp / f"extra-{n}"
-                        build(local_extra, c, 1)
+                        build(local_extra, c, 1, past=False)
                         fs.put(str(local_extra / "routes") + "/", f"{BUCKET}/store-{n}/routes/", recursive=True)
                         fs.put(str(local_extra / "index") + "/", f"{BUCKET}/store-{n}/index/", recursive=True)
                         shutil.rmtree(local_extra)

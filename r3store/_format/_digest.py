@@ -70,7 +70,11 @@ def _strings(column: pa.ChunkedArray) -> bytes:
         out = np.empty(4 * n + int(lengths.sum()), dtype=np.uint8)
         out[(out_starts[:, None] + np.arange(4)).ravel()] = lengths.astype("<u4").view(np.uint8)
         total = int(lengths.sum())
-        if total:
+        if total and int(offsets[-1]) - int(offsets[0]) == total:  # null rows hold no bytes: one contiguous run
+            is_prefix = np.zeros(out.size, dtype=bool)
+            is_prefix[(out_starts[:, None] + np.arange(4)).ravel()] = True
+            out[~is_prefix] = data[int(offsets[0]) : int(offsets[-1])]
+        elif total:
             row_of = np.repeat(np.arange(n), lengths)
             within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
             out[out_starts[row_of] + 4 + within] = data[starts[row_of] + within]

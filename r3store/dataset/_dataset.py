@@ -388,7 +388,8 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
             self.reader.refresh()
             known = commit_marks(self.reader.commits)
         if behind(known):
-            raise ResumeError("commits", "commits this store does not have", f"{len(self.reader.commits)} commits")
+            raise ResumeError("commits", "the samples of commits this store does not have (another store?)",
+                              f"{len(self.reader.commits)} commits")
         return saved
 
 

@@ -586,6 +586,8 @@ def _clashing_metadata_as_strings(tables: list[pa.Table]) -> list[pa.Table]:
 
 def _dedupe(table: pa.Table, on_duplicate: OnDuplicate) -> tuple[pa.Table, dict[str, list[str]]]:
     """Keep one row per sample id: the earliest commit, preferring a non-quarantined one."""
+    if pc.count_distinct(table.column("sample_id")).as_py() == table.num_rows:
+        return table, {}  # no id twice (the usual case), found without a Python loop
     ids = table.column("sample_id").to_pylist()
     commits = table.column("commit").to_pylist()
     quarantined = table.column("quarantined").to_pylist()
