@@ -24,7 +24,7 @@ from r3store._format import (
     watermark_of,
     write_checkpoint,
 )
-from r3store.errors import NotAStoreError, ObjectNotFoundError
+from r3store.errors import FormatVersionError, NotAStoreError, ObjectNotFoundError
 from r3store.reader._catalog import SampleCatalog
 from r3store.storage import Backend, open_backend
 
@@ -112,8 +112,6 @@ def compact(url: str | os.PathLike[str] | Backend, *, storage_options: Mapping[s
     >>> store.checkpoint == result.key, len(store)
     (True, 3)
     """
-    from r3store.errors import FormatVersionError
-
     now = clock or (lambda: datetime.now(UTC))
     backend = open_backend(url, storage_options)
     try:
