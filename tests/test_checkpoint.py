@@ -291,7 +291,7 @@ def test_prefetch_reads_a_batch_of_many_commits_up_front(s3_url: str, s3_storage
     s3_counter.reset()
     store.prefetch(ids)
     fetched = len(s3_counter.log)
-    assert fetched == 3 * 12, sorted((r.method, r.key[-30:], r.range) for r in s3_counter.log)[:8]  # a document, an index and the frames per commit, fetched concurrently
+    assert fetched == 3 * 12  # a document, an index and the frames per commit, fetched concurrently
     s3_counter.reset()
     batch = store.assemble(ids)
     assert len(s3_counter.log) == 0  # everything the batch needs is cached

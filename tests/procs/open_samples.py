@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pyarrow as pa
-from writer import SPEC, peak_rss_bytes, routes_for
 
 import r3store
+
+sys.path.insert(0, str(Path(__file__).parent))
+from writer import SPEC, peak_rss_bytes, routes_for
 
 
 def main() -> None:
