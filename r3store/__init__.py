@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from r3store._spec import ModelSpec
     from r3store._store import RouteStore, open_store
     from r3store.dataset import RouteDataset, to_device
-    from r3store.reader import RouteReader, open_reader
+    from r3store.reader import RouteReader, compact, open_reader
     from r3store.writer import RouteWriter, WriterConfig, decode_sglang, decode_vllm, encode_sglang
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "RouteWriter",
     "WriterConfig",
     "__version__",
+    "compact",
     "decode_sglang",
     "decode_vllm",
     "encode_sglang",
@@ -54,6 +55,7 @@ _LAZY = {
     "decode_sglang": "r3store.writer",
     "decode_vllm": "r3store.writer",
     "encode_sglang": "r3store.writer",
+    "compact": "r3store.reader",
     "open_reader": "r3store.reader",
     "open_store": "r3store._store",
     "to_device": "r3store.dataset",
@@ -74,4 +76,3 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value  # later lookups skip this function
         return value
     raise AttributeError(f"module 'r3store' has no attribute {name!r}")
-

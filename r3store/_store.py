@@ -10,6 +10,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+import pyarrow.compute as pc
+
 from r3store._checks import parse_choice
 from r3store._deprecated import renamed_property, warn
 from r3store._format import ArrayGeometry
@@ -124,6 +126,7 @@ class RouteStore(RouteReader):
         opts = LayoutOptions.resolve(options, layout=layout, cp_size=cp_size, cp_rank=cp_rank, cp_mode=cp_mode,
                                      tp_size=tp_size, tp_rank=tp_rank, pad_multiple=pad_multiple,
                                      sequence_parallel=sequence_parallel, max_seqlen=max_seqlen)
+        self.prefetch(sample_ids)
         batch = assemble(self, sample_ids, opts, layers=layers, pad_policy=pad_policy, fill_value=fill_value,
                          tokens=tokens, return_policy_version=return_policy_version, dtype=dtype, packed=packed)
         if return_tensors == "np":
@@ -151,6 +154,8 @@ def open_store(
     cache_bytes: int = 64 << 20,
     cache_dir: str | os.PathLike[str] | None = None,
     max_sample_rows: int | None = None,
+    filter: pc.Expression | None = None,
+    use_checkpoint: bool = True,
 ) -> RouteStore:
     """Open a store for reading (see :func:`r3store.reader.open_reader` for every parameter).
 
@@ -170,6 +175,12 @@ def open_store(
     max_sample_rows : int, optional
         Cap on rows per sample, checked at open before anything is allocated (default:
         the store's ``limits.max_sample_rows``; see :func:`r3store.reader.open_reader`).
+    filter : pyarrow.compute.Expression, optional
+        Open only the samples it selects, e.g. one RL step's: ``pc.field("step") == 7``
+        (sample-table columns; pushed down, see :func:`r3store.reader.open_reader`).
+    use_checkpoint : bool
+        Start from the newest valid checkpoint (:func:`r3store.compact`); False reads
+        every sample table.
 
     Returns
     -------
@@ -183,4 +194,5 @@ def open_store(
         SpecConflictError, SampleTooLargeError).
     """
     return RouteStore.open(url, storage_options=storage_options, on_duplicate=on_duplicate,
-                           cache_bytes=cache_bytes, cache_dir=cache_dir, max_sample_rows=max_sample_rows)
+                           cache_bytes=cache_bytes, cache_dir=cache_dir, max_sample_rows=max_sample_rows,
+                           filter=filter, use_checkpoint=use_checkpoint)

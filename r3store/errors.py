@@ -36,7 +36,8 @@ builtin exception a caller would naturally catch, so ``except KeyError`` around
     └── WriterClosedError (RuntimeError)         a closed writer was used
 
     R3StoreWarning (UserWarning)
-    └── DiscardedSampleWarning                   open samples were dropped at close
+    ├── DiscardedSampleWarning                   open samples were dropped at close
+    └── CheckpointWarning                        a checkpoint was ignored (damaged, partial, foreign)
 
 Errors keep the facts as attributes (``sample_id``, ``field``, ``path``, ...) and
 build their message from them.
@@ -49,6 +50,7 @@ from typing import Any
 
 __all__ = [
     "AlignmentError",
+    "CheckpointWarning",
     "ChecksumError",
     "CodecError",
     "ContinuationError",
@@ -522,6 +524,24 @@ class R3StoreWarning(UserWarning):
 
 class DiscardedSampleWarning(R3StoreWarning):
     """Open (non-final) multi-turn samples were discarded when a writer closed."""
+
+
+class CheckpointWarning(R3StoreWarning):
+    """A checkpoint (``index/<covered>-<token>.checkpoint``) was ignored because it failed its checks;
+    the store was opened from its sample tables (or an older checkpoint) instead.
+
+    Attributes
+    ----------
+    path : str
+        The checkpoint's location.
+    fault : str
+        What was wrong with it.
+    """
+
+    def __init__(self, path: str, fault: str) -> None:
+        self.path = path
+        self.fault = fault
+        super().__init__(f"{path}: checkpoint ignored ({fault}); reading the sample tables instead")
 
 
 def _short(value: Any) -> str:

@@ -108,3 +108,42 @@ def test_gc_never_touches_committed_data(tmp_path: Path) -> None:
     store = r3store.open_store(url)
     assert store.sample_ids == ["keep"]
     np.testing.assert_array_equal(store.get("keep"), routes_for(1, 10))
+
+
+def test_writer_memory_with_many_open_samples_is_bounded(tmp_path: Path) -> None:
+    """48 open multi-turn samples (about 2.7 MiB each, 129 MiB in all) through a 16 MiB buffer:
+    peak RSS grows by at most buffer + one sample + a margin, and the finished samples are
+    committed in as few commits as the buffer allows (not one per sample)."""
+    buffer_bytes = 16 << 20
+    script = WRITER.parent / "open_samples.py"
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "store"), "48", "4", "5500",
+                           str(buffer_bytes)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    growth = report["growth_bytes"]
+    # buffered ids + one sample + one encoded object and transient encode arrays (measured: ~11 MiB)
+    assert growth < buffer_bytes + report["sample_bytes"] + (16 << 20), f"RSS grew by {growth / 2**20:.0f} MiB"
+    assert report["commits"] <= -(-report["total_bytes"] // buffer_bytes)  # every commit holds a full buffer
+    store = r3store.open_store(tmp_path / "store")
+    assert len(store) == 48
+    assert store.policy_spans("chat-007") == [(0, 5500, 0), (5500, 11000, 1), (11000, 16500, 2), (16500, 22000, 3)]
+    expected = np.concatenate([routes_for(t, 5500) for t in range(4)])
+    np.testing.assert_array_equal(store.get("chat-031"), expected)
+
+
+def test_spilled_samples_are_committed_intact_and_scratch_is_removed(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    parts = {i: [routes_for(i * 10 + t, int(rng.integers(1, 50))) for t in range(3)] for i in range(12)}
+    spill = tmp_path / "scratch"
+    spill.mkdir()
+    with r3store.RouteWriter(tmp_path / "store", SPEC, buffer_bytes=20_000, spill_dir=spill) as w:
+        for t in range(3):
+            for i, turns in parts.items():
+                start = sum(len(p) for p in turns[:t])
+                w.append(f"c{i}", turns[t], start=start, final=t == 2)
+            if t == 1:
+                assert w._buffer.spilled_bytes > 0 and list(spill.iterdir())  # open samples were spilled
+    assert list(spill.iterdir()) == []  # the scratch folder is gone
+    store = r3store.open_store(tmp_path / "store")
+    for i, turns in parts.items():
+        np.testing.assert_array_equal(store.get(f"c{i}"), np.concatenate(turns))

@@ -112,7 +112,11 @@ def test_open_is_manifest_listing_and_one_get_per_shard(fifty: dict[str, int], s
     assert [(r.method, r.key, r.range) for r in log if not r.is_listing] == [
         ("GET", "store/r3store.json", None), ("GET", f"store/{table}", None),
     ]
-    assert sum(r.is_listing for r in log) == 1 and len(log) == 3
+    # one delimited listing of index/ (checkpoints and buckets: none here), one listing of the tables
+    assert sum(r.is_listing for r in log) == 2 and len(log) == 4
+    s3_counter.reset()
+    r3store.open_store(s3_url, storage_options=s3_storage_options, use_checkpoint=False)
+    assert sum(r.is_listing for r in s3_counter.log) == 1 and len(s3_counter.log) == 3
 
 
 def test_one_sample_read_fetches_only_its_chunks(fifty: dict[str, int], s3_url: str,

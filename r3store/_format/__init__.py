@@ -10,6 +10,16 @@ from r3store._format._array import (
     position_tag,
     route_codec,
 )
+from r3store._format._checkpoint import (
+    CHECKPOINT_PREFIX,
+    CHECKPOINT_VERSION,
+    CheckpointInfo,
+    checkpoint_key,
+    parse_checkpoint_key,
+    read_checkpoint,
+    watermark_of,
+    write_checkpoint,
+)
 from r3store._format._digest import DIGEST_TYPES, table_digest
 from r3store._format._footer import read_footer
 from r3store._format._json import MAX_INT_DIGITS, canonical_json, loads_document
@@ -56,7 +66,10 @@ from r3store._format._table import (
 __all__ = [
     "ArrayGeometry",
     "BUCKET_NAME",
+    "CHECKPOINT_PREFIX",
+    "CHECKPOINT_VERSION",
     "COMMIT_NAME",
+    "CheckpointInfo",
     "DEFAULT_MAX_SAMPLE_ROWS",
     "DIGEST_TYPES",
     "FORMAT_NAME",
@@ -76,6 +89,7 @@ __all__ = [
     "bucket_of",
     "canonical_json",
     "check_rows",
+    "checkpoint_key",
     "commit_of_route_key",
     "commit_of_table_key",
     "decode_index",
@@ -90,11 +104,13 @@ __all__ = [
     "make_manifest",
     "manifest_bytes",
     "manifest_checksum",
+    "parse_checkpoint_key",
     "parse_manifest",
     "parse_ranges",
     "parse_spans",
     "parse_table_key",
     "position_tag",
+    "read_checkpoint",
     "read_footer",
     "read_table",
     "route_codec",
@@ -102,6 +118,8 @@ __all__ = [
     "table_key",
     "table_schema",
     "token_hash",
+    "watermark_of",
+    "write_checkpoint",
     "write_table",
     "zarr_group_json",
 ]

@@ -70,7 +70,11 @@ def _strings(column: pa.ChunkedArray) -> bytes:
         out = np.empty(4 * n + int(lengths.sum()), dtype=np.uint8)
         out[(out_starts[:, None] + np.arange(4)).ravel()] = lengths.astype("<u4").view(np.uint8)
         total = int(lengths.sum())
-        if total:
+        if total and int(offsets[-1]) - int(offsets[0]) == total:  # null rows hold no bytes: one contiguous run
+            is_prefix = np.zeros(out.size, dtype=bool)
+            is_prefix[(out_starts[:, None] + np.arange(4)).ravel()] = True
+            out[~is_prefix] = data[int(offsets[0]) : int(offsets[-1])]
+        elif total:
             row_of = np.repeat(np.arange(n), lengths)
             within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
             out[out_starts[row_of] + 4 + within] = data[starts[row_of] + within]
@@ -78,7 +82,8 @@ def _strings(column: pa.ChunkedArray) -> bytes:
     return b"".join(parts)
 
 
-def table_digest(table: pa.Table, version: str, spec: str, path: str = "sample table") -> str:
+def table_digest(table: pa.Table, version: str, spec: str, path: str = "sample table", *,
+                 extra: tuple[str, ...] = ()) -> str:
     """``"blake2b128:<hex>"`` of a sample table's content and metadata (see the module docstring).
 
     Parameters
@@ -89,6 +94,9 @@ def table_digest(table: pa.Table, version: str, spec: str, path: str = "sample t
         The ``r3store.version`` and ``r3store.spec`` key-value metadata.
     path : str
         For messages.
+    extra : tuple of str
+        Further metadata values hashed after the spec, each as ``u32 len + UTF-8`` (a
+        checkpoint's ``r3store.checkpoint``; FORMAT.md section 11).
 
     Raises
     ------
@@ -121,4 +129,6 @@ def table_digest(table: pa.Table, version: str, spec: str, path: str = "sample t
             h.update(_strings(column))
     h.update(_text(version))
     h.update(_text(spec))
+    for value in extra:
+        h.update(_text(value))
     return f"blake2b128:{h.hexdigest()}"

@@ -133,7 +133,7 @@ def commit_of_route_key(key: str) -> str | None:
 def is_immutable_key(key: str) -> bool:
     """Whether the object under ``key`` never changes once written.
 
-    Route objects and sample tables carry writer-unique commit names and are written
+    Route objects, sample tables and checkpoints carry unique names and are written
     once (a retried commit writes the same bytes); the manifest and the zarr group
     documents may be re-created if a store is deleted and made again at the same URL.
     Temporary files are not.

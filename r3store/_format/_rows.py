@@ -16,6 +16,7 @@ from r3store.errors import FormatError, SampleTooLargeError
 
 __all__ = [
     "check_rows",
+    "check_texts",
     "format_ranges",
     "format_spans",
     "parse_ranges",
@@ -167,7 +168,7 @@ def check_rows(table: pa.Table, path: str, commit: str, *, required: Sequence[st
             raise SampleTooLargeError(path, col("sample_id")[i].as_py(), col("num_rows")[i].as_py(), max_sample_rows)
     _check_disjoint(table, path)
     if version >= 2:
-        _check_texts(table, path)
+        check_texts(table, path)
 
 
 def _outside(values: pa.ChunkedArray, low: int, high: int) -> pa.ChunkedArray:
@@ -195,7 +196,7 @@ def _check_disjoint(table: pa.Table, path: str) -> None:
         raise FormatError(path, f"samples {ids[a].as_py()!r} and {ids[b].as_py()!r} share rows of the route array")
 
 
-def _check_texts(table: pa.Table, path: str) -> None:
+def check_texts(table: pa.Table, path: str) -> None:
     """``missing_rows`` and ``policy_spans`` parse and fit their sample; ``policy_version`` agrees."""
     cols = table.select(["sample_id", "num_rows", "missing_rows", "policy_spans", "policy_version"]).to_pydict()
     for i, (sid, rows, missing, spans, version) in enumerate(zip(*cols.values(), strict=True)):

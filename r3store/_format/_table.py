@@ -34,6 +34,8 @@ __all__ = [
     "MAX_TABLE_COLUMNS",
     "RESERVED_COLUMNS",
     "array_rows",
+    "check_columns",
+    "read_parquet",
     "read_table",
     "table_schema",
     "token_hash",
@@ -164,25 +166,54 @@ def read_table(buf: bytes, path: str, commit: str | None = None, *, version: int
     r3store.errors.FormatVersionError
         Written by another format version than the store's.
     """
-    table = _read_capped(buf, path)
-    meta = {k.decode(errors="replace"): v for k, v in (table.schema.metadata or {}).items()}
+    table, meta = read_parquet(buf, path)
     found = meta.get("r3store.version", b"").decode(errors="replace")
     if found != str(version):
         raise FormatVersionError(path, f"sample table format version {found!r} in a format version {version} store")
-    _check_utf8(table, path)
     if version >= 2:
         _check_digest(table, meta, found, path)
+    check_columns(table, meta, path, version=version, spec=spec, spec_source=spec_source)
+    if commit is not None:
+        required = [f.name for f in table_schema(version) if not f.nullable]
+        check_rows(table, path, commit, required=required, version=version, max_sample_rows=max_sample_rows)
+    table = table.replace_schema_metadata(None)
+    return _as_v2(table) if version == 1 else table
+
+
+def read_parquet(buf: bytes, path: str) -> tuple[pa.Table, dict[str, bytes]]:
+    """Read a Parquet file of sample rows whose footer checks out and whose decoded size fits the
+    caps (footer checked before pyarrow; page CRCs verified; strings checked to be UTF-8).
+
+    Returns
+    -------
+    (pyarrow.Table, dict of str to bytes)
+        The table (with its schema metadata) and its key-value metadata.
+
+    Raises
+    ------
+    r3store.errors.FormatError, r3store.errors.ChecksumError
+        See :func:`read_table`.
+    """
+    table = _read_capped(buf, path)
+    meta = {k.decode(errors="replace"): v for k, v in (table.schema.metadata or {}).items()}
+    _check_utf8(table, path)
+    return table, meta
+
+
+def check_columns(table: pa.Table, meta: dict[str, bytes], path: str, *, version: int,
+                  spec: ModelSpec | None, spec_source: str) -> None:
+    """The required columns of ``version`` have their types, and ``r3store.spec`` equals ``spec``.
+
+    Raises
+    ------
+    r3store.errors.FormatError, r3store.errors.SpecConflictError
+    """
     for field in table_schema(version):
         got = table.schema.field(field.name).type if field.name in table.schema.names else None
         if got != field.type:
             raise FormatError(path, f"column {field.name!r} should be {field.type}, found {got}")
     if spec is not None:
         _check_spec(meta.get("r3store.spec", b""), spec, path, spec_source)
-    if commit is not None:
-        required = [f.name for f in table_schema(version) if not f.nullable]
-        check_rows(table, path, commit, required=required, version=version, max_sample_rows=max_sample_rows)
-    table = table.replace_schema_metadata(None)
-    return _as_v2(table) if version == 1 else table
 
 
 def _check_utf8(table: pa.Table, path: str) -> None:

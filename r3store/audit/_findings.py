@@ -34,6 +34,8 @@ KINDS: Mapping[str, tuple[Severity, str]] = {
     "missing_rows": ("warning", "rows the engine could not capture, stored as missing (get returns -1 there, batches "
                                 "give them replay_mask False)"),
     "uncommitted": ("warning", "a route array under routes/ with no sample table (index/<bucket>/<commit>.parquet)"),
+    "checkpoint": ("error", "a checkpoint (index/*.checkpoint) fails its checks or disagrees with the sample tables "
+                            "(readers skip a damaged one; r3store compact writes a new one)"),
 }
 
 _SEVERITY_RANK = {"error": 0, "warning": 1}

@@ -11,10 +11,13 @@ from typing import Any
 from r3store._deprecated import renamed_property
 from r3store._format import MANIFEST_KEY, is_temporary_key
 from r3store.errors import NotAStoreError
-from r3store.reader import committed_commits, uncommitted_route_objects
+from r3store.reader import checkpoint_keys, committed_commits, uncommitted_route_objects
 from r3store.storage import Backend, ObjectInfo, open_backend
 
-__all__ = ["Leftover", "collect_garbage"]
+__all__ = ["KEEP_CHECKPOINTS", "Leftover", "collect_garbage"]
+
+KEEP_CHECKPOINTS = 2
+"""Checkpoints ``gc`` keeps (the newest; an older one is the fallback while a newer one is damaged)."""
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,11 @@ def collect_garbage(
 
     A leftover is a ``routes/<commit>/`` array with no sample table (``index/<bucket>/<commit>.parquet``; a
     writer died or failed before committing; see
-    :func:`r3store.reader.uncommitted_route_objects`), or a temporary file
-    (``.<name>.tmp``). Committed arrays are never touched: the commit record is
-    re-checked right before each delete.
+    :func:`r3store.reader.uncommitted_route_objects`), a temporary file
+    (``.<name>.tmp``), or a superseded checkpoint (``index/*.checkpoint`` other than the
+    :data:`KEEP_CHECKPOINTS` newest: readers take the newest valid one). Committed arrays
+    and sample tables are never touched (a checkpoint is a cache of the tables, which stay
+    the source of truth): the commit record is re-checked right before each delete.
 
     Parameters
     ----------
@@ -85,6 +90,8 @@ def collect_garbage(
     for key, info in listing.items():
         if is_temporary_key(key) and key.endswith(".tmp") and key not in grouped:
             groups[key] = {key: info}
+    for key in checkpoint_keys(backend, [k for k in listing if k.count("/") == 1])[KEEP_CHECKPOINTS:]:
+        groups[key] = {key: listing[key]}
     found = []
     for name, objects in sorted(groups.items()):
         times = [info.mtime for info in objects.values() if info.mtime is not None]

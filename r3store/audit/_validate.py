@@ -24,12 +24,14 @@ import bisect
 import functools
 import math
 import re
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from r3store._checks import parse_int
 from r3store._format import ArrayGeometry, array_key, parse_ranges
@@ -47,7 +49,7 @@ from r3store.audit._scan import (
     select_samples,
 )
 from r3store.errors import ChecksumError, FormatError, ObjectNotFoundError, UnknownCodecError
-from r3store.reader import RouteReader
+from r3store.reader import RouteReader, checkpoint_keys, load_checkpoint, read_all_rows
 
 __all__ = ["plan_validate", "validate"]
 
@@ -214,6 +216,8 @@ def plan_validate(store: RouteReader, *, sample_filter: str | None = None, limit
     head = _table_findings(table) + _duplicate_findings(store, table, subset)
     if not subset:
         head += _leftover_findings(store)
+        if not store.is_partial:
+            head += _checkpoint_findings(store)
     commit_of = {array_key(commit): commit for commit in store.commits}
     units = tuple(ScanUnit(i, sum(n for _, _, n in u.samples), ((commit_of[u.array],),), u)
                   for i, u in enumerate(_units(store, table, full=not subset)))
@@ -334,6 +338,54 @@ def _leftover_findings(store: RouteReader) -> list[Finding]:
                          detail=f"{nbytes:,} bytes, no sample table: a crashed or still-running writer "
                                 "(r3store gc deletes old leftovers)")
             for commit, nbytes in store.storage_usage().uncommitted.items()]
+
+
+def _checkpoint_findings(store: RouteReader) -> list[Finding]:
+    """Each checkpoint passes its checks and holds exactly the rows of the sample tables of the
+    commits it covers (every covered commit still has its table)."""
+    keys = checkpoint_keys(store.backend)
+    if not keys:
+        return []
+    tables = read_all_rows(store.backend, store.manifest)  # from the sample tables, not a checkpoint
+    by_commit = tables.sort_by([("commit", "ascending"), ("row_start", "ascending")])
+    commits = set(by_commit.column("commit").to_pylist())
+    out = []
+    for key in keys:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loaded = load_checkpoint(store.backend, store.manifest, keys=[key])
+        if loaded is None:
+            why = str(caught[0].message) if caught else "fails its checks"
+            out.append(make_finding("checkpoint", array=key, detail=why))
+            continue
+        absent = sorted(loaded.info.commits - commits)
+        if absent:
+            out.append(make_finding("checkpoint", array=key, detail=f"covers {len(absent)} commit(s) with no sample "
+                                                                   f"table, e.g. {absent[0]!r}"))
+            continue
+        mine = loaded.table.sort_by([("commit", "ascending"), ("row_start", "ascending")])
+        theirs = by_commit.filter(pc.is_in(by_commit.column("commit"),
+                                           value_set=pa.array(sorted(loaded.info.commits), pa.string())))
+        fault = _rows_differ(mine, theirs)
+        if fault is not None:
+            out.append(make_finding("checkpoint", array=key, detail=f"disagrees with the sample tables: {fault}"))
+    return out
+
+
+def _rows_differ(mine: pa.Table, theirs: pa.Table) -> str | None:
+    """Why two sets of sample rows (same order) differ, or None: every column of either, compared
+    as values (a metadata column a commit lacks is null; clashing types compared as text)."""
+    if mine.num_rows != theirs.num_rows:
+        return f"{mine.num_rows} rows, the tables of its commits hold {theirs.num_rows}"
+    for name in dict.fromkeys(mine.column_names + theirs.column_names):
+        a = mine.column(name) if name in mine.column_names else pa.nulls(mine.num_rows)
+        b = theirs.column(name) if name in theirs.column_names else pa.nulls(theirs.num_rows)
+        if a.type != b.type and not (pa.types.is_null(a.type) or pa.types.is_null(b.type)):
+            a, b = pc.cast(a, pa.string()), pc.cast(b, pa.string())
+        if a.to_pylist() != b.to_pylist():
+            i = next(j for j, (x, y) in enumerate(zip(a.to_pylist(), b.to_pylist(), strict=True)) if x != y)
+            return f"column {name!r}, row of sample {mine.column('sample_id')[i].as_py()!r}"
+    return None
 
 
 def _units(store: RouteReader, table: pa.Table, full: bool) -> list[_Unit]:

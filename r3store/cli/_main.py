@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
              "Show the expert ids of SAMPLE_ID in the store at URL: rows x layers, each cell the top-k ids."),
     "demo": ("r3store.cli._demo", "Run the main job on the bundled real FLAME-MoE-290M trace."),
     "gc": ("r3store.cli._gc", "List (or --delete) uncommitted leftovers of crashed writers."),
+    "compact": ("r3store.cli._compact",
+                "Write a checkpoint of every commit so far, so the store at URL opens from one file."),
 }
 """Command name -> (module defining a click command of that name, its short help)."""
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from torch.utils.data import IterableDataset
 
 from r3store._checks import parse_int
@@ -15,7 +18,7 @@ from r3store.batch import PadPolicy, RouteDType, assemble, packed_bits, route_dt
 from r3store.dataset._batches import plan_batches, sample_fingerprint
 from r3store.dataset._tensors import batch_to_tensors
 from r3store.dataset._topology import Topology
-from r3store.errors import ResumeError
+from r3store.errors import OptionError, ResumeError
 from r3store.layout import LayoutOptions, LayoutOptionsDict, check_pad_args
 from r3store.reader import RouteReader, open_reader
 from r3store.storage import Backend
@@ -24,7 +27,42 @@ __all__ = ["RouteDataset"]
 
 STATE_FORMAT = "r3store.RouteDataset"
 STATE_VERSION = 2
-"""Version 2 names the DP rank and size ``dp_rank``/``dp_size`` (version 1: ``rank``/``world_size``)."""
+"""Version 2 names the DP rank and size ``dp_rank``/``dp_size`` (version 1: ``rank``/``world_size``).
+States may carry ``commits`` (the epoch's sample set, :func:`commit_marks`) and ``finished``."""
+_SEQ = re.compile(r"(.+)-(\d+)")
+
+
+def commit_marks(commits: Sequence[str]) -> dict[str, Any]:
+    """A compact, exact description of a set of commits: for names ``<writer_id>-<seq>``, each
+    writer's highest ``seq`` (a writer commits its ``seq`` in order, so the set is every commit of
+    that writer up to it); other names listed.
+
+    Examples
+    --------
+    >>> commit_marks(["w1-00000", "w1-00001", "w2-00000", "odd"])
+    {'writers': {'w1': 1, 'w2': 0}, 'others': ['odd']}
+    """
+    writers: dict[str, int] = {}
+    others = []
+    for name in commits:
+        match = _SEQ.fullmatch(name)
+        if match is None:
+            others.append(name)
+        else:
+            writers[match.group(1)] = max(writers.get(match.group(1), -1), int(match.group(2)))
+    return {"writers": dict(sorted(writers.items())), "others": sorted(others)}
+
+
+def _marked(commits: Sequence[str], marks: Mapping[str, Any]) -> list[str]:
+    """The commits of ``commits`` that ``marks`` (:func:`commit_marks`) includes."""
+    writers, others = marks["writers"], set(marks["others"])
+    out = []
+    for name in commits:
+        match = _SEQ.fullmatch(name)
+        if (match is None and name in others) or \
+                (match is not None and int(match.group(2)) <= writers.get(match.group(1), -1)):
+            out.append(name)
+    return out
 
 
 class RouteDataset(IterableDataset[dict[str, Any]]):
@@ -95,6 +133,12 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         Yield ``routes`` bit-packed (uint8, with ``routes_bits`` and ``routes_shape``) for
         the trip to the device; :func:`r3store.dataset.unpack_routes` restores them there
         (see :func:`r3store.batch.assemble`).
+    filter : pyarrow.compute.Expression, optional
+        Stream only the samples it selects (sample-table columns, e.g.
+        ``pc.field("step") == 7``; see :func:`r3store.open_store`). Only with a URL.
+    refresh_on_epoch : bool
+        :meth:`set_epoch` first picks up the commits made since (:meth:`refresh`), so a
+        growing store's new samples join each new epoch.
     rank, world_size : int, optional
         Deprecated names of ``dp_rank`` and ``dp_size``.
 
@@ -113,9 +157,20 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
     -----
     Resumable: :meth:`state_dict` / :meth:`load_state_dict` hold only JSON values and
     satisfy torchdata's ``Stateful`` protocol, so ``StatefulDataLoader`` resumes exactly at
-    the first batch not yet consumed. With ``num_workers > 0`` the progress lives in the
-    worker processes: use ``StatefulDataLoader.state_dict()``; the dataset object in the
-    main process only knows its own (0-worker) iteration.
+    the first batch not yet consumed.
+
+    Growing stores: each epoch's sample set is fixed when the epoch starts (at
+    construction and at :meth:`set_epoch`): the samples of the commits the reader knew
+    then. :meth:`refresh` (or ``refresh_on_epoch=True``) picks up new commits, which join
+    at the next :meth:`set_epoch`. The state records the epoch's commits compactly (each
+    writer's last commit, :func:`commit_marks`), so a run resumed after writers added
+    samples yields exactly the remaining batches of the interrupted epoch. A state taken
+    at the very end of an epoch holds no progress: loading it keeps the epoch chosen with
+    :meth:`set_epoch` and starts it at its first batch (as with ``num_workers > 0``).
+
+    With ``num_workers > 0`` the progress lives in the worker processes: use
+    ``StatefulDataLoader.state_dict()``; the dataset object in the main process only
+    knows its own (0-worker) iteration.
 
     Batches carry routes, not tokens: the trainer takes its token ids for
     ``batch["sample_ids"]`` and lays them out with the same options (or calls
@@ -154,11 +209,17 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         packed: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        filter: pc.Expression | None = None,
+        refresh_on_epoch: bool = False,
     ) -> None:
         super().__init__()
         self.max_tokens_per_batch = parse_int("max_tokens_per_batch", max_tokens_per_batch, minimum=1)
+        if filter is not None and isinstance(url, RouteReader):
+            raise OptionError("filter", filter, "applies when the dataset opens the store: pass a URL, or open "
+                                                "the reader with open_reader(url, filter=...)")
         self.reader = url if isinstance(url, RouteReader) else open_reader(
-            url, storage_options=storage_options, cache_dir=cache_dir, on_duplicate=on_duplicate)
+            url, storage_options=storage_options, cache_dir=cache_dir, on_duplicate=on_duplicate, filter=filter)
+        self.refresh_on_epoch = bool(refresh_on_epoch)
         self.reader.spec.layer_positions(layers)  # fail early on a bad layer
         self.layers = None if layers is None else [int(v) for v in layers]
         self.options = LayoutOptions.resolve(options, layout=layout, cp_size=cp_size, cp_rank=cp_rank,
@@ -179,12 +240,11 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         self._dp_size = renamed_keyword("RouteDataset", "world_size", "dp_size", world_size, dp_size)
         if self._dp_rank is not None or self._dp_size is not None:
             self.topology()
-        self.sample_ids = self.reader.sample_ids
-        self._num_tokens = np.array([self.reader.num_tokens(s) for s in self.sample_ids], dtype=np.int64)
-        self._fingerprint = sample_fingerprint(self.sample_ids)
         self.epoch = 0
         self._resume_at = 0
         self._yielded = 0
+        self._epoch_batches: int | None = None
+        self._fix_epoch_set(commit_marks(self.reader.commits))
 
     store = renamed_property("store", "reader")
 
@@ -209,6 +269,33 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         self.epoch = parse_int("epoch", epoch, minimum=0)
         self._resume_at = 0
         self._yielded = 0
+        self._epoch_batches = None
+        if self.refresh_on_epoch:
+            self.reader.refresh()
+        self._fix_epoch_set(commit_marks(self.reader.commits))
+
+    def refresh(self) -> int:
+        """Pick up the commits made since the store was opened (:meth:`r3store.RouteReader.refresh`);
+        their samples join at the next :meth:`set_epoch` (the current epoch's set stays fixed).
+
+        Returns
+        -------
+        int
+            Samples added to the store (not yet to the current epoch).
+        """
+        return self.reader.refresh()
+
+    def _fix_epoch_set(self, marks: Mapping[str, Any]) -> None:
+        """Fix the epoch's samples: those of the commits ``marks`` includes, in store order."""
+        commits = _marked(self.reader.commits, marks)
+        samples = self.reader.samples.select(["sample_id", "commit", "quarantined", "num_tokens"])
+        keep = pc.and_(pc.invert(samples.column("quarantined")),
+                       pc.is_in(samples.column("commit"), value_set=pa.array(commits, pa.string())))
+        chosen = samples.filter(keep)
+        self._marks = dict(marks)
+        self.sample_ids: list[str] = chosen.column("sample_id").to_pylist()
+        self._num_tokens = np.asarray(chosen.column("num_tokens").to_numpy(), dtype=np.int64)
+        self._fingerprint = sample_fingerprint(self.sample_ids)
 
     def rank_batches(self, topology: Topology | None = None) -> list[np.ndarray]:
         """Sample positions of the batches this data-parallel rank gets this epoch."""
@@ -227,8 +314,10 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         start = self._resume_at
         self._resume_at = 0
         self._yielded = start
+        self._epoch_batches = len(mine)
         for positions in mine[start:]:
             ids = [self.sample_ids[i] for i in positions]
+            self.reader.prefetch(ids)  # the batch's commits' metadata in one concurrent round
             batch = assemble(self.reader, ids, self.options, layers=self.layers, pad_policy=self.pad_policy,
                              fill_value=self.fill_value, return_policy_version=self.return_policy_version,
                              dtype=self.dtype, packed=self.packed)
@@ -236,18 +325,25 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
             yield batch_to_tensors(batch)
 
     def state_dict(self) -> dict[str, Any]:
-        """Resumption state (JSON values only): epoch, batches yielded, seed, DP topology,
-        and the store's sample ids (count and fingerprint)."""
+        """Resumption state (JSON values only): epoch, batches yielded (and whether that was the
+        whole epoch), seed, DP topology, the epoch's commits (:func:`commit_marks`: one entry per
+        writer) and its sample ids (count and fingerprint)."""
         top = self.topology()
+        finished = self._epoch_batches is not None and self._yielded >= self._epoch_batches
         return {"format": STATE_FORMAT, "version": STATE_VERSION, "epoch": self.epoch, "yielded": self._yielded,
-                "seed": self.seed, "shuffle": self.shuffle, "dp_rank": top.dp_rank, "dp_size": top.dp_size,
-                "max_tokens_per_batch": self.max_tokens_per_batch, "num_samples": len(self.sample_ids),
-                "samples": self._fingerprint}
+                "finished": finished, "seed": self.seed, "shuffle": self.shuffle, "dp_rank": top.dp_rank,
+                "dp_size": top.dp_size, "max_tokens_per_batch": self.max_tokens_per_batch,
+                "num_samples": len(self.sample_ids), "samples": self._fingerprint, "commits": self._marks}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Resume: the next iteration skips the batches already yielded.
 
-        States of version 1 (``rank``/``world_size`` for the DP rank and size) load too.
+        The epoch's sample set is restored from the state's ``commits`` (the store may have
+        grown since: the samples of later commits wait for the next epoch; the reader is
+        refreshed once if it does not know a commit of the state yet). A state taken at
+        the very end of an epoch (``finished``) restores no progress: the epoch chosen with
+        :meth:`set_epoch` starts at its first batch. States of version 1 (``rank``/``world_size``
+        for the DP rank and size) and states without ``commits`` (the whole store) load too.
 
         Raises
         ------
@@ -264,16 +360,53 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         if version == 1:
             state["dp_rank"], state["dp_size"] = state.pop("rank", None), state.pop("world_size", None)
         now = self.state_dict()
-        keys = ["seed", "shuffle", "dp_rank", "dp_size", "max_tokens_per_batch", "num_samples"]
-        for key in keys + (["samples"] if "samples" in state else []):
+        for key in ("seed", "shuffle", "dp_rank", "dp_size", "max_tokens_per_batch"):
             if state.get(key) != now[key]:
                 raise ResumeError(key, state.get(key), now[key])
         for key in ("epoch", "yielded"):
             value = state.get(key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ResumeError(key, value, "an int >= 0")
+        if state.get("finished") is True:
+            self._resume_at = self._yielded = 0  # nothing left of that epoch: keep this one, from its start
+            self._epoch_batches = None
+            return
+        marks = self._marks_of(state.get("commits"))
+        previous = self._marks, self.sample_ids, self._num_tokens, self._fingerprint
+        self._fix_epoch_set(marks)
+        got = {"num_samples": len(self.sample_ids), "samples": self._fingerprint}
+        for key in ["num_samples"] + (["samples"] if "samples" in state else []):
+            if state.get(key) != got[key]:
+                self._marks, self.sample_ids, self._num_tokens, self._fingerprint = previous
+                raise ResumeError(key, state.get(key), got[key])
         self.epoch = state["epoch"]
         self._resume_at = self._yielded = state["yielded"]
+        self._epoch_batches = None
+
+    def _marks_of(self, saved: Any) -> Mapping[str, Any]:
+        """The epoch's commits from a state (None: the whole store now); refresh the reader once
+        when the state names a commit it does not know yet."""
+        if saved is None:
+            return commit_marks(self.reader.commits)
+        if not isinstance(saved, Mapping) or not isinstance(saved.get("writers"), Mapping) or \
+                not isinstance(saved.get("others"), list):
+            raise ResumeError("commits", saved, "{'writers': {writer_id: last seq}, 'others': [names]}")
+        writers = saved["writers"]
+        if any(not isinstance(v, int) or isinstance(v, bool) for v in writers.values()):
+            raise ResumeError("commits", saved, "{'writers': {writer_id: last seq}, 'others': [names]}")
+
+        def behind(marks: Mapping[str, Any]) -> bool:
+            return any(marks["writers"].get(w, -1) < seq for w, seq in writers.items()) or \
+                bool(set(saved["others"]) - set(marks["others"]))
+
+        known = commit_marks(self.reader.commits)
+        if behind(known) and not self.reader.is_partial:
+            self.reader.refresh()
+            known = commit_marks(self.reader.commits)
+        if behind(known):
+            raise ResumeError("commits", "the samples of commits this store does not have (another store?)",
+                              f"{len(self.reader.commits)} commits")
+        return saved
 
 
 RouteDataset.__module__ = "r3store"  # the public path, in reprs and tracebacks

@@ -7,6 +7,8 @@
   (:class:`Preloaded`: a verified table and the commits it covers); which commits exist
   and which route objects belong to none (:func:`committed_commits`,
   :func:`uncommitted_route_objects`);
+* :func:`compact` (``_compact.py``): a checkpoint of every commit so far, which
+  catalogues start from (``load_checkpoint``, ``checkpoint_keys``);
 * :func:`filter_samples`: the rows of a sample table a pyarrow compute expression
   selects (the one code path behind every ``filter=``);
 * the chunk reader (``_chunks.py``): array documents checked against their commit,
@@ -17,26 +19,37 @@ It imports nothing above it: laying routes out for a trainer is :mod:`r3store.ba
 """
 
 from r3store.reader._catalog import (
+    LoadedCheckpoint,
     OnDuplicate,
     Preloaded,
     StorageUsage,
+    checkpoint_keys,
     committed_commits,
+    load_checkpoint,
+    read_all_rows,
     table_keys,
     uncommitted_route_objects,
 )
 from r3store.reader._chunks import merge_ranges
+from r3store.reader._compact import CompactResult, compact
 from r3store.reader._filter import filter_samples
 from r3store.reader._reader import RouteReader, open_reader
 
 __all__ = [
+    "CompactResult",
+    "LoadedCheckpoint",
     "OnDuplicate",
     "Preloaded",
     "RouteReader",
     "StorageUsage",
+    "checkpoint_keys",
     "committed_commits",
+    "compact",
     "filter_samples",
+    "load_checkpoint",
     "merge_ranges",
     "open_reader",
+    "read_all_rows",
     "table_keys",
     "uncommitted_route_objects",
 ]

@@ -9,11 +9,17 @@ to no commit (leftovers of a crashed writer).
 
 The catalogue can start from rows loaded elsewhere (:class:`Preloaded`: a verified
 table of sample rows and the set of commits they cover, e.g. a checkpoint); it then reads
-only the sample tables of the other commits.
+only the sample tables of the other commits. A complete catalogue of a format v2 store
+starts from the store's newest valid checkpoint (``index/<covered>-<token>.checkpoint``, written by
+:func:`r3store.compact`; FORMAT.md section 11) and lists only the buckets that may hold
+tables it does not cover; a damaged checkpoint is skipped with a
+:class:`r3store.errors.CheckpointWarning`. :meth:`SampleCatalog.refresh` adds commits made
+since.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
@@ -23,32 +29,48 @@ import pyarrow.compute as pc
 
 from r3store._checks import parse_choice
 from r3store._format import (
+    CHECKPOINT_PREFIX,
     COMMIT_NAME,
     INDEX_PREFIX,
     MANIFEST_KEY,
     ROUTES_PREFIX,
+    CheckpointInfo,
     Manifest,
     array_key,
     array_rows,
     commit_of_route_key,
     commit_of_table_key,
     is_bucket,
+    parse_checkpoint_key,
     parse_ranges,
     parse_spans,
     parse_table_key,
+    read_checkpoint,
     read_table,
     table_key,
     table_schema,
 )
-from r3store.errors import DuplicateSampleError, FormatError, ObjectNotFoundError, OptionError, SampleNotFoundError
+from r3store.errors import (
+    CheckpointWarning,
+    DuplicateSampleError,
+    FormatError,
+    ObjectNotFoundError,
+    OptionError,
+    SampleNotFoundError,
+)
+from r3store.reader._filter import filter_samples
 from r3store.storage import Backend
 
 __all__ = [
+    "LoadedCheckpoint",
     "OnDuplicate",
     "Preloaded",
     "SampleCatalog",
     "StorageUsage",
+    "checkpoint_keys",
     "committed_commits",
+    "load_checkpoint",
+    "read_all_rows",
     "storage_usage",
     "table_keys",
     "uncommitted_route_objects",
@@ -134,6 +156,77 @@ class Preloaded:
     """Sample rows (the columns of ``table_schema(2)``, then user metadata)."""
     commits: frozenset[str]
     """The commits whose rows :attr:`table` holds (all of each commit's rows)."""
+
+
+def checkpoint_keys(backend: Backend, files: list[str] | None = None) -> list[str]:
+    """Keys of a store's checkpoints, newest first (most commits covered, then name).
+
+    Parameters
+    ----------
+    backend : Backend
+    files : list of str, optional
+        The keys directly under ``index/`` (from :meth:`Backend.list_children`); listed
+        when not given.
+    """
+    if files is None:
+        files = backend.list_children(CHECKPOINT_PREFIX)[0]
+    found = [(count, key) for key in files if (count := parse_checkpoint_key(key)) is not None]
+    return [key for _, key in sorted(found, reverse=True)]
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """A checkpoint that passed its checks."""
+
+    key: str
+    """``index/<covered>-<token>.checkpoint``."""
+    table: pa.Table
+    """Every row of the commits it covers (format v2 columns, then user metadata)."""
+    info: CheckpointInfo
+    """The commits it covers and its watermark bucket."""
+
+
+def load_checkpoint(backend: Backend, manifest: Manifest, *, max_sample_rows: int | None = None,
+                    keys: list[str] | None = None) -> LoadedCheckpoint | None:
+    """The newest checkpoint of a store that passes its checks, or None.
+
+    Parameters
+    ----------
+    backend : Backend
+    manifest : Manifest
+        The store's manifest (its spec is compared with the checkpoint's).
+    max_sample_rows : int, optional
+        Cap on rows per sample (default: the manifest's).
+    keys : list of str, optional
+        Checkpoints to try, in order (default: :func:`checkpoint_keys`).
+
+    Warns
+    -----
+    r3store.errors.CheckpointWarning
+        For each checkpoint skipped: damaged, partial, of another spec, or deleted while
+        being read. The next older one is tried; with none left the caller reads the
+        sample tables.
+    """
+    if manifest.version < 2:
+        return None
+    cap = manifest.max_sample_rows if max_sample_rows is None else max_sample_rows
+    for key in checkpoint_keys(backend) if keys is None else keys:
+        path = backend.path_of(key)
+        try:
+            table, info = read_checkpoint(bytes(backend.get(key)), path, spec=manifest.spec,
+                                          spec_source=backend.path_of(MANIFEST_KEY), max_sample_rows=cap)
+        except (FormatError, ObjectNotFoundError) as exc:
+            fault = exc.fault if isinstance(exc, FormatError) else "deleted while being read"
+            warnings.warn(CheckpointWarning(path, fault), stacklevel=3)
+            continue
+        return LoadedCheckpoint(key=key, table=table, info=info)
+    return None
+
+
+def read_all_rows(backend: Backend, manifest: Manifest) -> pa.Table:
+    """Every row of every sample table of a store (read from the tables, no checkpoint; duplicates
+    kept), in store order: what a checkpoint of all commits would hold (audits compare them)."""
+    return SampleCatalog(backend, manifest, on_duplicate="report", use_checkpoint=False).all_rows
 
 
 def uncommitted_route_objects(listing: Mapping[str, V], committed: Collection[str]) -> dict[str, dict[str, V]]:
@@ -233,23 +326,63 @@ class SampleCatalog:
 
     def __init__(self, backend: Backend, manifest: Manifest, *, on_duplicate: OnDuplicate = "raise",
                  max_sample_rows: int | None = None, preloaded: Preloaded | None = None,
-                 commits: Collection[str] | None = None) -> None:
+                 commits: Collection[str] | None = None, filter: pc.Expression | None = None,
+                 use_checkpoint: bool = True) -> None:
         parse_choice("on_duplicate", on_duplicate, ON_DUPLICATE)
+        if filter is not None and not isinstance(filter, pc.Expression):
+            raise OptionError("filter", filter, "must be a pyarrow.compute.Expression, e.g. pc.field('step') == 3")
         self.url = backend.url
         self.manifest = manifest
+        self.on_duplicate = on_duplicate
+        self.filter = filter
         self.max_sample_rows = manifest.max_sample_rows if max_sample_rows is None else max_sample_rows
         self.commits: list[str] = []
         self.complete = commits is None
         self.array_rows: dict[str, int] = {}
-        table = self._load_tables(backend, preloaded, None if commits is None else _parse_commits(commits))
-        self.samples, self.duplicates = _dedupe(table, on_duplicate)
+        self.checkpoint: str | None = None
+        """Key of the checkpoint the catalogue started from (None: it read every sample table)."""
+        self._watermark: str | None = None
+        self.covered: frozenset[str] = frozenset()
+        """The commits the checkpoint covers (empty without one)."""
+        self._known: set[str] = set()
+        wanted = None if commits is None else _parse_commits(commits)
+        self._buckets: list[str] | None = None
+        if preloaded is None and wanted is None and use_checkpoint and manifest.version >= 2:
+            files, self._buckets = backend.list_children(INDEX_PREFIX)  # checkpoints and buckets at once
+            loaded = load_checkpoint(backend, manifest, max_sample_rows=self.max_sample_rows,
+                                     keys=checkpoint_keys(backend, files))
+            if loaded is not None:
+                preloaded = Preloaded(loaded.table, loaded.info.commits)
+                self.checkpoint, self._watermark = loaded.key, loaded.info.watermark
+                self.covered = loaded.info.commits
+        self._rows = self._load_tables(backend, preloaded, wanted)
+        self.samples, self.duplicates = _dedupe(self._rows, on_duplicate)
         self._build_lookup()
 
+    @property
+    def all_rows(self) -> pa.Table:
+        """Every loaded row (passing the filter), duplicates included, in store order."""
+        return self._rows
+
+    @property
+    def watermark(self) -> str | None:
+        """The checkpoint's watermark bucket (None without one)."""
+        return self._watermark
+
     def _table_keys(self, backend: Backend, wanted: list[str] | None) -> dict[str, list[str]]:
-        """Each commit's sample-table key(s): all commits (one listing of ``index/``) or ``wanted``."""
+        """Each commit's sample-table key(s): all commits (one listing of ``index/``; after a
+        checkpoint, one listing of its buckets and one of each bucket from the watermark on) or
+        ``wanted``'s."""
         if wanted is not None and self.manifest.version == 1:
             return {commit: [table_key(commit)] for commit in wanted}  # flat keys: no listing needed
-        by_commit = table_keys(backend.list_prefix(INDEX_PREFIX), self.manifest.version, backend.path_of)
+        if wanted is None and self._watermark is not None:
+            buckets = self._buckets if self._buckets is not None else backend.list_children(INDEX_PREFIX)[1]
+            self._buckets = None  # a listing is used once: refresh() lists again
+            keys = [key for bucket in buckets if bucket >= self._watermark
+                    for key in backend.list_prefix(f"{INDEX_PREFIX}{bucket}/")]
+        else:
+            keys = backend.list_prefix(INDEX_PREFIX)
+        by_commit = table_keys(keys, self.manifest.version, backend.path_of)
         if wanted is None:
             return by_commit
         absent = [commit for commit in wanted if commit not in by_commit]
@@ -258,42 +391,113 @@ class SampleCatalog:
                                       f"commit {absent[0]!r} has no sample table")
         return {commit: by_commit[commit] for commit in wanted}
 
-    def _load_tables(self, backend: Backend, preloaded: Preloaded | None, wanted: list[str] | None) -> pa.Table:
-        """Read and check the sample tables (all, or ``wanted``'s, less the commits ``preloaded``
-        covers); note the rows each route array must have."""
-        by_commit = self._table_keys(backend, wanted)
-        covered = preloaded.commits if preloaded is not None else frozenset()
-        todo = {commit: keys for commit, keys in by_commit.items() if commit not in covered}
+    def _read_tables(self, backend: Backend, todo: dict[str, list[str]]) -> list[pa.Table]:
+        """Read and check the sample tables of ``todo`` (commit -> keys); note their array rows;
+        return them, narrowed by the filter where a table has the filter's columns."""
         blobs = backend.get_many([k for keys in todo.values() for k in keys])
-        tables = [] if preloaded is None else [preloaded.table]
+        tables = []
         for commit, keys in todo.items():
             blob = blobs.pop(keys[0])
             for other in keys[1:]:  # a late retry wrote a second bucket: the same bytes, or a fault
                 if blobs.pop(other) != blob:
                     raise FormatError(backend.path_of(other), f"a second sample table of commit {commit!r} that "
                                                               f"differs from {keys[0]}")
-            tables.append(read_table(blob, backend.path_of(keys[0]), commit, version=self.manifest.version,
-                                     spec=self.manifest.spec, spec_source=backend.path_of(MANIFEST_KEY),
-                                     max_sample_rows=self.max_sample_rows))
-            self.array_rows[array_key(commit)] = array_rows(tables[-1])
-        self.commits = sorted(set(todo) | set(covered))
+            table = read_table(blob, backend.path_of(keys[0]), commit, version=self.manifest.version,
+                               spec=self.manifest.spec, spec_source=backend.path_of(MANIFEST_KEY),
+                               max_sample_rows=self.max_sample_rows)
+            self.array_rows[array_key(commit)] = array_rows(table)
+            tables.append(self._narrow(table))
+        return tables
+
+    def _narrow(self, table: pa.Table) -> pa.Table:
+        """``table`` filtered (pushed down before merging); unchanged when it lacks a column the
+        filter names (the merged table is filtered again, with every column)."""
+        if self.filter is None:
+            return table
+        try:
+            return filter_samples(table, self.filter)
+        except OptionError:
+            return table
+
+    def _load_tables(self, backend: Backend, preloaded: Preloaded | None, wanted: list[str] | None) -> pa.Table:
+        """Read and check the sample tables (all, or ``wanted``'s, less the commits ``preloaded``
+        covers); note the rows each route array must have."""
+        by_commit = self._table_keys(backend, wanted)
+        covered = preloaded.commits if preloaded is not None else frozenset()
+        todo = {commit: keys for commit, keys in by_commit.items() if commit not in covered}
+        tables = [] if preloaded is None else [self._narrow(preloaded.table)]
         if preloaded is not None:
             self._note_preloaded(preloaded)
+        tables += self._read_tables(backend, todo)
+        self._known = set(todo) | set(covered)
+        self.commits = sorted(self._known)
+        return self._merge(tables)
+
+    def _merge(self, tables: list[pa.Table]) -> pa.Table:
+        """Concatenate pieces (clashing metadata types as strings), in store order, filtered."""
         if not tables:
-            return table_schema().empty_table()
+            table = table_schema().empty_table()
+        else:
+            try:
+                table = pa.concat_tables(tables, promote_options="permissive")
+            except (pa.ArrowTypeError, pa.ArrowInvalid):  # writers disagree on a metadata column's type
+                table = pa.concat_tables(_clashing_metadata_as_strings(tables), promote_options="permissive")
+            sort_keys = [("committed_at", "ascending"), ("commit", "ascending"), ("row_start", "ascending")]
+            table = table.take(pc.sort_indices(table, sort_keys))
+        if self.filter is None:
+            return table
         try:
-            table = pa.concat_tables(tables, promote_options="permissive")
-        except (pa.ArrowTypeError, pa.ArrowInvalid):  # writers disagree on a metadata column's type
-            table = pa.concat_tables(_clashing_metadata_as_strings(tables), promote_options="permissive")
-        sort_keys = [("committed_at", "ascending"), ("commit", "ascending"), ("row_start", "ascending")]
-        order = pc.sort_indices(table, sort_keys)
-        return table.take(order)
+            return filter_samples(table, self.filter)
+        except OptionError:
+            if table.num_rows:
+                raise
+            return table  # nothing committed yet (a growing store): no columns to check the filter against
+
+    def refresh(self, backend: Backend) -> int:
+        """Add the commits made since the catalogue was loaded (or last refreshed).
+
+        Lists ``index/`` (after a checkpoint: only the buckets from its watermark on) and
+        reads the sample tables of commits not yet known. Nothing changes if a new table
+        fails its checks or adds a duplicate id (with ``on_duplicate="raise"``).
+
+        Returns
+        -------
+        int
+            How many visible samples were added (passing the filter, not quarantined).
+
+        Raises
+        ------
+        r3store.errors.OptionError
+            The catalogue was loaded for some commits only (``commits=``).
+        r3store.errors.FormatError, r3store.errors.DuplicateSampleError, r3store.errors.StorageError
+            As when loading.
+        """
+        if not self.complete:
+            raise OptionError("commits", f"{len(self.commits)} commits",
+                              "a reader opened on some commits only cannot refresh; open the whole store")
+        by_commit = self._table_keys(backend, None)
+        todo = {commit: keys for commit, keys in by_commit.items() if commit not in self._known}
+        if not todo:
+            return 0
+        before = len(self.visible)
+        rows = self._merge([self._rows, *self._read_tables(backend, todo)])
+        samples, duplicates = _dedupe(rows, self.on_duplicate)
+        self._rows, self.samples, self.duplicates = rows, samples, duplicates
+        self._known |= set(todo)
+        self.commits = sorted(self._known)
+        self._build_lookup()
+        return len(self.visible) - before
 
     def _note_preloaded(self, preloaded: Preloaded) -> None:
         """Rows each preloaded route array must have (the end of its last sample)."""
-        cols = preloaded.table.select(["array", "row_start", "num_rows"]).to_pydict()
-        for array, start, rows in zip(cols["array"], cols["row_start"], cols["num_rows"], strict=True):
-            self.array_rows[array] = max(self.array_rows.get(array, 0), start + rows)
+        table = preloaded.table
+        if not table.num_rows:
+            return
+        grouped = pa.table({"array": table.column("array"),
+                            "end": pc.add(table.column("row_start"), table.column("num_rows"))})
+        agg = grouped.group_by("array").aggregate([("end", "max")]).to_pydict()
+        for array, end in zip(agg["array"], agg["end_max"], strict=True):
+            self.array_rows[array] = max(self.array_rows.get(array, 0), int(end))
 
     def _build_lookup(self) -> None:
         names = ["sample_id", "array", "row_start", "num_rows", "num_tokens", "quarantined", "missing_rows",
@@ -382,6 +586,8 @@ def _clashing_metadata_as_strings(tables: list[pa.Table]) -> list[pa.Table]:
 
 def _dedupe(table: pa.Table, on_duplicate: OnDuplicate) -> tuple[pa.Table, dict[str, list[str]]]:
     """Keep one row per sample id: the earliest commit, preferring a non-quarantined one."""
+    if pc.count_distinct(table.column("sample_id")).as_py() == table.num_rows:
+        return table, {}  # no id twice (the usual case), found without a Python loop
     ids = table.column("sample_id").to_pylist()
     commits = table.column("commit").to_pylist()
     quarantined = table.column("quarantined").to_pylist()

@@ -9,6 +9,7 @@ from typing import Any, Self
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from r3store._checks import parse_int, parse_optional_int
 from r3store._format import (
@@ -60,6 +61,10 @@ class RouteReader:
         other commits' sample tables are read).
     commits : collection of str, optional
         Read only these commits (see :func:`open_reader`).
+    filter : pyarrow.compute.Expression, optional
+        Keep only the samples it selects (see :func:`open_reader`).
+    use_checkpoint : bool
+        Start from the newest valid checkpoint (see :func:`open_reader`).
 
     Attributes
     ----------
@@ -83,13 +88,15 @@ class RouteReader:
 
     def __init__(self, backend: Backend, manifest: Manifest, *, on_duplicate: OnDuplicate = "raise",
                  cache_bytes: int = 64 << 20, max_sample_rows: int | None = None,
-                 preloaded: Preloaded | None = None, commits: Collection[str] | None = None) -> None:
+                 preloaded: Preloaded | None = None, commits: Collection[str] | None = None,
+                 filter: pc.Expression | None = None, use_checkpoint: bool = True) -> None:
         self.backend = backend
         self.spec: ModelSpec = manifest.spec
         self.format_version = manifest.version
         cap = parse_optional_int("max_sample_rows", max_sample_rows, minimum=1, maximum=MAX_ROWS)
         self._catalog = SampleCatalog(backend, manifest, on_duplicate=on_duplicate, max_sample_rows=cap,
-                                      preloaded=preloaded, commits=commits)
+                                      preloaded=preloaded, commits=commits, filter=filter,
+                                      use_checkpoint=use_checkpoint)
         self._chunks = ChunkReader(backend, manifest, self._catalog.array_rows, cache_bytes=cache_bytes)
 
     @classmethod
@@ -103,6 +110,8 @@ class RouteReader:
         cache_dir: str | os.PathLike[str] | None = None,
         max_sample_rows: int | None = None,
         commits: Collection[str] | None = None,
+        filter: pc.Expression | None = None,
+        use_checkpoint: bool = True,
     ) -> Self:
         """Open the store at ``url`` (see :func:`open_reader`)."""
         backend = open_backend(url, storage_options, cache_dir=cache_dir, immutable=is_immutable_key)
@@ -113,7 +122,7 @@ class RouteReader:
         path = backend.path_of(MANIFEST_KEY)
         manifest = parse_manifest(loads_document(raw, path), path)
         return cls(backend, manifest, on_duplicate=on_duplicate, cache_bytes=cache_bytes,
-                   max_sample_rows=max_sample_rows, commits=commits)
+                   max_sample_rows=max_sample_rows, commits=commits, filter=filter, use_checkpoint=use_checkpoint)
 
     # -- the catalogue ----------------------------------------------------------------
 
@@ -136,6 +145,46 @@ class RouteReader:
     def commits(self) -> list[str]:
         """Names of the committed commits (one per writer commit) this reader reads, in name order."""
         return list(self._catalog.commits)
+
+    @property
+    def manifest(self) -> Manifest:
+        """The store's checked manifest (format version, spec, cap on rows per sample)."""
+        return self._catalog.manifest
+
+    @property
+    def checkpoint(self) -> str | None:
+        """Key of the checkpoint the reader started from (``index/<covered>-<token>.checkpoint``), or None when it
+        read every sample table (no valid checkpoint, ``use_checkpoint=False``, ``commits=``)."""
+        return self._catalog.checkpoint
+
+    @property
+    def filter(self) -> pc.Expression | None:
+        """The ``filter=`` the reader was opened with (None: every sample)."""
+        return self._catalog.filter
+
+    def refresh(self) -> int:
+        """Pick up the commits made since the reader was opened (or last refreshed).
+
+        One listing of ``index/`` (after a checkpoint: of its buckets, then of each bucket
+        from the checkpoint's watermark on) and one read per new sample table; samples
+        already known keep their place, the new ones are merged in store order (so
+        :attr:`sample_ids` may grow in the middle when a commit's clock was behind).
+        The ``filter=`` applies to the new samples too. Nothing changes when a new table
+        fails its checks.
+
+        Returns
+        -------
+        int
+            Number of samples added (visible ones: not quarantined, passing the filter).
+
+        Raises
+        ------
+        r3store.errors.OptionError
+            The reader was opened on some commits only (``commits=``).
+        r3store.errors.FormatError, r3store.errors.DuplicateSampleError, r3store.errors.StorageError
+            As :func:`open_reader`.
+        """
+        return self._catalog.refresh(self.backend)
 
     @property
     def is_partial(self) -> bool:
@@ -367,6 +416,37 @@ class RouteReader:
             self._chunks.read_runs(array, array_runs, positions, out)
         return out
 
+    def prefetch(self, sample_ids: Sequence[str]) -> None:
+        """Fetch concurrently the metadata reading these samples needs and is not cached yet:
+        the array documents of their commits, then the indexes of the storage objects holding
+        them. On object stores that is two rounds of parallel requests instead of two sequential
+        requests per commit before the first frame; on local disk only the documents are read.
+        The frames themselves are left to the (rank-local) read that follows, which fetches only
+        the rows and layers it needs. Unknown ids are skipped (the read reports them).
+
+        Raises
+        ------
+        r3store.errors.StorageError
+        r3store.errors.FormatError
+            An array document is malformed.
+        """
+        catalog = self._catalog
+        spans: dict[str, list[tuple[int, int]]] = {}
+        for sid in sample_ids:
+            i = catalog._where.get(sid) if isinstance(sid, str) else None
+            if i is not None:
+                start = int(catalog.row_start[i])
+                spans.setdefault(catalog.array[i], []).append((start, start + max(1, int(catalog.num_rows[i]))))
+        if not spans:
+            return
+        self._chunks.prefetch({a: [] for a in spans})  # the documents, to learn each array's geometry
+        wanted: dict[str, list[int]] = {}
+        for array, ranges in spans.items():
+            geometry = self._chunks.geometry(array, partial=True)
+            per_object = geometry.row_chunks_per_object * geometry.chunk_rows
+            wanted[array] = sorted({o for a, b in ranges for o in range(a // per_object, (b - 1) // per_object + 1)})
+        self._chunks.prefetch(wanted)
+
     def get_many(self, sample_ids: Sequence[str], layers: Sequence[int] | None = None) -> list[np.ndarray]:
         """Routes of several samples (see :meth:`get`), in the order given."""
         return [self.get(s, layers) for s in sample_ids]
@@ -448,6 +528,8 @@ def open_reader(
     cache_dir: str | os.PathLike[str] | None = None,
     max_sample_rows: int | None = None,
     commits: Collection[str] | None = None,
+    filter: pc.Expression | None = None,
+    use_checkpoint: bool = True,
 ) -> RouteReader:
     """Open a store for reading.
 
@@ -479,6 +561,19 @@ def open_reader(
         one listing of ``index/`` finds their buckets), and duplicates are resolved among
         them. For one task of a distributed job (``r3store.ray`` runs one per group of
         commits) or a trainer reading the commits of one RL step.
+    filter : pyarrow.compute.Expression, optional
+        Keep only the samples it selects: a boolean expression over sample-table columns
+        (``sample_id``, ``committed_at``, ``policy_version``, user metadata such as
+        ``step``), e.g. ``pc.field("step") == 7``. Pushed down: the checkpoint's rows and
+        each newer sample table are filtered as they are read, before anything is merged
+        or indexed; duplicates are then resolved among the selected rows. The result
+        equals a full open filtered with :func:`r3store.reader.filter_samples`.
+    use_checkpoint : bool
+        Start from the newest valid checkpoint (``index/*.checkpoint``, written by
+        :func:`r3store.compact`) and read only the sample tables of commits it does not
+        cover (one listing of ``index/``'s buckets, one of each bucket from the
+        checkpoint's watermark on). A checkpoint that fails its checks is skipped with a
+        :class:`r3store.errors.CheckpointWarning`. False reads every sample table.
 
     Returns
     -------
@@ -506,6 +601,11 @@ def open_reader(
         A commit of ``commits`` has no sample table.
     r3store.errors.StorageError
 
+    Warns
+    -----
+    r3store.errors.CheckpointWarning
+        A checkpoint was damaged, partial or of another spec, and was skipped.
+
     Examples
     --------
     >>> import numpy as np, r3store, tempfile
@@ -521,4 +621,4 @@ def open_reader(
     """
     return RouteReader.open(url, storage_options=storage_options, on_duplicate=on_duplicate,
                             cache_bytes=cache_bytes, cache_dir=cache_dir, max_sample_rows=max_sample_rows,
-                            commits=commits)
+                            commits=commits, filter=filter, use_checkpoint=use_checkpoint)

@@ -116,6 +116,24 @@ class Backend(ABC):
     def list_prefix(self, prefix: str) -> list[str]:
         """Keys (sorted) of every object whose key starts with ``prefix``."""
 
+    def list_children(self, prefix: str) -> tuple[list[str], list[str]]:
+        """One level of the key space under ``prefix`` (which ends in ``/``): the keys of the
+        objects directly under it, and the names of the "folders" below it (the first path
+        component after ``prefix`` of deeper keys), both sorted; e.g. ``index/``'s checkpoints
+        and buckets.
+
+        Backends on object stores answer with one delimited listing (per 1,000 entries), not
+        a listing of every key below; this default lists every key.
+        """
+        files, folders = [], set()
+        for key in self.list_prefix(prefix):
+            rest = key[len(prefix) :]
+            if "/" in rest:
+                folders.add(rest.partition("/")[0])
+            else:
+                files.append(key)
+        return sorted(files), sorted(folders)
+
     @abstractmethod
     def info(self, key: str) -> ObjectInfo:
         """Size and modification time of ``key``.

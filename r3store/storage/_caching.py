@@ -204,6 +204,9 @@ class CachingBackend(Backend):
     def list_info(self, prefix: str) -> dict[str, ObjectInfo]:
         return self.inner.list_info(prefix)
 
+    def list_children(self, prefix: str) -> tuple[list[str], list[str]]:
+        return self.inner.list_children(prefix)
+
     def info(self, key: str) -> ObjectInfo:
         return self.inner.info(key)
 

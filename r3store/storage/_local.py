@@ -196,6 +196,19 @@ class LocalBackend(Backend):
                         keys.append(key)
             return sorted(keys)
 
+    def list_children(self, prefix: str) -> tuple[list[str], list[str]]:
+        with map_storage_errors(self.path_of(prefix)):
+            base = self._path(prefix.rstrip("/")) if prefix.rstrip("/") else self.root
+            if not base.is_dir():
+                return [], []
+            files, folders = [], []
+            for entry in os.scandir(base):
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(entry.name)
+                elif entry.is_file(follow_symlinks=False):
+                    files.append(f"{prefix}{entry.name}")
+            return sorted(files), sorted(folders)
+
     def info(self, key: str) -> ObjectInfo:
         with map_storage_errors(self.path_of(key)):
             st = self._path(key).stat()

@@ -224,6 +224,15 @@ class BackendTests:
         assert backend.list_prefix("c") == []
         assert backend.list_prefix("a/3/") == []
 
+    def test_list_children(self, backend: Backend) -> None:
+        for key in ["a/2", "a/10", "a/1/x", "a/1/y/z", "a/b/c", "ab", "z"]:
+            self.raw_set(backend, key, key.encode())
+        assert backend.list_children("a/") == (["a/10", "a/2"], ["1", "b"])
+        assert backend.list_children("a/1/") == (["a/1/x"], ["y"])
+        assert backend.list_children("nothing/") == ([], [])
+        backend.set("a/3", b"3")  # a fresh listing, not a cached one
+        assert backend.list_children("a/")[0] == ["a/10", "a/2", "a/3"]
+
     def test_list_prefix_sees_writes_and_deletes(self, backend: Backend) -> None:
         assert backend.list_prefix("d/") == []
         backend.set("d/1", b"1")

@@ -2,13 +2,20 @@
 
 Nothing reaches the buffer unchecked (``r3store/_validate.py``): a sample is buffered whole
 or not at all. Samples wait here, as uint16 MoE-layer ids, until the writer commits them.
+When the writer asks (open multi-turn samples filling the buffer), parts are spilled to
+files in a scratch folder and read back one at a time when committed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -34,10 +41,40 @@ from r3store.errors import (
 )
 from r3store.writer._ingest import NO_ROUTES_HINT
 
-__all__ = ["MAX_TOKENS", "Sample", "SampleBuffer"]
+__all__ = ["MAX_TOKENS", "Sample", "SampleBuffer", "SpilledPart", "materialize"]
 
 MAX_TOKENS = 2**40
 """Upper bound on a sample's token count (a forged or garbage value would overflow int64 math)."""
+
+
+@dataclass(frozen=True)
+class SpilledPart:
+    """Routes of one part moved to a scratch file (raw little-endian uint16, C order)."""
+
+    path: Path
+    shape: tuple[int, int, int]
+    """``(rows, num_moe_layers, top_k)``."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the part takes once read back."""
+        return 2 * self.shape[0] * self.shape[1] * self.shape[2]
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def load(self) -> np.ndarray:
+        """The part, read back into memory."""
+        return np.fromfile(self.path, dtype="<u2").reshape(self.shape)
+
+
+def materialize(part: np.ndarray | SpilledPart) -> np.ndarray:
+    """A part's routes in memory (a spilled part is read back)."""
+    return part.load() if isinstance(part, SpilledPart) else part
+
+
+def _in_memory(sample: Sample) -> int:
+    return sum(p.nbytes for p in sample.parts if not isinstance(p, SpilledPart))
 
 
 @dataclass
@@ -45,8 +82,8 @@ class Sample:
     """One sample on its way to a commit."""
 
     sample_id: str
-    parts: list[np.ndarray] = field(default_factory=list)
-    """Its routes, uint16 ``(rows, num_moe_layers, top_k)``, one array per turn."""
+    parts: list[np.ndarray | SpilledPart] = field(default_factory=list)
+    """Its routes, uint16 ``(rows, num_moe_layers, top_k)``, one array per turn (or spilled to a file)."""
     rows: int = 0
     """Rows of all parts."""
     num_tokens: int = 0
@@ -78,6 +115,9 @@ class Sample:
 
     def reset_parts(self) -> None:
         """Drop the routes kept so far (a quarantined sample whose routes cannot be stored)."""
+        for part in self.parts:
+            if isinstance(part, SpilledPart):
+                part.path.unlink(missing_ok=True)
         self.parts, self.rows, self.missing, self.spans = [], 0, [], []
 
 
@@ -91,10 +131,14 @@ class SampleBuffer:
         What to do with a sample that fails a check.
     max_sample_rows : int
         Most rows one sample may have (the store's ``limits.max_sample_rows``).
+    spill_dir : str or os.PathLike, optional
+        Where to create the scratch folder for spilled parts (default: the system's
+        temporary folder); created on the first spill, removed by :meth:`cleanup`.
     """
 
     def __init__(self, spec: ModelSpec, *, on_invalid: Literal["raise", "quarantine"] = "raise",
-                 max_sample_rows: int = DEFAULT_MAX_SAMPLE_ROWS) -> None:
+                 max_sample_rows: int = DEFAULT_MAX_SAMPLE_ROWS,
+                 spill_dir: str | os.PathLike[str] | None = None) -> None:
         self.spec = spec
         self.on_invalid = on_invalid
         self.max_sample_rows = max_sample_rows
@@ -103,7 +147,14 @@ class SampleBuffer:
         self.open: dict[str, Sample] = {}
         """Multi-turn samples still waiting for their final turn."""
         self.nbytes = 0
-        """Bytes of buffered routes (2 per id), completed and open samples."""
+        """Bytes of buffered routes held in memory (2 per id), completed and open samples."""
+        self.done_bytes = 0
+        """Bytes of the completed samples' routes, spilled ones included (the next commit's size)."""
+        self.spilled_bytes = 0
+        """Bytes of routes spilled to scratch files (completed and open samples)."""
+        self._spill_parent = spill_dir
+        self._spill_dir: Path | None = None
+        self._spill_names = itertools.count()
         self.meta_types: dict[str, tuple[type, int]] = {}
         """Type of each metadata column so far (and its largest int magnitude)."""
         self._ids: set[str] = set()
@@ -215,6 +266,7 @@ class SampleBuffer:
         self.open.pop(sample.sample_id, None)  # absent for a quarantined first call
         self._ids.add(sample.sample_id)
         self.done.append(sample)
+        self.done_bytes += sum(p.nbytes for p in sample.parts)
 
     def _quarantine(self, sample: Sample, arr: np.ndarray | None, exc: RouteValidationError,
                     num_tokens: Any, tokens: Any, metadata: Any, final: bool = True,
@@ -253,14 +305,68 @@ class SampleBuffer:
 
     def drop(self, count: int) -> None:
         """Forget the oldest ``count`` completed samples (they are committed)."""
+        for sample in self.done[:count]:
+            self._unlink(sample)
         del self.done[:count]
-        self.nbytes = sum(p.nbytes for s in (*self.done, *self.open.values()) for p in s.parts)
+        self._recount()
 
     def discard_open(self) -> list[str]:
         """Drop the open multi-turn samples; return their ids (sorted)."""
         ids = sorted(self.open)
+        for sample in self.open.values():
+            self._unlink(sample)
         self.open.clear()
+        self._recount()
         return ids
+
+    def _recount(self) -> None:
+        everyone = (*self.done, *self.open.values())
+        self.nbytes = sum(_in_memory(s) for s in everyone)
+        self.done_bytes = sum(p.nbytes for s in self.done for p in s.parts)
+        self.spilled_bytes = sum(p.nbytes for s in everyone for p in s.parts if isinstance(p, SpilledPart))
+
+    def spill(self, target: int) -> int:
+        """Move parts to scratch files, largest samples first, until at most ``target`` bytes of
+        routes stay in memory; return the bytes spilled.
+
+        Raises
+        ------
+        OSError
+            The scratch folder cannot be created or written (nothing of the failing part
+            is lost: it stays in memory).
+        """
+        moved = 0
+        while self.nbytes > target:
+            sample = max((*self.done, *self.open.values()), key=_in_memory)
+            if not _in_memory(sample):
+                break
+            for i, part in enumerate(sample.parts):
+                if isinstance(part, SpilledPart):
+                    continue
+                path = self._scratch() / f"{next(self._spill_names)}.u16"
+                np.ascontiguousarray(part, dtype="<u2").tofile(path)
+                sample.parts[i] = SpilledPart(path, (int(part.shape[0]), int(part.shape[1]), int(part.shape[2])))
+                self.nbytes -= part.nbytes
+                self.spilled_bytes += part.nbytes
+                moved += part.nbytes
+        return moved
+
+    def _scratch(self) -> Path:
+        if self._spill_dir is None:
+            self._spill_dir = Path(tempfile.mkdtemp(prefix="r3store-spill-", dir=self._spill_parent))
+        return self._spill_dir
+
+    @staticmethod
+    def _unlink(sample: Sample) -> None:
+        for part in sample.parts:
+            if isinstance(part, SpilledPart):
+                part.path.unlink(missing_ok=True)
+
+    def cleanup(self) -> None:
+        """Remove the scratch folder (after the last commit)."""
+        if self._spill_dir is not None:
+            shutil.rmtree(self._spill_dir, ignore_errors=True)
+            self._spill_dir = None
 
 
 def _quarantined_num_tokens(num_tokens: Any, tokens: Any, rows: int) -> int:

@@ -52,7 +52,7 @@ from r3store._format import (
 from r3store._spec import ModelSpec
 from r3store.errors import FormatVersionError, NotAStoreError, OptionError, SpecMismatchError, StorageError
 from r3store.storage import Backend
-from r3store.writer._buffer import Sample
+from r3store.writer._buffer import Sample, materialize
 
 __all__ = ["BUCKET_REUSE", "Committer", "default_layers_per_chunk"]
 
@@ -233,7 +233,7 @@ class Committer:
                 bytes(self.backend.get(doc_key)) != pending.zarr_json:
             raise StorageError(self.backend.path_of(doc_key), "holds another array document than this commit's "
                                                               "(writer ids must be unique)")
-        parts = (p for s in samples for p in s.parts)
+        parts = (materialize(p) for s in samples for p in s.parts)  # spilled parts read back one at a time
         for i, blob in enumerate(_encode_objects(pending.geometry, parts, pending.commit)):
             self.backend.set(f"{array}/{ArrayGeometry.object_key(i)}", blob)
         key = self._table_key(pending)

@@ -28,6 +28,7 @@ class WriterConfigDict(TypedDict, total=False):
     on_invalid: Literal["raise", "quarantine"]
     writer_id: str | None
     max_sample_rows: int | None
+    spill_dir: str | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,8 +49,12 @@ class WriterConfig:
     """
 
     buffer_bytes: int = 256 << 20
-    """Commit once buffered routes exceed this many bytes (2 bytes per id). Peak memory is
-    about ``buffer_bytes`` plus one encoded storage object."""
+    """Commit once completed samples' routes reach this many bytes (2 bytes per id). Open
+    multi-turn samples (``final=False``) count toward it too: when the routes held in
+    memory reach it, the largest buffered samples are spilled to a scratch folder
+    (``spill_dir``) until half of it is left, and read back one part at a time when
+    committed. Peak memory is about ``buffer_bytes`` plus one sample part plus one encoded
+    storage object, however many samples are open."""
     chunk_rows: int = 128
     """Rows per inner chunk (the unit of decoding and of rank-local reads). 128 keeps the
     bytes a context-parallel rank fetches within 1.25x of its own rows for samples of 8K
@@ -72,6 +77,10 @@ class WriterConfig:
     (``limits.max_sample_rows``; ``None``: 2**22, at most 2**40). Readers refuse longer
     samples before allocating; a writer refuses to append them. Given for an existing
     store, it must equal the store's cap."""
+    spill_dir: str | None = None
+    """Folder in which to create the scratch folder for spilled samples (see
+    ``buffer_bytes``); ``None``: the system's temporary folder (``TMPDIR``). The scratch
+    folder is removed when the writer closes."""
 
     def __post_init__(self) -> None:
         for name in ("buffer_bytes", "chunk_rows", "object_bytes"):
@@ -81,6 +90,8 @@ class WriterConfig:
         object.__setattr__(self, "max_sample_rows", parse_optional_int("max_sample_rows", self.max_sample_rows,
                                                                         minimum=1, maximum=1 << 40))
         parse_choice("on_invalid", self.on_invalid, ON_INVALID)
+        if self.spill_dir is not None and not isinstance(self.spill_dir, str):
+            raise OptionError("spill_dir", self.spill_dir, "must be a str path (or None)")
         wid = self.writer_id
         if wid is not None and (not isinstance(wid, str) or not WRITER_ID.fullmatch(wid)):
             raise OptionError("writer_id", wid, f"must match {WRITER_ID.pattern} (letters, digits, '.', '_', '-'; "

@@ -46,6 +46,10 @@ class RouteWriter:
     buffer_bytes, chunk_rows, layers_per_chunk, object_bytes, on_invalid, writer_id, max_sample_rows : optional
         Settings given one by one, merged into ``config`` (``None``: not given; a
         setting given both ways with different values is an error).
+    spill_dir : str or os.PathLike, optional
+        Where to put the scratch folder for samples spilled when open multi-turn samples
+        fill the buffer (see :attr:`r3store.WriterConfig.buffer_bytes`); default: the
+        system's temporary folder.
     shard_bytes : int, optional
         Deprecated name of ``object_bytes``.
 
@@ -96,13 +100,15 @@ class RouteWriter:
         writer_id: str | None = None,
         max_sample_rows: int | None = None,
         shard_bytes: int | None = None,
+        spill_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(spec, ModelSpec):
             raise TypeError(f"spec must be an r3store.ModelSpec, got {type(spec).__name__}")
         object_bytes = renamed_keyword("RouteWriter", "shard_bytes", "object_bytes", shard_bytes, object_bytes)
         settings = WriterConfig.resolve(config, buffer_bytes=buffer_bytes, chunk_rows=chunk_rows,
                                         layers_per_chunk=layers_per_chunk, object_bytes=object_bytes,
-                                        on_invalid=on_invalid, writer_id=writer_id, max_sample_rows=max_sample_rows)
+                                        on_invalid=on_invalid, writer_id=writer_id, max_sample_rows=max_sample_rows,
+                                        spill_dir=None if spill_dir is None else os.fspath(spill_dir))
         self.config = dataclasses.replace(
             settings,
             layers_per_chunk=settings.layers_per_chunk or default_layers_per_chunk(spec),
@@ -120,7 +126,8 @@ class RouteWriter:
         """Names of the commits this writer has made (one route array + sample table each)."""
         self._committer.init_store()
         self._buffer = SampleBuffer(spec, on_invalid=self.config.on_invalid,
-                                    max_sample_rows=self._committer.max_sample_rows)
+                                    max_sample_rows=self._committer.max_sample_rows,
+                                    spill_dir=self.config.spill_dir)
 
     shards = renamed_property("shards", "commits")
     store = renamed_property("store", "backend")
@@ -274,9 +281,19 @@ class RouteWriter:
         return start
 
     def _flush_if_full(self, completed: int) -> None:
-        """Commit once a sample completed and the buffer holds ``buffer_bytes`` or more."""
-        if len(self._buffer.done) > completed and self._buffer.nbytes >= self.config.buffer_bytes:
+        """Keep memory bounded by ``buffer_bytes`` with few, full commits.
+
+        Completed samples are committed once they hold ``buffer_bytes`` (so open multi-turn
+        samples never shrink commits to one sample each). While the routes held in memory
+        (completed and open samples) reach ``buffer_bytes``, the largest samples are spilled
+        to the scratch folder until half of it is left.
+        """
+        del completed
+        buffer, limit = self._buffer, self.config.buffer_bytes
+        if buffer.done and buffer.done_bytes >= limit:
             self.flush()
+        if buffer.nbytes >= limit:
+            buffer.spill(limit // 2)
 
     # -- committing -----------------------------------------------------------------
 
@@ -331,6 +348,7 @@ class RouteWriter:
         self._closed = True
         self.backend.close()
         open_ids = self._buffer.discard_open()
+        self._buffer.cleanup()
         if open_ids:
             raise IncompleteSampleError(open_ids)
 

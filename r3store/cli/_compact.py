@@ -1,0 +1,35 @@
+"""``r3store compact``."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
+from r3store.reader import compact as compact_store
+
+__all__ = ["compact"]
+
+
+@click.command()
+@click.argument("url")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@storage_option_flag
+@handle_errors
+def compact(url: str, as_json: bool, storage_options: tuple[str, ...]) -> None:
+    """Write a checkpoint of every commit so far, so the store at URL opens from one file.
+
+    Readers then read the checkpoint plus the sample tables of commits made after it. Safe
+    while writers commit and while other compactions run; sample tables are never touched.
+    """
+    result = compact_store(url, storage_options=parse_storage_options(storage_options))
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    elif result.key is None:
+        click.echo("no commits: nothing to compact")
+    elif not result.written:
+        click.echo(f"{result.key} already covers all {result.commits:,} commits: nothing written")
+    else:
+        click.echo(f"wrote {result.key}: {result.commits:,} commits, {result.samples:,} sample rows, "
+                   f"{result.nbytes:,} bytes (tables of later commits are in buckets >= {result.watermark})")
