@@ -7,13 +7,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 from r3store._checks import parse_int
 from r3store._deprecated import renamed_keyword, renamed_property
 from r3store.batch import PadPolicy, RouteDType, assemble, packed_bits, route_dtype
 from r3store.dataset._batches import plan_batches, sample_fingerprint
-from r3store.dataset._tensors import batch_to_tensors
+from r3store.dataset._tensors import SharedAllocator, batch_to_tensors
 from r3store.dataset._topology import Topology
 from r3store.errors import ResumeError
 from r3store.layout import LayoutOptions, LayoutOptionsDict, check_pad_args
@@ -227,13 +227,19 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         start = self._resume_at
         self._resume_at = 0
         self._yielded = start
+        shared = get_worker_info() is not None  # a DataLoader worker: build routes in shared memory
         for positions in mine[start:]:
             ids = [self.sample_ids[i] for i in positions]
+            allocate = SharedAllocator() if shared and not self.packed else None
             batch = assemble(self.reader, ids, self.options, layers=self.layers, pad_policy=self.pad_policy,
                              fill_value=self.fill_value, return_policy_version=self.return_policy_version,
-                             dtype=self.dtype, packed=self.packed)
+                             dtype=self.dtype, packed=self.packed, allocate=allocate)
+            tensors = batch_to_tensors(batch)
+            routes = allocate.tensor_of(batch["routes"]) if allocate is not None else None
+            if routes is not None:
+                tensors["routes"] = routes
             self._yielded += 1
-            yield batch_to_tensors(batch)
+            yield tensors
 
     def state_dict(self) -> dict[str, Any]:
         """Resumption state (JSON values only): epoch, batches yielded, seed, DP topology,
