@@ -117,6 +117,10 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
     worker processes: use ``StatefulDataLoader.state_dict()``; the dataset object in the
     main process only knows its own (0-worker) iteration.
 
+    In a DataLoader worker, ``routes`` is built in torch shared memory (torch's sharing
+    strategy), so the batch reaches the main process without the copy torch makes of a
+    tensor in private memory; the batches are the same as with 0 workers.
+
     Batches carry routes, not tokens: the trainer takes its token ids for
     ``batch["sample_ids"]`` and lays them out with the same options (or calls
     :func:`r3store.dataset.apply_plan_tensor`); :meth:`r3store.RouteStore.assemble`
