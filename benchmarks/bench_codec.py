@@ -12,15 +12,16 @@ Two traces:
   (2048 tokens x 8 layers x top-6 of 64 experts, 6 bits per id);
 * ``qwen3``: a synthetic Qwen3-30B-A3B-shaped trace (48 layers x top-8 of 128 experts,
   7 bits per id) from :func:`r3store.testing.synthetic.synthetic_routes`, with realistic
-  load skew, adjacent-layer correlation and token repetition (as published for Mixtral, OLMoE, DeepSeek-V3 and FLAME-MoE);
+  load skew, adjacent-layer correlation and token repetition (as published for Mixtral, OLMoE,
+  DeepSeek-V3 and FLAME-MoE);
 * ``qwen3-next``: the same generator in the Qwen3-Next-80B-A3B shape (48 layers x top-10
   of 512 experts, 9 bits per id).
 
 Methods, all starting from and ending with an int32 ``(rows, layers, top_k)`` array:
 
 * ``r3store bitpack frames``: :class:`r3store.codecs.BitpackCodec` alone over writer-style
-  frames (4096 rows x 1 layer x top_k, from a uint16 buffer); decode places every frame
-  back into an int32 array (in memory);
+  frames of the writer's default geometry (128 rows x ``layers_per_chunk`` layers x top_k,
+  from a uint16 buffer); decode places every frame back into an int32 array (in memory);
 * ``r3store writer->get``: ``RouteWriter(tmp).append(); close()`` with the writer's default
   chunking, then ``open_store(tmp).get()`` (on disk; size = bytes of the route objects
   under ``routes/``);
@@ -30,11 +31,15 @@ Methods, all starting from and ending with an int32 ``(rows, layers, top_k)`` ar
   shuffle=Blosc.BITSHUFFLE)`` on the ids cast to uint8 (experts <= 256) and to uint16
   (memory; the casts are timed).
 
-A second table per trace compares the codec alone with Blosc, both single-threaded
-(``numcodecs.blosc.set_nthreads(1)``), on the same ids cut into the writer's default frames
-(4096 rows x 1 layer x top_k), each a contiguous array of the narrowest dtype Blosc can
+Two more tables per trace compare the codec alone with Blosc, both single-threaded
+(``numcodecs.blosc.set_nthreads(1)``), on the same ids cut into frames: first the writer's
+default geometry (``chunk_rows = 128`` x ``layers_per_chunk`` = the largest divisor of the
+MoE layer count up to 4, x top_k: what stores hold today, FORMAT.md section 4.1), then the
+former 4096 rows x 1 layer x top_k; each frame a contiguous array of the narrowest dtype Blosc can
 take (uint8 up to 256 experts, else uint16): encode to bytes, decode into a preallocated
 array of that dtype (and into int32, what trainers take today). Timings there are medians.
+Each also times one call on a 1-row, 1-layer frame (top_k ids): the fixed cost of a frame,
+and its share of the whole trace's time (per-frame overhead).
 
 Timings are best-of-N wall clock (``time.perf_counter``) of one full encode or decode of
 the whole trace; throughput is ids per second. Ratios compare with the int32 ``.npy`` row
@@ -69,9 +74,11 @@ from rich.table import Table
 import r3store
 from r3store.codecs import BitpackCodec, kernels, pack_bits, unpack_bits
 from r3store.testing.synthetic import qwen3_30b_a3b_spec, routing_stats, synthetic_routes
+from r3store.writer import WriterConfig
 
 FLAME = "flame-moe-290m/flame_moe_290m_prefill_2048tok_8layers_top6.npz"
-CHUNK_ROWS = 4096  # RouteWriter's former default chunk_rows (today 128); the raw-codec rows use 1 layer per frame
+FRAME_ROWS = WriterConfig().chunk_rows  # the writer's default chunk_rows (128; FORMAT.md section 4.1)
+OLD_FRAME_ROWS = 4096  # the former default (r3store 0.2), kept as a second row: 4096 rows x 1 layer per frame
 QWEN3_NEXT = r3store.ModelSpec(num_layers=48, num_experts=512, top_k=10)  # Qwen3-Next-80B-A3B
 
 
@@ -113,7 +120,7 @@ def best_of(repeats: int, fn: Callable[[], Any], setup: Callable[[], Any] | None
 def load_traces(tokens: int) -> list[Trace]:
     with files("r3store.data").joinpath(FLAME).open("rb") as f:
         flame = np.load(f)["expert_ids"].astype(np.int32)
-    rows, layers, top_k = flame.shape
+    _, layers, top_k = flame.shape
     traces = [Trace("flame", flame, r3store.ModelSpec(num_layers=layers, num_experts=64, top_k=top_k),
                     "real FLAME-MoE-290M prefill, 64 experts")]
     spec = qwen3_30b_a3b_spec()
@@ -134,32 +141,40 @@ def load_traces(tokens: int) -> list[Trace]:
 # -- methods -----------------------------------------------------------------------
 
 
+def frame_layers(spec: r3store.ModelSpec) -> int:
+    """The writer's default ``layers_per_chunk``: the largest divisor of ``n_moe`` up to 4 (FORMAT.md section 4)."""
+    return max(d for d in range(1, 5) if spec.num_moe_layers % d == 0)
+
+
+def frames_of(routes: np.ndarray, frame_rows: int, nlayers: int) -> list[tuple[slice, slice]]:
+    """(rows, layers) slices of the frames a writer with this geometry cuts ``routes`` into."""
+    rows, layers, _ = routes.shape
+    return [(slice(r, min(rows, r + frame_rows)), slice(layer, min(layers, layer + nlayers)))
+            for r in range(0, rows, frame_rows) for layer in range(0, layers, nlayers)]
+
+
 def bench_bitpack_frames(trace: Trace, repeats: int) -> Result:
     routes, spec = trace.routes, trace.spec
     codec = BitpackCodec(spec.bits_per_id)
-    rows, layers, top_k = routes.shape
+    nlayers = frame_layers(spec)
+    cuts = frames_of(routes, FRAME_ROWS, nlayers)
 
     def encode() -> list[bytes]:
-        frames = []
-        for start in range(0, rows, CHUNK_ROWS):
-            block = routes[start : start + CHUNK_ROWS].astype(np.uint16)  # the writer's uint16 buffer
-            for layer in range(layers):
-                frames.append(codec.encode(block[:, layer : layer + 1]))
-        return frames
+        buffer = routes.astype(np.uint16)  # the writer's uint16 buffer
+        return [codec.encode(buffer[r, layer]) for r, layer in cuts]
 
     def decode(frames: list[bytes]) -> np.ndarray:
         out = np.empty(routes.shape, dtype=np.int32)
-        it = iter(frames)
-        for start in range(0, rows, CHUNK_ROWS):
-            stop = min(rows, start + CHUNK_ROWS)
-            for layer in range(layers):
-                out[start:stop, layer] = codec.decode(next(it)).reshape(stop - start, top_k)
+        for (r, layer), frame in zip(cuts, frames, strict=True):
+            block = out[r, layer]
+            out[r, layer] = codec.decode(frame).reshape(block.shape)
         return out
 
     enc_s, frames = best_of(repeats, encode)
     dec_s, back = best_of(repeats, lambda: decode(frames))
     check(trace, "bitpack frames", back)
-    return Result(trace.name, "r3store bitpack frames", "memory", sum(map(len, frames)), enc_s, dec_s)
+    return Result(trace.name, f"r3store bitpack frames ({FRAME_ROWS} x {nlayers} x {spec.top_k})", "memory",
+                  sum(map(len, frames)), enc_s, dec_s)
 
 
 def bench_writer(trace: Trace, repeats: int, tmp: Path) -> Result:
@@ -187,7 +202,8 @@ def bench_writer(trace: Trace, repeats: int, tmp: Path) -> Result:
         doc = json.loads(meta.read_text())
         chunks = " x ".join(map(str, doc["codecs"][0]["configuration"]["chunk_shape"]))
     note = (f"r3store writer->get (RouteWriter defaults; inner chunks {chunks}): {route_bytes:,} bytes of "
-            f"route objects; the whole store (manifest, zarr.json, Parquet sample table) is {sum(sizes.values()):,} bytes")
+            f"route objects; the whole store (manifest, zarr.json, Parquet sample table) is "
+            f"{sum(sizes.values()):,} bytes")
     return Result(trace.name, "r3store writer->get", "disk", route_bytes, enc_s, dec_s, note)
 
 
@@ -260,15 +276,18 @@ class CodecRow:
     encode_s: float
     decode_s: float  # into the narrow dtype
     decode_int32_s: float
+    frame_encode_s: float  # one call on a 1-row, 1-layer frame: the fixed cost of a frame
+    frame_decode_s: float
 
 
-def codec_vs_blosc(trace: Trace, repeats: int) -> tuple[Table, list[CodecRow]]:
-    """The codec alone vs Blosc (LZ4 and Zstd, bitshuffle, 1 thread) on the writer's frames."""
+def codec_vs_blosc(trace: Trace, repeats: int, frame_rows: int, nlayers: int) -> tuple[Table, list[CodecRow]]:
+    """The codec alone vs Blosc (LZ4 and Zstd, bitshuffle, 1 thread) on frames of ``frame_rows x nlayers``."""
     routes, spec = trace.routes, trace.spec
     narrow = np.uint8 if spec.num_experts <= 256 else np.uint16
-    rows, layers, _ = routes.shape
-    chunks = [np.ascontiguousarray(routes[r : r + CHUNK_ROWS, layer], dtype=narrow)
-              for r in range(0, rows, CHUNK_ROWS) for layer in range(layers)]
+    chunks = [np.ascontiguousarray(routes[r, layer], dtype=narrow)
+              for r, layer in frames_of(routes, frame_rows, nlayers)]
+    tiny = np.ascontiguousarray(routes[:1, :1], dtype=narrow)  # top_k ids: what a frame costs beyond its ids
+    tiny_out = np.empty_like(tiny)
     ids = sum(c.size for c in chunks)
     outs = [np.empty_like(c) for c in chunks]
     outs32 = [np.empty(c.shape, dtype=np.int32) for c in chunks]
@@ -285,7 +304,10 @@ def codec_vs_blosc(trace: Trace, repeats: int) -> tuple[Table, list[CodecRow]]:
         enc = median_loop(repeats, lambda: [encode(c) for c in chunks])
         dec = median_loop(repeats, lambda: [decode_into(b, o) for b, o in zip(blobs, outs, strict=True)])
         dec32 = median_loop(repeats, lambda: [decode_into(b, o) for b, o in zip(blobs, outs32, strict=True)])
-        results.append(CodecRow(method, sum(map(len, blobs)), enc, dec, dec32))
+        tiny_blob = encode(tiny)
+        tiny_enc = median_loop(repeats, lambda: encode(tiny))
+        tiny_dec = median_loop(repeats, lambda: decode_into(tiny_blob, tiny_out))
+        results.append(CodecRow(method, sum(map(len, blobs)), enc, dec, dec32, tiny_enc, tiny_dec))
 
     codec = BitpackCodec(spec.bits_per_id)
     impls = [kernels.IMPLEMENTATION] if kernels.IMPLEMENTATION != "numpy" else []
@@ -304,17 +326,23 @@ def codec_vs_blosc(trace: Trace, repeats: int) -> tuple[Table, list[CodecRow]]:
         measure(f"blosc {cname} clevel=5 bitshuffle", blosc.encode, blosc_into)
 
     base = next(r for r in results if r.method.startswith("blosc lz4"))
-    table = Table(title=f"{trace.name}: codec vs Blosc, 1 thread, {len(chunks):,} frames of "
+    shape = " x ".join(map(str, chunks[0].shape))
+    table = Table(title=f"{trace.name}: codec vs Blosc, 1 thread, {len(chunks):,} frames of {shape} = "
                         f"{chunks[0].size:,} {np.dtype(narrow).name} ids ({ids:,} ids; median of {repeats}; "
-                        f"ratios vs blosc lz4)")
+                        f"ratios vs blosc lz4)",
+                  caption=f"fixed cost: one call on a {tiny.size}-id frame (per-frame overhead); "
+                          f"% = that cost x {len(chunks):,} frames / the whole trace's time")
     for col in ("method", "bytes", "bits/id", "size vs lz4", "encode Mids/s", "decode Mids/s",
-                "decode->int32 Mids/s", "encode vs lz4", "decode vs lz4"):
+                "decode->int32 Mids/s", "encode vs lz4", "decode vs lz4", "fixed enc/dec us/frame (%)"):
         table.add_column(col, justify="left" if col == "method" else "right")
     for r in results:
+        n = len(chunks)
+        fixed = (f"{r.frame_encode_s * 1e6:.2f} ({n * r.frame_encode_s / r.encode_s:.0%}) / "
+                 f"{r.frame_decode_s * 1e6:.2f} ({n * r.frame_decode_s / r.decode_s:.0%})")
         table.add_row(r.method, f"{r.nbytes:,}", f"{8 * r.nbytes / ids:.3f}", f"{r.nbytes / base.nbytes:.1%}",
                       f"{ids / r.encode_s / 1e6:,.0f}", f"{ids / r.decode_s / 1e6:,.0f}",
                       f"{ids / r.decode_int32_s / 1e6:,.0f}", f"{base.encode_s / r.encode_s:.2f}x",
-                      f"{base.decode_s / r.decode_s:.2f}x")
+                      f"{base.decode_s / r.decode_s:.2f}x", fixed)
     return table, results
 
 
@@ -323,14 +351,14 @@ def codec_vs_blosc(trace: Trace, repeats: int) -> tuple[Table, list[CodecRow]]:
 
 def profile_table(traces: list[Trace], repeats: int) -> Table:
     """Where BitpackCodec spends its time, stage by stage (public helpers re-run alone)."""
-    import google_crc32c
-
     qwen = next(t for t in traces if t.name == "qwen3")
     bits = qwen.spec.bits_per_id
-    block = qwen.routes[:CHUNK_ROWS].astype(np.uint16)
+    small = qwen.routes[:FRAME_ROWS].astype(np.uint16)
+    block = qwen.routes[:OLD_FRAME_ROWS].astype(np.uint16)
     big = np.ascontiguousarray(qwen.routes.reshape(-1)[:6_000_000].astype(np.uint16))
-    cases = [(f"{block[:, :1].size:,}-id frame (4096 x 1 x 8)", block[:, 5:6]),
-             (f"{block[:, :4].size:,}-id frame (4096 x 4 x 8)", block[:, 4:8]),
+    cases = [(f"{small[:, :4].size:,}-id frame ({FRAME_ROWS} x 4 x 8, default)", small[:, 4:8]),
+             (f"{block[:, :1].size:,}-id frame ({OLD_FRAME_ROWS} x 1 x 8)", block[:, 5:6]),
+             (f"{block[:, :4].size:,}-id frame ({OLD_FRAME_ROWS} x 4 x 8)", block[:, 4:8]),
              (f"{big.size:,}-id array", big)]
     table = Table(title=f"BitpackCodec stages, {bits} bits/id (best of {max(repeats, 5)}; ms per call and Mids/s)")
     table.add_column("stage")
@@ -339,14 +367,29 @@ def profile_table(traces: list[Trace], repeats: int) -> Table:
     codec = BitpackCodec(bits)
     rows: dict[str, list[str]] = {}
     for _, ids in cases:
-        flat = ids.reshape(-1)
-        n = flat.size
-        payload = pack_bits(flat, bits)
-        raw = payload.tobytes()
-        frame = codec.encode(ids)
-        data = np.frombuffer(frame, dtype=np.uint8)
-        unpacked = unpack_bits(data[20:], n, bits)
-        stages: list[tuple[str, Callable[[], Any]]] = [
+        n = ids.size
+        loops = max(1, 2_000_000 // n)  # small frames: time a loop, as the writer runs them back to back
+        for stage, fn in codec_stages(codec, ids, bits):
+            t, _ = best_of(max(repeats, 5), lambda fn=fn, k=loops: [fn() for _ in range(k)])
+            t /= loops
+            rows.setdefault(stage, []).append(f"{t * 1e3:.3f} ms  {n / t / 1e6:,.0f}")
+    for stage, cells in rows.items():
+        table.add_row(stage, *cells)
+    return table
+
+
+def codec_stages(codec: BitpackCodec, ids: np.ndarray, bits: int) -> list[tuple[str, Callable[[], Any]]]:
+    """(stage, call) pairs timing BitpackCodec's steps on ``ids``."""
+    import google_crc32c
+
+    flat = ids.reshape(-1)
+    n = flat.size
+    payload = pack_bits(flat, bits)
+    raw = payload.tobytes()
+    frame = codec.encode(ids)
+    data = np.frombuffer(frame, dtype=np.uint8)
+    unpacked = unpack_bits(data[20:], n, bits)
+    return [
             ("encode: flatten (reshape(-1))", lambda: np.asarray(ids).reshape(-1)),
             ("encode: range check (min, max)", lambda: (int(flat.min()), int(flat.max()))),
             ("encode: trim (last non-zero id)", lambda: int((flat != 0)[::-1].argmax())),
@@ -357,16 +400,8 @@ def profile_table(traces: list[Trace], repeats: int) -> Table:
             ("decode: CRC-32C", lambda: google_crc32c.value(raw)),
             ("decode: unpack_bits", lambda: unpack_bits(data[20:], n, bits)),
             ("decode: zeros + copy into out", lambda: np.zeros(n, np.int32).__setitem__(slice(None), unpacked)),
-            ("decode: TOTAL codec.decode", lambda: codec.decode(frame)),
-        ]
-        loops = max(1, 2_000_000 // n)  # small frames: time a loop, as the writer runs them back to back
-        for stage, fn in stages:
-            t, _ = best_of(max(repeats, 5), lambda fn=fn: [fn() for _ in range(loops)])
-            t /= loops
-            rows.setdefault(stage, []).append(f"{t * 1e3:.3f} ms  {n / t / 1e6:,.0f}")
-    for stage, cells in rows.items():
-        table.add_row(stage, *cells)
-    return table
+        ("decode: TOTAL codec.decode", lambda: codec.decode(frame)),
+    ]
 
 
 # -- report ------------------------------------------------------------------------
@@ -380,13 +415,14 @@ def environment(args: argparse.Namespace) -> Table:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
     blosc_threads = numcodecs.blosc.get_nthreads() if hasattr(numcodecs.blosc, "get_nthreads") else "?"
     for key, value in [
         ("python", sys.version.split()[0]),
         ("numpy", np.__version__),
         ("numcodecs", f"{numcodecs.__version__} (blosc threads: {blosc_threads})"),
         ("r3store", r3store.__version__),
-        ("cpu", f"{cpu}, os.cpu_count()={os.cpu_count()}, usable={len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'}"),
+        ("cpu", f"{cpu}, os.cpu_count()={os.cpu_count()}, usable={usable}"),
         ("platform", platform.platform()),
         ("temp dir", tempfile.gettempdir()),
         ("repeats", f"best of {args.repeats} (codec vs Blosc: median of {args.repeats})"),
@@ -464,11 +500,15 @@ def main(argv: list[str] | None = None) -> int:
             console.print(results_table(trace, results))
         verdicts = []
         for trace in traces:
-            table, rows = codec_vs_blosc(trace, args.repeats)
-            console.print(table)
-            lz4, ours = rows[-2], rows[0]
-            verdicts.append(f"{trace.name}: {ours.method} encode {lz4.encode_s / ours.encode_s:.2f}x, decode "
-                            f"{lz4.decode_s / ours.decode_s:.2f}x blosc lz4 at {ours.nbytes / lz4.nbytes:.1%} of its size")
+            geometries = [(FRAME_ROWS, frame_layers(trace.spec), "default"), (OLD_FRAME_ROWS, 1, "former")]
+            for frame_rows, nlayers, which in geometries:
+                table, rows = codec_vs_blosc(trace, args.repeats, frame_rows, nlayers)
+                console.print(table)
+                lz4, ours = rows[-2], rows[0]
+                verdicts.append(
+                    f"{trace.name}, {which} frames {frame_rows} x {nlayers} x {trace.spec.top_k}: {ours.method} encode "
+                    f"{lz4.encode_s / ours.encode_s:.2f}x, decode {lz4.decode_s / ours.decode_s:.2f}x blosc lz4 at "
+                    f"{ours.nbytes / lz4.nbytes:.1%} of its size")
         console.print("target: encode and decode >= 1.0x blosc lz4 (1 thread) at the same or smaller size")
         for line in verdicts:
             console.print("  " + line)

@@ -84,8 +84,7 @@ def bench_append(impl: str, payload: str, full: np.ndarray, repeats: int, where:
             else:
                 writer.append(sid, full, num_tokens=tokens)
 
-        seconds = median_time(repeats, one, setup=writer.flush)
-    return seconds
+        return median_time(repeats, one, setup=writer.flush)
 
 
 def bench_npy(payload: str, repeats: int) -> float:
@@ -134,8 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         for impl in impls:
             use = impl if impl == "numpy" else native_name
             with kernels.use(use):
-                rows.append((f"stage: kernels.b64decode, {use}", median_time(repeats, lambda _: kernels.b64decode(payload))))
-                rows.append((f"stage: check_routes, {use}", median_time(repeats, lambda _: check_routes("s", full, SPEC))))
+                rows.append((f"stage: kernels.b64decode, {use}",
+                             median_time(repeats, lambda _: kernels.b64decode(payload))))
+                rows.append((f"stage: check_routes, {use}",
+                             median_time(repeats, lambda _: check_routes("s", full, SPEC))))
         for impl in impls:  # every appended sample is stored intact
             with r3store.open_store(Path(tmp) / impl) as store:
                 for sid in store.sample_ids:

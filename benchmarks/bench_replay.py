@@ -11,8 +11,8 @@ The model is ``r3store.testing.moe.tiny_moe("qwen3_moe")``: 4 decoder layers, hi
 (captured once, as a rollout engine would record them), for a right-padded batch.
 
 Rows, measured in the same run on the same model (hooks attached and removed between
-calls, untimed; the one-time weight check of each router is left out), **interleaved** (every round runs each row once, in
-turn) and reported as the median over rounds:
+calls, untimed; the one-time weight check of each router is left out), **interleaved** (every
+round runs each row once, in turn) and reported as the median over rounds:
 
 * ``no RoutingReplay``: the model with no hooks: the baseline;
 * ``attached, idle``: the same model with a ``RoutingReplay`` attached, outside any block;
@@ -194,7 +194,8 @@ def router_table(rr: RoutingReplay, model: torch.nn.Module, args: argparse.Names
     with rr.replay(routes, attention_mask=full):
         med = interleaved({"router, no hook": (_nothing, lambda: router.forward(hidden)),
                            "router with the replay hook": (_nothing, lambda: router(hidden)),
-                           "fingerprint alone": (_nothing, lambda: fingerprint(hidden))}, rounds, device, after=rr.clear)
+                           "fingerprint alone": (_nothing, lambda: fingerprint(hidden))},
+                          rounds, device, after=rr.clear)
         with torch.no_grad():  # every router must run in a replay block (else it raises): one whole forward
             model(torch.randint(3, 512, (args.batch, args.seqlen), device=device), use_cache=False)
     med.update(interleaved({"replay block set-up (per step)": (_nothing, setup_only)}, rounds, device))

@@ -228,7 +228,7 @@ def bench_reads(server: Server, samples: dict[str, np.ndarray], sizes: dict[str,
     same = server.measure("raw s3fs cat_file, r3store's requests replayed",
                           replay(fs, (steps[1].log or []) + (steps[2].log or [])))
     npy = server.measure("int32 .npy per sample (status quo)", npy_get)
-    return [raw, same, whole, stage, epoch1, epoch2, npy], steps + [stage, epoch1, epoch2, npy]
+    return [raw, same, whole, stage, epoch1, epoch2, npy], [*steps, stage, epoch1, epoch2, npy]
 
 
 # -- writer memory over a long append -------------------------------------------------------

@@ -344,3 +344,56 @@ def test_topology_is_one_frozen_object() -> None:
         Topology.detect(dp_rank=3, dp_size=3)
     with pytest.raises(r3store.errors.OptionError, match="worker"):
         Topology(worker=2, num_workers=2)
+
+
+def test_assemble_builds_routes_where_allocate_says(store_dir) -> None:
+    from r3store.batch import assemble
+    from r3store.errors import OptionError
+
+    path, _, _ = store_dir
+    reader = r3store.open_store(path)
+    ids = reader.sample_ids[:5]
+    buffers: list[np.ndarray] = []
+
+    def allocate(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        buffers.append(np.full(shape, 99, dtype=dtype))
+        return buffers[-1]
+
+    for opts in ({"cp_size": 2, "cp_rank": 1}, {"layout": "bshd"}, {"layout": "sbhd", "cp_size": 2}):
+        want = assemble(reader, ids, opts, dtype="int16")["routes"]
+        got = assemble(reader, ids, opts, dtype="int16", allocate=allocate)["routes"]
+        assert np.shares_memory(got, buffers[-1])
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(OptionError, match="allocate"):
+        assemble(reader, ids, allocate=lambda shape, dtype: np.empty(shape, dtype=np.int64))
+    with pytest.raises(OptionError, match="allocate"):
+        assemble(reader, ids, allocate=lambda shape, dtype: np.empty(shape[::-1], dtype=dtype).T)
+
+
+def test_shared_allocator_hands_back_the_shared_tensor() -> None:
+    from r3store.dataset._tensors import SharedAllocator
+
+    allocate = SharedAllocator()
+    array = allocate((5, 3, 2), np.dtype("int16"))
+    array[...] = np.arange(30).reshape(5, 3, 2)
+    tensor = allocate.tensor_of(array.reshape(15, 2))
+    assert tensor is not None and tensor.is_shared() and tensor.shape == (15, 2) and tensor.dtype == torch.int16
+    assert tensor.data_ptr() == array.ctypes.data
+    np.testing.assert_array_equal(tensor.numpy(), np.arange(30).reshape(15, 2))
+    assert allocate.tensor_of(np.zeros((15, 2), np.int16)) is None  # not from this allocator
+
+
+@pytest.mark.parametrize("options", [{"cp_size": 2, "cp_rank": 1, "dtype": "int16"},
+                                     {"layout": "sbhd", "cp_size": 2, "cp_rank": 0, "dtype": "uint8"},
+                                     {"layout": "bshd", "tp_size": 2, "tp_rank": 1, "sequence_parallel": True}])
+def test_workers_yield_the_batches_of_the_main_process(store_dir, options: dict[str, Any]) -> None:
+    """Workers build routes in shared memory: same batches, dtypes and shapes as 0 workers."""
+    path, _, _ = store_dir
+    ds = r3store.RouteDataset(path, max_tokens_per_batch=200, **options)
+    runs = [list(DataLoader(ds, batch_size=None, num_workers=w)) for w in (0, 2)]
+    assert len(runs[0]) == len(runs[1]) > 1
+    for a, b in zip(*runs, strict=True):
+        assert a.keys() == b.keys() and a["sample_ids"] == b["sample_ids"]
+        for key, value in a.items():
+            if isinstance(value, torch.Tensor):
+                assert value.dtype == b[key].dtype and torch.equal(value, b[key]), key

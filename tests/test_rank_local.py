@@ -365,3 +365,65 @@ def test_rank_local_matches_full_layout_on_random_batches(store, data: st.DataOb
     got = assemble(reader, batch_ids, opts, layers=layers, dtype=dtype)
     np.testing.assert_array_equal(got["routes"], want.astype(dtype))
     np.testing.assert_array_equal(got["replay_mask"], mask)
+
+
+FALLBACK_SCRIPT = """
+import sys
+import numpy as np
+import torch
+import r3store
+from r3store.batch import assemble
+from r3store.codecs import kernels
+from r3store.dataset import unpack_routes
+from torch.utils.data import DataLoader
+
+assert kernels.IMPLEMENTATION == "numpy", kernels.IMPLEMENTATION
+path, out = sys.argv[1], sys.argv[2]
+reader = r3store.open_store(path)
+ids = reader.sample_ids
+got = {}
+for name, opts in CASES.items():
+    for dtype in ("int32", "int16", "uint8", "auto"):
+        got[f"{name}/{dtype}"] = assemble(reader, ids, opts, dtype=dtype)["routes"]
+    b = assemble(reader, ids, opts, packed=True)
+    got[f"{name}/packed"] = unpack_routes(torch.from_numpy(b["routes"]), b["routes_bits"], b["routes_shape"]).numpy()
+ds = r3store.RouteDataset(path, max_tokens_per_batch=150, cp_size=2, cp_rank=1, dtype="int16")
+for i, batch in enumerate(DataLoader(ds, batch_size=None, num_workers=2)):
+    got[f"dataset/{i}/" + ",".join(batch["sample_ids"])] = batch["routes"].numpy()
+np.savez(out, **got)
+"""
+FALLBACK_CASES = {"cp2": {"cp_size": 2, "cp_rank": 1}, "sbhd-cp2": {"layout": "sbhd", "cp_size": 2, "cp_rank": 0},
+                  "tp2sp": {"tp_size": 2, "tp_rank": 1, "sequence_parallel": True}}
+
+
+def test_cp_dtype_and_packed_paths_without_the_extension(store, tmp_path: Path) -> None:
+    """With ``R3STORE_NO_NATIVE=1`` (the numpy fallback, in a fresh interpreter) CP=2, SP,
+    every dtype, packed routes and DataLoader workers give today's layout."""
+    import os
+    import subprocess
+    import sys
+
+    path, _ = store
+    root = Path(__file__).resolve().parents[1]
+    script = f"CASES = {FALLBACK_CASES!r}\n" + FALLBACK_SCRIPT
+    out = tmp_path / "fallback.npz"
+    subprocess.run([sys.executable, "-c", script, str(path), str(out)], check=True, timeout=300, cwd=root,
+                   env={**os.environ, "PYTHONPATH": str(root), "R3STORE_NO_NATIVE": "1"})
+    reader = r3store.open_store(path)
+    ids = reader.sample_ids
+    with np.load(out, allow_pickle=False) as got:
+        keys = set(got.files)
+        for name, opts in FALLBACK_CASES.items():
+            ref = _reference(reader, ids, LayoutOptions.resolve(opts))[0]
+            for dtype in ("int32", "int16", "uint8", "auto", "packed"):
+                want = ref.astype(route_dtype(dtype if dtype != "packed" else "int32", SPEC.num_experts))
+                value = got[f"{name}/{dtype}"]
+                assert value.dtype == want.dtype, (name, dtype)
+                np.testing.assert_array_equal(value, want, err_msg=f"{name}/{dtype}")
+                keys.discard(f"{name}/{dtype}")
+        assert keys, "the DataLoader yielded no batch"
+        for key in keys:
+            batch_ids = key.split("/", 2)[2].split(",")
+            want = _reference(reader, batch_ids, LayoutOptions(cp_size=2, cp_rank=1))[0].astype(np.int16)
+            assert got[key].dtype == np.int16
+            np.testing.assert_array_equal(got[key], want, err_msg=key)

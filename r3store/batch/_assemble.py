@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -137,6 +137,7 @@ def assemble(
     return_policy_version: bool = False,
     dtype: RouteDType = "int32",
     packed: bool = False,
+    allocate: Callable[[tuple[int, ...], np.dtype], np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """Read and lay out the routes of ``sample_ids`` as one micro-batch (numpy arrays).
 
@@ -176,6 +177,12 @@ def assemble(
         ``routes_shape``; :func:`r3store.dataset.unpack_routes` restores them on any
         device. Host-to-device bytes are ``bits / 32`` of int32's. ``fill_value`` must
         then be >= 0.
+    allocate : callable, optional
+        ``allocate(shape, dtype)`` returns the writable, C-contiguous, uninitialised
+        array ``routes`` is built in (default ``numpy.empty``): e.g. shared memory, so a
+        DataLoader worker hands the batch over without copying it (RouteDataset does).
+        ``routes`` is then a view of it. Not used with ``packed`` (the packed bytes are a
+        new array).
 
     Only this rank's rows are read: the plan names the rows its output positions hold
     (CP and SP slices), and only the frames holding those rows and ``layers`` are fetched
@@ -205,7 +212,9 @@ def assemble(
         An option, ``pad_policy`` or ``fill_value`` is invalid, or ``fill_value`` does
         not fit ``dtype`` (an :class:`~r3store.errors.OptionError`).
     r3store.errors.OptionError
-        ``dtype`` is not one of the choices, or cannot hold every expert id.
+        ``dtype`` is not one of the choices, or cannot hold every expert id; or
+        ``allocate`` returned anything but a writable C-contiguous array of the shape
+        and dtype asked for.
     r3store.errors.SampleNotFoundError, r3store.errors.LayerError
     TypeError
         ``sample_ids`` is a single str.
@@ -235,7 +244,8 @@ def assemble(
             dropped[a:b] = True
         ridx = np.where((ridx >= 0) & dropped[np.maximum(ridx, 0)], -1, ridx)
     out = _read_rank_rows(reader, sample_ids, offsets, ridx, list(positions), layers, out_dtype,
-                          num_experts=spec.num_experts if pad_policy == "spread" else None, fill_value=fill_value)
+                          num_experts=spec.num_experts if pad_policy == "spread" else None, fill_value=fill_value,
+                          allocate=None if packed else allocate)
     batch: dict[str, Any] = {
         "routes": kernels.pack_bits(out, bits) if packed else out,
         "replay_mask": ridx >= 0,
@@ -256,7 +266,8 @@ def assemble(
 
 def _read_rank_rows(reader: RouteReader, sample_ids: list[str], offsets: np.ndarray, ridx: np.ndarray,
                     positions: list[int], layers: Sequence[int] | None, dtype: np.dtype,
-                    *, num_experts: int | None, fill_value: int) -> np.ndarray:
+                    *, num_experts: int | None, fill_value: int,
+                    allocate: Callable[[tuple[int, ...], np.dtype], np.ndarray] | None = None) -> np.ndarray:
     """The routes of this rank's output positions: only the rows ``ridx`` names are read.
 
     ``ridx``: per output position a row of the concatenated routes, or -1 (a pad row).
@@ -272,7 +283,8 @@ def _read_rank_rows(reader: RouteReader, sample_ids: list[str], offsets: np.ndar
     rows = flat[where]
     order = np.argsort(rows, kind="stable")
     rows, where = rows[order], where[order]
-    out = np.empty((len(flat), n_layers, top_k), dtype=dtype)
+    shape = (len(flat), n_layers, top_k)
+    out = np.empty(shape, dtype=dtype) if allocate is None else _allocated(allocate, shape, dtype)
     if len(rows):
         sample = np.searchsorted(offsets, rows, side="right") - 1
         breaks = (np.diff(rows) != 1) | (np.diff(sample) != 0)
@@ -299,6 +311,18 @@ def _read_rank_rows(reader: RouteReader, sample_ids: list[str], offsets: np.ndar
         ids = np.arange(len(pad) * top_k, dtype=np.int64).reshape(-1, 1, top_k) % num_experts
         out[pad] = ids.astype(dtype)
     return out.reshape((*ridx.shape, n_layers, top_k))
+
+
+def _allocated(allocate: Callable[[tuple[int, ...], np.dtype], np.ndarray], shape: tuple[int, ...],
+               dtype: np.dtype) -> np.ndarray:
+    """``allocate(shape, dtype)``, checked: it must be a writable C-contiguous array of that shape and dtype."""
+    out = allocate(shape, dtype)
+    if (not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != dtype
+            or not out.flags.c_contiguous or not out.flags.writeable):
+        got = f"{out.dtype}{out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+        raise OptionError("allocate", got,
+                          f"must return a writable C-contiguous {np.dtype(dtype)} array of shape {shape}")
+    return out
 
 
 def _policy_versions(reader: RouteReader, sample_ids: list[str], offsets: np.ndarray,

@@ -11,7 +11,43 @@ import torch
 from r3store.errors import AlignmentError
 from r3store.layout import LayoutPlan
 
-__all__ = ["apply_plan_tensor", "batch_to_tensors", "to_device"]
+__all__ = ["SharedAllocator", "apply_plan_tensor", "batch_to_tensors", "to_device"]
+
+
+class SharedAllocator:
+    """Allocates arrays in shared memory, remembering the torch tensors behind them.
+
+    A DataLoader worker hands tensors to the main process through shared memory: a
+    tensor in private memory is copied there first (``share_memory_``). Built in shared
+    memory from the start (``assemble(..., allocate=allocator)``), the batch's routes
+    cross without that copy: :meth:`tensor_of` gives the tensor behind an array.
+    Uses torch's sharing strategy (``torch.multiprocessing.get_sharing_strategy``).
+    """
+
+    def __init__(self) -> None:
+        self._tensors: dict[int, torch.Tensor] = {}
+
+    def __call__(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """An uninitialised C-contiguous ``dtype`` array of ``shape`` in shared memory."""
+        tdtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+        if new_shared is None:  # not in this torch: share (copy) an empty tensor once
+            tensor = torch.empty(shape, dtype=tdtype)
+            tensor.share_memory_()  # type: ignore[no-untyped-call]
+        else:
+            storage: torch.UntypedStorage = new_shared(max(nbytes, 1))
+            tensor = torch.empty(0, dtype=tdtype).set_(storage, 0, shape, _contiguous_strides(shape))
+        array: np.ndarray = tensor.numpy()
+        self._tensors[array.ctypes.data] = tensor
+        return array
+
+    def tensor_of(self, array: np.ndarray) -> torch.Tensor | None:
+        """The shared tensor ``array`` (C-contiguous, from this allocator) views, reshaped alike; else None."""
+        tensor = self._tensors.pop(array.ctypes.data, None)
+        if tensor is None or not array.flags.c_contiguous or tensor.numel() != array.size:
+            return None
+        return tensor.view(array.shape)
 
 
 def batch_to_tensors(batch: Mapping[str, Any]) -> dict[str, Any]:
@@ -22,6 +58,15 @@ def batch_to_tensors(batch: Mapping[str, Any]) -> dict[str, Any]:
     stay Python lists/tuples.
     """
     return {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """C-order strides, in elements, of ``shape``."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 def apply_plan_tensor(plan: LayoutPlan, values: torch.Tensor, *, fill_value: float | int | bool = 0) -> torch.Tensor:
