@@ -1,0 +1,52 @@
+"""Adversarial inputs to the rank-local read path, layouts, dtypes and packing.
+
+Each test pins a bad or edge-case input that once escaped as a bare builtin error, a
+process death or silently different routes; the rule: a clear ``r3store.errors`` error
+naming sample, field and fault, or exactly the routes of the whole-sample oracle
+(``RouteReader.get`` then :func:`r3store.layout.apply_routes`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import r3store
+from r3store.batch import assemble
+from r3store.layout import LayoutOptions, apply_routes, plan_layout
+from r3store.reader import open_reader
+
+SPEC = r3store.ModelSpec(num_layers=3, num_experts=8, top_k=2)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Samples of 1 token (0 route rows) and one of 6 tokens with a missing row."""
+    path = tmp_path_factory.mktemp("breaker")
+    routes = np.tile(np.array([[0, 1], [2, 3], [4, 5]], np.int32), (5, 1, 1))
+    routes[2] = -1
+    with r3store.RouteWriter(path, SPEC, chunk_rows=2) as writer:
+        writer.append("empty", np.zeros((0, 3, 2), np.int32))
+        writer.append("empty2", np.zeros((0, 3, 2), np.int32))
+        writer.append("five", routes, allow_missing=True)
+    return path
+
+
+@pytest.mark.parametrize("layout", ["thd", "bshd", "sbhd"])
+def test_apply_routes_missing_on_a_batch_without_rows(layout: str) -> None:
+    """Finding: ``apply_routes(..., missing=<0 rows>)`` on samples of 1 token raised IndexError."""
+    plan = plan_layout([1, 1], LayoutOptions(layout=layout))
+    out, mask = apply_routes(plan, np.zeros((0, 3, 2), np.int32), num_experts=8, missing=np.zeros(0, bool))
+    ref, ref_mask = apply_routes(plan, np.zeros((0, 3, 2), np.int32), num_experts=8)
+    assert np.array_equal(out, ref) and np.array_equal(mask, ref_mask)
+    assert not mask.any()
+
+
+@pytest.mark.parametrize("layout", ["thd", "bshd", "sbhd"])
+def test_assemble_zero_row_samples(tiny: Path, layout: str) -> None:
+    reader = open_reader(tiny)
+    batch = assemble(reader, ["empty", "empty2"], {"layout": layout})
+    assert not batch["replay_mask"].any()
+    assert batch["routes"].shape[-2:] == (3, 2)
