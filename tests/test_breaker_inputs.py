@@ -15,6 +15,8 @@ import pytest
 
 import r3store
 from r3store.batch import assemble
+from r3store.codecs import kernels
+from r3store.errors import CodecError
 from r3store.layout import LayoutOptions, apply_routes, plan_layout
 from r3store.reader import open_reader
 
@@ -40,7 +42,8 @@ def test_apply_routes_missing_on_a_batch_without_rows(layout: str) -> None:
     plan = plan_layout([1, 1], LayoutOptions(layout=layout))
     out, mask = apply_routes(plan, np.zeros((0, 3, 2), np.int32), num_experts=8, missing=np.zeros(0, bool))
     ref, ref_mask = apply_routes(plan, np.zeros((0, 3, 2), np.int32), num_experts=8)
-    assert np.array_equal(out, ref) and np.array_equal(mask, ref_mask)
+    assert np.array_equal(out, ref)
+    assert np.array_equal(mask, ref_mask)
     assert not mask.any()
 
 
@@ -50,3 +53,18 @@ def test_assemble_zero_row_samples(tiny: Path, layout: str) -> None:
     batch = assemble(reader, ["empty", "empty2"], {"layout": layout})
     assert not batch["replay_mask"].any()
     assert batch["routes"].shape[-2:] == (3, 2)
+
+
+@pytest.mark.parametrize("impl", ["numpy", *(["native"] if kernels.native_module() is not None else [])])
+@pytest.mark.parametrize(("chunk_rows", "layers_per_chunk", "top_k"),
+                         [(2**31, 1, 4), (2**26, 1, 2), (3, 1, 0), (2.0, 1, 4), (True, 1, 4)])
+def test_decode_frames_refuses_a_chunk_it_cannot_hold(impl: str, chunk_rows: object, layers_per_chunk: int,
+                                                      top_k: int) -> None:
+    """Finding: a huge ``chunk_rows`` made the numpy twin allocate its scratch (bare
+    MemoryError, even for no frames) and the C kernel raise a bare ValueError; 0 ids per
+    chunk was misreported as too many. Both now raise CodecError before any work."""
+    empty = np.zeros(0, np.int64)
+    out = np.zeros((4, 1, top_k), np.int32)
+    with kernels.use(impl), pytest.raises(CodecError, match="chunk_rows"):
+        kernels.decode_frames(b"", empty, empty, 5, out, empty, empty, chunk_rows=chunk_rows,  # type: ignore[arg-type]
+                              layers_per_chunk=layers_per_chunk)
