@@ -21,6 +21,7 @@ from r3store.layout import LayoutOptions, apply_routes, plan_layout
 from r3store.reader import open_reader
 
 SPEC = r3store.ModelSpec(num_layers=3, num_experts=8, top_k=2)
+IMPLS = ["numpy", *(["native"] if kernels.native_module() is not None else [])]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def test_assemble_zero_row_samples(tiny: Path, layout: str) -> None:
     assert batch["routes"].shape[-2:] == (3, 2)
 
 
-@pytest.mark.parametrize("impl", ["numpy", *(["native"] if kernels.native_module() is not None else [])])
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(("chunk_rows", "layers_per_chunk", "top_k"),
                          [(2**31, 1, 4), (2**26, 1, 2), (3, 1, 0), (2.0, 1, 4), (True, 1, 4)])
 def test_decode_frames_refuses_a_chunk_it_cannot_hold(impl: str, chunk_rows: object, layers_per_chunk: int,
@@ -68,3 +69,54 @@ def test_decode_frames_refuses_a_chunk_it_cannot_hold(impl: str, chunk_rows: obj
     with kernels.use(impl), pytest.raises(CodecError, match="chunk_rows"):
         kernels.decode_frames(b"", empty, empty, 5, out, empty, empty, chunk_rows=chunk_rows,  # type: ignore[arg-type]
                               layers_per_chunk=layers_per_chunk)
+
+
+WIDE = r3store.ModelSpec(num_layers=1, num_experts=300, top_k=2)
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("wide")
+    with r3store.RouteWriter(path, WIDE, chunk_rows=4) as writer:
+        writer.append("a", np.tile(np.array([[[299, 3]]], np.int32), (9, 1, 1)))
+    return path
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.float32, np.bool_])
+def test_get_runs_refuses_an_out_that_cannot_hold_the_ids(wide: Path, dtype: type) -> None:
+    """Finding: ``get_runs(out=<uint8 array>)`` on a 300-expert store wrapped id 299 to 43
+    silently (and bool / float outs were filled); now an OptionError naming ``out``."""
+    reader = open_reader(wide)
+    with pytest.raises(r3store.errors.OptionError, match="out"):
+        reader.get_runs([("a", 0, 9)], out=np.zeros((9, 1, 2), dtype))
+    out = np.zeros((9, 1, 2), np.int16)
+    np.testing.assert_array_equal(reader.get_runs([("a", 0, 9)], out=out), reader.get("a"))
+
+
+@pytest.mark.parametrize(("runs", "at"), [([("a", 0.5, 2)], None), ([("a", False, True)], None), ([("a", 0)], None),
+                                          ([("a", 3, 2)], None), ([(b"a", 0, 2)], None), ([("a", 0, 2)], [1.5])])
+def test_get_runs_refuses_malformed_runs(wide: Path, runs: list, at: list | None) -> None:
+    """Finding: a 2-tuple run raised a bare ValueError, a float start a misleading shape
+    error, a reversed run asked for an ``out`` of -1 rows, and float ``at`` was truncated."""
+    reader = open_reader(wide)
+    with pytest.raises(r3store.errors.OptionError, match=r"^(runs|at)="):
+        reader.get_runs(runs, out=np.zeros((2, 1, 2), np.int32), at=at)
+
+
+def test_get_runs_refuses_a_read_only_out(wide: Path) -> None:
+    """Finding: a read-only ``out`` failed inside the frame kernel (numpy: bare ValueError)."""
+    out = np.zeros((9, 1, 2), np.int32)
+    out.setflags(write=False)
+    for impl in IMPLS:
+        with kernels.use(impl), pytest.raises(r3store.errors.OptionError, match="out"):
+            open_reader(wide).get_runs([("a", 0, 9)], out=out)
+
+
+@pytest.mark.parametrize("shape", [(-2,), (-2, -3), (2.5,), "12", (True, 2)])
+def test_unpack_routes_refuses_a_bad_shape(shape: object) -> None:
+    """Finding: negative dims escaped as torch's RuntimeError and (2.5,) was truncated to (2,)."""
+    torch = pytest.importorskip("torch")
+    from r3store.dataset import unpack_routes
+
+    with pytest.raises(r3store.errors.OptionError, match="shape"):
+        unpack_routes(torch.zeros(10, dtype=torch.uint8), 4, shape)  # type: ignore[arg-type]
