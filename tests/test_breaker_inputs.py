@@ -120,3 +120,21 @@ def test_unpack_routes_refuses_a_bad_shape(shape: object) -> None:
 
     with pytest.raises(r3store.errors.OptionError, match="shape"):
         unpack_routes(torch.zeros(10, dtype=torch.uint8), 4, shape)  # type: ignore[arg-type]
+
+
+def test_max_seqlen_error_names_the_sample(tiny: Path) -> None:
+    """Finding: an over-long sample was named by its batch position ("sample 2") only."""
+    reader = open_reader(tiny)
+    with pytest.raises(r3store.errors.LayoutOptionError, match="sample 'five' has 6 tokens"):
+        assemble(reader, ["empty", "empty2", "five"], {"layout": "sbhd", "max_seqlen": 4})
+
+
+@pytest.mark.parametrize("tokens", [[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], None, "abcdef", 7, [True] * 6])
+def test_assemble_refuses_tokens_that_are_not_integer_ids(tiny: Path, tokens: object) -> None:
+    """Finding: float token ids were truncated to int64 silently; None, a str or a scalar
+    gave a misleading "len(tokens) - 1 = 0" message."""
+    reader = open_reader(tiny)
+    with pytest.raises(r3store.errors.AlignmentError, match=r"'five'.*integer token ids"):
+        assemble(reader, ["five"], tokens=[tokens])
+    batch = assemble(reader, ["five"], tokens=[np.arange(6, dtype=np.uint16)])
+    assert batch["tokens"][:6].tolist() == list(range(6))
