@@ -138,3 +138,22 @@ def test_assemble_refuses_tokens_that_are_not_integer_ids(tiny: Path, tokens: ob
         assemble(reader, ["five"], tokens=[tokens])
     batch = assemble(reader, ["five"], tokens=[np.arange(6, dtype=np.uint16)])
     assert batch["tokens"][:6].tolist() == list(range(6))
+
+
+@pytest.mark.parametrize("options", [{"endpoint_url": "localhost:9000"}, {"endpoint_url": ""},
+                                     {"client_kwargs": {"endpoint_url": "127.0.0.1:9000"}},
+                                     {"endpoint_url": "ftp://x"}])
+def test_s3_endpoint_without_http_scheme_is_refused_at_open(options: dict) -> None:
+    """Finding: ``endpoint_url="localhost:9000"`` (no scheme) escaped from ``open_store`` as
+    botocore's bare ``ValueError: Invalid endpoint``; now a StorageError naming the option."""
+    with pytest.raises(r3store.errors.StorageError, match=r"endpoint_url.*http"):
+        r3store.open_store("s3://bucket/store", storage_options={"anon": True, **options})
+
+
+@pytest.mark.parametrize("timeout", [-1, 0, float("nan"), float("inf")])
+def test_s3_timeout_must_be_finite_and_positive(timeout: float) -> None:
+    """Finding: a NaN, infinite, zero or negative timeout was accepted at open (NaN then
+    failed every request as a connect timeout)."""
+    with pytest.raises(r3store.errors.StorageError, match="connect_timeout"):
+        r3store.open_store("s3://bucket/store", storage_options={
+            "anon": True, "endpoint_url": "http://127.0.0.1:1", "config_kwargs": {"connect_timeout": timeout}})
