@@ -157,3 +157,12 @@ def test_s3_timeout_must_be_finite_and_positive(timeout: float) -> None:
     with pytest.raises(r3store.errors.StorageError, match="connect_timeout"):
         r3store.open_store("s3://bucket/store", storage_options={
             "anon": True, "endpoint_url": "http://127.0.0.1:1", "config_kwargs": {"connect_timeout": timeout}})
+
+
+def test_a_url_with_a_nul_byte_is_a_storage_error(tmp_path: Path) -> None:
+    """Finding: ``open_store("/x\\x00y")`` and ``RouteWriter`` on such a path raised the OS's
+    bare ``ValueError: embedded null byte``."""
+    with pytest.raises(r3store.errors.StorageError, match="NUL"):
+        r3store.open_store(f"{tmp_path}/a\x00b")
+    with pytest.raises(r3store.errors.StorageError, match="NUL"):
+        r3store.RouteWriter(f"{tmp_path}/a\x00b", SPEC)
