@@ -166,3 +166,24 @@ def test_a_url_with_a_nul_byte_is_a_storage_error(tmp_path: Path) -> None:
         r3store.open_store(f"{tmp_path}/a\x00b")
     with pytest.raises(r3store.errors.StorageError, match="NUL"):
         r3store.RouteWriter(f"{tmp_path}/a\x00b", SPEC)
+
+
+def test_descriptor_close_survives_interpreter_exit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding: a reader still alive at interpreter exit printed "Exception ignored in
+    _Handle.__del__ ... 'NoneType' object has no attribute 'suppress'" (module globals are
+    None by then). Simulated here: the module's globals gone, the descriptor still closed."""
+    import os
+
+    from r3store.storage import _local
+
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    handle = _local._Handle(os.open(path, os.O_RDONLY), 1)
+    fd = handle.fd
+    monkeypatch.setattr(_local, "os", None)
+    monkeypatch.setattr(_local, "contextlib", None, raising=False)
+    handle.__del__()  # must neither raise nor leave the descriptor open
+    monkeypatch.undo()
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        os.fstat(fd)
+    handle.__del__()  # a second close (already closed) is quiet too
