@@ -112,7 +112,12 @@ def _check_tokens(reader: RouteReader, sample_ids: Sequence[str], tokens: Sequen
         raise AlignmentError("<batch>", f"got token ids for {len(tokens)} samples, asked for {len(sample_ids)}")
     parts = []
     for sid, toks in zip(sample_ids, tokens, strict=True):
-        arr = as_numpy(sid, "tokens", toks).reshape(-1)
+        arr = as_numpy(sid, "tokens", toks)
+        if arr.ndim == 0 or arr.dtype.kind not in "iu":
+            raise AlignmentError(sid, f"tokens must be a sequence of integer token ids, got "
+                                      f"{'a scalar' if arr.ndim == 0 else 'dtype ' + str(arr.dtype)} "
+                                      f"({type(toks).__name__})")
+        arr = arr.reshape(-1)
         row = reader.row(sid)
         if len(arr) - 1 != row["num_rows"]:
             raise AlignmentError(sid, f"len(tokens) - 1 = {len(arr) - 1} but the sample has {row['num_rows']} "
@@ -207,7 +212,7 @@ def assemble(
     ------
     r3store.errors.AlignmentError
         ``tokens`` given and a sample's ``len(tokens) - 1`` differs from its route rows,
-        or its token hash differs from the stored one.
+        its token hash differs from the stored one, or its ids are not integers.
     r3store.errors.LayoutOptionError
         An option, ``pad_policy`` or ``fill_value`` is invalid, or ``fill_value`` does
         not fit ``dtype`` (an :class:`~r3store.errors.OptionError`).
@@ -233,6 +238,11 @@ def assemble(
     positions = spec.layer_positions(layers)
     flat_tokens = _check_tokens(reader, sample_ids, tokens) if tokens is not None else None
     num_tokens = [reader.num_tokens(s) for s in sample_ids]
+    if opts.max_seqlen is not None:  # name the sample (the plan only knows batch positions)
+        for sid, n in zip(sample_ids, num_tokens, strict=True):
+            if n > opts.max_seqlen:
+                raise LayoutOptionError("max_seqlen", opts.max_seqlen,
+                                        f"sample {sid!r} has {n} tokens, more than max_seqlen={opts.max_seqlen}")
     offsets = np.concatenate([[0], np.cumsum([n - 1 for n in num_tokens])]).astype(np.int64)
     plan = plan_layout(num_tokens, opts)
     ridx = route_index(plan)

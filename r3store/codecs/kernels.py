@@ -61,6 +61,7 @@ __all__ = [
     "FRAME_HEADERS",
     "FrameCheck",
     "IMPLEMENTATION",
+    "MAX_CHUNK_IDS",
     "NATIVE_UNAVAILABLE",
     "OUT_DTYPES",
     "RouteFault",
@@ -83,6 +84,9 @@ __all__ = [
 
 DISABLE_ENV = "R3STORE_NO_NATIVE"
 """Environment variable: set to anything but ``""`` or ``"0"`` to use the numpy code."""
+
+MAX_CHUNK_IDS = 1 << 26
+"""Most ids of one chunk :func:`decode_frames` decodes (its scratch: 256 MiB at most)."""
 
 OUT_DTYPES = (np.dtype(np.int32), np.dtype(np.int16), np.dtype(np.uint16), np.dtype(np.uint8))
 """Output dtypes of :func:`unpack_bits` and :func:`gather_rows` (any integer dtype works
@@ -517,7 +521,8 @@ def decode_frames(blob: npt.ArrayLike | bytes | memoryview, starts: np.ndarray, 
     Raises
     ------
     r3store.errors.CodecError
-        Arguments of the wrong type, dtype or shape.
+        Arguments of the wrong type, dtype or shape, or a chunk of other than 1 to
+        :data:`MAX_CHUNK_IDS` ids.
     """
     data = _as_payload(blob)
     arrays = [np.ascontiguousarray(a, dtype=np.int64) for a in (starts, lengths, rows, layers)]
@@ -531,6 +536,11 @@ def decode_frames(blob: npt.ArrayLike | bytes | memoryview, starts: np.ndarray, 
                 row_chunks is not None and layer_chunks is not None))):
         raise CodecError(_KERNELS, "decode_frames needs a writable C-contiguous 3-D out of 1-, 2- or 4-byte integers, "
                                    "1 <= layers_per_chunk <= its layers, and int64 arrays of one length")
+    ints = all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in (chunk_rows, layers_per_chunk))
+    if not ints or not 1 <= int(chunk_rows) * int(layers_per_chunk) * out.shape[2] <= MAX_CHUNK_IDS:
+        raise CodecError(_KERNELS, f"decode_frames needs int chunk_rows and layers_per_chunk whose chunk holds 1 to "
+                                   f"2**26 ids, got chunk_rows={chunk_rows!r}, layers_per_chunk={layers_per_chunk!r}, "
+                                   f"top_k={out.shape[2]}")
     bits = _check_bits(bits)
     prefix_crc = int(google_crc32c.value(f"{tag_prefix}/".encode())) if check else 0
     if _native is None or not out.dtype.isnative:

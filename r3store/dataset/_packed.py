@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
+from r3store._checks import parse_int
 from r3store.errors import OptionError
 
 __all__ = ["unpack_routes"]
@@ -38,7 +39,8 @@ def unpack_routes(packed: torch.Tensor, bits: int, shape: Sequence[int], *,
     Raises
     ------
     r3store.errors.OptionError
-        ``bits`` outside 1..16, ``packed`` not uint8 or shorter than ``ceil(n * bits / 8)``.
+        ``bits`` outside 1..16, ``shape`` not a sequence of ints >= 0, ``packed`` not
+        uint8 or shorter than ``ceil(n * bits / 8)``.
 
     Notes
     -----
@@ -50,7 +52,10 @@ def unpack_routes(packed: torch.Tensor, bits: int, shape: Sequence[int], *,
         raise OptionError("bits", bits, "must be an int in 1..16")
     if packed.dtype != torch.uint8:
         raise OptionError("packed", f"<tensor of {packed.dtype}>", "must be a uint8 tensor (batch['routes'])")
-    n = math.prod(int(v) for v in shape)
+    if isinstance(shape, str) or not isinstance(shape, Sequence):
+        raise OptionError("shape", shape, "must be a sequence of ints (batch['routes_shape'])")
+    dims = tuple(parse_int(f"shape[{i}]", v, minimum=0) for i, v in enumerate(shape))
+    n = math.prod(dims)
     nbytes = (n * bits + 7) // 8
     flat = packed.reshape(-1)
     if flat.numel() < nbytes:
@@ -67,4 +72,4 @@ def unpack_routes(packed: torch.Tensor, bits: int, shape: Sequence[int], *,
         lo, shift = divmod(j * bits, 8)
         word = grid[lo] | (grid[lo + 1] << 8) | (grid[lo + 2] << 16)
         out[j] = (word >> shift) & mask
-    return out.t().reshape(-1)[:n].reshape(tuple(int(v) for v in shape)).to(dtype)
+    return out.t().reshape(-1)[:n].reshape(dims).to(dtype)

@@ -156,7 +156,8 @@ def apply_routes(
         missing = np.asarray(missing, dtype=bool)
         if missing.shape != (routes.shape[0],):
             raise AlignmentError(_BATCH, f"missing has shape {missing.shape}, the routes {routes.shape[0]} rows")
-        ridx = np.where((ridx >= 0) & missing[np.maximum(ridx, 0)], -1, ridx)
+        if len(missing):  # no rows (every sample of 1 token): nothing to drop, nothing to index
+            ridx = np.where((ridx >= 0) & missing[np.maximum(ridx, 0)], -1, ridx)
     out = _gather(ridx, routes, fill_value)
     mask = ridx >= 0
     if pad_policy == "spread":

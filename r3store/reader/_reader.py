@@ -390,17 +390,26 @@ class RouteReader:
         r3store.errors.SampleNotFoundError
         r3store.errors.LayerError
         r3store.errors.OptionError
-            A run is not within its sample's rows, or ``out`` has the wrong shape.
+            A run is not a ``(str, int, int)`` within its sample's rows, ``at`` holds
+            other than ints >= 0, or ``out`` has the wrong shape, is read-only, or is not
+            of an integer dtype holding every expert id.
         r3store.errors.ChecksumError, r3store.errors.FormatError, r3store.errors.StorageError
         """
         catalog = self._catalog
         positions = self.spec.layer_positions(layers)
+        runs = [_parse_run(run) for run in runs]
+        top_id = self.spec.num_experts - 1
+        if not isinstance(out, np.ndarray) or out.dtype.kind not in "iu" or np.iinfo(out.dtype).max < top_id \
+                or not out.flags.writeable:
+            what = f"<array of {out.dtype}>" if isinstance(out, np.ndarray) else f"<{type(out).__name__}>"
+            raise OptionError("out", what, f"must be a writable integer array holding expert id {top_id}")
         lengths = [stop - start for _, start, stop in runs]
         rows_out = sum(lengths) if at is None else len(out)
         shape = (rows_out, len(positions), self.spec.top_k)
         if out.shape != shape:
             raise OptionError("out", f"<array of shape {out.shape}>", f"must have shape {shape}")
-        starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)[:-1]]).tolist() if at is None else list(at)
+        starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)[:-1]]).tolist() if at is None else \
+            [parse_int("at", v, minimum=0) for v in at]
         if len(starts) != len(runs):
             raise OptionError("at", f"<{len(starts)} rows>", f"must give one output row per run ({len(runs)})")
         by_array: dict[str, list[tuple[int, int, int]]] = {}
@@ -622,3 +631,13 @@ def open_reader(
     return RouteReader.open(url, storage_options=storage_options, on_duplicate=on_duplicate,
                             cache_bytes=cache_bytes, cache_dir=cache_dir, max_sample_rows=max_sample_rows,
                             commits=commits, filter=filter, use_checkpoint=use_checkpoint)
+
+
+def _parse_run(run: Any) -> tuple[str, int, int]:
+    """One ``(sample_id, start, stop)`` of :meth:`RouteReader.get_runs`, checked for types."""
+    if not isinstance(run, tuple | list) or len(run) != 3 or not isinstance(run[0], str):
+        raise OptionError("runs", run, "each run must be (sample_id: str, start: int, stop: int)")
+    start, stop = parse_int("runs", run[1]), parse_int("runs", run[2])
+    if stop < start:
+        raise OptionError("runs", run, "stop must be >= start")
+    return run[0], start, stop

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 import tempfile
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from r3store.errors import StorageError
@@ -34,9 +34,13 @@ class _Handle:
         self.fd = fd
         self.size = size
 
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # OSError; at interpreter exit, os may be gone
-            os.close(self.fd)
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
+        # At interpreter exit module globals (os, contextlib) may already be None: bind
+        # os.close at definition and catch with a bare try (no module lookups).
+        try:  # noqa: SIM105 - contextlib may be None by then
+            _close(self.fd)
+        except OSError:
+            pass
 
 
 class LocalBackend(Backend):

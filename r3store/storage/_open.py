@@ -57,7 +57,8 @@ def open_backend(
     r3store.errors.StorageError
         The filesystem cannot be created (unknown protocol, missing s3fs, an option
         the filesystem does not take, a ``*_kwargs`` option that is not a mapping, an
-        s3 option of the wrong type or refused by botocore, ...), naming the option.
+        s3 option of the wrong type or refused by botocore, ...), naming the option; or
+        the URL holds a NUL byte.
     """
     backend = _open_uncached(url, storage_options)
     if cache_dir is None:
@@ -74,6 +75,8 @@ def _open_uncached(url: str | os.PathLike[str] | Backend, storage_options: Mappi
     if isinstance(url, Backend):
         return url
     url = os.fspath(url)
+    if "\x00" in str(url):  # the OS would refuse it later, as a bare ValueError
+        raise StorageError(mask_credentials(str(url)), "the URL holds a NUL byte")
     if "://" not in url and "::" not in url:
         return LocalBackend(url)
     import fsspec

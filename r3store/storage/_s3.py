@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import difflib
 import inspect
+import math
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
@@ -94,8 +96,9 @@ def s3_options(url: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], in
     r3store.errors.StorageError
         An option s3fs does not take (with the closest known name), a value of the wrong
         type for a well-known option (``anon="yes"``, ``key=123``), a ``client_kwargs`` key
-        botocore's ``create_client`` does not take, or ``config_kwargs`` that botocore's
-        ``Config`` refuses; the message names the option.
+        botocore's ``create_client`` does not take, an ``endpoint_url`` that is not an
+        http(s) URL with a host, a timeout that is not a finite number of seconds > 0, or
+        ``config_kwargs`` that botocore's ``Config`` refuses; the message names the option.
     """
     import botocore.config
     import botocore.exceptions
@@ -127,6 +130,13 @@ def s3_options(url: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], in
             _check_type(url, "client_kwargs.", name, value, (bool,), "true or false")
         elif name == "verify":
             _check_type(url, "client_kwargs.", name, value, (bool, str), "true, false or a CA bundle path")
+    for where, mapping in (("", out), ("client_kwargs.", client)):
+        endpoint = mapping.get("endpoint_url")
+        if isinstance(endpoint, str):
+            parts = urllib.parse.urlsplit(endpoint)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise StorageError(url, f"storage option '{where}endpoint_url' must be an http:// or https:// URL "
+                                        f"with a host (e.g. http://127.0.0.1:9000), got {endpoint!r:.60}")
     given = dict(out.get("config_kwargs") or {})
     config = copy.deepcopy({**S3_CONFIG_DEFAULTS, **given})  # botocore's Config rewrites retries in place
     if isinstance(given.get("retries"), Mapping):  # {"total_max_attempts": 5} keeps the standard mode
@@ -140,6 +150,9 @@ def s3_options(url: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], in
             raise _unknown(url, "config_kwargs.", str(name), config_known)
     for name in ("connect_timeout", "read_timeout"):
         _check_type(url, "config_kwargs.", name, config[name], (int, float), "a number of seconds")
+        if config[name] is not None and not 0 < config[name] < math.inf:
+            raise StorageError(url, f"storage option 'config_kwargs.{name}' must be a finite number of seconds > 0, "
+                                    f"got {config[name]!r}")
     try:
         botocore.config.Config(**copy.deepcopy(config))
     except (TypeError, ValueError, AttributeError, botocore.exceptions.BotoCoreError) as exc:
