@@ -21,7 +21,7 @@ import r3store
 from r3store.batch import assemble, route_dtype
 from r3store.errors import LayoutOptionError, OptionError
 from r3store.layout import LayoutOptions, apply_routes, plan_layout
-from r3store.storage import open_backend
+from r3store.storage import REMOTE_COALESCE_GAP, open_backend
 from r3store.testing.counting import CountingBackend
 
 SPEC = r3store.ModelSpec(num_layers=7, num_experts=16, top_k=4, moe_layers=[1, 2, 3, 4, 6])
@@ -218,13 +218,16 @@ def _ranks(case: dict[str, Any]) -> list[dict[str, Any]]:
     return [{**case, "cp_rank": c, "tp_rank": t} for c in cps for t in tps]
 
 
+@pytest.mark.parametrize("gap", [0, REMOTE_COALESCE_GAP], ids=["local", "remote-gap"])
 @pytest.mark.parametrize("case", RANK_CASES, ids=["cp8", "tp8sp", "cp8contig", "cp4tp2sp"])
-def test_rank_fetches_at_most_1_5x_its_packed_rows(big_store, case: dict[str, Any]) -> None:
+def test_rank_fetches_at_most_1_5x_its_packed_rows(big_store, case: dict[str, Any], gap: int) -> None:
     """Every batch of 8K..16K-token samples (one sample, or four): each rank's reader fetches at
     most 1.5x the packed size of its own rows (its object indexes already read: a reader is
-    long-lived, and an index serves every batch of its storage object)."""
+    long-lived, and an index serves every batch of its storage object); also with the holes
+    object stores read through (``coalesce_gap``)."""
     path, ids = big_store
     counting = CountingBackend(open_backend(str(path)))
+    counting.coalesce_gap = gap
     for batch_ids in (ids[:4], ids[4:], *([s] for s in ids)):
         for opts in _ranks(case):
             reader = r3store.open_store(counting)
@@ -235,12 +238,14 @@ def test_rank_fetches_at_most_1_5x_its_packed_rows(big_store, case: dict[str, An
             assert counting.bytes_read <= 1.5 * own, (opts, batch_ids, counting.bytes_read / own)
 
 
+@pytest.mark.parametrize("gap", [0, REMOTE_COALESCE_GAP], ids=["local", "remote-gap"])
 @pytest.mark.parametrize("case", RANK_CASES, ids=["cp8", "tp8sp", "cp8contig", "cp4tp2sp"])
-def test_rank_fetches_within_bound_from_a_fresh_reader(big_store, case: dict[str, Any]) -> None:
+def test_rank_fetches_within_bound_from_a_fresh_reader(big_store, case: dict[str, Any], gap: int) -> None:
     """The issue's case, 4 samples of 8K..16K tokens, from a fresh reader: array document and
     object index counted too."""
     path, ids = big_store
     counting = CountingBackend(open_backend(str(path)))
+    counting.coalesce_gap = gap
     for opts in _ranks(case):
         reader = r3store.open_store(counting)
         counting.reset()
@@ -261,6 +266,37 @@ def test_single_rank_read_requests_not_more_than_samples(big_store) -> None:
     rows = sum(reader.num_tokens(s) - 1 for s in ids[:4])
     objects = -(-rows // geometry.object_rows) + 1
     assert counting.requests <= 2 * objects  # each object: its index + one coalesced range
+
+
+def test_pipeline_stage_read_on_an_object_store_merges_the_holes(big_store) -> None:
+    """A pipeline stage's layers are one layer chunk of each 128-row chunk: on local disk one
+    ranged read per frame, on an object store (``coalesce_gap``) the holes between them are read
+    through, so a batch costs about one request per storage object, not one per row chunk."""
+    path, ids = big_store
+    stage = [4, 5, 6, 7]  # the second layer chunk of the 8 MoE layers
+    counts = {}
+    for gap in (0, REMOTE_COALESCE_GAP):
+        counting = CountingBackend(open_backend(str(path)))
+        counting.coalesce_gap = gap
+        reader = r3store.open_store(counting)
+        assemble(reader, ids, None, layers=[0])  # documents and object indexes
+        counting.reset()
+        batch = assemble(reader, ids[:4], None, layers=stage)
+        counts[gap] = counting.requests, counting.bytes_read
+        np.testing.assert_array_equal(batch["routes"], _reference(reader, ids[:4], LayoutOptions(), stage)[0])
+    reader = r3store.open_store(path)
+    geometry = reader.geometry_of(reader.row(ids[0])["array"])
+    rows = sum(reader.num_tokens(s) - 1 for s in ids[:4])
+    objects = -(-rows // geometry.object_rows) + 1
+    assert counts[0][0] >= rows // geometry.chunk_rows  # one per frame without holes read through
+    assert counts[REMOTE_COALESCE_GAP][0] <= objects
+    assert counts[REMOTE_COALESCE_GAP][1] <= 2.2 * _packed_bytes(rows, BIG)  # at most the whole samples' frames
+
+
+def test_object_stores_read_through_holes_local_disk_does_not(tmp_path: Path) -> None:
+    assert open_backend(str(tmp_path)).coalesce_gap == 0
+    assert open_backend("memory://gap-test").coalesce_gap == 0
+    assert REMOTE_COALESCE_GAP > 0
 
 
 @pytest.mark.parametrize("case", [{"cp_size": 8, "cp_rank": 3},

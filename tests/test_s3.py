@@ -154,6 +154,14 @@ def test_one_sample_read_fetches_only_its_chunks(fifty: dict[str, int], s3_url: 
     stage = [4, 5]
     np.testing.assert_array_equal(store.get(sid, stage), routes_for(25, rows_of(25))[:, stage])
     frames = [r for r in s3_counter.log if r.key == chunk_key and not (r.range or "").startswith("bytes=-")]
+    # the holes between its layer chunks (other layers' frames) are read through: one request
+    assert len(frames) == 1 and frame_bytes(store, sid, stage) < sum(r.nbytes for r in frames) <= needed
+    # without reading through holes: only those layer chunks, one request per row chunk
+    store.clear_cache()
+    store.backend.coalesce_gap = 0
+    s3_counter.reset()
+    np.testing.assert_array_equal(store.get(sid, stage), routes_for(25, rows_of(25))[:, stage])
+    frames = [r for r in s3_counter.log if r.key == chunk_key and not (r.range or "").startswith("bytes=-")]
     assert sum(r.nbytes for r in frames) == frame_bytes(store, sid, stage) < needed / 3
 
 

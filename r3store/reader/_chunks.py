@@ -63,8 +63,9 @@ Chunk = tuple[int, int]
 """(row chunk, layer chunk) of an array's inner-chunk grid."""
 
 
-def merge_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Sort half-open ranges and merge the overlapping or touching ones; drop empty ones.
+def merge_ranges(ranges: Iterable[tuple[int, int]], gap: int = 0) -> list[tuple[int, int]]:
+    """Sort half-open ranges and merge the overlapping or touching ones (or those at most
+    ``gap`` apart); drop empty ones.
 
     Used for byte ranges (frames written back to back become one request) and row
     ranges (each chunk of an audit is read once).
@@ -73,14 +74,32 @@ def merge_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     --------
     >>> merge_ranges([(10, 20), (0, 4), (4, 6), (15, 30), (7, 7)])
     [(0, 6), (10, 30)]
+    >>> merge_ranges([(10, 20), (0, 4), (4, 6), (15, 30), (7, 7)], gap=4)
+    [(0, 30)]
     """
     merged: list[list[int]] = []
     for a, b in sorted(r for r in ranges if r[1] > r[0]):
-        if merged and a <= merged[-1][1]:
+        if merged and a <= merged[-1][1] + gap:
             merged[-1][1] = max(merged[-1][1], b)
         else:
             merged.append([a, b])
     return [(a, b) for a, b in merged]
+
+
+def _range_heads(offsets: np.ndarray, ends: np.ndarray, row_chunks: np.ndarray, gap: int) -> np.ndarray:
+    """Which frames (sorted by offset) start a new ranged request: bool per frame.
+
+    Frames overlapping or touching the bytes before them join them. A hole of at most
+    ``gap`` bytes (:attr:`r3store.storage.Backend.coalesce_gap`) is read through when it
+    separates frames of the same or adjacent row chunks: the hole then holds only layer
+    chunks the read skips (a pipeline stage's layer subset), never rows of another rank, so
+    a CP/SP rank's bytes stay within its own rows' frames.
+    """
+    if not len(offsets):
+        return np.zeros(0, dtype=bool)
+    reach = np.maximum.accumulate(ends)[:-1]
+    hole = np.where(np.abs(np.diff(row_chunks)) <= 1, gap, 0)
+    return np.r_[True, offsets[1:] > reach + hole]
 
 
 class ChunkReader:
@@ -313,7 +332,7 @@ class ChunkReader:
         order = np.argsort(offsets, kind="stable")
         offsets, nbytes, rc, lc = offsets[order], nbytes[order], rc[order], lc[order]
         ends = offsets + nbytes
-        new = np.r_[True, offsets[1:] > np.maximum.accumulate(ends)[:-1]]
+        new = _range_heads(offsets, ends, rc, self.backend.coalesce_gap)
         heads = np.flatnonzero(new)
         starts, stops = offsets[heads], np.maximum.reduceat(ends, heads)
         key = f"{array}/{ArrayGeometry.object_key(obj)}"
@@ -359,7 +378,10 @@ class ChunkReader:
         key = f"{array}/{ArrayGeometry.object_key(obj)}"
         spans = self._spans(index, geometry, obj, missing, key)
         shape = (geometry.chunk_rows, geometry.layers_per_chunk, geometry.top_k)
-        ranges = merge_ranges((o, o + n) for o, n, _, _ in spans if n)
+        stored = np.array([(o, o + n, c) for o, n, c, _ in spans if n], dtype=np.int64).reshape(-1, 3)
+        heads = np.flatnonzero(_range_heads(stored[:, 0], stored[:, 1], stored[:, 2], self.backend.coalesce_gap))
+        stops = np.maximum.reduceat(stored[:, 1], heads) if len(heads) else stored[:0, 1]
+        ranges = [(int(a), int(b)) for a, b in zip(stored[heads, 0], stops, strict=True)]
         blobs = self.backend.get_ranges(key, [ByteRange(s, e) for s, e in ranges]) if ranges else []
         bound = self.manifest.version >= 2 and isinstance(codec, SupportsBinding)
         batched = (into is not None and out is not None and type(codec) is BitpackCodec

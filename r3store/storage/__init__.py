@@ -5,7 +5,7 @@ writes; it knows nothing of the r3store format. :func:`open_backend` picks one f
 """
 
 from r3store._deprecated import module_getattr as _module_getattr
-from r3store.storage._base import Backend, ByteRange, ObjectInfo, SuffixByteRange
+from r3store.storage._base import REMOTE_COALESCE_GAP, Backend, ByteRange, ObjectInfo, SuffixByteRange
 from r3store.storage._caching import CachingBackend, KeyPrefixes
 from r3store.storage._caching import CachingStore as _CachingStore
 from r3store.storage._errors import handled_exceptions, map_storage_errors
@@ -21,6 +21,7 @@ __all__ = [
     "KeyPrefixes",
     "LocalBackend",
     "ObjectInfo",
+    "REMOTE_COALESCE_GAP",
     "SuffixByteRange",
     "handled_exceptions",
     "map_storage_errors",

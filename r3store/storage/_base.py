@@ -60,6 +60,12 @@ class ObjectInfo:
     """Modification time, seconds since the epoch (UTC), when the backend knows it."""
 
 
+REMOTE_COALESCE_GAP = 64 << 10
+"""Default :attr:`Backend.coalesce_gap` of object stores (bytes): at ~100 MB/s per stream and
+tens of ms per request, reading a 64 KiB hole costs far less than a request (fsspec's
+``parquet`` reader and Arrow's read coalescing use holes of the same order)."""
+
+
 class Backend(ABC):
     """Abstract byte-object storage rooted at :attr:`url` (local folder, bucket prefix, ...)."""
 
@@ -69,6 +75,10 @@ class Backend(ABC):
     """Whether :meth:`list_prefix` works."""
     is_local: bool = False
     """Whether objects live on a local filesystem (cheap ranged reads, no request costs)."""
+    coalesce_gap: int = 0
+    """Bytes: readers fetch two ranges of one object that are at most this far apart as one
+    request (reading the bytes between). 0 (local disk): only touching ranges merge. Object
+    stores set :data:`REMOTE_COALESCE_GAP`, where a request costs more than that many bytes."""
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")

@@ -108,6 +108,7 @@ class CachingBackend(Backend):
         self.immutable: Callable[[str], bool] = immutable if callable(immutable) else KeyPrefixes(immutable)
         self.supports_writes = inner.supports_writes
         self.supports_listing = inner.supports_listing
+        self.coalesce_gap = inner.coalesce_gap  # first reads go to the inner store
         self._lock = threading.Lock()
         self._writes = 0  # bumped by every write or delete made through this object
 

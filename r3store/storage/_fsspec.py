@@ -11,7 +11,7 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from r3store.storage._base import Backend, ByteRange, ObjectInfo, SuffixByteRange
+from r3store.storage._base import REMOTE_COALESCE_GAP, Backend, ByteRange, ObjectInfo, SuffixByteRange
 from r3store.storage._errors import map_storage_errors
 
 __all__ = ["FsspecBackend", "mask_credentials"]
@@ -73,6 +73,8 @@ class FsspecBackend(Backend):
         self.root = root.rstrip("/")
         self._is_s3 = "s3" in _protocols(fs)
         self._suffix_ranges = self._is_s3 or "memory" in _protocols(fs)
+        if not set(_protocols(fs)) & {"file", "local", "memory"}:
+            self.coalesce_gap = REMOTE_COALESCE_GAP
 
     @property
     def fs(self) -> AbstractFileSystem:

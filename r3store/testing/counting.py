@@ -43,6 +43,7 @@ class CountingBackend(Backend):
         self.supports_writes = inner.supports_writes
         self.supports_listing = inner.supports_listing
         self.is_local = inner.is_local
+        self.coalesce_gap = inner.coalesce_gap
         self._lock = threading.Lock()
         self.requests = 0
         self.bytes_read = 0
