@@ -193,3 +193,17 @@ def test_empty_list_payload_is_no_routes_not_a_float_array(payload: Any) -> None
 def test_non_integer_payload_is_refused_at_decode(payload: Any) -> None:
     with pytest.raises(PayloadDecodeError, match="expert ids must be integers"):
         r3store.decode_sglang("s", payload, SPEC)
+
+
+@pytest.mark.parametrize("entries", [
+    "'descr': (0, 32 ,), 'fortran_order': False, 'shape': (0, 3, 3)",  # found by the ingest fuzz target
+    "'descr': '<i4', 'fortran_order': (1,), 'shape': (0, 3, 3)",
+    "'descr': '<i4', 'fortran_order': False, 'shape': '<i4'",
+    "'descr': True, 'fortran_order': False, 'shape': (0, 3, 3)",
+])
+def test_npy_header_entries_of_the_wrong_kind_are_payload_errors(entries: str) -> None:
+    header = ("{" + entries + ", }").encode()
+    header += b" " * (-(10 + len(header) + 1) % 64) + b"\n"
+    blob = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
+    with pytest.raises(PayloadDecodeError, match="not of the form numpy writes"):
+        r3store.decode_vllm("s", base64.b64encode(blob))

@@ -346,6 +346,11 @@ def _check_npy_header(sample_id: str, raw: bytes) -> None:
         pos = match.end()
     if body[pos:].strip() != "}" or len(found) != 3:
         raise bad(f".npy header is not of the form numpy writes: {body[:120]!r}")
+    kinds = {"descr": found["descr"][0] == "'", "fortran_order": found["fortran_order"] in ("True", "False"),
+             "shape": found["shape"][0] == "("}
+    for key, ok in kinds.items():
+        if not ok:
+            raise bad(f".npy header entry {key!r} is {found[key][:40]!r}, not of the form numpy writes")
     dtype = np.dtype(found["descr"].strip("'"))
     shape = tuple(int(v) for v in found["shape"].strip("()").replace(",", " ").split())
     need, have = math.prod(shape) * dtype.itemsize, len(raw) - start - length
