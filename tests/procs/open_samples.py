@@ -23,6 +23,7 @@ from writer import SPEC, peak_rss_bytes, routes_for
 def main() -> None:
     url, samples, turns, rows, buffer_bytes = sys.argv[1], *map(int, sys.argv[2:6])
     pa.array([0])  # pyarrow's one-time imports, before the baseline
+    _ = r3store.RouteWriter  # r3store's modules (imported on first use), before the baseline too
     turn = [routes_for(t, rows) for t in range(turns)]  # made before the baseline: not the writer's memory
     baseline = peak_rss_bytes(reset=True)
     with r3store.RouteWriter(url, SPEC, buffer_bytes=buffer_bytes) as writer:
