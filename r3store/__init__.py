@@ -68,6 +68,12 @@ _SHOWN_HERE = frozenset(_LAZY) - {"RouteDataset", "to_device"}
 """Names documented as ``r3store.<name>`` (their ``__module__`` is set to ``"r3store"``)."""
 
 
+_SUBPACKAGES = frozenset({"audit", "batch", "cli", "codecs", "data", "dataset", "layout", "ray", "reader", "replay",
+                          "storage", "testing", "writer"})
+"""Subpackages reachable as ``r3store.<name>`` after a plain ``import r3store`` (imported on
+first use; ``r3store.ray`` needs the ``[ray]`` extra, ``dataset``/``replay`` need torch)."""
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
@@ -75,4 +81,6 @@ def __getattr__(name: str) -> Any:
             value.__module__ = "r3store"
         globals()[name] = value  # later lookups skip this function
         return value
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"r3store.{name}")  # the import binds it in this module
     raise AttributeError(f"module 'r3store' has no attribute {name!r}")

@@ -44,7 +44,7 @@ def as_numpy(sample_id: str, field: str, value: Any) -> np.ndarray:
 
 
 def check_routes(sample_id: str, routes: np.ndarray, spec: ModelSpec, *,
-                 missing: np.ndarray | None = None) -> np.ndarray:
+                 missing: np.ndarray | None = None, allow_missing: bool = False) -> np.ndarray:
     """Validate routes and return the MoE-layer ids.
 
     Parameters
@@ -57,6 +57,8 @@ def check_routes(sample_id: str, routes: np.ndarray, spec: ModelSpec, *,
     missing : ndarray of bool, shape (rows,), optional
         Rows the engine could not capture (:func:`find_missing_rows`): skipped by the
         checks and returned as 0.
+    allow_missing : bool
+        Whether the caller accepts missing rows (only changes the hints of the errors).
 
     Returns
     -------
@@ -74,10 +76,10 @@ def check_routes(sample_id: str, routes: np.ndarray, spec: ModelSpec, *,
         _check_shape(sample_id, routes, spec)
         kept = np.flatnonzero(~missing)
         moe = np.zeros((routes.shape[0], spec.num_moe_layers, spec.top_k), dtype=np.uint16)
-        moe[kept] = _check_ids(sample_id, routes[kept], spec, kept)
+        moe[kept] = _check_ids(sample_id, routes[kept], spec, kept, allow_missing)
         return moe
     _check_shape(sample_id, routes, spec)
-    return _check_ids(sample_id, routes, spec, None)
+    return _check_ids(sample_id, routes, spec, None, allow_missing)
 
 
 def find_missing_rows(sample_id: str, routes: np.ndarray, spec: ModelSpec) -> np.ndarray | None:
@@ -136,26 +138,33 @@ def _check_shape(sample_id: str, routes: np.ndarray, spec: ModelSpec) -> None:
                               f"layers) or {spec.num_moe_layers} (MoE layers only)")
 
 
-def _check_ids(sample_id: str, routes: np.ndarray, spec: ModelSpec, rows: np.ndarray | None) -> np.ndarray:
+def _check_ids(sample_id: str, routes: np.ndarray, spec: ModelSpec, rows: np.ndarray | None,
+               allow_missing: bool = False) -> np.ndarray:
     """The MoE ids of checked-shape routes, or the first fault (``rows``: original row numbers)."""
     layers = routes.shape[1]
     moe_mask = None if layers == spec.num_moe_layers else [layer in spec.moe_layers for layer in range(layers)]
     moe = np.empty((routes.shape[0], spec.num_moe_layers, spec.top_k), dtype=np.uint16)
     fault = kernels.check_ids(routes, spec.num_experts, moe=moe_mask, out=moe)
     if fault is not None:
-        raise _fault_error(sample_id, routes, spec, fault, all_layers=moe_mask is not None, rows=rows)
+        raise _fault_error(sample_id, routes, spec, fault, all_layers=moe_mask is not None, rows=rows,
+                           allow_missing=allow_missing)
     return moe
 
 
 def _fault_error(sample_id: str, routes: np.ndarray, spec: ModelSpec, fault: kernels.RouteFault,
-                 *, all_layers: bool, rows: np.ndarray | None = None) -> ExpertIdError:
+                 *, all_layers: bool, rows: np.ndarray | None = None, allow_missing: bool = False) -> ExpertIdError:
     """The error for the first fault :func:`kernels.check_ids` found (its message names the spot)."""
     row, ids = fault.row if rows is None else int(rows[fault.row]), routes[fault.row, fault.layer]
+    moe_ids = routes[fault.row][list(spec.moe_layers)] if all_layers else routes[fault.row]
     if fault.kind == "dense":
+        hint = ("the ModelSpec's moe_layers may be wrong (or, for a flat engine payload reshaped with the spec, "
+                "its top_k or num_layers)")
+        if (moe_ids == -1).all() and not allow_missing:
+            hint = ("every id of the row is -1: a row the engine could not capture; pass allow_missing=True to "
+                    "store it as missing")
         return ExpertIdError(sample_id, "routes",
-                             f"dense decoder layer {fault.layer} has non-zero ids at row {row} "
-                             f"({ids.tolist()}); the ModelSpec's moe_layers may be wrong (or, for a flat engine "
-                             "payload reshaped with the spec, its top_k or num_layers)")
+                             f"dense decoder layer {fault.layer} has non-zero ids at row {row} ({ids.tolist()}); "
+                             + hint)
     layer = fault.layer if all_layers else spec.moe_layers[fault.layer]
     if fault.kind == "repeat":
         hint = ""
@@ -167,7 +176,10 @@ def _fault_error(sample_id: str, routes: np.ndarray, spec: ModelSpec, fault: ker
     value = int(ids[fault.slot])
     why = "negative" if value < 0 else f">= num_experts ({spec.num_experts})"
     hint = "; physical (EP-remapped) ids instead of logical ids?"
-    if value == -1:
+    if value == -1 and allow_missing:
+        hint = ("; allow_missing=True stores a row as missing only when every MoE id of it is -1, "
+                "and this row has -1 in some layers only")
+    elif value == -1:
         hint = ("; rows whose MoE ids are all -1 are rows the engine could not capture: pass allow_missing=True "
                 "to store them as missing")
     elif value < 0:

@@ -223,3 +223,20 @@ def test_importing_r3store_imports_no_optional_dependency() -> None:
             f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {OPTIONAL!r})\n"
             "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_subpackages_are_reachable_after_a_plain_import() -> None:
+    """README snippets write ``import r3store`` then ``r3store.layout.LayoutOptions(...)``."""
+    code = ("import sys, r3store\n"
+            "assert r3store.layout.LayoutOptions(cp_size=2, cp_rank=1).cp_rank == 1\n"
+            "assert callable(r3store.batch.assemble) and callable(r3store.reader.open_reader)\n"
+            "assert 'torch' not in sys.modules  # layout/batch/reader need no torch\n"
+            "try:\n    r3store.nonexistent\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit(1)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_r3store_ray_without_ray_names_the_extra() -> None:
+    code = ("import sys\nsys.modules['ray'] = None  # as if ray were not installed\n"
+            "try:\n    import r3store.ray\nexcept ImportError as exc:\n"
+            "    assert \"pip install 'r3store[ray]'\" in str(exc), exc\nelse:\n    raise SystemExit(1)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -207,3 +207,39 @@ def test_npy_header_entries_of_the_wrong_kind_are_payload_errors(entries: str) -
     blob = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header
     with pytest.raises(PayloadDecodeError, match="not of the form numpy writes"):
         r3store.decode_vllm("s", base64.b64encode(blob))
+
+
+DENSE0 = r3store.ModelSpec(num_layers=6, num_experts=16, top_k=4, moe_layers=range(1, 6))
+
+
+def _rows(n: int) -> np.ndarray:
+    routes = np.tile(np.arange(4, dtype=np.int32), (n, 6, 1))
+    routes[:, 0] = 0
+    return routes
+
+
+def test_partial_minus_one_with_allow_missing_does_not_advise_allow_missing(tmp_path: Path) -> None:
+    routes = _rows(3)
+    routes[0, 2] = -1
+    with r3store.RouteWriter(tmp_path, DENSE0) as w:
+        with pytest.raises(ExpertIdError, match="some layers only") as info:
+            w.append("m2", routes, allow_missing=True)
+        assert "pass allow_missing" not in str(info.value)
+        with pytest.raises(ExpertIdError, match="pass allow_missing=True"):
+            w.append("m2", routes)
+
+
+def test_an_all_minus_one_row_with_dense_minus_one_hints_allow_missing(tmp_path: Path) -> None:
+    with r3store.RouteWriter(tmp_path, DENSE0) as w:
+        with pytest.raises(ExpertIdError, match="pass allow_missing=True") as info:
+            w.append("m1", np.full((4, 6, 4), -1, np.int32))
+        assert "moe_layers may be wrong" not in str(info.value)
+        w.append("m1", np.full((4, 6, 4), -1, np.int32), allow_missing=True)
+    assert r3store.open_store(tmp_path).missing_rows("m1") == [(0, 4)]
+
+
+def test_a_payload_labelled_with_the_wrong_dtype_names_the_dtype_that_fits() -> None:
+    spec = r3store.ModelSpec(num_layers=6, num_experts=16, top_k=4)
+    payload = base64.b64encode(np.tile(np.arange(4, dtype=np.uint8), (16, 6, 1)).tobytes()).decode()
+    with pytest.raises(PayloadDecodeError, match="is the payload uint8, not int32"):
+        r3store.decode_sglang("s", {"routed_experts": payload, "routed_experts_dtype": "int32"}, spec, num_rows=16)

@@ -50,6 +50,10 @@ def unpack_routes(packed: torch.Tensor, bits: int, shape: Sequence[int], *,
     """
     if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 16:
         raise OptionError("bits", bits, "must be an int in 1..16")
+    if not isinstance(packed, torch.Tensor):
+        raise OptionError("packed", f"<{type(packed).__name__}>",
+                          "must be a torch tensor (batch['routes'] of RouteDataset, or torch.from_numpy of "
+                          "assemble(..., packed=True)['routes'])")
     if packed.dtype != torch.uint8:
         raise OptionError("packed", f"<tensor of {packed.dtype}>", "must be a uint8 tensor (batch['routes'])")
     if isinstance(shape, str) or not isinstance(shape, Sequence):

@@ -15,6 +15,11 @@ Needs ``pip install 'r3store[ray]'``; ``import r3store`` never imports this pack
   value costs in the object store (the hand-off: send sample ids, not routes).
 """
 
+try:
+    import ray as _ray  # noqa: F401  (the extra's presence, checked before the modules that need it)
+except ImportError as _exc:
+    raise ImportError("r3store.ray needs ray: pip install 'r3store[ray]'") from _exc
+
 from r3store.ray._audit import diff, run_plan, stats, validate
 from r3store.ray._cluster import connect, object_store_bytes
 from r3store.ray._sink import RouteDatasink, WriteSummary, write_routes

@@ -99,7 +99,8 @@ def _range_heads(offsets: np.ndarray, ends: np.ndarray, row_chunks: np.ndarray, 
         return np.zeros(0, dtype=bool)
     reach = np.maximum.accumulate(ends)[:-1]
     hole = np.where(np.abs(np.diff(row_chunks)) <= 1, gap, 0)
-    return np.r_[True, offsets[1:] > reach + hole]
+    heads: np.ndarray = np.concatenate([[True], offsets[1:] > reach + hole])
+    return heads
 
 
 class ChunkReader:

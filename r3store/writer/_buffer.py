@@ -176,7 +176,7 @@ class SampleBuffer:
         try:
             self._check_versioned(sample, version)
             missing = find_missing_rows(sample_id, arr, self.spec) if allow_missing else None
-            moe = check_routes(sample_id, arr, self.spec, missing=missing)
+            moe = check_routes(sample_id, arr, self.spec, missing=missing, allow_missing=allow_missing)
             self._check_cap(sample, len(moe))
             toks = check_tokens(sample_id, tokens) if final else None
             meta = check_metadata(sample_id, metadata, types)

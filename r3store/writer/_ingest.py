@@ -198,14 +198,23 @@ def _wrong_size(sample_id: str, flat: np.ndarray, num_rows: int, spec: ModelSpec
     """Raise for a payload of ``flat.size`` ids that should hold ``num_rows`` rows, naming the likely fault."""
     size = flat.size
     have = f"{size} ids" + (f" of {flat.dtype}" if wire is not None else "")
+    per_row = spec.num_layers * spec.top_k
+    read_as = np.dtype(wire or "<i4")
+    exact = [name for name, code in SGLANG_DTYPES.items() if nbytes is not None and np.dtype(code) != read_as
+             and nbytes == num_rows * per_row * np.dtype(code).itemsize]
+    dtype_note = (f"its {nbytes:,} bytes are exactly {num_rows:,} rows of ids of {exact[0]}: is the payload "
+                  f"{exact[0]}, not {_dtype_name(wire)} (meta_info routed_experts_dtype)?") if exact else ""
     if num_rows > 0 and size and size % (num_rows * spec.num_layers) == 0:
         top_k = size // (num_rows * spec.num_layers)
-        per_row = spec.num_layers * spec.top_k
         other = f" (or {size // per_row:,} rows, not {num_rows:,}?)" if size % per_row == 0 else ""
         raise PayloadDecodeError(sample_id, "routed_experts",
                                  f"{have} divide into {num_rows:,} rows x num_layers={spec.num_layers} x {top_k}: "
-                                 f"is top_k {top_k}, not the ModelSpec's top_k={spec.top_k}?{other}")
-    per_row = spec.num_layers * spec.top_k
+                                 f"is top_k {top_k}, not the ModelSpec's top_k={spec.top_k}?{other}"
+                                 + (f"; or {dtype_note}" if dtype_note else ""))
+    if dtype_note:
+        raise PayloadDecodeError(sample_id, "routed_experts",
+                                 f"{have} do not make {num_rows:,} rows x num_layers={spec.num_layers} x "
+                                 f"top_k={spec.top_k}, but {dtype_note}")
     if size % per_row == 0:
         rows = size // per_row
         raise RowCountError(sample_id, "routed_experts",
