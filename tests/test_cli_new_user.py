@@ -1,0 +1,64 @@
+"""CLI problems a new user met: missing rows fail ``validate``, ``stats``'s policy line,
+``inspect``'s two ``commits`` rows, ``compact --json`` without a schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+from click.testing import CliRunner, Result
+
+import r3store
+from r3store._format import load_schema
+from r3store.cli import main
+
+SPEC = r3store.ModelSpec(num_layers=3, num_experts=16, top_k=2, moe_layers=[1, 2])
+
+
+def routes_of(rng: np.random.Generator, rows: int) -> np.ndarray:
+    return np.argsort(rng.random((rows, 2, 16)), axis=-1)[..., :2].astype(np.int32)
+
+
+def run(*args: str) -> Result:
+    result = CliRunner().invoke(main, list(args), env={"COLUMNS": "240"})
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def checked_json(result: Result, command: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(result.stdout)
+    jsonschema.validate(doc, load_schema(f"cli-{command}"))
+    return doc
+
+
+def test_validate_exits_0_when_missing_rows_are_all_it_found(tmp_path: Path) -> None:
+    """Rows stored as missing on purpose (allow_missing=True) are informational, not a fault."""
+    rng = np.random.default_rng(0)
+    gap = routes_of(rng, 10)
+    gap[2:4] = -1
+    with r3store.RouteWriter(tmp_path / "s", SPEC) as w:
+        w.append("ok", routes_of(rng, 9))
+        w.append("gap", gap, allow_missing=True)
+    result = run("validate", str(tmp_path / "s"))
+    assert result.exit_code == 0, result.output
+    assert "missing_rows" in result.stdout and "clean" in result.stdout
+    as_json = run("validate", str(tmp_path / "s"), "--json")
+    assert as_json.exit_code == 0
+    doc = checked_json(as_json, "validate")
+    assert doc["ok"] is True and doc["summary"]["by_kind"] == {"missing_rows": 1}
+    assert [f["kind"] for f in doc["findings"]] == ["missing_rows"]
+    with r3store.RouteWriter(tmp_path / "s", SPEC, on_invalid="quarantine") as w:  # a real finding as well
+        bad = routes_of(rng, 6)
+        bad[1, 0] = [3, 3]
+        w.append("bad", bad)
+    failed = run("validate", str(tmp_path / "s"), "--json")
+    assert failed.exit_code == 1 and checked_json(failed, "validate")["ok"] is False
+
+
+def test_validate_help_lists_missing_rows() -> None:
+    text = " ".join(run("validate", "--help").stdout.split())
+    assert "missing rows" in text and "exit status 0" in text.lower()
