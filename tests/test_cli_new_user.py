@@ -62,3 +62,17 @@ def test_validate_exits_0_when_missing_rows_are_all_it_found(tmp_path: Path) -> 
 def test_validate_help_lists_missing_rows() -> None:
     text = " ".join(run("validate", "--help").stdout.split())
     assert "missing rows" in text and "exit status 0" in text.lower()
+
+
+def test_stats_policy_range_uses_every_version_of_a_sample(tmp_path: Path) -> None:
+    """A sample whose rows came from versions 41 and 42 spans 41..42 (not 42..42), and is "1 sample"."""
+    routes = routes_of(np.random.default_rng(1), 10)
+    with r3store.RouteWriter(tmp_path / "s", SPEC) as w:
+        w.append("s", routes[:6], final=False, policy_version=41)
+        w.append("s", routes[6:], start=6, policy_version=42)
+    result = run("stats", str(tmp_path / "s"))
+    assert result.exit_code == 0, result.output
+    assert "policy versions 41..42 on 1 sample; 1 sample mixes versions" in result.stdout
+    doc = checked_json(run("stats", str(tmp_path / "s"), "--json"), "stats")
+    assert doc["policy"] == {"samples_with_version": 1, "mixed_version_samples": 1, "min_version": 41,
+                             "max_version": 42}
