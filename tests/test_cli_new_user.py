@@ -76,3 +76,19 @@ def test_stats_policy_range_uses_every_version_of_a_sample(tmp_path: Path) -> No
     doc = checked_json(run("stats", str(tmp_path / "s"), "--json"), "stats")
     assert doc["policy"] == {"samples_with_version": 1, "mixed_version_samples": 1, "min_version": 41,
                              "max_version": 42}
+
+
+def test_inspect_labels_the_commit_count_and_time_range_apart(tmp_path: Path) -> None:
+    with r3store.RouteWriter(tmp_path / "s", SPEC) as w:
+        w.append("s", routes_of(np.random.default_rng(2), 5))
+    result = run("inspect", str(tmp_path / "s"))
+    assert result.exit_code == 0, result.output
+    rows = {}
+    for line in result.stdout.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) == 2:
+            assert cells[0] not in rows, f"two rows labelled {cells[0]!r}"
+            rows[cells[0]] = cells[1]
+    doc = checked_json(run("inspect", str(tmp_path / "s"), "--json"), "inspect")
+    assert rows["commits"] == "1"
+    assert rows["committed"] == f"{doc['first_commit']} .. {doc['last_commit']}"
