@@ -92,3 +92,17 @@ def test_inspect_labels_the_commit_count_and_time_range_apart(tmp_path: Path) ->
     doc = checked_json(run("inspect", str(tmp_path / "s"), "--json"), "inspect")
     assert rows["commits"] == "1"
     assert rows["committed"] == f"{doc['first_commit']} .. {doc['last_commit']}"
+
+
+def test_every_json_command_has_a_shipped_schema() -> None:
+    import importlib
+
+    from r3store.cli._main import COMMANDS
+
+    with_json = [name for name, (module, _) in COMMANDS.items()
+                 if any(p.name == "as_json" for p in getattr(importlib.import_module(module), name).params)]
+    assert "compact" in with_json
+    for name in with_json:
+        schema = load_schema(f"cli-{name}")
+        assert schema["title"] == f"r3store {name} --json", name
+        jsonschema.validators.validator_for(schema).check_schema(schema)
