@@ -249,3 +249,19 @@ def test_inspect_and_validate_on_s3(s3_url: str, s3_storage_options: dict[str, A
     assert doc["summary"]["arrays_checked"] == 2 and SECRET_KEY not in result.output
     human = run("validate", s3_url, *opts)
     assert human.exit_code == 1 and "repeated_ids" in human.stdout
+
+
+# -- compact schema -----------------------------------------------------------------------------
+
+
+def test_compact_json_matches_schema(clean: Path, tmp_path: Path) -> None:
+    first = run("compact", str(clean), "--json")
+    assert first.exit_code == 0, first.output
+    doc = checked_json(first, "compact")
+    assert doc["written"] is True and doc["commits"] == 1 and doc["samples"] == 6 and doc["nbytes"] > 0
+    again = checked_json(run("compact", str(clean), "--json"), "compact")
+    assert again["written"] is False and again["key"] == doc["key"] and again["nbytes"] == 0
+    with r3store.RouteWriter(tmp_path / "empty", SPEC):
+        pass
+    empty = checked_json(run("compact", str(tmp_path / "empty"), "--json"), "compact")
+    assert empty["key"] is None and empty["watermark"] is None and empty["commits"] == 0

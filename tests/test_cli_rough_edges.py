@@ -20,6 +20,7 @@ from click.testing import CliRunner, Result
 import r3store
 from r3store._format import load_schema
 from r3store.cli import main
+from r3store.cli._main import COMMANDS
 
 SPEC = r3store.ModelSpec(num_layers=13, num_experts=128, top_k=8, moe_layers=range(1, 13))
 
@@ -191,7 +192,7 @@ def test_validate_inspect_diff_at_80_columns(store: Path) -> None:
 # -- start-up ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", [[], ["show"], ["validate"], ["stats"], ["diff"], ["gc"], ["inspect"], ["demo"]])
+@pytest.mark.parametrize("command", [[], *([name] for name in COMMANDS)])  # every command, compact included
 def test_help_imports_neither_numpy_pyarrow_zarr_nor_torch(command: list[str]) -> None:
     code = (f"import sys\nfrom r3store.cli import main\ntry:\n    main({[*command, '--help']!r})\nexcept SystemExit:\n"
             "    pass\n"

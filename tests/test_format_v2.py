@@ -391,7 +391,7 @@ def test_show_and_stats_report_mixed_versions(policy_store: Path) -> None:
     cli = CliRunner().invoke(main, ["show", str(policy_store), "chat"])
     assert cli.exit_code == 0 and "mixed policy versions 7 (rows 0-6), 9 (rows 7-11)" in " ".join(cli.output.split())
     cli = CliRunner().invoke(main, ["stats", str(policy_store)])
-    assert cli.exit_code == 0 and "1 samples mix versions" in " ".join(cli.output.split())
+    assert cli.exit_code == 0 and "on 3 samples; 1 sample mixes versions" in " ".join(cli.output.split())
 
 
 def test_policy_versions_are_all_or_nothing_per_sample(tmp_path: Path) -> None:

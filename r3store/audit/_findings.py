@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["KINDS", "Finding", "ValidationReport", "format_rows"]
+__all__ = ["INFORMATIONAL", "KINDS", "Finding", "ValidationReport", "format_rows"]
 
 Severity = Literal["error", "warning"]
 
@@ -37,6 +37,11 @@ KINDS: Mapping[str, tuple[Severity, str]] = {
     "checkpoint": ("error", "a checkpoint (index/*.checkpoint) fails its checks or disagrees with the sample tables "
                             "(readers skip a damaged one; r3store compact writes a new one)"),
 }
+
+#: Kinds that describe a supported state rather than a fault: reported, but a report holding
+#: only these is :attr:`ValidationReport.ok` (``r3store validate`` exits 0). ``missing_rows``
+#: are rows stored as missing on purpose (``append(..., allow_missing=True)``).
+INFORMATIONAL: frozenset[str] = frozenset({"missing_rows"})
 
 _SEVERITY_RANK = {"error": 0, "warning": 1}
 _KIND_RANK = {kind: i for i, kind in enumerate(KINDS)}
@@ -163,8 +168,8 @@ class ValidationReport:
 
     @property
     def ok(self) -> bool:
-        """No findings at all."""
-        return not any(self.counts.values())
+        """No findings other than :data:`INFORMATIONAL` ones (rows stored as missing on purpose)."""
+        return not any(n for kind, n in self.counts.items() if kind not in INFORMATIONAL)
 
     @property
     def num_errors(self) -> int:

@@ -148,13 +148,21 @@ def _units(table: pa.Table) -> tuple[list[tuple[str, list[tuple[int, int]]]], in
 
 
 def _policy(table: pa.Table) -> dict[str, Any]:
-    """Policy versions of the selected samples: how many carry one, how many mix several."""
+    """Policy versions of the selected samples: how many carry one, how many mix several, and
+    the smallest and largest version of any row (``policy_version`` is only a sample's largest)."""
     cols = table.select(["num_rows", "policy_spans", "policy_version"]).to_pydict()
-    versions = [v for v in cols["policy_version"] if v is not None]
-    mixed = sum(len({v for _, _, v in parse_spans(spans, n)}) > 1
-                for n, spans in zip(cols["num_rows"], cols["policy_spans"], strict=True) if spans)
-    return {"samples_with_version": len(versions), "mixed_version_samples": mixed,
-            "min_version": min(versions) if versions else None, "max_version": max(versions) if versions else None}
+    low: list[int] = []
+    high: list[int] = []
+    mixed = 0
+    for n, spans, version in zip(cols["num_rows"], cols["policy_spans"], cols["policy_version"], strict=True):
+        if version is None:
+            continue
+        used = {v for _, _, v in parse_spans(spans, n)} if spans else {version}  # no rows: the version given
+        low.append(min(used))
+        high.append(max(used))
+        mixed += len(used) > 1
+    return {"samples_with_version": len(high), "mixed_version_samples": mixed,
+            "min_version": min(low) if low else None, "max_version": max(high) if high else None}
 
 
 def _count_array(rs: RouteReader, unit: tuple[str, list[tuple[int, int]]],

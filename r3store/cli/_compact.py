@@ -7,14 +7,13 @@ import json
 import click
 
 from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
-from r3store.reader import compact as compact_store
 
 __all__ = ["compact"]
 
 
 @click.command()
 @click.argument("url")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (schema/cli-compact.schema.json).")
 @storage_option_flag
 @handle_errors
 def compact(url: str, as_json: bool, storage_options: tuple[str, ...]) -> None:
@@ -23,6 +22,8 @@ def compact(url: str, as_json: bool, storage_options: tuple[str, ...]) -> None:
     Readers then read the checkpoint plus the sample tables of commits made after it. Safe
     while writers commit and while other compactions run; sample tables are never touched.
     """
+    from r3store.reader import compact as compact_store
+
     result = compact_store(url, storage_options=parse_storage_options(storage_options))
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))

@@ -47,7 +47,7 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         ("size vs int32", f"{summary['size_vs_int32'] * 100:.2f}% ({_bytes(summary['int32_bytes'])} as int32)"),
         ("commits", f"{summary['commits']:,}"),
         ("writers", f"{summary['writers']:,}"),
-        ("commits", f"{summary['first_commit']} .. {summary['last_commit']}"),
+        ("committed", f"{summary['first_commit']} .. {summary['last_commit']}"),
         ("metadata columns", ", ".join(summary["metadata_columns"]) or "-"),
     ]
     if summary["duplicates"]:

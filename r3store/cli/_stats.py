@@ -62,8 +62,9 @@ def render_stats(result: dict[str, Any], console: Console) -> None:
                       f"{result['samples_with_missing_rows']:,} samples", highlight=False)
     policy = result["policy"]
     if policy["samples_with_version"]:
-        console.print(f"policy versions {policy['min_version']}..{policy['max_version']} on "
-                      f"{policy['samples_with_version']:,} samples; {policy['mixed_version_samples']:,} samples mix "
+        count, mixed = policy["samples_with_version"], policy["mixed_version_samples"]
+        console.print(f"policy versions {policy['min_version']}..{policy['max_version']} on {count:,} "
+                      f"sample{'' if count == 1 else 's'}; {mixed:,} {'sample mixes' if mixed == 1 else 'samples mix'} "
                       "versions", highlight=False)
 
 

@@ -57,7 +57,9 @@ def render_report(report: ValidationReport, console: Console) -> None:
     scope = f"{report.samples_checked:,} samples, {report.rows_checked:,} rows, {report.frames_checked:,} chunks " \
             f"in {report.arrays_checked:,} route arrays"
     if report.ok:
-        console.print(styled(("clean", "bold green"), f": {scope}; every checksum matches, no capture faults"))
+        noted = "".join(f"; {n:,} {k} (informational: rows stored as missing on purpose)"
+                        for k, n in report.counts.items() if n)
+        console.print(styled(("clean", "bold green"), f": {scope}; every checksum matches, no capture faults{noted}"))
         return
     kinds = ", ".join(f"{n} {k}" for k, n in report.counts.items())
     more = f" (first {len(report.findings):,} listed)" if report.truncated else ""
@@ -96,10 +98,12 @@ def validate(url: str, as_json: bool, grace: str, sample_filter: str | None, lim
     Decodes every frame of every committed route array and reports, per sample, MoE
     layer and rows: all-zero layers, repeated ids within a row, ids >= num_experts,
     physical-looking (EP-remapped) id distributions, row counts other than
-    num_tokens - 1, duplicate sample ids, quarantined samples and uncommitted leftovers.
+    num_tokens - 1, duplicate sample ids, quarantined samples, uncommitted leftovers
+    and missing rows (missing_rows: rows stored as missing with append(...,
+    allow_missing=True); informational).
 
-    Exit status: 0 clean (or only uncommitted leftovers younger than --grace: a writer
-    still committing), 1 findings, 2 usage or I/O error.
+    Exit status: 0 clean (or only missing rows, or only uncommitted leftovers younger
+    than --grace: a writer still committing), 1 findings, 2 usage or I/O error.
     """
     from r3store.audit import validate as run_validate
     from r3store.reader import open_reader

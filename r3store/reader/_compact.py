@@ -50,7 +50,7 @@ class CompactResult:
     """Its watermark bucket: tables of commits it does not cover are in this bucket or newer."""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
+        """JSON-ready dict, validated by ``schema/cli-compact.schema.json`` (``r3store compact --json``)."""
         return {"key": self.key, "written": self.written, "commits": self.commits, "samples": self.samples,
                 "nbytes": self.nbytes, "watermark": self.watermark}
 
