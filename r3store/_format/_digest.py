@@ -60,6 +60,9 @@ def _strings(column: pa.ChunkedArray) -> bytes:
         n = len(chunk)
         if not n:
             continue
+        if chunk.null_count == n:  # every row null: n zero lengths, no bytes
+            parts.append(bytes(4 * n))
+            continue
         offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int32, count=n + 1, offset=chunk.offset * 4)
         data_buf = chunk.buffers()[2]
         data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
