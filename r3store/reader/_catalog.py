@@ -499,11 +499,12 @@ class SampleCatalog:
         ends = pc.add(table.column("row_start"), table.column("num_rows")).to_numpy()
         top = np.zeros(len(encoded.dictionary), dtype=np.int64)
         np.maximum.at(top, encoded.indices.to_numpy(), ends)
-        for array, end in zip(encoded.dictionary.to_pylist(), top.tolist(), strict=True):
-            if end > self.array_rows.get(array, 0):
-                self.array_rows[array] = end
-            else:
-                self.array_rows.setdefault(array, 0)
+        found = zip(encoded.dictionary.to_pylist(), top.tolist(), strict=True)
+        if not self.array_rows:  # the usual case: preloaded rows come first
+            self.array_rows.update(found)
+            return
+        for array, end in found:
+            self.array_rows[array] = max(self.array_rows.get(array, 0), end)
 
     def _build_lookup(self) -> None:
         """Per-row lists of :attr:`samples` (integer columns through numpy, not per-row Python)
