@@ -584,3 +584,23 @@ def test_forged_v2_columns_are_refused(tmp_path: Path, column: str, value: objec
     with pytest.raises(FormatError, match=f"row 0 \\(sample 'a'\\): .*{words}") as info:
         r3store.open_store(tmp_path)
     assert path.name in str(info.value)
+
+
+def test_digest_of_string_chunks_follows_the_documented_bytes() -> None:
+    """Sliced chunks, all-null chunks and null slots that still hold bytes hash as FORMAT.md says:
+    per row u32 length + UTF-8 (a null row: length 0 and no bytes)."""
+    validity = pa.array([True, False, True]).buffers()[1]
+    holey = pa.Array.from_buffers(pa.string(), 3, [validity, pa.py_buffer(np.array([0, 2, 5, 6], np.int32).tobytes()),
+                                                   pa.py_buffer(b"abXYZc")])  # the null row holds "XYZ"
+    column = pa.chunked_array([holey, holey.slice(1), pa.array([None, None], pa.string()), pa.array(["é", ""])])
+    rows = ["ab", None, "c", None, "c", None, None, "é", ""]
+
+    def text(value: bytes) -> bytes:
+        return struct.pack("<I", len(value)) + value
+
+    h = hashlib.blake2b(digest_size=16)
+    h.update(text(b"s") + text(b"string") + struct.pack("<Q", len(rows)))
+    h.update(bytes(int(r is not None) for r in rows))
+    h.update(b"".join(text(b"" if r is None else r.encode()) for r in rows))
+    h.update(text(b"2") + text(b"{}"))
+    assert table_digest(pa.table({"s": column}), "2", "{}") == f"blake2b128:{h.hexdigest()}"

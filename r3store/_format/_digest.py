@@ -22,6 +22,7 @@ import struct
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from r3store.errors import FormatError
 
@@ -53,12 +54,31 @@ def _fixed(column: pa.ChunkedArray, dtype: str) -> bytes:
     return arr.tobytes()
 
 
+def _strings_joined(chunk: pa.Array) -> bytes:
+    """:func:`_strings` of one chunk, by Arrow: each row (nulls as "") joined after its u32 length."""
+    n = len(chunk)
+    filled = chunk.fill_null("") if chunk.null_count else chunk
+    lengths = np.asarray(pc.binary_length(filled).to_numpy(zero_copy_only=False)).astype("<u4")
+    prefix = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(np.arange(0, 4 * n + 1, 4, dtype=np.int32)),
+                                                   pa.py_buffer(lengths.tobytes())])
+    joined = pc.binary_join_element_wise(prefix, filled.cast(pa.binary()), b"")
+    offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32, count=n + 1, offset=joined.offset * 4)
+    data = joined.buffers()[2]
+    return b"" if data is None else data.to_pybytes()[int(offsets[0]) : int(offsets[-1])]
+
+
 def _strings(column: pa.ChunkedArray) -> bytes:
     """Per row: u32 length + UTF-8 bytes (a null row: length 0)."""
     parts = []
     for chunk in column.chunks:
         n = len(chunk)
         if not n:
+            continue
+        if chunk.null_count == n:  # every row null: n zero lengths, no bytes
+            parts.append(bytes(4 * n))
+            continue
+        if 4 * n + chunk.nbytes < 2**31 - 1:  # joined rows fit int32 offsets: Arrow writes them
+            parts.append(_strings_joined(chunk))
             continue
         offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int32, count=n + 1, offset=chunk.offset * 4)
         data_buf = chunk.buffers()[2]

@@ -24,6 +24,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -489,34 +490,53 @@ class SampleCatalog:
         return len(self.visible) - before
 
     def _note_preloaded(self, preloaded: Preloaded) -> None:
-        """Rows each preloaded route array must have (the end of its last sample)."""
+        """Rows each preloaded route array must have (the end of its last sample), computed
+        columnwise: one dictionary encoding of ``array`` and a numpy max per array."""
         table = preloaded.table
         if not table.num_rows:
             return
-        grouped = pa.table({"array": table.column("array"),
-                            "end": pc.add(table.column("row_start"), table.column("num_rows"))})
-        agg = grouped.group_by("array").aggregate([("end", "max")]).to_pydict()
-        for array, end in zip(agg["array"], agg["end_max"], strict=True):
-            self.array_rows[array] = max(self.array_rows.get(array, 0), int(end))
+        encoded = table.column("array").combine_chunks().dictionary_encode()
+        ends = pc.add(table.column("row_start"), table.column("num_rows")).to_numpy()
+        top = np.zeros(len(encoded.dictionary), dtype=np.int64)
+        np.maximum.at(top, encoded.indices.to_numpy(), ends)
+        found = zip(encoded.dictionary.to_pylist(), top.tolist(), strict=True)
+        if not self.array_rows:  # the usual case: preloaded rows come first
+            self.array_rows.update(found)
+            return
+        for array, end in found:
+            self.array_rows[array] = max(self.array_rows.get(array, 0), end)
 
     def _build_lookup(self) -> None:
-        names = ["sample_id", "array", "row_start", "num_rows", "num_tokens", "quarantined", "missing_rows",
-                 "policy_spans"]
-        cols = self.samples.select(names).to_pydict()
-        self._missing: list[str | None] = cols["missing_rows"]
-        self._spans: list[str | None] = cols["policy_spans"]
-        self._where = {sid: i for i, sid in enumerate(cols["sample_id"])}
-        self.array: list[str] = cols["array"]
+        """Per-row lists of :attr:`samples` (integer columns through numpy, not per-row Python)
+        and the id -> row lookup (built on first use)."""
+        samples = self.samples
+        ids: list[str] = samples.column("sample_id").to_pylist()
+        self._ids = ids
+        self._where_map: dict[str, int] | None = None
+        self._missing: list[str | None] = samples.column("missing_rows").to_pylist()
+        self._spans: list[str | None] = samples.column("policy_spans").to_pylist()
+        self.array: list[str] = samples.column("array").to_pylist()
         """Route array of each row of :attr:`samples`."""
-        self.row_start: list[int] = cols["row_start"]
+        self.row_start: list[int] = _int_list(samples.column("row_start"))
         """First array row of each sample."""
-        self.num_rows: list[int] = cols["num_rows"]
+        self.num_rows: list[int] = _int_list(samples.column("num_rows"))
         """Rows of each sample."""
-        self.num_tokens: list[int] = cols["num_tokens"]
+        self.num_tokens: list[int] = _int_list(samples.column("num_tokens"))
         """Tokens of each sample."""
-        self._quarantined: list[bool] = cols["quarantined"]
-        self.visible = [sid for sid, q in zip(cols["sample_id"], cols["quarantined"], strict=True) if not q]
+        quarantined = samples.column("quarantined")
+        self._quarantined: list[bool] = quarantined.to_pylist()
+        self.visible: list[str] = (samples.column("sample_id").filter(pc.invert(quarantined)).to_pylist()
+                                   if pc.any(quarantined).as_py() else list(ids))
         """Ids of the committed, non-quarantined samples, in store order."""
+
+    @property
+    def _where(self) -> dict[str, int]:
+        """Sample id -> row of :attr:`samples` (built once, on first use; ids are unique after
+        :func:`_dedupe`). Two threads racing build equal dicts; either one is kept."""
+        where = self._where_map
+        if where is None:
+            where = self._where_map = dict(zip(self._ids, range(len(self._ids)), strict=True))
+        return where
 
     def missing_rows(self, i: int) -> list[tuple[int, int]]:
         """Half-open ranges of the rows of sample row ``i`` the engine could not capture."""
@@ -553,6 +573,11 @@ class SampleCatalog:
             reason = self.samples.column("reason")[i].as_py() or "no reason recorded"
             raise SampleNotFoundError(sample_id, self.url, quarantined=reason)
         return i
+
+
+def _int_list(column: pa.ChunkedArray) -> list[int]:
+    """A non-null int64 column as Python ints (through numpy: no per-row Arrow scalars)."""
+    return list(column.to_numpy().tolist())
 
 
 def _parse_commits(commits: Collection[str]) -> list[str]:
