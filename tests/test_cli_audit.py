@@ -7,23 +7,19 @@ requested size; one test runs ``inspect`` and ``validate`` on s3:// (moto on loo
 
 from __future__ import annotations
 
-import json
 import struct
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import numpy as np
 import pytest
-from click.testing import CliRunner, Result
 
 import r3store
-from r3store._format import load_schema
-from r3store.cli import main
-from r3store.testing.s3 import ACCESS_KEY, REGION, SECRET_KEY
-from r3store.testing.s3 import s3_bucket, s3_server, s3_storage_options, s3_url  # noqa: F401 - pytest fixtures
+from r3store.testing.s3 import ACCESS_KEY, REGION, SECRET_KEY, s3_bucket, s3_server, s3_storage_options, s3_url  # noqa: F401 - pytest fixtures
+from tests.clirun import checked_json
+from tests.clirun import run_cli as run
 
 SPEC = r3store.ModelSpec(num_layers=5, num_experts=64, top_k=2, moe_layers=[1, 2, 3, 4])
 
@@ -32,17 +28,6 @@ def routes_of(rng: np.random.Generator, rows: int, num_layers: int = 4, num_expe
     return np.argsort(rng.random((rows, num_layers, num_experts)), axis=-1)[..., :top_k].astype(np.int64)
 
 
-def run(*args: str) -> Result:
-    result = CliRunner().invoke(main, list(args), env={"COLUMNS": "240"})
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
-
-
-def checked_json(result: Result, command: str) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(result.stdout)
-    jsonschema.validate(doc, load_schema(f"cli-{command}"))
-    return doc
 
 
 def png_size(path: Path) -> tuple[int, int]:

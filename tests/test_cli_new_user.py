@@ -3,17 +3,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import numpy as np
-from click.testing import CliRunner, Result
 
 import r3store
 from r3store._format import load_schema
-from r3store.cli import main
+from tests.clirun import checked_json
+from tests.clirun import run_cli as run
 
 SPEC = r3store.ModelSpec(num_layers=3, num_experts=16, top_k=2, moe_layers=[1, 2])
 
@@ -22,17 +20,6 @@ def routes_of(rng: np.random.Generator, rows: int) -> np.ndarray:
     return np.argsort(rng.random((rows, 2, 16)), axis=-1)[..., :2].astype(np.int32)
 
 
-def run(*args: str) -> Result:
-    result = CliRunner().invoke(main, list(args), env={"COLUMNS": "240"})
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
-
-
-def checked_json(result: Result, command: str) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads(result.stdout)
-    jsonschema.validate(doc, load_schema(f"cli-{command}"))
-    return doc
 
 
 def test_validate_exits_0_when_missing_rows_are_all_it_found(tmp_path: Path) -> None:

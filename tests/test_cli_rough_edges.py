@@ -15,12 +15,12 @@ from typing import Any
 import jsonschema
 import numpy as np
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 import r3store
 from r3store._format import load_schema
-from r3store.cli import main
 from r3store.cli._main import COMMANDS
+from tests.clirun import run_cli as run
 
 SPEC = r3store.ModelSpec(num_layers=13, num_experts=128, top_k=8, moe_layers=range(1, 13))
 
@@ -28,12 +28,6 @@ SPEC = r3store.ModelSpec(num_layers=13, num_experts=128, top_k=8, moe_layers=ran
 def routes_of(rng: np.random.Generator, rows: int, layers: int = 12) -> np.ndarray:
     return np.argsort(rng.random((rows, layers, 128)), axis=-1)[..., :8].astype(np.int32)
 
-
-def run(*args: str, columns: int = 240) -> Result:
-    result = CliRunner().invoke(main, list(args), env={"COLUMNS": str(columns)})
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
 
 
 @pytest.fixture

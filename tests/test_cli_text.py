@@ -15,14 +15,14 @@ from typing import Any
 import click
 import numpy as np
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 
 import r3store
 from r3store.cli import main
 from r3store.cli._main import COMMANDS
 from r3store.errors import NotAStoreError
-from r3store.testing.s3 import ACCESS_KEY, REGION, SECRET_KEY
-from r3store.testing.s3 import s3_bucket, s3_server, s3_storage_options, s3_url  # noqa: F401 - pytest fixtures
+from r3store.testing.s3 import ACCESS_KEY, REGION, SECRET_KEY, s3_bucket, s3_server, s3_storage_options, s3_url  # noqa: F401 - pytest fixtures
+from tests.clirun import run_cli as run
 
 SPEC = r3store.ModelSpec(num_layers=3, num_experts=16, top_k=2, moe_layers=[1, 2])
 ODD_IDS = ("[/]", "[bold]x", "plain[red]", "a[/:]b")
@@ -36,12 +36,6 @@ def flat(text: str) -> str:
     """``text`` without whitespace (a long title may wrap)."""
     return "".join(text.split())
 
-
-def run(*args: str, columns: int = 240) -> Result:
-    result = CliRunner().invoke(main, list(args), env={"COLUMNS": str(columns)})
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
 
 
 @pytest.fixture

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 import r3store
 from r3store.audit import validate
-from r3store.cli import main
 from r3store.errors import ChecksumError
 from r3store.testing.faults import FaultyStore, write_faulty_store
+from tests.clirun import run_cli as run
 
 ray = pytest.importorskip("ray")
 import r3store.ray as r3ray  # noqa: E402 - after the importorskip
@@ -43,12 +43,6 @@ def other(tmp_path_factory: pytest.TempPathFactory) -> FaultyStore:
     return write_faulty_store(tmp_path_factory.mktemp("ray-audit") / "other", seed=1, corrupt=False,
                               clean_samples=24)
 
-
-def run(*args: str) -> Result:
-    result = CliRunner().invoke(main, list(args), env={"COLUMNS": "240"})
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
 
 
 def same(*args: str) -> Result:
