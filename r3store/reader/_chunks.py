@@ -63,9 +63,8 @@ Chunk = tuple[int, int]
 """(row chunk, layer chunk) of an array's inner-chunk grid."""
 
 
-def merge_ranges(ranges: Iterable[tuple[int, int]], gap: int = 0) -> list[tuple[int, int]]:
-    """Sort half-open ranges and merge the overlapping or touching ones (or those at most
-    ``gap`` apart); drop empty ones.
+def merge_ranges(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sort half-open ranges and merge the overlapping or touching ones; drop empty ones.
 
     Used for byte ranges (frames written back to back become one request) and row
     ranges (each chunk of an audit is read once).
@@ -74,12 +73,10 @@ def merge_ranges(ranges: Iterable[tuple[int, int]], gap: int = 0) -> list[tuple[
     --------
     >>> merge_ranges([(10, 20), (0, 4), (4, 6), (15, 30), (7, 7)])
     [(0, 6), (10, 30)]
-    >>> merge_ranges([(10, 20), (0, 4), (4, 6), (15, 30), (7, 7)], gap=4)
-    [(0, 30)]
     """
     merged: list[list[int]] = []
     for a, b in sorted(r for r in ranges if r[1] > r[0]):
-        if merged and a <= merged[-1][1] + gap:
+        if merged and a <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], b)
         else:
             merged.append([a, b])
