@@ -18,6 +18,7 @@ from r3store.layout import (
     LayoutPlan,
     apply_plan,
     check_pad_args,
+    pad_ids,
     pad_routes,
     plan_layout,
     route_index,
@@ -232,8 +233,8 @@ def assemble(
     out_dtype = route_dtype("auto" if packed else dtype, spec.num_experts, pad_policy=pad_policy,
                             fill_value=fill_value)
     bits = packed_bits(spec.bits_per_id, pad_policy, fill_value) if packed else 0
-    if pad_policy == "spread":
-        pad_routes(0, 0, spec.top_k, spec.num_experts)  # top_k <= num_experts, before any work
+    if pad_policy == "spread":  # top_k <= num_experts and ep_size divides num_experts, before any work
+        pad_routes(0, 0, spec.top_k, spec.num_experts, ep_size=opts.ep_size)
     sample_ids = list(sample_ids)
     positions = spec.layer_positions(layers)
     flat_tokens = _check_tokens(reader, sample_ids, tokens) if tokens is not None else None
@@ -255,7 +256,7 @@ def assemble(
         ridx = np.where((ridx >= 0) & dropped[np.maximum(ridx, 0)], -1, ridx)
     out = _read_rank_rows(reader, sample_ids, offsets, ridx, list(positions), layers, out_dtype,
                           num_experts=spec.num_experts if pad_policy == "spread" else None, fill_value=fill_value,
-                          allocate=None if packed else allocate)
+                          allocate=None if packed else allocate, ep_size=opts.ep_size)
     batch: dict[str, Any] = {
         "routes": kernels.pack_bits(out, bits) if packed else out,
         "replay_mask": ridx >= 0,
@@ -277,7 +278,8 @@ def assemble(
 def _read_rank_rows(reader: RouteReader, sample_ids: list[str], offsets: np.ndarray, ridx: np.ndarray,
                     positions: list[int], layers: Sequence[int] | None, dtype: np.dtype,
                     *, num_experts: int | None, fill_value: int,
-                    allocate: Callable[[tuple[int, ...], np.dtype], np.ndarray] | None = None) -> np.ndarray:
+                    allocate: Callable[[tuple[int, ...], np.dtype], np.ndarray] | None = None,
+                    ep_size: int | None = None) -> np.ndarray:
     """The routes of this rank's output positions: only the rows ``ridx`` names are read.
 
     ``ridx``: per output position a row of the concatenated routes, or -1 (a pad row).
@@ -312,15 +314,24 @@ def _read_rank_rows(reader: RouteReader, sample_ids: list[str], offsets: np.ndar
             reader.get_runs(runs, layers, out=compact)
             local = np.full(len(flat), -1, dtype=np.int64)
             local[where] = np.arange(len(rows))
-            gather_rows(compact, local, out, fill_value=fill_value, num_experts=num_experts)
+            if num_experts is not None and ep_size is not None:  # the kernel spreads over experts, not EP ranks
+                gather_rows(compact, local, out, fill_value=0)
+                _write_pads(out, np.flatnonzero(flat < 0), num_experts, ep_size)
+            else:
+                gather_rows(compact, local, out, fill_value=fill_value, num_experts=num_experts)
             return out.reshape((*ridx.shape, n_layers, top_k))
     pad = np.flatnonzero(flat < 0)
     if num_experts is None:
         out[pad] = fill_value
-    elif len(pad):  # pad_routes' ids, numbered in output order; the same row in every layer
-        ids = np.arange(len(pad) * top_k, dtype=np.int64).reshape(-1, 1, top_k) % num_experts
-        out[pad] = ids.astype(dtype)
+    else:
+        _write_pads(out, pad, num_experts, ep_size)
     return out.reshape((*ridx.shape, n_layers, top_k))
+
+
+def _write_pads(out: np.ndarray, pad: np.ndarray, num_experts: int, ep_size: int | None) -> None:
+    """Write pad_routes' ids at rows ``pad`` of ``out``, numbered in output order; the same row in every layer."""
+    if len(pad):
+        out[pad] = pad_ids(len(pad), out.shape[2], num_experts, ep_size)[:, None, :].astype(out.dtype)
 
 
 def _allocated(allocate: Callable[[tuple[int, ...], np.dtype], np.ndarray], shape: tuple[int, ...],

@@ -13,7 +13,7 @@ from __future__ import annotations
 from r3store.layout._apply import PAD_POLICIES, apply_plan, apply_routes, check_pad_args
 from r3store.layout._layers import select_layers
 from r3store.layout._options import LayoutOptionError, LayoutOptions, LayoutOptionsDict
-from r3store.layout._pad import pad_routes
+from r3store.layout._pad import pad_ids, pad_routes
 from r3store.layout._plan import LayoutPlan, plan_layout, route_index
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "apply_plan",
     "apply_routes",
     "check_pad_args",
+    "pad_ids",
     "pad_routes",
     "plan_layout",
     "route_index",

@@ -116,8 +116,8 @@ def apply_routes(
     num_experts : int
         Routed experts per layer; the range of the ``"spread"`` pad ids.
     pad_policy : {"spread", "fill"}, default "spread"
-        ``"spread"``: pad rows from :func:`pad_routes`, numbered in row-major
-        order over this rank's output. ``"fill"``: every pad id is ``fill_value``.
+        ``"spread"``: pad rows from :func:`pad_routes` (over the EP ranks with
+        ``plan.options.ep_size``), numbered in row-major order over this rank's output. ``"fill"``: every pad id is ``fill_value``.
     fill_value : int, default -1
         Pad id for ``pad_policy="fill"``.
     missing : numpy.ndarray of bool, shape (R,), optional
@@ -149,8 +149,9 @@ def apply_routes(
     """
     check_pad_args(num_experts, pad_policy, fill_value)
     routes = _check_routes(plan, routes)
-    if pad_policy == "spread":
-        pad_routes(0, 0, routes.shape[2], num_experts)  # checks top_k <= num_experts before any work
+    ep_size = plan.options.ep_size
+    if pad_policy == "spread":  # checks top_k <= num_experts and ep_size before any work
+        pad_routes(0, 0, routes.shape[2], num_experts, ep_size=ep_size)
     ridx = route_index(plan)
     if missing is not None:
         missing = np.asarray(missing, dtype=bool)
@@ -162,5 +163,5 @@ def apply_routes(
     mask = ridx >= 0
     if pad_policy == "spread":
         _, n_layers, top_k = routes.shape
-        out[~mask] = pad_routes(int((~mask).sum()), n_layers, top_k, num_experts)
+        out[~mask] = pad_routes(int((~mask).sum()), n_layers, top_k, num_experts, ep_size=ep_size)
     return out, mask

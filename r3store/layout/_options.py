@@ -16,6 +16,7 @@ from typing import Any, Literal, TypedDict, cast
 
 from r3store._checks import config_fields, merge_config, parse_bool, parse_choice, parse_int
 from r3store.errors import LayoutOptionError
+from r3store.layout._frameworks import FRAMEWORKS, check_framework, default_pad_multiple
 
 __all__ = ["LayoutOptionError", "LayoutOptions", "LayoutOptionsDict"]
 
@@ -51,6 +52,20 @@ def _parse_max_seqlen(value: Any, layout: str) -> int | None:
     return length
 
 
+def _parse_framework(value: Any) -> str | None:
+    """Return ``value`` as ``None`` or one of :data:`FRAMEWORKS`."""
+    if value is None:
+        return None
+    return parse_choice("framework", value, FRAMEWORKS, error=LayoutOptionError)
+
+
+def _parse_ep_size(value: Any) -> int | None:
+    """Return ``value`` as ``None`` or an expert-parallel size ``>= 1``."""
+    if value is None:
+        return None
+    return _parse_int("ep_size", value, 1)
+
+
 class LayoutOptionsDict(TypedDict, total=False):
     """Dict form of :class:`LayoutOptions` (every key optional; missing keys take defaults)."""
 
@@ -63,6 +78,8 @@ class LayoutOptionsDict(TypedDict, total=False):
     pad_multiple: int
     sequence_parallel: bool
     max_seqlen: int | None
+    framework: Literal["megatron", "verl", "slime", "miles", "nemo_rl", "skyrl", "prime_rl"] | None
+    ep_size: int | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,12 +102,27 @@ class LayoutOptions:
         CP): rank ``r`` keeps chunk ``r`` of ``cp_size``.
     tp_size, tp_rank : int
         Tensor-parallel group size (``>= 1``) and this rank (``0 <= tp_rank < tp_size``).
-    pad_multiple : int
+    pad_multiple : int or None
         The packed token dimension is padded to a multiple of ``tp_size * pad_multiple``.
+        ``None`` (default) resolves to 1, or with ``framework`` to that framework's own
+        default (slime/Miles ``--data-pad-size-multiplier`` 128, NeMo-RL its minimum
+        ``make_sequence_length_divisible_by``, prime-rl ``cp_size``); what the multiple
+        pads under a framework is that framework's rule (see ``framework``).
     sequence_parallel : bool
         When true, a TP rank holds only its contiguous ``1/tp_size`` of the token dimension.
     max_seqlen : int or None
         BSHD/SBHD only: pad every sequence to this length instead of the batch maximum.
+    framework : {"megatron", "verl", "slime", "miles", "nemo_rl", "skyrl", "prime_rl"} or None
+        Follow that framework's own packing code (per-sequence padding, CP cut, SP split
+        and ``cu_seqlens``) instead of the rules above; ``None`` keeps them. The rules,
+        the code and the commit read are listed in :mod:`r3store.layout._frameworks`
+        and in the README ("Which options for my framework").
+    ep_size : int or None
+        Expert-parallel size: pad rows (``pad_policy="spread"``) spread their ids over the
+        EP ranks (expert ``e`` on rank ``e // (num_experts // ep_size)``), so over one
+        batch's pad rows the pad-id counts of the EP ranks differ by at most 1 in every
+        MoE layer. ``None`` keeps ids ``(p*top_k + j) % num_experts``. Must divide
+        ``num_experts`` (checked where the model is known).
 
     Raises
     ------
@@ -105,14 +137,20 @@ class LayoutOptions:
     cp_mode: Literal["zigzag", "contiguous"] = "zigzag"
     tp_size: int = 1
     tp_rank: int = 0
-    pad_multiple: int = 1
+    pad_multiple: int | None = None
     sequence_parallel: bool = False
     max_seqlen: int | None = None
+    framework: Literal["megatron", "verl", "slime", "miles", "nemo_rl", "skyrl", "prime_rl"] | None = None
+    ep_size: int | None = None
 
     def __post_init__(self) -> None:
         layout = parse_choice("layout", self.layout, LAYOUTS, error=LayoutOptionError)
         cp_size = _parse_int("cp_size", self.cp_size, 1)
         tp_size = _parse_int("tp_size", self.tp_size, 1)
+        framework = _parse_framework(self.framework)
+        sequence_parallel = parse_bool("sequence_parallel", self.sequence_parallel, error=LayoutOptionError)
+        pad_multiple = (default_pad_multiple(framework, cp_size, tp_size, sequence_parallel)
+                        if self.pad_multiple is None else _parse_int("pad_multiple", self.pad_multiple, 1))
         parsed = {
             "layout": layout,
             "cp_size": cp_size,
@@ -120,10 +158,16 @@ class LayoutOptions:
             "cp_mode": parse_choice("cp_mode", self.cp_mode, CP_MODES, error=LayoutOptionError),
             "tp_size": tp_size,
             "tp_rank": _parse_rank("tp_rank", self.tp_rank, tp_size, "tp_size"),
-            "pad_multiple": _parse_int("pad_multiple", self.pad_multiple, 1),
-            "sequence_parallel": parse_bool("sequence_parallel", self.sequence_parallel, error=LayoutOptionError),
+            "pad_multiple": pad_multiple,
+            "sequence_parallel": sequence_parallel,
             "max_seqlen": _parse_max_seqlen(self.max_seqlen, layout),
+            "framework": framework,
+            "ep_size": _parse_ep_size(self.ep_size),
         }
+        if framework is not None:
+            check_framework(framework, layout=layout, cp_size=cp_size, cp_mode=parsed["cp_mode"], tp_size=tp_size,
+                            sequence_parallel=sequence_parallel, pad_multiple=pad_multiple,
+                            max_seqlen=parsed["max_seqlen"])
         for name, value in parsed.items():
             object.__setattr__(self, name, value)
 
@@ -137,7 +181,7 @@ class LayoutOptions:
     @property
     def tp_unit(self) -> int:
         """The packed token dimension is padded to a multiple of this."""
-        return self.tp_size * self.pad_multiple
+        return self.tp_size * cast(int, self.pad_multiple)  # resolved to an int in __post_init__
 
     def to_dict(self) -> LayoutOptionsDict:
         """Return the options as a JSON-ready ``dict`` (field name -> value)."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from r3store.layout import _frameworks
 from r3store.layout._options import MAX_SEQLEN, LayoutOptionError, LayoutOptions
 
 __all__ = ["MAX_LOCAL_LENGTH", "LayoutPlan", "plan_layout", "route_index"]
@@ -103,12 +104,16 @@ def _parse_num_tokens(num_tokens: Any) -> np.ndarray:
 def _check_local_length(seqlens: np.ndarray, opts: LayoutOptions) -> None:
     """Reject a layout whose per-rank index (CP-local, TP-padded) would exceed
     :data:`MAX_LOCAL_LENGTH` positions, before anything of that size is allocated."""
-    per_seq = _round_up(seqlens, opts.cp_unit) // opts.cp_size  # int64: each <= 2**41
-    if opts.layout == "thd":
-        rows, width = 1, int(per_seq.sum())
+    if opts.framework is not None:
+        rows, width = _frameworks.local_length(seqlens, opts)
+        padded = rows * width
     else:
-        rows, width = len(seqlens), _bshd_length(seqlens, opts) // opts.cp_size
-    padded = rows * int(_round_up(width, opts.tp_unit))
+        per_seq = _round_up(seqlens, opts.cp_unit) // opts.cp_size  # int64: each <= 2**41
+        if opts.layout == "thd":
+            rows, width = 1, int(per_seq.sum())
+        else:
+            rows, width = len(seqlens), _bshd_length(seqlens, opts) // opts.cp_size
+        padded = rows * int(_round_up(width, opts.tp_unit))
     if padded <= MAX_LOCAL_LENGTH:
         return
     if rows * width > MAX_LOCAL_LENGTH:
@@ -281,8 +286,11 @@ def plan_layout(
     seqlens = _parse_num_tokens(num_tokens)
     _check_local_length(seqlens, opts)
     offsets = np.concatenate(([0], np.cumsum(seqlens)[:-1]))
-    build = _thd if opts.layout == "thd" else _bshd
-    full, cu = build(seqlens, offsets, opts)
+    if opts.framework is not None:
+        full, cu = _frameworks.framework_index(seqlens, offsets, opts)
+    else:
+        build = _thd if opts.layout == "thd" else _bshd
+        full, cu = build(seqlens, offsets, opts)
     start, end = _sp_range(full.shape[-1], opts)
     local = full[..., start:end]
     return LayoutPlan(
