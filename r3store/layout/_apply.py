@@ -117,7 +117,8 @@ def apply_routes(
         Routed experts per layer; the range of the ``"spread"`` pad ids.
     pad_policy : {"spread", "fill"}, default "spread"
         ``"spread"``: pad rows from :func:`pad_routes` (over the EP ranks with
-        ``plan.options.ep_size``), numbered in row-major order over this rank's output. ``"fill"``: every pad id is ``fill_value``.
+        ``plan.options.ep_size``), numbered in row-major order over this rank's output.
+        ``"fill"``: every pad id is ``fill_value``.
     fill_value : int, default -1
         Pad id for ``pad_policy="fill"``.
     missing : numpy.ndarray of bool, shape (R,), optional

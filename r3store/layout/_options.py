@@ -165,9 +165,9 @@ class LayoutOptions:
             "ep_size": _parse_ep_size(self.ep_size),
         }
         if framework is not None:
-            check_framework(framework, layout=layout, cp_size=cp_size, cp_mode=parsed["cp_mode"], tp_size=tp_size,
-                            sequence_parallel=sequence_parallel, pad_multiple=pad_multiple,
-                            max_seqlen=parsed["max_seqlen"])
+            check_framework(framework, layout=layout, cp_size=cp_size, cp_mode=str(parsed["cp_mode"]),
+                            tp_size=tp_size, sequence_parallel=sequence_parallel, pad_multiple=pad_multiple,
+                            max_seqlen=_parse_max_seqlen(self.max_seqlen, layout))
         for name, value in parsed.items():
             object.__setattr__(self, name, value)
 

@@ -2,6 +2,8 @@
 
 * :class:`CodecTests` (:mod:`r3store.testing.codec`): conformance tests for codecs,
   plus golden-fixture helpers.
+* :class:`LayoutParity` (:mod:`r3store.testing.layout`): ``LayoutOptions(framework=...)``
+  checked against a framework's own packing function, over TP x CP x SP x every rank.
 * :class:`BackendTests` (:mod:`r3store.testing.backend`): conformance tests for storage
   backends (``StoreTests`` is its deprecated name).
 * :mod:`r3store.testing.strategies`: hypothesis strategies for ids, specs and routes.
@@ -22,10 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BackendTests", "CodecTests"]
+__all__ = ["BackendTests", "CodecTests", "LayoutParity"]
 
 _KITS = {"BackendTests": "r3store.testing.backend", "CodecTests": "r3store.testing.codec",
-         "StoreTests": "r3store.testing.store"}
+         "LayoutParity": "r3store.testing.layout", "StoreTests": "r3store.testing.store"}
 
 
 def __getattr__(name: str) -> Any:
