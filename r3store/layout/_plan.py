@@ -40,7 +40,9 @@ class LayoutPlan:
         tensor before the SP split, or ``(B + 2,)`` when TP padding adds a final
         padding segment that belongs to no sample. BSHD: shape ``(B + 1,)``, the
         cumulative sum of the per-sample CP-local padded row lengths (TP padding
-        included, SP split not applied).
+        included, SP split not applied). With ``options.framework`` set: the
+        ``cu_seqlens`` that framework builds (THD: the global padded boundaries it hands
+        ``PackedSeqParams``; see :mod:`r3store.layout._frameworks`).
     seqlens : numpy.ndarray of int32
         Shape ``(B,)``: per-sample token counts (unpadded, global).
     sp_range : tuple of int
@@ -269,6 +271,10 @@ def plan_layout(
        (a final ``cu_seqlens`` segment in THD);
     5. with ``sequence_parallel``, the plan keeps only ``tp_rank``'s contiguous
        ``1/tp_size`` of the token dimension (``sp_range``).
+
+    With ``options.framework`` set, steps 2-4 and ``cu_seqlens`` follow that framework's
+    own packing code instead (per-sequence padding, CP cut, total padding; read at the
+    commits listed in :mod:`r3store.layout._frameworks`), and step 5 is the same split.
 
     Examples
     --------

@@ -18,7 +18,7 @@ def ep_counts(ids: np.ndarray, num_experts: int, ep_size: int) -> np.ndarray:
 
 def check_balanced(pads: np.ndarray, num_experts: int, ep_size: int) -> None:
     """pads: (P, L, K). In every layer, EP-rank counts differ by <= 1; rows hold distinct in-range ids."""
-    p, n_layers, k = pads.shape
+    p, n_layers, _ = pads.shape
     assert ((pads >= 0) & (pads < num_experts)).all()
     assert (np.diff(np.sort(pads, axis=-1), axis=-1) != 0).all()
     for layer in range(n_layers):
