@@ -66,8 +66,6 @@ class RouteStore(RouteReader):
             The layout passed whole. The layout keywords below (``layout``, ``cp_*``,
             ``tp_*``, ``pad_multiple``, ``sequence_parallel``, ``max_seqlen``) are its
             fields given one by one and are merged into it; ``None`` means not given.
-            Its ``framework`` (follow verl's, slime's, ... own packing) and ``ep_size``
-            (pad rows spread over expert-parallel ranks) fields are set there.
         layout : {"thd", "bshd", "sbhd"}, optional
             Packed with ``cu_seqlens``, or padded to ``max_seqlen`` / the batch maximum,
             batch first (BSHD) or sequence first (SBHD: ``(T, B, n_layers, top_k)``, the
