@@ -12,12 +12,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
 from r3store.errors import LayoutOptionError  # noqa: E402
 from r3store.layout import LayoutOptions, plan_layout  # noqa: E402
-from r3store.testing.layout import LayoutParity, Packed, Unpackable, sp_slice  # noqa: E402
+from r3store.testing.layout import GRID, LayoutParity, Packed, Unpackable, sp_slice  # noqa: E402
 from tests.layout.oracles import (  # noqa: E402
     megatron_packing,
     miles_packing,
@@ -323,3 +325,30 @@ def test_framework_defaults_and_round_trip() -> None:
     opts = LayoutOptions(framework="verl", tp_size=2, cp_size=2, ep_size=8)
     assert LayoutOptions.from_dict(opts.to_dict()) == opts
     assert LayoutOptions.resolve({"framework": "verl"}, tp_size=2).framework == "verl"
+
+
+KITS = [TestVerl(), TestSkyRL(), TestSlimeSmallMultiplier(), TestSlimeAllgatherCP(), TestMiles(), TestNemoRL(),
+        TestPrimeRL(), TestMegatron()]
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_random_batches_equal_framework(data: st.DataObject) -> None:
+    """Random batches (1..12 samples of 1..90 tokens), sizes and ranks, every framework."""
+    kit = data.draw(st.sampled_from(KITS), label="framework")
+    tp, cp, sp = data.draw(st.sampled_from(GRID), label="tp, cp, sp")
+    layout = data.draw(st.sampled_from(kit.layouts), label="layout")
+    assume(kit.supports(layout, tp, cp, sp))
+    opts = kit.options(layout=layout, tp_size=tp, tp_rank=data.draw(st.integers(0, tp - 1)), cp_size=cp,
+                       cp_rank=data.draw(st.integers(0, cp - 1)), sequence_parallel=sp)
+    lengths = data.draw(st.lists(st.integers(1, 90), min_size=1, max_size=12), label="lengths")
+    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    try:
+        packed = kit.pack([np.arange(o, o + n, dtype=np.int64) + 2 for o, n in zip(offsets, lengths, strict=True)],
+                          opts)
+    except Unpackable:
+        assume(False)
+    plan = plan_layout(lengths, opts)
+    np.testing.assert_array_equal(plan.index, np.where(packed.values >= 2, packed.values - 2, -1))
+    if packed.cu_seqlens is not None:
+        np.testing.assert_array_equal(plan.cu_seqlens, packed.cu_seqlens)
