@@ -172,6 +172,15 @@ class TestMiles(LayoutParity):
         return out.numpy()
 
 
+class TestMilesAllgatherCP(TestMiles):
+    """Miles ``--allgather-cp`` (THD; its BSHD all-gather CP is not covered)."""
+
+    layouts = ("thd",)
+
+    def options(self, **fields: object) -> LayoutOptions:
+        return LayoutOptions(framework="miles", cp_mode="contiguous", pad_multiple=2, **fields)  # type: ignore[arg-type]
+
+
 class TestNemoRL(LayoutParity):
     """NeMo-RL: ``_pack_sequences_for_megatron``, ``_shard_routed_experts_for_cp``, ``_split_for_sequence_parallel``."""
 
@@ -327,8 +336,8 @@ def test_framework_defaults_and_round_trip() -> None:
     assert LayoutOptions.resolve({"framework": "verl"}, tp_size=2).framework == "verl"
 
 
-KITS = [TestVerl(), TestSkyRL(), TestSlimeSmallMultiplier(), TestSlimeAllgatherCP(), TestMiles(), TestNemoRL(),
-        TestPrimeRL(), TestMegatron()]
+KITS = [TestVerl(), TestSkyRL(), TestSlimeSmallMultiplier(), TestSlimeAllgatherCP(), TestMiles(),
+        TestMilesAllgatherCP(), TestNemoRL(), TestPrimeRL(), TestMegatron()]
 
 
 @settings(max_examples=150, deadline=None)
@@ -352,3 +361,32 @@ def test_random_batches_equal_framework(data: st.DataObject) -> None:
     np.testing.assert_array_equal(plan.index, np.where(packed.values >= 2, packed.values - 2, -1))
     if packed.cu_seqlens is not None:
         np.testing.assert_array_equal(plan.cu_seqlens, packed.cu_seqlens)
+
+
+def test_framework_and_ep_size_reach_store_assemble_and_route_dataset(tmp_path) -> None:
+    """The fields travel inside the options object: RouteStore.assemble and RouteDataset batches
+    equal batch.assemble's with the same options (verl at TP=2 CP=2 SP, EP=4 pad rows)."""
+    import r3store
+    from r3store.batch import assemble
+
+    spec = r3store.ModelSpec(num_layers=2, num_experts=16, top_k=2)
+    rng = np.random.default_rng(1)
+    with r3store.RouteWriter(tmp_path / "s", spec, chunk_rows=8) as writer:
+        for i, n in enumerate([9, 1, 30, 5, 17, 64]):
+            writer.append(f"s{i}", np.argsort(rng.random((n - 1, 2, 16)), -1)[..., :2].astype(np.int32), num_tokens=n)
+    opts = LayoutOptions(framework="verl", tp_size=2, tp_rank=1, cp_size=2, cp_rank=1, sequence_parallel=True,
+                         ep_size=4)
+    store = r3store.open_store(tmp_path / "s")
+    ids = ["s2", "s0", "s5"]
+    want = assemble(store, ids, opts)
+    got = store.assemble(ids, opts)
+    for key in ("routes", "replay_mask", "cu_seqlens"):
+        np.testing.assert_array_equal(got[key], want[key])
+    assert want["cu_seqlens"].tolist() == [0, 32, 48, 112]  # verl pads each sequence to 2*tp*cp = 8
+    ds = r3store.RouteDataset(tmp_path / "s", max_tokens_per_batch=70, options=opts)
+    batches = list(ds)
+    assert len(batches) > 1
+    for batch in batches:
+        ref = assemble(store, batch["sample_ids"], opts)
+        np.testing.assert_array_equal(batch["routes"].numpy(), ref["routes"])
+        np.testing.assert_array_equal(batch["cu_seqlens"].numpy(), ref["cu_seqlens"])
