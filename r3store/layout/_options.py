@@ -75,7 +75,7 @@ class LayoutOptionsDict(TypedDict, total=False):
     cp_mode: Literal["zigzag", "contiguous"]
     tp_size: int
     tp_rank: int
-    pad_multiple: int
+    pad_multiple: int | None
     sequence_parallel: bool
     max_seqlen: int | None
     framework: Literal["megatron", "verl", "slime", "miles", "nemo_rl", "skyrl", "prime_rl"] | None
@@ -107,7 +107,9 @@ class LayoutOptions:
         ``None`` (default) resolves to 1, or with ``framework`` to that framework's own
         default (slime/Miles ``--data-pad-size-multiplier`` 128, NeMo-RL its minimum
         ``make_sequence_length_divisible_by``, prime-rl ``cp_size``); what the multiple
-        pads under a framework is that framework's rule (see ``framework``).
+        pads under a framework is that framework's rule (see ``framework``). A default is
+        left out of :meth:`to_dict` (``None``), so options rebuilt with other sizes or
+        another framework (:meth:`resolve`) take it anew.
     sequence_parallel : bool
         When true, a TP rank holds only its contiguous ``1/tp_size`` of the token dimension.
     max_seqlen : int or None
@@ -148,6 +150,7 @@ class LayoutOptions:
         cp_size = _parse_int("cp_size", self.cp_size, 1)
         tp_size = _parse_int("tp_size", self.tp_size, 1)
         framework = _parse_framework(self.framework)
+        self_pad_multiple = self.pad_multiple
         sequence_parallel = parse_bool("sequence_parallel", self.sequence_parallel, error=LayoutOptionError)
         pad_multiple = (default_pad_multiple(framework, cp_size, tp_size, sequence_parallel)
                         if self.pad_multiple is None else _parse_int("pad_multiple", self.pad_multiple, 1))
@@ -170,6 +173,9 @@ class LayoutOptions:
                             max_seqlen=_parse_max_seqlen(self.max_seqlen, layout))
         for name, value in parsed.items():
             object.__setattr__(self, name, value)
+        # a framework's default pad_multiple depends on the sizes: to_dict leaves a default out
+        # (None), so options rebuilt with other sizes (resolve, from_dict) take it anew
+        object.__setattr__(self, "_pad_multiple_default", self_pad_multiple is None)
 
     @property
     def cp_unit(self) -> int:
@@ -185,7 +191,10 @@ class LayoutOptions:
 
     def to_dict(self) -> LayoutOptionsDict:
         """Return the options as a JSON-ready ``dict`` (field name -> value)."""
-        return cast(LayoutOptionsDict, dataclasses.asdict(self))
+        d = dataclasses.asdict(self)
+        if getattr(self, "_pad_multiple_default", False):
+            d["pad_multiple"] = None  # the framework's default, taken anew from the sizes on the way back
+        return cast(LayoutOptionsDict, d)
 
     @classmethod
     def from_dict(cls, d: LayoutOptionsDict | Mapping[str, Any]) -> LayoutOptions:

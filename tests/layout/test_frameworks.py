@@ -390,3 +390,17 @@ def test_framework_and_ep_size_reach_store_assemble_and_route_dataset(tmp_path) 
         ref = assemble(store, batch["sample_ids"], opts)
         np.testing.assert_array_equal(batch["routes"].numpy(), ref["routes"])
         np.testing.assert_array_equal(batch["cu_seqlens"].numpy(), ref["cu_seqlens"])
+
+
+def test_framework_pad_multiple_default_follows_the_sizes_through_resolve() -> None:
+    """NeMo-RL's default depends on cp/tp/sp: merging sizes in takes it anew, a given one stays."""
+    opts = LayoutOptions.resolve({"framework": "nemo_rl", "cp_size": 2}, tp_size=2, sequence_parallel=True)
+    assert opts.pad_multiple == 8
+    base = LayoutOptions(framework="slime", cp_size=2)
+    assert base.to_dict()["pad_multiple"] is None
+    assert LayoutOptions.resolve(base, tp_size=4, pad_multiple=2).pad_multiple == 2
+    assert LayoutOptions.resolve(LayoutOptions(framework="slime", pad_multiple=4), tp_size=2).pad_multiple == 4
+    nemo = LayoutOptions(framework="nemo_rl", cp_size=2)
+    assert LayoutOptions.resolve(nemo, tp_size=4, sequence_parallel=True).pad_multiple == 16
+    assert LayoutOptions().to_dict()["pad_multiple"] is None
+    assert LayoutOptions().pad_multiple == 1
