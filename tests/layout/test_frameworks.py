@@ -19,7 +19,8 @@ torch = pytest.importorskip("torch")
 
 from r3store.errors import LayoutOptionError  # noqa: E402
 from r3store.layout import LayoutOptions, plan_layout  # noqa: E402
-from r3store.testing.layout import GRID, LayoutParity, Packed, Unpackable, sp_slice  # noqa: E402
+from r3store.testing import LayoutParity  # noqa: E402  (first: registers the kits for assert rewriting)
+from r3store.testing.layout import GRID, Packed, Unpackable, sp_slice  # noqa: E402
 from tests.layout.oracles import (  # noqa: E402
     megatron_packing,
     miles_packing,
