@@ -538,7 +538,7 @@ def _routes(rows: int, seed: int, spec: r3store.ModelSpec = SPEC6) -> np.ndarray
 
 def test_rows_of_minus_one_are_stored_as_missing(tmp_path: Path) -> None:
     """Item 15: NeMo-RL's all -1 rows (prefix-cache hits) were rejected; now they are missing rows:
-    -1 from ``get``, ``replay_mask`` False in batches, reported by ``validate`` (more in test_format_v2)."""
+    -1 from ``get``, ``replay_mask`` False in batches, reported by ``validate`` (more in format/test_v2.py)."""
     arr = _routes(6, 0)
     arr[1:3] = -1
     with r3store.RouteWriter(tmp_path, SPEC6) as w:
