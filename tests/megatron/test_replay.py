@@ -1,0 +1,245 @@
+"""``r3store.megatron`` drives megatron-core's own routers: real ``TopKRouter``, ``RouterReplay``,
+``TransformerLayer`` layer numbering and ``CheckpointFunction`` recompute (megatron-core 0.16 on CPU).
+
+What runs and what is simulated (one process, world size 1, gloo process group):
+
+- **PP=2 x VPP=2 is simulated in one process.** The four model chunks (pipeline rank,
+  virtual stage) are built with Megatron's own block spec
+  (``get_gpt_decoder_block_spec(config, vp_stage=, pp_rank=)``) and Megatron's own layer
+  offsets (``get_transformer_layer_offset``): a ``TransformerLayer`` takes its pipeline rank
+  from the ``pp`` group of its process-group collection, so each chunk gets a stand-in
+  ``pp`` group that only reports that rank and size 2 (world size 1 has no rank 1, and
+  Megatron's P2P pipeline schedules need CUDA). The chunks then run in pipeline order,
+  hidden states handed on with Megatron's ``set_input_tensor``, and each micro-batch's
+  backward runs through all of them, in forward order, as the 1F1B schedule does.
+- **CPU shims** for CUDA-only paths megatron-core takes unconditionally (nothing under
+  test is replaced): ``torch.cuda.current_device()`` answers ``"cpu"`` (the router moves
+  its weight there on its first call); the CUDA RNG state get/set used by
+  ``CheckpointFunction`` and the RNG tracker's ``fork`` are no-ops, the tracker's named
+  states placeholders (the CPU RNG state is still saved and restored; dropout is 0); the
+  global attention buffer allocates on the CPU; ``moe_utils.te_general_gemm``, referenced
+  but undefined in 0.16.1 without Transformer Engine, is ``None`` (its own ``torch.mm``
+  fallback runs); ``torch.compile`` (Megatron's ``jit_fuser``) is disabled; the causal
+  attention mask is passed in (the default one is built on ``"cuda"``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # megatron-core warns on import that Transformer Engine and Apex are absent
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed: pip install 'r3store[megatron]'")
+    import megatron.core.tensor_parallel.random as mcore_random
+    import megatron.core.transformer.moe.moe_utils as mcore_moe_utils
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.transformer.moe.router import TopKRouter
+    from megatron.core.transformer.moe.router_replay import RouterReplay
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+import r3store
+from r3store.errors import ReplayError
+from r3store.megatron import clear_replay_routes, moe_layers, set_replay_routes
+from r3store.testing.faults import distinct_routes
+
+pytestmark = pytest.mark.filterwarnings(
+    # megatron-core 0.16's own specs call its own deprecated signatures (MLP without ffn_hidden_size, ...)
+    "ignore::DeprecationWarning:megatron.*",
+)
+
+NUM_EXPERTS, TOP_K, VOCAB = 8, 2, 64
+PIPELINE_ORDER = [(0, 0), (1, 0), (0, 1), (1, 1)]
+"""(pipeline rank, virtual stage) in the order a micro-batch passes them (interleaved schedule)."""
+
+
+class _StageGroup:
+    """Stand-in ``pp`` process group: reports one pipeline rank of a pipeline of ``size`` ranks."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self._rank, self._size = rank, size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+
+class _CpuBuffer:
+    def get_tensor(self, shape: Any, dtype: Any, name: str, mem_alloc_context: Any = None) -> Any:
+        return torch.empty(shape, dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def megatron_cpu() -> Iterator[None]:
+    """gloo world of one rank, Megatron's model-parallel state, the CPU shims of the module docstring."""
+    import torch._dynamo
+
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "current_device", lambda: "cpu")
+        mp.setattr(mcore_random, "_get_cuda_rng_state", lambda *a, **k: None)
+        mp.setattr(mcore_random, "_set_cuda_rng_state", lambda *a, **k: None)
+        mp.setattr(mcore_moe_utils, "te_general_gemm", None, raising=False)
+        mp.setattr(parallel_state, "get_global_memory_buffer", lambda: _CpuBuffer())
+        mp.setattr(torch._dynamo.config, "disable", True)
+        parallel_state.initialize_model_parallel(1, 1)
+        tracker = mcore_random.get_cuda_rng_tracker()
+        for name in ("model-parallel-rng", "expert-parallel-rng", "data-parallel-rng"):
+            tracker.states_[name] = torch.get_rng_state()
+        try:
+            yield
+        finally:
+            tracker.reset()
+            parallel_state.destroy_model_parallel()
+            RouterReplay.clear_global_router_replay_instances()
+            if started:
+                dist.destroy_process_group()
+
+
+def _config(num_layers: int, dense: int, *, pp: int = 1, vpp: int | None = None, **extra: Any) -> Any:
+    return TransformerConfig(
+        num_layers=num_layers, hidden_size=16, num_attention_heads=2, ffn_hidden_size=32,
+        num_moe_experts=NUM_EXPERTS, moe_router_topk=TOP_K, moe_ffn_hidden_size=16,
+        moe_layer_freq=[0] * dense + [1] * (num_layers - dense), moe_router_load_balancing_type="none",
+        moe_token_dispatcher_type="allgather", moe_enable_routing_replay=extra.pop("replay", True),
+        pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp,
+        pipeline_dtype=torch.float32 if pp > 1 else None, use_cpu_initialization=True, add_bias_linear=False,
+        hidden_dropout=0.0, attention_dropout=0.0, cuda_graph_scope=[], **extra)
+
+
+def _chunk(config: Any, pp_rank: int = 0, vp_stage: int | None = None, seed: int = 0) -> Any:
+    """One model chunk built by Megatron's own spec for (pp_rank, vp_stage)."""
+    torch.manual_seed(seed)
+    pgc = ProcessGroupCollection.use_mpu_process_groups()
+    pp_size = config.pipeline_model_parallel_size
+    pgc.pp = _StageGroup(pp_rank, pp_size)
+    last_vp = (config.virtual_pipeline_model_parallel_size or 1) - 1
+    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, vp_stage=vp_stage, pp_rank=pp_rank)
+    return GPTModel(config, spec, vocab_size=VOCAB, max_sequence_length=64, share_embeddings_and_output_weights=False,
+                    pre_process=pp_rank == 0 and (vp_stage or 0) == 0,
+                    post_process=pp_rank == pp_size - 1 and (vp_stage or 0) == last_vp,
+                    pg_collection=pgc, vp_stage=vp_stage)
+
+
+def _store(path: Path, num_layers: int, dense: int, lengths: dict[str, int],
+           seed: int = 0) -> tuple[Any, dict[str, np.ndarray]]:
+    """A store of random distinct routes for samples of ``lengths`` tokens, and their token ids."""
+    spec = r3store.ModelSpec(num_layers=num_layers, num_experts=NUM_EXPERTS, top_k=TOP_K,
+                             moe_layers=range(dense, num_layers))
+    rng = np.random.default_rng(seed)
+    tokens = {sid: rng.integers(0, VOCAB, n) for sid, n in lengths.items()}
+    with r3store.RouteWriter(str(path), spec) as writer:
+        for sid, n in lengths.items():
+            writer.append(sid, distinct_routes(rng, n - 1, spec.num_moe_layers, NUM_EXPERTS, TOP_K),
+                          tokens=tokens[sid])
+    return r3store.open_store(str(path)), tokens
+
+
+class _Maps:
+    """Routing maps (bool [tokens, experts]) every TopKRouter of the chunks produced, per decoder layer."""
+
+    def __init__(self, chunks: list[Any]) -> None:
+        self.calls: dict[int, list[Any]] = {}
+        self.handles = []
+        for chunk in chunks:
+            for module in chunk.modules():
+                if isinstance(module, TopKRouter):
+                    self.handles.append(module.register_forward_hook(self._hook))
+
+    def _hook(self, module: Any, args: Any, output: Any) -> None:
+        self.calls.setdefault(module.layer_number - 1, []).append(output[1].detach().clone())
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _expected_map(routes: np.ndarray) -> Any:
+    """Dense bool [N, experts] from (N, top_k) ids."""
+    dense = torch.zeros(routes.shape[0], NUM_EXPERTS, dtype=torch.bool)
+    dense[torch.arange(routes.shape[0]).unsqueeze(1), torch.from_numpy(routes.astype(np.int64))] = True
+    return dense
+
+
+def _causal(n: int) -> Any:
+    return torch.triu(torch.ones(n, n), 1).bool()[None, None]
+
+
+def _run_pipeline(chunks: dict[tuple[int, int], Any], tokens: Any) -> Any:
+    """One micro-batch through the four chunks in pipeline order; the summed per-token loss."""
+    b, s = tokens.shape
+    pos = torch.arange(s).expand(b, s)
+    hidden = None
+    for key in PIPELINE_ORDER:
+        model = chunks[key]
+        if hidden is not None:
+            model.set_input_tensor(hidden)
+        hidden = model(tokens if key == PIPELINE_ORDER[0] else None, pos, _causal(s),
+                       labels=tokens if key == PIPELINE_ORDER[-1] else None)
+    return hidden.sum()
+
+
+MICRO_BATCHES = [(["a", "b"], "uint8"), (["c", "d"], "int16"), (["e", "f"], "int32")]
+"""Three micro-batches of 12 tokens each, each assembled in another stored dtype."""
+
+
+def test_pp2_vpp2_routers_replay_the_batch_in_forward_and_in_recompute(megatron_cpu: None, tmp_path: Path) -> None:
+    """Each stage's real TopKRouters route exactly as its batch says, uint8/int16/int32 alike, also when
+    full activation recompute runs them again in backward (three micro-batches: Megatron's FIFO)."""
+    config = _config(8, 3, pp=2, vpp=2, recompute_granularity="full", recompute_method="uniform",
+                     recompute_num_layers=1)
+    chunks = {(pp, vp): _chunk(config, pp, vp, seed=10 * pp + vp) for pp in range(2) for vp in range(2)}
+    stages = [[chunks[pp, 0], chunks[pp, 1]] for pp in range(2)]
+    # Megatron's own numbering: layers 1-2 | 3-4 | 5-6 | 7-8 on (0,0) (1,0) (0,1) (1,1), first three dense
+    assert [moe_layers(stage) for stage in stages] == [[4, 5], [3, 6, 7]]
+    assert moe_layers(chunks[0, 0]) == []
+    lengths = {"a": 7, "b": 5, "c": 6, "d": 6, "e": 9, "f": 3}
+    store, tokens = _store(tmp_path / "routes", 8, 3, lengths)
+
+    maps = _Maps([c for stage in stages for c in stage])
+    expected: dict[int, list[Any]] = {}
+    losses = []
+    try:
+        for ids, dtype in MICRO_BATCHES:
+            for stage in stages:
+                batch = store.assemble(ids, layout="thd", layers=moe_layers(stage), dtype=dtype,
+                                       tokens=[tokens[s] for s in ids])
+                assert batch["routes"].dtype == np.dtype(dtype) and batch["routes"].shape[0] == 12
+                given = set_replay_routes(stage, batch)
+                assert all(t.dtype == torch.int64 and t.shape == (12, TOP_K) for t in given)
+                for i, layer in enumerate(batch["layers"]):
+                    expected.setdefault(layer, []).append(_expected_map(batch["routes"][:, i]))
+            losses.append(_run_pipeline(chunks, torch.from_numpy(batch["tokens"]).unsqueeze(0)))
+        for loss in losses:  # backward in forward order, as the pipeline schedules run it
+            loss.backward()
+        for layer in (3, 4, 5, 6, 7):
+            calls = maps.calls[layer]
+            assert len(calls) == 6, f"layer {layer}: 3 forwards + 3 recomputes, got {len(calls)} router calls"
+            want = expected[layer] * 2  # forwards in order, then recomputes in the same order
+            for call, (got, exp) in enumerate(zip(calls, want, strict=True)):
+                assert torch.equal(got, exp), f"layer {layer}, router call {call}: routing map differs from the batch"
+        for stage in stages:
+            for module in (m for c in stage for m in c.modules() if isinstance(m, TopKRouter)):
+                assert module.weight.grad is not None and module.weight.grad.abs().sum() > 0
+                assert module.router_replay.replay_backward_list == []  # every recompute popped its entry
+    finally:
+        maps.remove()
+        for stage in stages:
+            clear_replay_routes(stage)
+    assert all(m.router_replay.router_replay_action is None
+               for stage in stages for c in stage for m in c.modules() if isinstance(m, TopKRouter))
+
