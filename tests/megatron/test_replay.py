@@ -32,14 +32,20 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
+import torch.distributed as dist
 
-torch = pytest.importorskip("torch")
+import r3store
+from r3store.errors import ReplayError
+from r3store.megatron import clear_replay_routes, moe_layers, set_replay_routes
+from r3store.testing.faults import distinct_routes
+from r3store.testing.moe import one_thread
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # megatron-core warns on import that Transformer Engine and Apex are absent
     pytest.importorskip("megatron.core", reason="megatron-core is not installed: pip install 'r3store[megatron]'")
     import megatron.core.tensor_parallel.random as mcore_random
     import megatron.core.transformer.moe.moe_utils as mcore_moe_utils
-    import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
@@ -47,11 +53,6 @@ with warnings.catch_warnings():
     from megatron.core.transformer.moe.router import TopKRouter
     from megatron.core.transformer.moe.router_replay import RouterReplay
     from megatron.core.transformer.transformer_config import TransformerConfig
-
-import r3store
-from r3store.errors import ReplayError
-from r3store.megatron import clear_replay_routes, moe_layers, set_replay_routes
-from r3store.testing.faults import distinct_routes
 
 pytestmark = pytest.mark.filterwarnings(
     # megatron-core 0.16's own specs call its own deprecated signatures (MLP without ffn_hidden_size, ...)
@@ -83,13 +84,14 @@ class _CpuBuffer:
 
 @pytest.fixture(scope="module")
 def megatron_cpu() -> Iterator[None]:
-    """gloo world of one rank, Megatron's model-parallel state, the CPU shims of the module docstring."""
+    """gloo world of one rank, Megatron's model-parallel state, the CPU shims of the module docstring;
+    torch on one thread (tiny models on a busy shared CPU)."""
     import torch._dynamo
 
     started = not dist.is_initialized()
     if started:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp, one_thread():
         mp.setattr(torch.cuda, "current_device", lambda: "cpu")
         mp.setattr(mcore_random, "_get_cuda_rng_state", lambda *a, **k: None)
         mp.setattr(mcore_random, "_set_cuda_rng_state", lambda *a, **k: None)
@@ -218,7 +220,8 @@ def test_pp2_vpp2_routers_replay_the_batch_in_forward_and_in_recompute(megatron_
             for stage in stages:
                 batch = store.assemble(ids, layout="thd", layers=moe_layers(stage), dtype=dtype,
                                        tokens=[tokens[s] for s in ids])
-                assert batch["routes"].dtype == np.dtype(dtype) and batch["routes"].shape[0] == 12
+                assert batch["routes"].dtype == np.dtype(dtype)
+                assert batch["routes"].shape[0] == 12
                 given = set_replay_routes(stage, batch)
                 assert all(t.dtype == torch.int64 and t.shape == (12, TOP_K) for t in given)
                 for i, layer in enumerate(batch["layers"]):
@@ -234,7 +237,8 @@ def test_pp2_vpp2_routers_replay_the_batch_in_forward_and_in_recompute(megatron_
                 assert torch.equal(got, exp), f"layer {layer}, router call {call}: routing map differs from the batch"
         for stage in stages:
             for module in (m for c in stage for m in c.modules() if isinstance(m, TopKRouter)):
-                assert module.weight.grad is not None and module.weight.grad.abs().sum() > 0
+                assert module.weight.grad is not None
+                assert module.weight.grad.abs().sum() > 0
                 assert module.router_replay.replay_backward_list == []  # every recompute popped its entry
     finally:
         maps.remove()
@@ -243,3 +247,109 @@ def test_pp2_vpp2_routers_replay_the_batch_in_forward_and_in_recompute(megatron_
     assert all(m.router_replay.router_replay_action is None
                for stage in stages for c in stage for m in c.modules() if isinstance(m, TopKRouter))
 
+
+
+def _forward(model: Any, tokens: Any, *, labels: bool = True) -> Any:
+    b, s = tokens.shape
+    out = model(tokens, torch.arange(s).expand(b, s), _causal(s), labels=tokens if labels else None)
+    return out.sum()
+
+
+def test_selective_moe_recompute_replays_the_same_routes_and_gradients(megatron_cpu: None, tmp_path: Path) -> None:
+    """BSHD batch (transposed to the router's sequence-major order), recompute of the MoE module only
+    (recompute_granularity="selective", "moe"): routing maps in forward and in recompute equal the batch,
+    and every gradient equals the one of the same model without recompute."""
+    plain = _chunk(_config(4, 1), seed=1)
+    recomputed = _chunk(_config(4, 1, recompute_granularity="selective", recompute_modules=["moe"]), seed=1)
+    recomputed.load_state_dict(plain.state_dict())
+    store, tokens = _store(tmp_path / "routes", 4, 1, {"a": 7, "b": 5})
+    batch = store.assemble(["a", "b"], layout="bshd", dtype="auto", tokens=[tokens["a"], tokens["b"]])
+    assert batch["routes"].shape == (2, 7, 3, TOP_K)
+    assert batch["routes"].dtype == np.uint8
+    flat = batch["routes"].transpose(1, 0, 2, 3).reshape(14, 3, TOP_K)  # token (s, b) is row s * B + b
+    grads = []
+    for model in (plain, recomputed):
+        maps = _Maps([model])
+        try:
+            assert moe_layers(model) == batch["layers"] == [1, 2, 3]
+            set_replay_routes(model, batch)
+            _forward(model, torch.from_numpy(batch["tokens"])).backward()
+        finally:
+            maps.remove()
+            clear_replay_routes(model)
+        for i, layer in enumerate(batch["layers"]):
+            calls = maps.calls[layer]
+            assert len(calls) == (2 if model is recomputed else 1)
+            assert all(torch.equal(c, _expected_map(flat[:, i])) for c in calls), f"layer {layer}"
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    assert any("router" in n for n in grads[0])
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("layout", ["thd", "sbhd", "packed"])
+def test_every_layout_reaches_the_router_in_its_token_order(megatron_cpu: None, tmp_path: Path, layout: str) -> None:
+    model = _chunk(_config(4, 1), seed=2)
+    store, tokens = _store(tmp_path / "routes", 4, 1, {"a": 6, "b": 4})
+    toks = [tokens["a"], tokens["b"]]
+    if layout == "packed":
+        batch = store.assemble(["a", "b"], layout="thd", packed=True, tokens=toks)
+        routes = store.assemble(["a", "b"], layout="thd", tokens=toks)["routes"]
+        inputs = batch["tokens"][None]
+    else:
+        batch = store.assemble(["a", "b"], layout=layout, dtype="int16", tokens=toks)
+        routes = batch["routes"].reshape(-1, 3, TOP_K)  # THD as is; SBHD (T, B) is already sequence-major
+        inputs = batch["tokens"][None] if layout == "thd" else batch["tokens"].T
+    maps = _Maps([model])
+    try:
+        with torch.no_grad():
+            set_replay_routes(model, batch)
+            _forward(model, torch.from_numpy(np.ascontiguousarray(inputs)), labels=False)
+    finally:
+        maps.remove()
+        clear_replay_routes(model)
+    for i, layer in enumerate([1, 2, 3]):
+        assert torch.equal(maps.calls[layer][0], _expected_map(routes[:, i])), f"layer {layer}"
+
+
+def test_faults_raise_replay_errors_naming_the_layer(megatron_cpu: None, tmp_path: Path) -> None:
+    model = _chunk(_config(4, 1), seed=3)
+    store, tokens = _store(tmp_path / "routes", 4, 1, {"a": 6, "b": 4})
+    batch = store.assemble(["a", "b"], layout="thd", tokens=[tokens["a"], tokens["b"]])
+    inputs = torch.from_numpy(batch["tokens"])[None]
+    try:
+        with pytest.raises(ReplayError, match=r"holds decoder layers \[1, 2\]") as info:
+            set_replay_routes(model, store.assemble(["a", "b"], layers=[1, 2]))
+        assert info.value.layer == 3
+        with pytest.raises(ReplayError, match="expert id -1, outside") as info:
+            set_replay_routes(model, store.assemble(["a", "b"], pad_policy="fill", fill_value=-1, dtype="int16"))
+        assert info.value.layer == 1
+        with pytest.raises(ReplayError, match="top_k=1"):
+            set_replay_routes(model, batch["routes"][..., :1], layers=[1, 2, 3])
+        repeated = batch["routes"].copy()
+        repeated[4, 1, 1] = repeated[4, 1, 0]
+        with pytest.raises(ReplayError, match="token row 4 repeats") as info:
+            set_replay_routes(model, repeated, layers=[1, 2, 3])
+        assert info.value.layer == 2
+        with pytest.raises(ReplayError, match="cannot tell BSHD from SBHD"):
+            set_replay_routes(model, {"routes": np.zeros((2, 2, 3, TOP_K), np.int32), "layers": [1, 2, 3],
+                                      "num_tokens": [2, 2]})
+        with pytest.raises(ReplayError, match="integer expert ids"):
+            set_replay_routes(model, batch["routes"].astype(np.float32), layers=[1, 2, 3])
+        with pytest.raises(ReplayError, match="lists this layer twice"):
+            set_replay_routes(model, batch["routes"], layers=[1, 1, 3])
+        with pytest.raises(ReplayError, match="names no layers"):
+            set_replay_routes(model, batch["routes"])
+        set_replay_routes(model, batch)  # 10 rows; the forward below has 8 tokens
+        with pytest.raises(ReplayError, match="sees 8 tokens, the batch's routes have 10 rows") as info, \
+                torch.no_grad():
+            _forward(model, inputs[:, :8], labels=False)
+        assert info.value.layer == 1
+    finally:
+        clear_replay_routes(model)
+    with pytest.raises(ReplayError, match="moe_enable_routing_replay=True") as info:
+        moe_layers(_chunk(_config(4, 1, replay=False), seed=3))
+    assert info.value.layer == 1
+    with pytest.raises(TypeError, match="sequence of them"):
+        moe_layers([model, "chunk"])
