@@ -73,30 +73,38 @@ def _routers(model_chunks: nn.Module | Iterable[nn.Module]) -> list[_Router]:
     top_k_router, layer_class, _ = _megatron()
     found = []
     for c, chunk in enumerate(_chunks(model_chunks)):
-        layers: dict[str, int] = {}
-        module: Any
-        for name, module in chunk.named_modules():
-            if isinstance(module, layer_class) and isinstance(getattr(module, "layer_number", None), int):
-                layers[name] = module.layer_number
-            if not isinstance(module, top_k_router):
+        # depth-first in registration order (as named_modules), carrying the enclosing layer's number
+        stack: list[tuple[str, Any, int | None]] = [("", chunk, None)]
+        seen: set[int] = set()
+        while stack:
+            name, module, number = stack.pop()
+            if id(module) in seen:  # a module registered twice is visited once, as named_modules does
                 continue
-            owners = [n for n in layers if name.startswith(n + ".") or n == ""]
-            where = f"chunk {c}: {name}"
-            if not owners:
-                raise ReplayError(f"the TopKRouter {where} is not inside a Megatron TransformerLayer, so it has no "
-                                  f"layer_number to find its routes by")
-            layer = layers[max(owners, key=len)] - 1
-            config = module.config
-            if module.router_replay is None:
-                raise ReplayError(f"the TopKRouter {where} has no RouterReplay: build the model with "
-                                  f"moe_enable_routing_replay=True", layer)
-            if getattr(config, "moe_router_fusion", False):
-                raise ReplayError(f"the TopKRouter {where} uses the fused top-k (moe_router_fusion=True), which "
-                                  f"ignores RouterReplay: build the model with moe_router_fusion=False", layer)
-            if getattr(module, "routing_type", None) == "sinkhorn":
-                raise ReplayError(f"the TopKRouter {where} routes by sinkhorn, which ignores RouterReplay", layer)
-            found.append(_Router(where, module, layer))
+            seen.add(id(module))
+            if isinstance(module, layer_class) and isinstance(getattr(module, "layer_number", None), int):
+                number = module.layer_number
+            if isinstance(module, top_k_router):
+                found.append(_check_router(f"chunk {c}: {name}", module, number))
+                continue
+            stack.extend((f"{name}.{n}" if name else n, child, number)
+                         for n, child in reversed(list(module.named_children())))
     return found
+
+
+def _check_router(where: str, module: Any, number: int | None) -> _Router:
+    if number is None:
+        raise ReplayError(f"the TopKRouter {where} is not inside a Megatron TransformerLayer, so it has no "
+                          f"layer_number to find its routes by")
+    layer = number - 1
+    if module.router_replay is None:
+        raise ReplayError(f"the TopKRouter {where} has no RouterReplay: build the model with "
+                          f"moe_enable_routing_replay=True", layer)
+    if getattr(module.config, "moe_router_fusion", False):
+        raise ReplayError(f"the TopKRouter {where} uses the fused top-k (moe_router_fusion=True), which "
+                          f"ignores RouterReplay: build the model with moe_router_fusion=False", layer)
+    if getattr(module, "routing_type", None) == "sinkhorn":
+        raise ReplayError(f"the TopKRouter {where} routes by sinkhorn, which ignores RouterReplay", layer)
+    return _Router(where, module, layer)
 
 
 def moe_layers(model_chunks: nn.Module | Iterable[nn.Module]) -> list[int]:
@@ -257,7 +265,9 @@ def set_replay_routes(model_chunks: nn.Module | Iterable[nn.Module], batch: Mapp
     the micro-batch being recomputed: right whenever micro-batches are backpropagated in
     the order they were forwarded, as Megatron's pipeline schedules do. (A summed loss over
     micro-batches backpropagated in another order needs :class:`r3store.replay.RoutingReplay`
-    instead.) Call :func:`clear_replay_routes` after the step's last backward.
+    instead.) Call :func:`clear_replay_routes` after the step's last backward. Called
+    under ``torch.no_grad()`` (a forward-only pass: log-probs), it keeps no FIFO entry,
+    since no backward will recompute that forward.
 
     Parameters
     ----------
@@ -348,7 +358,9 @@ def set_replay_routes(model_chunks: nn.Module | Iterable[nn.Module], batch: Mapp
             by_device[device] = ids.contiguous().to(device).to(torch.int64)
         target = by_device[device][i]
         replay: Any = r.module.router_replay
-        replay.set_target_indices(target)
+        replay.set_target_indices(target)  # Megatron's: the forward entry, also appended to the backward FIFO
+        if not torch.is_grad_enabled():  # no backward will recompute this forward: keep no FIFO entry
+            replay.replay_backward_list.pop()
         replay.set_router_replay_action(actions.REPLAY_FORWARD)
         if r.module not in _HOOKS:
             _HOOKS[r.module] = r.module.register_forward_pre_hook(

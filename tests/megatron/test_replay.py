@@ -306,6 +306,8 @@ def test_every_layout_reaches_the_router_in_its_token_order(megatron_cpu: None, 
         with torch.no_grad():
             set_replay_routes(model, batch)
             _forward(model, torch.from_numpy(np.ascontiguousarray(inputs)), labels=False)
+        routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
+        assert all(r.router_replay.replay_backward_list == [] for r in routers)  # forward-only: no FIFO entry
     finally:
         maps.remove()
         clear_replay_routes(model)
