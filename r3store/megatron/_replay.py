@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from r3store.codecs import kernels
 from r3store.errors import ReplayError
 
 __all__ = ["RouteLayout", "clear_replay_routes", "moe_layers", "set_replay_routes"]
@@ -37,6 +38,9 @@ RouteLayout = Literal["thd", "bshd", "sbhd"]
 
 _TORCH_INDEX_DTYPES = (np.uint8, np.int8, np.int16, np.int32, np.int64)
 _HOOKS: weakref.WeakKeyDictionary[nn.Module, RemovableHandle] = weakref.WeakKeyDictionary()
+_FOUND: weakref.WeakKeyDictionary[nn.Module, list[tuple[str, Any, int | None]]] = weakref.WeakKeyDictionary()
+"""Per model chunk: (name, router, enclosing layer_number) of its routers (a chunk's modules hold no
+reference back to it, so the entry goes with the chunk)."""
 
 
 @dataclass(frozen=True)
@@ -69,25 +73,38 @@ def _chunks(model_chunks: nn.Module | Iterable[nn.Module]) -> list[nn.Module]:
 
 
 def _routers(model_chunks: nn.Module | Iterable[nn.Module]) -> list[_Router]:
-    """Every ``TopKRouter`` of the chunks, in chunk order then construction order."""
+    """Every ``TopKRouter`` of the chunks, in chunk order then construction order.
+
+    A chunk is searched once (the result is kept while the chunk object lives); each call
+    re-checks only that its routers can still replay.
+    """
+    found: list[_Router] = []
+    for c, chunk in enumerate(_chunks(model_chunks)):
+        routers = _FOUND.get(chunk)
+        if routers is None:
+            routers = _FOUND[chunk] = _search(chunk)
+        found.extend(_check_router(f"chunk {c}: {name}", module, number) for name, module, number in routers)
+    return found
+
+
+def _search(chunk: nn.Module) -> list[tuple[str, Any, int | None]]:
+    """Depth-first in registration order (as ``named_modules``), carrying the enclosing layer's number."""
     top_k_router, layer_class, _ = _megatron()
     found = []
-    for c, chunk in enumerate(_chunks(model_chunks)):
-        # depth-first in registration order (as named_modules), carrying the enclosing layer's number
-        stack: list[tuple[str, Any, int | None]] = [("", chunk, None)]
-        seen: set[int] = set()
-        while stack:
-            name, module, number = stack.pop()
-            if id(module) in seen:  # a module registered twice is visited once, as named_modules does
-                continue
-            seen.add(id(module))
-            if isinstance(module, layer_class) and isinstance(getattr(module, "layer_number", None), int):
-                number = module.layer_number
-            if isinstance(module, top_k_router):
-                found.append(_check_router(f"chunk {c}: {name}", module, number))
-                continue
-            stack.extend((f"{name}.{n}" if name else n, child, number)
-                         for n, child in reversed(list(module.named_children())))
+    stack: list[tuple[str, Any, int | None]] = [("", chunk, None)]
+    seen: set[int] = set()
+    while stack:
+        name, module, number = stack.pop()
+        if id(module) in seen:  # a module registered twice is visited once, as named_modules does
+            continue
+        seen.add(id(module))
+        if isinstance(module, layer_class) and isinstance(getattr(module, "layer_number", None), int):
+            number = module.layer_number
+        if isinstance(module, top_k_router):
+            found.append((name, module, number))
+            continue
+        stack.extend((f"{name}.{n}" if name else n, child, number)
+                     for n, child in reversed(list(module.named_children())))
     return found
 
 
@@ -201,21 +218,41 @@ def _flatten(routes: Tensor, layout: RouteLayout | None, num_tokens: Any) -> Ten
 
 
 def _check_ids(ids: Tensor, routers: list[_Router], experts: list[int]) -> None:
-    """Every id in ``[0, num_experts)`` and distinct within its row; ``ids`` is ``(R, N, K)``."""
-    bound = torch.tensor(experts, device=ids.device).view(-1, 1, 1)
+    """Every id in ``[0, num_experts)`` and distinct within its row; ``ids`` is ``(N, R, K)``.
+
+    Host tensors with one expert count go through the compiled route check of
+    :func:`r3store.codecs.kernels.check_ids` (the writer's), others through torch ops where
+    they are.
+    """
+    if ids.device.type == "cpu" and len(set(experts)) == 1:
+        fault = kernels.check_ids(ids.numpy(), experts[0])
+        if fault is not None:
+            _fault(ids, routers, experts, fault.kind, fault.row, fault.layer, fault.slot)
+        return
+    _check_ids_torch(ids, routers, experts)
+
+
+def _check_ids_torch(ids: Tensor, routers: list[_Router], experts: list[int]) -> None:
+    """:func:`_check_ids` in torch ops on ``ids``' device (one host sync per check)."""
+    bound = torch.tensor(experts, device=ids.device).view(1, -1, 1)
     bad = (ids < 0) | (ids >= bound)
     if bool(bad.any()):
-        r, row, col = (int(v) for v in bad.nonzero()[0])
-        raise ReplayError(f"token row {row} holds expert id {int(ids[r, row, col])}, outside [0, {experts[r]}) "
-                          f"({routers[r].name}; pad rows need pad_policy='spread', not a fill value)",
-                          routers[r].layer)
+        row, r, slot = (int(v) for v in bad.nonzero()[0])
+        _fault(ids, routers, experts, "range", row, r, slot)
     k = ids.shape[-1]
     for a in range(1, k):
         same = (ids[..., a:] == ids[..., :-a]).any(dim=-1)
         if bool(same.any()):
-            r, row = (int(v) for v in same.nonzero()[0])
-            raise ReplayError(f"token row {row} repeats an expert id: {ids[r, row].tolist()} ({routers[r].name})",
-                              routers[r].layer)
+            row, r = (int(v) for v in same.nonzero()[0])
+            _fault(ids, routers, experts, "repeat", row, r, 0)
+
+
+def _fault(ids: Tensor, routers: list[_Router], experts: list[int], kind: str, row: int, r: int, slot: int) -> None:
+    router = routers[r]
+    if kind == "repeat":
+        raise ReplayError(f"token row {row} repeats an expert id: {ids[row, r].tolist()} ({router.name})", router.layer)
+    raise ReplayError(f"token row {row} holds expert id {int(ids[row, r, slot])}, outside [0, {experts[r]}) "
+                      f"({router.name}; pad rows need pad_policy='spread', not a fill value)", router.layer)
 
 
 def _router_device(router: nn.Module) -> torch.device:
@@ -347,15 +384,15 @@ def set_replay_routes(model_chunks: nn.Module | Iterable[nn.Module], batch: Mapp
         if flat.shape[2] != top_k:
             raise ReplayError(f"the routes have top_k={flat.shape[2]}, {r.name} routes to {top_k} experts", r.layer)
         experts.append(int(r.module.config.num_moe_experts))
-    ids = flat[:, [position[r.layer] for r in routers]].permute(1, 0, 2)  # (R, N, K), stored dtype
+    ids = flat[:, [position[r.layer] for r in routers]]  # (N, R, K), stored dtype
     if check:
         _check_ids(ids, routers, experts)
     by_device: dict[torch.device, Tensor] = {}
     given = []
     for i, r in enumerate(routers):
         device = _router_device(r.module)
-        if device not in by_device:  # one narrow copy per device, widened there
-            by_device[device] = ids.contiguous().to(device).to(torch.int64)
+        if device not in by_device:  # one narrow (R, N, K) copy per device, widened there
+            by_device[device] = ids.permute(1, 0, 2).contiguous().to(device).to(torch.int64)
         target = by_device[device][i]
         replay: Any = r.module.router_replay
         replay.set_target_indices(target)  # Megatron's: the forward entry, also appended to the backward FIFO

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 import r3store
 from r3store.errors import ReplayError
-from r3store.megatron import clear_replay_routes, moe_layers, set_replay_routes
+from r3store.megatron import _replay, clear_replay_routes, moe_layers, set_replay_routes
 from r3store.testing.faults import distinct_routes
 from r3store.testing.moe import one_thread
 
@@ -334,6 +334,16 @@ def test_faults_raise_replay_errors_naming_the_layer(megatron_cpu: None, tmp_pat
         with pytest.raises(ReplayError, match="token row 4 repeats") as info:
             set_replay_routes(model, repeated, layers=[1, 2, 3])
         assert info.value.layer == 2
+        out_of_range = batch["routes"].copy()
+        out_of_range[6, 2, 1] = NUM_EXPERTS
+        routers = _replay._routers(model)
+        for check in (_replay._check_ids, _replay._check_ids_torch):  # host kernel and device ops agree
+            for bad, message, layer in ((repeated, "token row 4 repeats", 2),
+                                        (out_of_range, f"token row 6 holds expert id {NUM_EXPERTS}, outside", 3)):
+                with pytest.raises(ReplayError, match=message) as info:
+                    check(torch.from_numpy(bad), routers, [NUM_EXPERTS] * 3)
+                assert info.value.layer == layer
+            check(torch.from_numpy(batch["routes"]), routers, [NUM_EXPERTS] * 3)
         with pytest.raises(ReplayError, match="cannot tell BSHD from SBHD"):
             set_replay_routes(model, {"routes": np.zeros((2, 2, 3, TOP_K), np.int32), "layers": [1, 2, 3],
                                       "num_tokens": [2, 2]})
