@@ -331,8 +331,10 @@ def set_replay_routes(model_chunks: nn.Module | Iterable[nn.Module], batch: Mapp
     check : bool
         Check every id in ``[0, num_experts)`` and the ``top_k`` ids of a row distinct
         before handing them over (a CUDA gather with an id out of range kills the
-        process; a repeated id silently drops an expert). Costs about one pass over the
-        routes on the host (``K * (K - 1) / 2`` comparisons per row and layer).
+        process; a repeated id silently drops an expert). Host routes go through the
+        writer's compiled route check (:func:`r3store.codecs.kernels.check_ids`), device
+        routes through torch ops there. ``check=False`` skips it for batches r3store
+        assembled with ``pad_policy="spread"`` (ids checked when written).
 
     Returns
     -------
