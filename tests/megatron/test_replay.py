@@ -217,15 +217,17 @@ def test_pp2_vpp2_routers_replay_the_batch_in_forward_and_in_recompute(megatron_
     losses = []
     try:
         for ids, dtype in MICRO_BATCHES:
-            for stage in stages:
-                batch = store.assemble(ids, layout="thd", layers=moe_layers(stage), dtype=dtype,
-                                       tokens=[tokens[s] for s in ids])
+            for pp, stage in enumerate(stages):  # rank 0 reads every MoE layer, rank 1 only its own
+                batch = store.assemble(ids, layout="thd", layers=None if pp == 0 else moe_layers(stage),
+                                       dtype=dtype, tokens=[tokens[s] for s in ids])
                 assert batch["routes"].dtype == np.dtype(dtype)
                 assert batch["routes"].shape[0] == 12
                 given = set_replay_routes(stage, batch)
                 assert all(t.dtype == torch.int64 and t.shape == (12, TOP_K) for t in given)
-                for i, layer in enumerate(batch["layers"]):
-                    expected.setdefault(layer, []).append(_expected_map(batch["routes"][:, i]))
+                for layer, routes in zip(moe_layers(stage), given, strict=True):
+                    column = batch["routes"][:, batch["layers"].index(layer)]
+                    assert torch.equal(routes, torch.from_numpy(column.astype(np.int64)))
+                    expected.setdefault(layer, []).append(_expected_map(column))
             losses.append(_run_pipeline(chunks, torch.from_numpy(batch["tokens"]).unsqueeze(0)))
         for loss in losses:  # backward in forward order, as the pipeline schedules run it
             loss.backward()
