@@ -2,6 +2,7 @@
 (see ``schema/FORMAT.md``)."""
 
 from r3store._format._array import (
+    EMPTY,
     MAX_CHUNK_IDS,
     MAX_INDEX_ENTRIES,
     ArrayGeometry,
@@ -77,6 +78,7 @@ __all__ = [
     "INDEX_PREFIX",
     "MANIFEST_KEY",
     "MAX_CHUNK_IDS",
+    "EMPTY",
     "MAX_INDEX_ENTRIES",
     "MAX_INT_DIGITS",
     "MAX_ROWS",

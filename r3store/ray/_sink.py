@@ -31,7 +31,7 @@ from ray.data.datasource import Datasink, WriteResult
 from r3store._checks import parse_choice
 from r3store._spec import ModelSpec
 from r3store.errors import OptionError
-from r3store.reader import committed_commits, open_reader
+from r3store.reader import RouteReader, committed_commits
 from r3store.storage import Backend, open_backend
 from r3store.writer import RouteWriter, WriterConfig, WriterConfigDict
 
@@ -161,7 +161,7 @@ class RouteDatasink(Datasink[dict[str, Any]]):
                     w.append(sid, row.pop("routes"), **row)
                 samples += 1
         if w.commits:
-            mine = open_reader(self.url, storage_options=self.storage_options, commits=w.commits)
+            mine = RouteReader.open(self.url, storage_options=self.storage_options, reader={"commits": w.commits})
             quarantined = int(sum(mine.samples.column("quarantined").to_pylist()))
         return {"writer_id": writer_id, "commits": list(w.commits), "samples": samples, "resumed": resumed,
                 "quarantined": quarantined}
@@ -173,7 +173,8 @@ class RouteDatasink(Datasink[dict[str, Any]]):
         mine = [c for c in committed_commits(backend) if pattern.fullmatch(c)]
         if not mine:
             return set()
-        reader = open_reader(self.url, storage_options=self.storage_options, commits=mine, on_duplicate="report")
+        reader = RouteReader.open(self.url, storage_options=self.storage_options,
+                                  reader={"commits": mine, "on_duplicate": "report"})
         return set(reader.samples.column("sample_id").to_pylist())
 
     def _rows(self, blocks: Iterable[Block]) -> Iterator[dict[str, Any]]:

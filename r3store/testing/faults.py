@@ -12,7 +12,8 @@ Examples
 >>> from r3store.audit import validate
 >>> import r3store
 >>> store = write_faulty_store(tempfile.mkdtemp())
->>> sorted(validate(r3store.open_reader(store.url, on_duplicate="report")).counts)  # doctest: +NORMALIZE_WHITESPACE
+>>> report = validate(r3store.open_store(store.url, reader={"on_duplicate": "report"}))
+>>> sorted(report.counts)  # doctest: +NORMALIZE_WHITESPACE
 ['checksum', 'duplicate_sample', 'id_out_of_range', 'quarantined', 'repeated_ids', 'row_count', 'uncommitted',
  'zero_layer']
 """
@@ -28,7 +29,7 @@ import numpy as np
 
 from r3store._format import INDEX_PREFIX, ArrayGeometry, array_key, commit_of_table_key, decode_index
 from r3store._spec import ModelSpec
-from r3store.reader import open_reader
+from r3store.reader import RouteReader
 from r3store.storage import open_backend
 from r3store.writer import RouteWriter
 
@@ -140,7 +141,8 @@ def write_faulty_store(url: str | os.PathLike[str], *, storage_options: Mapping[
             backend.delete(key)
     if corrupt:
         array = array_key(corrupt_commit)
-        geometry = open_reader(url, storage_options=storage_options, commits=[corrupt_commit]).geometry_of(array)
+        geometry = RouteReader.open(url, storage_options=storage_options,
+                                    reader={"commits": [corrupt_commit]}).geometry_of(array)
         key = f"{array}/{ArrayGeometry.object_key(0)}"
         data = bytearray(backend.get(key))
         index = decode_index(bytes(data[-geometry.index_nbytes :]), geometry, array, 0)
@@ -148,6 +150,6 @@ def write_faulty_store(url: str | os.PathLike[str], *, storage_options: Mapping[
         data[offset + nbytes - 1] ^= 0x40
         backend.set(key, bytes(data))
         out.corrupt = first
-    out.commits = open_reader(url, storage_options=storage_options, on_duplicate="report").commits
+    out.commits = RouteReader.open(url, storage_options=storage_options, reader={"on_duplicate": "report"}).commits
     backend.close()
     return out
