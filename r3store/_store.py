@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from r3store._checks import parse_choice, resolve_config
 from r3store._deprecated import renamed_property, warn
@@ -119,6 +119,15 @@ class RouteStore(RouteReader):
 
     # -- deprecated names -------------------------------------------------------------
 
+    @classmethod
+    def open(cls, url: str | os.PathLike[str] | Backend, *,
+             reader: ReaderOptions | ReaderOptionsDict | Mapping[str, Any] | None = None,
+             storage_options: Mapping[str, Any] | None = None, **deprecated: Any) -> Self:
+        """Deprecated (removed in r3store 0.4.0): use :func:`r3store.open_store`, the same parameters."""
+        warn("RouteStore.open", "r3store.open_store(url, reader=...)")
+        options = resolve_config(ReaderOptions, "RouteStore.open", "reader", reader, deprecated)
+        return cls._open(url, options, storage_options)
+
     shards = renamed_property("shards", "commits")
     committed_shards = renamed_property("committed_shards", "commits")
 
@@ -135,8 +144,9 @@ def open_store(
     storage_options: Mapping[str, Any] | None = None,
     **deprecated: Any,
 ) -> RouteStore:
-    """Open a store for reading: the one documented way (``open_reader``, ``RouteReader.open``
-    and ``RouteStore.open`` are the layers' constructors or deprecated aliases).
+    """Open a store for reading: the one documented way (``r3store.open_reader`` and
+    ``RouteStore.open`` are deprecated aliases; :meth:`r3store.reader.RouteReader.open` is
+    the read core's constructor, for the layers below this facade).
 
     Parameters
     ----------

@@ -37,8 +37,8 @@ builtin exception a caller would naturally catch, so ``except KeyError`` around
 
     R3StoreWarning (UserWarning)
     ├── DiscardedSampleWarning                   open samples were dropped at close
-    └── CheckpointWarning                        a checkpoint was ignored (damaged, partial, foreign)
-    R3StoreDeprecationWarning (DeprecationWarning)  a deprecated name; the message names the release removing it
+    ├── CheckpointWarning                        a checkpoint was ignored (damaged, partial, foreign)
+    └── R3StoreDeprecationWarning (DeprecationWarning)  a deprecated name (the message names the release removing it)
 
 Errors keep the facts as attributes (``sample_id``, ``field``, ``path``, ...) and
 build their message from them.
@@ -520,7 +520,11 @@ class WriterClosedError(R3StoreError, RuntimeError):
     """A :class:`r3store.RouteWriter` was used after ``close()``."""
 
 
-class R3StoreDeprecationWarning(DeprecationWarning):
+class R3StoreWarning(UserWarning):
+    """Root of r3store's warnings."""
+
+
+class R3StoreDeprecationWarning(R3StoreWarning, DeprecationWarning):
     """A deprecated r3store name (module attribute, keyword, property) was used.
 
     Its message names the replacement and the release that removes the alias
@@ -528,10 +532,6 @@ class R3StoreDeprecationWarning(DeprecationWarning):
     :class:`DeprecationWarning`, so ``pytest.deprecated_call()`` and ``-W error::DeprecationWarning``
     catch it; filter r3store's own with ``-W error::r3store.errors.R3StoreDeprecationWarning``.
     """
-
-
-class R3StoreWarning(UserWarning):
-    """Root of r3store's warnings."""
 
 
 class DiscardedSampleWarning(R3StoreWarning):

@@ -45,7 +45,7 @@ class RouteDatasource(Datasource):
     dropped, duplicate ids resolved over the whole store (as :func:`r3store.open_store`
     does) and ``filter`` applied, so that each read task only reads the routes of the
     samples it is given, with a reader of its own commits
-    (``open_reader(url, commits=...)``).
+    (``RouteReader.open(url, reader={"commits": ...})``).
 
     Parameters are as for :func:`read_routes`.
     """

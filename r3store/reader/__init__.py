@@ -20,6 +20,8 @@
 It imports nothing above it: laying routes out for a trainer is :mod:`r3store.batch`.
 """
 
+from typing import Any
+
 from r3store.reader._catalog import (
     LoadedCheckpoint,
     OnDuplicate,
@@ -37,7 +39,6 @@ from r3store.reader._compact import CompactResult, compact
 from r3store.reader._filter import filter_samples
 from r3store.reader._options import ReaderOptions, ReaderOptionsDict
 from r3store.reader._reader import RouteReader
-from r3store.reader._reader import open_reader as open_reader  # deprecated (warns when called), not in __all__
 
 __all__ = [
     "CompactResult",
@@ -58,3 +59,11 @@ __all__ = [
     "table_keys",
     "uncommitted_route_objects",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "open_reader":  # deprecated (warns when called; removed in 0.4.0): not in __all__
+        from r3store.reader._reader import open_reader
+
+        return open_reader
+    raise AttributeError(f"module 'r3store.reader' has no attribute {name!r}")

@@ -28,7 +28,7 @@ from r3store._checks import (
     same_value,
 )
 from r3store.errors import OptionError
-from r3store.reader._catalog import ON_DUPLICATE, _parse_commits
+from r3store.reader._catalog import ON_DUPLICATE, parse_commits
 
 __all__ = ["ReaderOptions", "ReaderOptionsDict"]
 
@@ -115,7 +115,7 @@ class ReaderOptions:
         object.__setattr__(self, "max_sample_rows", parse_optional_int("max_sample_rows", self.max_sample_rows,
                                                                         minimum=1, maximum=MAX_ROWS))
         if self.commits is not None:
-            object.__setattr__(self, "commits", tuple(_parse_commits(self.commits)))
+            object.__setattr__(self, "commits", tuple(parse_commits(self.commits)))
         if self.filter is not None and not isinstance(self.filter, pc.Expression):
             raise OptionError("filter", self.filter, "must be a pyarrow.compute.Expression, e.g. pc.field('step') == 3")
         object.__setattr__(self, "use_checkpoint", parse_bool("use_checkpoint", self.use_checkpoint))
