@@ -60,7 +60,6 @@ _LAZY = {
     "decode_vllm": "r3store.writer",
     "encode_sglang": "r3store.writer",
     "compact": "r3store.reader",
-    "open_reader": "r3store.reader",
     "open_store": "r3store._store",
     "to_device": "r3store.dataset",
 }
@@ -68,7 +67,7 @@ _LAZY = {
 loads neither numpy, pyarrow nor zarr until something needs them (torch: only the
 dataset names)."""
 
-_SHOWN_HERE = frozenset(_LAZY) - {"RouteDataset", "to_device", "LayoutOptions", "ReaderOptions", "open_reader"}
+_SHOWN_HERE = frozenset(_LAZY) - {"RouteDataset", "to_device", "LayoutOptions", "ReaderOptions"}
 """Names documented as ``r3store.<name>`` (their ``__module__`` is set to ``"r3store"``)."""
 
 
@@ -85,6 +84,10 @@ def __getattr__(name: str) -> Any:
             value.__module__ = "r3store"
         globals()[name] = value  # later lookups skip this function
         return value
+    if name == "open_reader":  # deprecated (warns when called; removed in 0.4.0): never bound here, not in __all__
+        from r3store.reader import open_reader
+
+        return open_reader
     if name in _SUBPACKAGES:
         return importlib.import_module(f"r3store.{name}")  # the import binds it in this module
     raise AttributeError(f"module 'r3store' has no attribute {name!r}")

@@ -63,7 +63,7 @@ def loose_fields(func: str, given: Mapping[str, Any], aliases: Mapping[str, str]
     -------
     dict
         Parameter -> {field: value} of the keywords given (``None`` values count as not
-        given, as they always did); each keyword given warns once.
+        given, as they always did). One warning names every keyword given and its place.
 
     Raises
     ------
@@ -71,14 +71,20 @@ def loose_fields(func: str, given: Mapping[str, Any], aliases: Mapping[str, str]
         A keyword is not one of ``aliases`` (as Python raises for an unknown keyword).
     """
     out: dict[str, dict[str, Any]] = {}
-    for name, value in given.items():
+    for name in given:
         if name not in aliases:
             raise TypeError(f"{func}() got an unexpected keyword argument {name!r}")
+    if not given:
+        return out
+    places: dict[str, list[str]] = {}
+    for name, value in given.items():
         param, _, field = aliases[name].partition(".")
-        warn(f"{func}({name}=...)", f"{param}={{{field!r}: ...}} (or a field of the settings object)",
-             stacklevel=stacklevel)
+        places.setdefault(param, []).append(f"{field!r}: ...")
         if value is not None:
             out.setdefault(param, {})[field] = value
+    old = ", ".join(f"{name}=..." for name in given)
+    new = " and ".join(f"{param}={{{', '.join(fields)}}}" for param, fields in places.items())
+    warn(f"{func}({old})", f"{new} (the settings object or its dict)", stacklevel=stacklevel)
     return out
 
 
