@@ -21,6 +21,7 @@ from r3store.errors import (
     CodecError,
     FormatError,
     ObjectNotFoundError,
+    PayloadDecodeError,
     R3StoreError,
     R3StoreWarning,
     SampleNotFoundError,
@@ -293,3 +294,7 @@ def test_s3_unreachable_endpoint_is_a_storage_error() -> None:
         assert not isinstance(info.value, ObjectNotFoundError)
         assert "s3://bucket/store/k: EndpointConnectionError" in str(info.value)
         _assert_no_secret(info.value)
+
+
+def test_payload_decode_error_is_an_r3store_error() -> None:
+    assert issubclass(PayloadDecodeError, R3StoreError)
