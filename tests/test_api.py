@@ -33,7 +33,7 @@ def test_all_is_sorted_and_complete(module) -> None:
 
 
 def test_top_level_objects_report_public_module() -> None:
-    for name in ("ModelSpec", "RouteWriter", "RouteReader", "RouteStore", "RouteDataset", "open_reader", "open_store"):
+    for name in ("ModelSpec", "RouteWriter", "RouteReader", "RouteStore", "RouteDataset", "open_store"):
         assert getattr(r3store, name).__module__ == "r3store"
 
 
@@ -75,17 +75,17 @@ def test_readme_calls_keep_working(tmp_path) -> None:
         turn1, turn2 = routes(4), routes(3)
         w.append("chat-9", turn1, start=0, final=False)
         w.append("chat-9", turn2, start=len(turn1), num_tokens=8)
-    store = r3store.open_store(tmp_path, on_duplicate="first")
+    store = r3store.open_store(tmp_path, reader={"on_duplicate": "first"})
     assert (store.spec, len(store), len(store.sample_ids), store.samples.num_rows) == (spec, 3, 3, 3)
     assert store.get("step3/prompt17/sample2").shape == (8, 4, 2)
     assert store.get("step3/prompt17/sample2", layers=range(3, 5), rows=slice(0, 4)).shape == (4, 2, 2)
-    batch = store.assemble(["step3/prompt17/sample2", "chat-9"], layout="thd", cp_size=2, cp_rank=0,
-                           tp_size=4, sequence_parallel=True, tp_rank=1, layers=range(3, 5),
+    options = r3store.LayoutOptions(layout="thd", cp_size=2, cp_rank=0, tp_size=4, sequence_parallel=True, tp_rank=1)
+    batch = store.assemble(["step3/prompt17/sample2", "chat-9"], options, layers=range(3, 5),
                            tokens=[token_ids, np.arange(8)])
     assert {"routes", "replay_mask", "cu_seqlens", "tokens"} <= set(batch)
     assert isinstance(batch["routes"], np.ndarray) and batch["routes"].shape[1:] == (2, 2)
     ds = r3store.RouteDataset(tmp_path, max_tokens_per_batch=64, shuffle=True, seed=0, dp_rank=0, dp_size=1,
-                              cp_size=2, cp_rank=0)
+                              options={"cp_size": 2, "cp_rank": 0})
     assert sorted(s for b in ds for s in r3store.to_device(b, "cpu")["sample_ids"]) == sorted(store.sample_ids)
 
 

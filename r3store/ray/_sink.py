@@ -133,10 +133,10 @@ def _sink_settings(config: Any, columns: Any, deprecated: dict[str, Any]) -> tup
     old_columns = {k: deprecated.pop(k) for k in list(_COLUMN_LOOSE) if k in deprecated}
     if deprecated:
         raise TypeError(f"write_routes() got an unexpected keyword argument {next(iter(deprecated))!r}")
-    for name in old_columns:  # None is a value here (num_tokens_column=None: no such column)
-        warn(f"write_routes({name}=...)", f"columns={{{_COLUMN_LOOSE[name]!r}: ...}}", stacklevel=4)
     cols = RouteColumns.resolve(columns)
-    if old_columns:
+    if old_columns:  # None is a value here (num_tokens_column=None: no such column)
+        warn(f"write_routes({', '.join(f'{k}=...' for k in old_columns)})",
+             f"columns={{{', '.join(f'{_COLUMN_LOOSE[k]!r}: ...' for k in old_columns)}}}", stacklevel=4)
         cols = dataclasses.replace(cols, **{_COLUMN_LOOSE[k]: v for k, v in old_columns.items()})
     if on_invalid is not None:
         warn("write_routes(on_invalid=...)", "config={'on_invalid': ...}", stacklevel=4)
@@ -281,7 +281,7 @@ class RouteDatasink(Datasink[dict[str, Any]]):
             names = table.column_names
             for name in (self.sample_id_column, self.routes_column):
                 if name not in names:
-                    raise OptionError("columns", names, f"lack {name!r} (sample_id_column, routes_column)")
+                    raise OptionError("columns", names, f"lack {name!r} (columns.sample_id, columns.routes)")
             special = {self.sample_id_column, self.routes_column, self.num_tokens_column, self.tokens_column}
             meta = [c for c in names if c not in special] if self.metadata_columns is None else self.metadata_columns
             ids = table.column(self.sample_id_column).to_pylist()

@@ -101,10 +101,10 @@ class RouteWriter:
             raise TypeError(f"spec must be an r3store.ModelSpec, got {type(spec).__name__}")
         shard_bytes = deprecated.pop("shard_bytes", None)
         if shard_bytes is not None:
-            warn("RouteWriter(shard_bytes=...)", "config={'object_bytes': ...}")
             if "object_bytes" in deprecated:
                 raise TypeError("RouteWriter() got both shard_bytes= (deprecated) and object_bytes=; "
                                 "pass config={'object_bytes': ...} only")
+            warn("RouteWriter(shard_bytes=...)", "config={'object_bytes': ...}")
         settings = resolve_config(WriterConfig, "RouteWriter", "config", config, deprecated)
         if shard_bytes is not None:
             settings = WriterConfig.resolve(settings, object_bytes=shard_bytes)
