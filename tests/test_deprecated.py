@@ -232,7 +232,7 @@ def test_write_routes_loose_column_keywords(tmp_path: Path) -> None:
         sink = r3ray.RouteDatasink(tmp_path, SPEC, routes_column="ids", num_tokens_column=None,
                                    payload="sglang", on_invalid="quarantine")
     assert [str(w.message).split(" is ")[0] for w in record] == [
-        "write_routes(routes_column=..., num_tokens_column=..., payload=...)", "write_routes(on_invalid=...)"]
+        "write_routes(payload=..., routes_column=..., num_tokens_column=...)", "write_routes(on_invalid=...)"]
     assert sink.columns == r3ray.RouteColumns(routes="ids", num_tokens=None, payload="sglang")
     assert sink.config.on_invalid == "quarantine"
 
