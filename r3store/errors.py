@@ -458,8 +458,8 @@ class SampleTooLargeError(FormatError):
         self.rows = rows
         self.cap = cap
         super().__init__(path, f"sample {sample_id!r} has {rows:,} rows, more than the cap of {cap:,} rows per "
-                               "sample (the store's limits.max_sample_rows; open_store(..., max_sample_rows=...) "
-                               "reads larger samples)")
+                               "sample (the store's limits.max_sample_rows; "
+                               "open_store(..., reader={'max_sample_rows': ...}) reads larger samples)")
 
 
 class CodecError(R3StoreError, ValueError):

@@ -31,7 +31,7 @@ from r3store._format import INDEX_PREFIX, ArrayGeometry, array_key, commit_of_ta
 from r3store._spec import ModelSpec
 from r3store.reader import RouteReader
 from r3store.storage import open_backend
-from r3store.writer import RouteWriter
+from r3store.writer import RouteWriter, WriterConfig
 
 __all__ = ["FAULTY_SPEC", "FaultyStore", "write_faulty_store"]
 
@@ -107,8 +107,10 @@ def write_faulty_store(url: str | os.PathLike[str], *, storage_options: Mapping[
         w.append(sid, out.routes[sid], metadata={"writer": w.writer_id, "step": len(out.routes) % 3})
 
     per_writer = [clean_samples // 3 + (i < clean_samples % 3) for i in range(3)]
-    opts = {"storage_options": storage_options, "chunk_rows": 8, "layers_per_chunk": 1}
-    with RouteWriter(url, spec, writer_id="w0", on_invalid="quarantine", **opts) as w:  # type: ignore[arg-type]
+    def config(writer_id: str, **more: Any) -> WriterConfig:
+        return WriterConfig(chunk_rows=8, layers_per_chunk=1, writer_id=writer_id, **more)
+
+    with RouteWriter(url, spec, config("w0", on_invalid="quarantine"), storage_options=storage_options) as w:
         for i in range(per_writer[0]):
             clean(w, f"w0-{i:03d}", 5 + 3 * i)
             if i == 1:
@@ -120,7 +122,7 @@ def write_faulty_store(url: str | os.PathLike[str], *, storage_options: Mapping[
         for name, routes in faulty.items():
             w.append(name, routes, num_tokens=12 if name == "fork" else 13, metadata={"writer": "w0", "step": 9})
         out.quarantined.update(faulty)
-    with RouteWriter(url, spec, writer_id="w1", **opts) as w:  # type: ignore[arg-type]
+    with RouteWriter(url, spec, config("w1"), storage_options=storage_options) as w:
         first = f"w1-{0:03d}"
         for i in range(per_writer[1]):
             clean(w, f"w1-{i:03d}", 9 + 2 * i)
@@ -128,11 +130,11 @@ def write_faulty_store(url: str | os.PathLike[str], *, storage_options: Mapping[
         out.routes["dup"] = distinct_routes(rng, 6, moe, ne, k)
         w.append("dup", out.routes["dup"], metadata={"writer": "w1", "step": 0})
         corrupt_commit = w.commits[0]
-    with RouteWriter(url, spec, writer_id="w2", **opts) as w:  # type: ignore[arg-type]
+    with RouteWriter(url, spec, config("w2"), storage_options=storage_options) as w:
         w.append("dup", distinct_routes(rng, 7, moe, ne, k), metadata={"writer": "w2", "step": 0})
         for i in range(per_writer[2]):
             clean(w, f"w2-{i:03d}", 4 + 4 * i)
-    with RouteWriter(url, spec, writer_id="w3", **opts) as w:  # type: ignore[arg-type]
+    with RouteWriter(url, spec, config("w3"), storage_options=storage_options) as w:
         w.append("lost", distinct_routes(rng, 5, moe, ne, k))
     backend = open_backend(url, storage_options)
     (out.leftover,) = w.commits

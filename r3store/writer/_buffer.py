@@ -231,7 +231,7 @@ class SampleBuffer:
             raise RowCountError(sample.sample_id, "routes",
                                 f"{sample.rows + rows:,} rows, more than the store's cap of {self.max_sample_rows:,} "
                                 "rows per sample (limits.max_sample_rows, set when the store is created: "
-                                "RouteWriter(..., max_sample_rows=...))")
+                                "RouteWriter(url, spec, {'max_sample_rows': ...}))")
 
     def _sample_for(self, sample_id: str, start: int, rows: int = 0) -> Sample:
         if not is_int(start) or start < 0:

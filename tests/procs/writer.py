@@ -55,8 +55,8 @@ def main() -> None:
         for i in range(first, first + count):
             routes = routes_for(i, rows) if rows <= 4096 else (template + i * 13) % SPEC.num_experts
             writer.append(f"sample-{i:06d}", routes, metadata={"index": i})
-            if len(writer.shards) != flushed:
-                flushed = len(writer.shards)
+            if len(writer.commits) != flushed:
+                flushed = len(writer.commits)
                 print(f"flushed {flushed}", flush=True)
     print(json.dumps({"baseline_bytes": baseline, "peak_bytes": peak_rss_bytes()}), flush=True)
 
