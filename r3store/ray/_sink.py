@@ -222,8 +222,8 @@ class RouteDatasink(Datasink[dict[str, Any]]):
         r3store.errors.SpecMismatchError, r3store.errors.NotAStoreError, r3store.errors.StorageError
             As :class:`r3store.RouteWriter`.
         """
-        RouteWriter(self.url, self.spec, self.config, storage_options=self.storage_options,
-                    writer_id=f"{self.write_id}-init").close()  # creates the store; commits nothing
+        RouteWriter(self.url, self.spec, dataclasses.replace(self.config, writer_id=f"{self.write_id}-init"),
+                    storage_options=self.storage_options).close()  # creates the store; commits nothing
         pattern = re.compile(re.escape(self.write_id) + r"-\d+-\d{5,}")
         used = [c for c in committed_commits(open_backend(self.url, self.storage_options)) if pattern.fullmatch(c)]
         if used:
@@ -245,8 +245,8 @@ class RouteDatasink(Datasink[dict[str, Any]]):
         writer_id = f"{self.write_id}-{ctx.task_idx:05d}"
         done = self._committed_by(writer_id)
         samples = quarantined = resumed = 0
-        with RouteWriter(self.url, self.spec, self.config, storage_options=self.storage_options,
-                         writer_id=writer_id) as w:
+        with RouteWriter(self.url, self.spec, dataclasses.replace(self.config, writer_id=writer_id),
+                         storage_options=self.storage_options) as w:
             for row in self._rows(blocks):
                 sid = row.pop("sample_id")
                 if sid in done:

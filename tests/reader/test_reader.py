@@ -346,7 +346,7 @@ def _layout_store(root) -> dict[str, np.ndarray]:
 
 def test_open_reader_is_the_read_core(tmp_path) -> None:
     source = _layout_store(tmp_path)
-    reader = r3store.open_store(tmp_path)
+    reader = r3store.RouteReader.open(tmp_path)
     assert type(reader) is r3store.RouteReader and not hasattr(reader, "assemble")
     assert reader.sample_ids == list(source) and reader.is_local and len(reader.commits) == 1
     for sid, routes in source.items():
