@@ -188,7 +188,8 @@ def test_bad_samples_are_named_or_quarantined(tmp_path: Path, ray_cluster: str) 
     data[2]["routes"][1, 3] = [5, 5]
     with pytest.raises(Exception, match=r"s002.*expert id repeated within row 1, decoder layer 4"):
         r3ray.write_routes(ray.data.from_items(data).repartition(1), tmp_path / "raise", SPEC)
-    summary = r3ray.write_routes(ray.data.from_items(data), tmp_path / "keep", SPEC, config={"on_invalid": "quarantine"})
+    summary = r3ray.write_routes(ray.data.from_items(data), tmp_path / "keep", SPEC,
+                                 config={"on_invalid": "quarantine"})
     assert (summary.samples, summary.quarantined) == (4, 1)
     out = r3store.open_store(tmp_path / "keep")
     assert "s002" not in out.sample_ids

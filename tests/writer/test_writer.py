@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
 import base64
 import dataclasses
 import hashlib
 import math
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
