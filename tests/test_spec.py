@@ -15,7 +15,8 @@ SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
 
 def test_spec_accepts_numpy_ints_and_says_in_range() -> None:
     spec = r3store.ModelSpec(num_layers=np.int64(4), num_experts=np.int32(16), top_k=np.int8(2))
-    assert spec == SPEC_4X16 and type(spec.num_layers) is int
+    assert spec == SPEC_4X16
+    assert type(spec.num_layers) is int
     with pytest.raises(SpecError, match=r"top_k must be in \[1, 16\]"):
         r3store.ModelSpec(num_layers=4, num_experts=16, top_k=17)
 
@@ -27,4 +28,5 @@ def test_spec_mismatch_names_the_differing_fields(tmp_path: Path) -> None:
     with pytest.raises(SpecMismatchError) as err:
         r3store.RouteWriter(tmp_path, other)
     assert err.value.fields == ("top_k", "moe_layers")
-    assert "top_k 2 there vs 3" in str(err.value) and "0..3 there vs 1..3" in str(err.value)
+    assert "top_k 2 there vs 3" in str(err.value)
+    assert "0..3 there vs 1..3" in str(err.value)

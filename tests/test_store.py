@@ -15,9 +15,10 @@ def test_open_folder_that_is_not_a_store(tmp_path: Path) -> None:
     with pytest.raises(NotAStoreError) as info:
         r3store.open_store(tmp_path)
     assert isinstance(info.value, FileNotFoundError)
-    assert str(tmp_path) in str(info.value) and "r3store.json" in str(info.value)
+    assert str(tmp_path) in str(info.value)
+    assert "r3store.json" in str(info.value)
     missing = tmp_path / "does-not-exist"
-    with pytest.raises(FileNotFoundError, match="r3store.json"):
+    with pytest.raises(FileNotFoundError, match=r"r3store.json"):
         r3store.open_store(missing)
     assert not missing.exists()
     with pytest.raises(NotAStoreError):

@@ -83,8 +83,12 @@ def test_clean_store_has_no_findings(tmp_path: Path, clean_samples: dict[str, np
     write(tmp_path, SPEC, dict(list(clean_samples.items())[:3]), chunk_rows=16, object_bytes=64)
     write(tmp_path, SPEC, dict(list(clean_samples.items())[3:]), chunk_rows=16, object_bytes=64)
     report = audit(tmp_path)
-    assert report.ok and report.findings == () and report.counts == {}
-    assert report.samples_checked == 6 and report.arrays_checked == 2 and report.rows_checked == 6 * 80
+    assert report.ok
+    assert report.findings == ()
+    assert report.counts == {}
+    assert report.samples_checked == 6
+    assert report.arrays_checked == 2
+    assert report.rows_checked == 6 * 80
     # 240 rows per array in 16-row chunks: 15 row chunks x 4 layer chunks per array
     assert report.frames_checked == 2 * 15 * 4
     assert [t["layer"] for t in report.layer_tests] == [1, 2, 3, 4]
@@ -116,9 +120,12 @@ def test_zero_layer_top1_passes_the_writer_and_is_found(tmp_path: Path) -> None:
     (finding,) = report.findings
     assert (finding.kind, finding.severity, finding.sample_id, finding.layer, finding.rows) == (
         "zero_layer", "error", "bad", 2, ((0, 19),))
-    assert finding.array is not None and finding.array.startswith("routes/")
+    assert finding.array is not None
+    assert finding.array.startswith("routes/")
     assert "rows 0-19" in str(finding)
-    assert zero_layer_min_rows(64, 1) == 4 and zero_layer_min_rows(64, 2) == 1 and zero_layer_min_rows(8, 1) is None
+    assert zero_layer_min_rows(64, 1) == 4
+    assert zero_layer_min_rows(64, 2) == 1
+    assert zero_layer_min_rows(8, 1) is None
 
 
 def test_zero_layer_top2_is_quarantined_and_not_reported_as_repeats(tmp_path: Path) -> None:
@@ -148,7 +155,9 @@ def test_repeated_ids_name_layer_and_compressed_rows(tmp_path: Path) -> None:
     assert "4 of 40 rows" in of_kind(report, "repeated_ids")[0].detail
     assert report.counts == {"repeated_ids": 2, "quarantined": 1}
     capped = audit(tmp_path, max_findings=1)
-    assert capped.truncated and len(capped.findings) == 1 and capped.counts == report.counts
+    assert capped.truncated
+    assert len(capped.findings) == 1
+    assert capped.counts == report.counts
 
 
 def test_out_of_range_ids_of_a_remapped_layout_are_physical(tmp_path: Path) -> None:
@@ -165,8 +174,10 @@ def test_out_of_range_ids_of_a_remapped_layout_are_physical(tmp_path: Path) -> N
     assert sum(b - a + 1 for a, b in first.rows) == int(above.sum())
     assert f"max id {int(samples['p0'][:, 1].max())}" in first.detail
     physical = of_kind(report, "physical_ids")
-    assert [f.layer for f in physical] == [0, 1, 2] and all(f.sample_id is None for f in physical)
-    assert ">= num_experts (48)" in physical[0].detail and "ids 0-15 are never used" in physical[0].detail
+    assert [f.layer for f in physical] == [0, 1, 2]
+    assert all(f.sample_id is None for f in physical)
+    assert ">= num_experts (48)" in physical[0].detail
+    assert "ids 0-15 are never used" in physical[0].detail
     assert report.counts["quarantined"] == 4
 
 
@@ -178,7 +189,9 @@ def test_shifted_in_range_distribution_is_physical(tmp_path: Path) -> None:
     report = audit(tmp_path / "shifted")
     assert [(f.kind, f.layer) for f in report.findings] == [("physical_ids", layer) for layer in (1, 2, 3, 4)]
     test = report.layer_tests[0]
-    assert test["low_unused_run"] == 16 and test["unused_experts"] == 16 and test["out_of_range"] == 0
+    assert test["low_unused_run"] == 16
+    assert test["unused_experts"] == 16
+    assert test["out_of_range"] == 0
     assert test["p_value"] == pytest.approx(2 / math.comb(64, 16), rel=1e-3)
     # controls: full range, and 16 dead experts scattered over the ids
     write(tmp_path / "full", SPEC, {f"s{i}": distinct_routes(rng, 40, 4, 64, 2) for i in range(3)})
@@ -186,7 +199,8 @@ def test_shifted_in_range_distribution_is_physical(tmp_path: Path) -> None:
     perm = rng.permutation(64)
     write(tmp_path / "scattered", SPEC, {sid: perm[r] for sid, r in shifted.items()})
     report = audit(tmp_path / "scattered")
-    assert report.ok and report.layer_tests[0]["unused_experts"] == 16, [str(f) for f in report.findings]
+    assert report.ok, [str(f) for f in report.findings]
+    assert report.layer_tests[0]["unused_experts"] == 16, [str(f) for f in report.findings]
 
 
 def test_physical_id_test_p_value_against_enumeration() -> None:
@@ -208,8 +222,10 @@ def test_physical_id_test_p_value_against_enumeration() -> None:
             result = physical_id_test(counts, num_experts, alpha=0.0)
             run = longest_end_run(gone)
             chance = np.mean([longest_end_run(other) >= run for other in subsets])
-            assert result["unused_experts"] == unused and max(result["low_unused_run"], result["high_unused_run"]) == run
-            assert chance - 1e-12 <= result["p_value"] * 1.0005 and result["p_value"] <= min(1.0, 2 * chance) * 1.0005
+            assert result["unused_experts"] == unused
+            assert max(result["low_unused_run"], result["high_unused_run"]) == run
+            assert chance - 1e-12 <= result["p_value"] * 1.0005
+            assert result["p_value"] <= min(1.0, 2 * chance) * 1.0005
 
 
 def test_physical_id_test_fraction_and_empty_layers() -> None:
@@ -219,9 +235,12 @@ def test_physical_id_test_fraction_and_empty_layers() -> None:
     assert not physical_id_test(counts, 48)["physical"]
     counts[48:] = 100
     result = physical_id_test(counts, 48)
-    assert result["physical"] and result["fraction_out_of_range"] == pytest.approx(0.25)
+    assert result["physical"]
+    assert result["fraction_out_of_range"] == pytest.approx(0.25)
     empty = physical_id_test(np.zeros(64, np.int64), 64)
-    assert not empty["physical"] and empty["ids"] == 0 and empty["p_value"] == 1.0
+    assert not empty["physical"]
+    assert empty["ids"] == 0
+    assert empty["p_value"] == 1.0
 
 
 def test_row_count_off_by_one(tmp_path: Path) -> None:
@@ -231,9 +250,11 @@ def test_row_count_off_by_one(tmp_path: Path) -> None:
     report = audit(tmp_path)
     (rc,) = of_kind(report, "row_count")
     assert (rc.sample_id, rc.rows) == ("fork", ((0, 11),))
-    assert "12 rows for 12 tokens" in rc.detail and "last token" in rc.detail
+    assert "12 rows for 12 tokens" in rc.detail
+    assert "last token" in rc.detail
     (q,) = of_kind(report, "quarantined")
-    assert q.sample_id == "fork" and "num_tokens - 1" in q.detail
+    assert q.sample_id == "fork"
+    assert "num_tokens - 1" in q.detail
 
 
 def test_duplicates_across_writers(tmp_path: Path) -> None:
@@ -243,8 +264,10 @@ def test_duplicates_across_writers(tmp_path: Path) -> None:
     report = audit(tmp_path)
     (finding,) = report.findings
     assert (finding.kind, finding.sample_id) == ("duplicate_sample", "dup")
-    assert first in finding.detail and second in finding.detail
-    assert report.samples_checked == 2 and report.arrays_checked == 2  # the second shard is still checksummed
+    assert first in finding.detail
+    assert second in finding.detail
+    assert report.samples_checked == 2
+    assert report.arrays_checked == 2
 
 
 def test_uncommitted_leftover(tmp_path: Path) -> None:
@@ -284,9 +307,11 @@ def test_corrupt_frame_is_a_finding_naming_array_and_chunk(tmp_path: Path) -> No
     (finding,) = report.findings
     assert (finding.kind, finding.array, finding.chunk, finding.layer, finding.rows) == (
         "checksum", array, (1, 2, 0), 3, ((8, 15),))
-    assert "CRC-32C mismatch" in finding.detail and "'s0', 's1'" in finding.detail
+    assert "CRC-32C mismatch" in finding.detail
+    assert "'s0', 's1'" in finding.detail
     assert finding.sample_id is None
-    assert report.rows_checked == 40 and report.frames_checked == 5 * 4
+    assert report.rows_checked == 40
+    assert report.frames_checked == 5 * 4
 
 
 def test_corrupt_frame_of_several_layers(tmp_path: Path) -> None:
@@ -299,7 +324,8 @@ def test_corrupt_frame_of_several_layers(tmp_path: Path) -> None:
     obj.write_bytes(bytes(data))
     (finding,) = audit(tmp_path).findings
     assert (finding.kind, finding.chunk, finding.layer, finding.rows) == ("checksum", (0, 1, 0), None, ((0, 5),))
-    assert "decoder layers 3-4" in finding.detail and "'a'" in finding.detail
+    assert "decoder layers 3-4" in finding.detail
+    assert "'a'" in finding.detail
 
 
 def test_bad_magic_is_malformed_and_other_chunks_are_still_checked(tmp_path: Path) -> None:
@@ -333,9 +359,12 @@ def test_corrupt_index_and_missing_object(tmp_path: Path) -> None:
     report = audit(tmp_path)
     kinds = {f.kind: f for f in report.findings}
     assert set(kinds) == {"checksum", "missing_object"}
-    assert "index CRC-32C" in kinds["checksum"].detail and kinds["checksum"].rows == ((0, 7),)
-    assert kinds["checksum"].layer is None and "decoder layers 1-4" in kinds["checksum"].detail
-    assert kinds["missing_object"].rows == ((16, 23),) and "'s2'" in kinds["missing_object"].detail
+    assert "index CRC-32C" in kinds["checksum"].detail
+    assert kinds["checksum"].rows == ((0, 7),)
+    assert kinds["checksum"].layer is None
+    assert "decoder layers 1-4" in kinds["checksum"].detail
+    assert kinds["missing_object"].rows == ((16, 23),)
+    assert "'s2'" in kinds["missing_object"].detail
     assert report.counts == {"checksum": 1, "missing_object": 1}
 
 
@@ -373,10 +402,12 @@ def test_streaming_blocks_and_threads_agree(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(validate_module, "BLOCK_IDS", 8 * 4 * 2)  # 8 rows per block
     seen: list[tuple[int, int]] = []
     small = audit(tmp_path, workers=4, progress=lambda done, total: seen.append((done, total)))
-    assert small.findings == whole.findings and small.rows_checked == whole.rows_checked
+    assert small.findings == whole.findings
+    assert small.rows_checked == whole.rows_checked
     assert {(f.sample_id, f.layer, f.rows_text) for f in of_kind(small, "repeated_ids")} == {
         ("s3", 3, "30-36"), ("s5", 1, "0-2")}
-    assert seen[0] == (0, 8 * 37) and seen[-1] == (8 * 37, 8 * 37)
+    assert seen[0] == (0, 8 * 37)
+    assert seen[-1] == (8 * 37, 8 * 37)
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
 
 
@@ -390,7 +421,8 @@ def test_remote_backend_uses_threads(memory_url: str) -> None:
     report = validate(store)  # memory:// is not local: 8 threads, one per route array
     assert sorted((f.sample_id, f.layer, f.rows_text) for f in of_kind(report, "repeated_ids")) == [
         (f"w{i}-b", 2, "5") for i in range(3)]
-    assert report.arrays_checked == 3 and report.samples_checked == 6
+    assert report.arrays_checked == 3
+    assert report.samples_checked == 6
 
 
 def test_sample_filter_and_limit(tmp_path: Path) -> None:
@@ -400,9 +432,11 @@ def test_sample_filter_and_limit(tmp_path: Path) -> None:
     write(tmp_path, SPEC, samples, quarantine=True, chunk_rows=6)
     assert audit(tmp_path, sample_filter="step1-*").ok
     report = audit(tmp_path, sample_filter="step2-*")
-    assert report.samples_checked == 3 and report.counts == {"repeated_ids": 1, "quarantined": 1}
+    assert report.samples_checked == 3
+    assert report.counts == {"repeated_ids": 1, "quarantined": 1}
     first_two = audit(tmp_path, limit=2)
-    assert first_two.samples_checked == 2 and first_two.rows_checked == 12  # only their chunks are decoded
+    assert first_two.samples_checked == 2
+    assert first_two.rows_checked == 12
     with pytest.raises(ValueError, match="limit"):
         audit(tmp_path, limit=-1)
 
@@ -417,7 +451,9 @@ def test_findings_api() -> None:
         f.kind = "x"  # type: ignore[misc]
     runs = RowRuns(cap=2)
     runs.add_mask(np.array([1, 1, 0, 1, 0, 1, 1], bool), 10)
-    assert runs.inclusive() == ((10, 11), (13, 13)) and runs.total == 5 and "+2 more rows" in runs.note()
+    assert runs.inclusive() == ((10, 11), (13, 13))
+    assert runs.total == 5
+    assert "+2 more rows" in runs.note()
     assert format_rows([]) == ""
 
 
@@ -431,7 +467,9 @@ def test_stats_exact_counts(tmp_path: Path) -> None:
     write(tmp_path, spec, {"a": a, "b": b, "q": np.full((3, 2, 1), 3)}, quarantine=True,
           num_tokens={"q": 3})  # q: 3 rows for 3 tokens: quarantined, left out
     s = stats(r3store.open_store(tmp_path))
-    assert s["samples"] == 2 and s["rows"] == 6 and s["tokens"] == 8
+    assert s["samples"] == 2
+    assert s["rows"] == 6
+    assert s["tokens"] == 8
     assert s["load"] == [[3, 1, 1, 1], [0, 4, 0, 2]]
     l1, l2 = s["layers"]
     assert (l1["layer"], l1["max_load"], l1["mean_load"], l1["max_over_mean"]) == (1, 3, 1.5, 2.0)
@@ -440,7 +478,9 @@ def test_stats_exact_counts(tmp_path: Path) -> None:
     assert l2["entropy_bits"] == pytest.approx(-(2 / 3 * math.log2(2 / 3) + 1 / 3 * math.log2(1 / 3)), abs=1e-4)
     assert s["hottest"][:2] == [{"layer": 2, "expert": 1, "tokens": 4, "share": 0.666667, "load_over_mean": 2.6667},
                                 {"layer": 1, "expert": 0, "tokens": 3, "share": 0.5, "load_over_mean": 2.0}]
-    assert s["lengths"]["min"] == 3 and s["lengths"]["max"] == 5 and sum(s["lengths"]["histogram"]["counts"]) == 2
+    assert s["lengths"]["min"] == 3
+    assert s["lengths"]["max"] == 5
+    assert sum(s["lengths"]["histogram"]["counts"]) == 2
     assert stats(r3store.open_store(tmp_path), sample_filter="b")["load"] == [[1, 0, 0, 1], [0, 0, 0, 2]]
 
 
@@ -465,21 +505,25 @@ def _flipped_pair(tmp_path: Path) -> tuple[Path, Path, dict[str, np.ndarray], di
 
 
 def test_diff_known_flip_rate(tmp_path: Path) -> None:
-    path_a, path_b, a, masks = _flipped_pair(tmp_path)
+    path_a, path_b, _a, masks = _flipped_pair(tmp_path)
     d = diff(r3store.open_store(path_a), r3store.open_store(path_b))
     mask = np.concatenate(list(masks.values()))  # (tokens, layers)
     assert (d["samples_compared"], d["only_in_a"], d["only_in_b"]) == (4, 1, 2)
     assert d["only_in_b_examples"] == ["only-b1", "only-b2"]
-    assert d["tokens"] == mask.shape[0] and d["decisions"] == mask.size
+    assert d["tokens"] == mask.shape[0]
+    assert d["decisions"] == mask.size
     assert d["differing_decisions"] == int(mask.sum())
     assert d["decision_flip_rate"] == pytest.approx(mask.mean())
     assert d["token_flip_rate"] == pytest.approx(mask.any(axis=1).mean())
     assert d["mean_differing_layers_per_token"] == pytest.approx(mask.sum(axis=1).mean())
     assert d["set_overlap"] == pytest.approx(1 - mask.mean() / 2)  # one of two experts replaced
     assert [p["flip_rate"] for p in d["per_layer"]] == pytest.approx(list(mask.mean(axis=0)))
-    assert d["row_mismatch"] == 0 and len(d["worst_samples"]) == 4
+    assert d["row_mismatch"] == 0
+    assert len(d["worst_samples"]) == 4
     same = diff(r3store.open_store(path_a), r3store.open_store(path_a), limit=2, workers=2)
-    assert same["samples_compared"] == 2 and same["differing_decisions"] == 0 and same["set_overlap"] == 1.0
+    assert same["samples_compared"] == 2
+    assert same["differing_decisions"] == 0
+    assert same["set_overlap"] == 1.0
 
 
 def test_diff_order_is_ignored_and_specs_must_match(tmp_path: Path) -> None:
@@ -489,13 +533,15 @@ def test_diff_order_is_ignored_and_specs_must_match(tmp_path: Path) -> None:
     write(tmp_path / "b", r3store.ModelSpec(num_layers=5, num_experts=64, top_k=2, moe_layers=[0, 1, 2]),
           {"x": np.concatenate([routes[:, :1], routes[:, :2, ::-1]], axis=1)})  # layers 0, 1, 2 (1, 2 reversed)
     d = diff(r3store.open_store(tmp_path / "a"), r3store.open_store(tmp_path / "b"))
-    assert d["layers"] == [1, 2] and d["decision_flip_rate"] == 0.0
+    assert d["layers"] == [1, 2]
+    assert d["decision_flip_rate"] == 0.0
     write(tmp_path / "c", r3store.ModelSpec(num_layers=5, num_experts=32, top_k=2, moe_layers=[1, 2, 3, 4]),
           {"x": distinct_routes(rng, 10, 4, 32, 2)})
     with pytest.raises(SpecMismatchError):
         diff(r3store.open_store(tmp_path / "a"), r3store.open_store(tmp_path / "c"))
     differ, overlap = compare_routes(np.array([[[1, 1, 2]]]), np.array([[[1, 2, 3]]]))
-    assert differ.tolist() == [[True]] and overlap.tolist() == [[2]]
+    assert differ.tolist() == [[True]]
+    assert overlap.tolist() == [[2]]
 
 
 def test_show_subsets_and_quarantined(tmp_path: Path) -> None:
@@ -507,18 +553,21 @@ def test_show_subsets_and_quarantined(tmp_path: Path) -> None:
     write(tmp_path, spec, {"q": routes}, quarantine=True)
     store = r3store.open_store(tmp_path)
     out = show(store, "q", layers=[2, 1], rows=slice(2, 6))
-    assert out["quarantined"] and "num_experts" in out["reason"]
+    assert out["quarantined"]
+    assert "num_experts" in out["reason"]
     assert (out["row_start"], out["row_stop"], out["layers"]) == (2, 6, [2, 1])
     assert np.array_equal(np.array(out["routes"]), routes[2:6][:, [2, 1]])
-    assert out["out_of_range"] == [[3, 2]] and out["repeated"] == [[4, 1]]
+    assert out["out_of_range"] == [[3, 2]]
+    assert out["repeated"] == [[4, 1]]
     assert np.array(show(store, "q")["routes"]).shape == (12, 4, 2)
     with pytest.raises(SampleNotFoundError):
         show(store, "nope")
     with pytest.raises(LayerError):
         show(store, "q", layers=[7])
-    assert parse_layers("2,3,10-12") == [2, 3, 10, 11, 12] and parse_rows("5:") == slice(5, None)
+    assert parse_layers("2,3,10-12") == [2, 3, 10, 11, 12]
+    assert parse_rows("5:") == slice(5, None)
     for bad in ("2,x", "5-3"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="layers="):
             parse_layers(bad)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="rows='a:b'"):
         parse_rows("a:b")

@@ -426,10 +426,10 @@ ids = reader.sample_ids
 got = {}
 for name, opts in CASES.items():
     for dtype in ("int32", "int16", "uint8", "auto"):
-        got[f"{name}/{dtype}"] = assemble(reader, ids, opts, dtype=dtype)["routes"]
-    b = assemble(reader, ids, opts, packed=True)
+        got[f"{name}/{dtype}"] = assemble(reader, ids, {**opts, "dtype": dtype})["routes"]
+    b = assemble(reader, ids, {**opts, "packed": True})
     got[f"{name}/packed"] = unpack_routes(torch.from_numpy(b["routes"]), b["routes_bits"], b["routes_shape"]).numpy()
-ds = r3store.RouteDataset(path, max_tokens_per_batch=150, cp_size=2, cp_rank=1, dtype="int16")
+ds = r3store.RouteDataset(path, max_tokens_per_batch=150, options={"cp_size": 2, "cp_rank": 1, "dtype": "int16"})
 for i, batch in enumerate(DataLoader(ds, batch_size=None, num_workers=2)):
     got[f"dataset/{i}/" + ",".join(batch["sample_ids"])] = batch["routes"].numpy()
 np.savez(out, **got)

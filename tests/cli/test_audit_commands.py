@@ -24,7 +24,8 @@ from tests.clirun import run_cli as run
 SPEC = r3store.ModelSpec(num_layers=5, num_experts=64, top_k=2, moe_layers=[1, 2, 3, 4])
 
 
-def routes_of(rng: np.random.Generator, rows: int, num_layers: int = 4, num_experts: int = 64, top_k: int = 2) -> np.ndarray:
+def routes_of(rng: np.random.Generator, rows: int, num_layers: int = 4, num_experts: int = 64,
+              top_k: int = 2) -> np.ndarray:
     return np.argsort(rng.random((rows, num_layers, num_experts)), axis=-1)[..., :top_k].astype(np.int64)
 
 
@@ -32,7 +33,8 @@ def routes_of(rng: np.random.Generator, rows: int, num_layers: int = 4, num_expe
 
 def png_size(path: Path) -> tuple[int, int]:
     data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert data[12:16] == b"IHDR"
     width, height = struct.unpack(">II", data[16:24])
     return width, height
 
@@ -73,9 +75,12 @@ def faulty(tmp_path: Path) -> Path:
 def test_validate_clean_exits_0(clean: Path) -> None:
     result = run("validate", str(clean))
     assert result.exit_code == 0, result.output
-    assert "clean" in result.stdout and "6 samples" in result.stdout
+    assert "clean" in result.stdout
+    assert "6 samples" in result.stdout
     doc = checked_json(run("validate", str(clean), "--json"), "validate")
-    assert doc["ok"] is True and doc["findings"] == [] and doc["summary"]["samples_checked"] == 6
+    assert doc["ok"] is True
+    assert doc["findings"] == []
+    assert doc["summary"]["samples_checked"] == 6
 
 
 def test_validate_findings_exit_1(faulty: Path) -> None:
@@ -87,22 +92,27 @@ def test_validate_findings_exit_1(faulty: Path) -> None:
     assert as_json.exit_code == 1
     doc = checked_json(as_json, "validate")
     by_kind = {f["kind"]: f for f in doc["findings"]}
-    assert by_kind["checksum"]["chunk"] == [0, 0, 0] and by_kind["checksum"]["layer"] == 1
-    assert by_kind["checksum"]["array"].startswith("routes/") and by_kind["checksum"]["rows"] == [[0, 7]]
-    assert (by_kind["repeated_ids"]["sample_id"], by_kind["repeated_ids"]["layer"], by_kind["repeated_ids"]["rows_text"]) \
-        == ("rep", 2, "2-4")
+    assert by_kind["checksum"]["chunk"] == [0, 0, 0]
+    assert by_kind["checksum"]["layer"] == 1
+    assert by_kind["checksum"]["array"].startswith("routes/")
+    assert by_kind["checksum"]["rows"] == [[0, 7]]
+    repeated = by_kind["repeated_ids"]
+    assert (repeated["sample_id"], repeated["layer"], repeated["rows_text"]) == ("rep", 2, "2-4")
     assert by_kind["row_count"]["sample_id"] == "fork"
     assert doc["summary"]["by_kind"] == {"checksum": 1, "repeated_ids": 1, "row_count": 1, "quarantined": 2}
 
 
 def test_validate_subset_and_errors(faulty: Path, tmp_path: Path) -> None:
     doc = checked_json(run("validate", str(faulty), "--json", "--sample-filter", "fork"), "validate")
-    assert doc["sample_filter"] == "fork" and doc["summary"]["samples_checked"] == 1
+    assert doc["sample_filter"] == "fork"
+    assert doc["summary"]["samples_checked"] == 1
     assert {f["kind"] for f in doc["findings"]} == {"row_count", "quarantined"}
-    assert checked_json(run("validate", str(faulty), "--json", "--limit", "0"), "validate")["summary"]["samples_checked"] == 0
+    doc = checked_json(run("validate", str(faulty), "--json", "--limit", "0"), "validate")
+    assert doc["summary"]["samples_checked"] == 0
     (tmp_path / "plain").mkdir()
     missing = run("validate", str(tmp_path / "plain"))
-    assert missing.exit_code == 2 and "NotAStoreError" in missing.output
+    assert missing.exit_code == 2
+    assert "NotAStoreError" in missing.output
     assert run("validate", str(faulty), "--limit", "-1").exit_code == 2
     assert run("validate", str(faulty), "--workers", "2", "--json").exit_code == 1
 
@@ -116,22 +126,29 @@ def test_stats_table_json_and_plot(clean: Path, tmp_path: Path) -> None:
     for words in ("max/mean", "entropy", "unused", "hottest experts", "sequence length"):
         assert words in result.stdout
     doc = checked_json(run("stats", str(clean), "--json"), "stats")
-    assert doc["samples"] == 6 and len(doc["layers"]) == 4 and len(doc["hottest"]) == 10
+    assert doc["samples"] == 6
+    assert len(doc["layers"]) == 4
+    assert len(doc["hottest"]) == 10
     assert all(sum(row) == doc["rows"] * 2 for row in doc["load"])
-    assert doc["lengths"]["min"] == 21 and doc["lengths"]["max"] == 46
+    assert doc["lengths"]["min"] == 21
+    assert doc["lengths"]["max"] == 46
     png = tmp_path / "stats.png"
     plotted = run("stats", str(clean), "--plot", str(png), "--plot-size", "640x480")
-    assert plotted.exit_code == 0 and png_size(png) == (640, 480)
+    assert plotted.exit_code == 0
+    assert png_size(png) == (640, 480)
     default = tmp_path / "default.png"
-    assert run("stats", str(clean), "--json", "--plot", str(default)).exit_code == 0 and png_size(default) == (1200, 800)
+    assert run("stats", str(clean), "--json", "--plot", str(default)).exit_code == 0
+    assert png_size(default) == (1200, 800)
     assert run("stats", str(clean), "--plot", str(png), "--plot-size", "big").exit_code == 2
 
 
-def test_plot_without_matplotlib_gives_install_hint(clean: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plot_without_matplotlib_gives_install_hint(clean: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
         monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
     result = run("stats", str(clean), "--plot", str(tmp_path / "x.png"))
-    assert result.exit_code == 2 and "pip install 'r3store[plot]'" in result.output
+    assert result.exit_code == 2
+    assert "pip install 'r3store[plot]'" in result.output
     assert run("stats", str(clean)).exit_code == 0  # matplotlib is only needed for --plot
 
 
@@ -158,9 +175,14 @@ def test_diff_json_table_and_plot(tmp_path: Path) -> None:
             for sid, routes in samples.items():
                 w.append(sid, routes)
     doc = checked_json(run("diff", str(tmp_path / "a"), str(tmp_path / "b"), "--json"), "diff")
-    assert doc["samples_compared"] == 3 and doc["only_in_a"] == 1 and doc["only_in_a_examples"] == ["extra"]
-    assert doc["differing_decisions"] == 5 and doc["decisions"] == 30 * 4 and doc["tokens_with_diff"] == 5
-    assert doc["decision_flip_rate"] == pytest.approx(5 / 120) and doc["set_overlap"] == pytest.approx(1 - 5 / 240)
+    assert doc["samples_compared"] == 3
+    assert doc["only_in_a"] == 1
+    assert doc["only_in_a_examples"] == ["extra"]
+    assert doc["differing_decisions"] == 5
+    assert doc["decisions"] == 30 * 4
+    assert doc["tokens_with_diff"] == 5
+    assert doc["decision_flip_rate"] == pytest.approx(5 / 120)
+    assert doc["set_overlap"] == pytest.approx(1 - 5 / 240)
     assert [p["differing"] for p in doc["per_layer"]] == [0, 0, 0, 5]
     result = run("diff", str(tmp_path / "a"), str(tmp_path / "b"))
     assert result.exit_code == 0
@@ -177,7 +199,8 @@ def test_diff_spec_mismatch_exits_2(clean: Path, tmp_path: Path) -> None:
     with r3store.RouteWriter(tmp_path / "other", other) as w:
         w.append("step1-0", routes_of(np.random.default_rng(3), 20, num_experts=32))
     result = run("diff", str(clean), str(tmp_path / "other"))
-    assert result.exit_code == 2 and "SpecMismatchError" in result.output
+    assert result.exit_code == 2
+    assert "SpecMismatchError" in result.output
 
 
 # -- show --------------------------------------------------------------------------------------
@@ -186,9 +209,12 @@ def test_diff_spec_mismatch_exits_2(clean: Path, tmp_path: Path) -> None:
 def test_show_table_and_json(faulty: Path) -> None:
     result = run("show", str(faulty), "rep", "--layers", "2,3-4", "--rows", "1:4")
     assert result.exit_code == 0, result.output
-    assert "quarantined" in result.stdout and "9,9" in result.stdout and "L3" in result.stdout
+    assert "quarantined" in result.stdout
+    assert "9,9" in result.stdout
+    assert "L3" in result.stdout
     doc = checked_json(run("show", str(faulty), "rep", "--layers", "2", "--rows", "2:4", "--json"), "show")
-    assert doc["routes"] == [[[9, 9]], [[9, 9]]] and doc["repeated"] == [[2, 2], [3, 2]]
+    assert doc["routes"] == [[[9, 9]], [[9, 9]]]
+    assert doc["repeated"] == [[2, 2], [3, 2]]
     full = checked_json(run("show", str(faulty), "good", "--layers", "2-4", "--json"), "show")
     assert np.array(full["routes"]).shape == (16, 3, 2)
 
@@ -202,7 +228,8 @@ def test_show_table_and_json(faulty: Path) -> None:
 ])
 def test_show_bad_arguments_exit_2(faulty: Path, args: list[str], words: str) -> None:
     result = run("show", str(faulty), *args)
-    assert result.exit_code == 2 and words in result.output
+    assert result.exit_code == 2
+    assert words in result.output
 
 
 # -- inspect schema, S3 ------------------------------------------------------------------------
@@ -227,15 +254,20 @@ def test_inspect_and_validate_on_s3(s3_url: str, s3_storage_options: dict[str, A
     opts = ["-o", f"key={ACCESS_KEY}", "-o", f"secret={SECRET_KEY}", "-o", f"endpoint_url={endpoint}",
             "-o", f"region_name={REGION}"]
     inspected = checked_json(run("inspect", s3_url, "--json", *opts), "inspect")
-    assert inspected["samples"] == 2 and inspected["quarantined"] == 2 and inspected["commits"] == 2
+    assert inspected["samples"] == 2
+    assert inspected["quarantined"] == 2
+    assert inspected["commits"] == 2
     result = run("validate", s3_url, "--json", *opts)
     assert result.exit_code == 1
     doc = checked_json(result, "validate")
-    assert sorted((f["sample_id"], f["layer"], f["rows_text"]) for f in doc["findings"] if f["kind"] == "repeated_ids") \
-        == [("w0-rep", 1, "7"), ("w1-rep", 1, "7")]
-    assert doc["summary"]["arrays_checked"] == 2 and SECRET_KEY not in result.output
+    repeated = sorted((f["sample_id"], f["layer"], f["rows_text"])
+                      for f in doc["findings"] if f["kind"] == "repeated_ids")
+    assert repeated == [("w0-rep", 1, "7"), ("w1-rep", 1, "7")]
+    assert doc["summary"]["arrays_checked"] == 2
+    assert SECRET_KEY not in result.output
     human = run("validate", s3_url, *opts)
-    assert human.exit_code == 1 and "repeated_ids" in human.stdout
+    assert human.exit_code == 1
+    assert "repeated_ids" in human.stdout
 
 
 # -- compact schema -----------------------------------------------------------------------------
@@ -245,10 +277,17 @@ def test_compact_json_matches_schema(clean: Path, tmp_path: Path) -> None:
     first = run("compact", str(clean), "--json")
     assert first.exit_code == 0, first.output
     doc = checked_json(first, "compact")
-    assert doc["written"] is True and doc["commits"] == 1 and doc["samples"] == 6 and doc["nbytes"] > 0
+    assert doc["written"] is True
+    assert doc["commits"] == 1
+    assert doc["samples"] == 6
+    assert doc["nbytes"] > 0
     again = checked_json(run("compact", str(clean), "--json"), "compact")
-    assert again["written"] is False and again["key"] == doc["key"] and again["nbytes"] == 0
+    assert again["written"] is False
+    assert again["key"] == doc["key"]
+    assert again["nbytes"] == 0
     with r3store.RouteWriter(tmp_path / "empty", SPEC):
         pass
     empty = checked_json(run("compact", str(tmp_path / "empty"), "--json"), "compact")
-    assert empty["key"] is None and empty["watermark"] is None and empty["commits"] == 0
+    assert empty["key"] is None
+    assert empty["watermark"] is None
+    assert empty["commits"] == 0

@@ -28,12 +28,15 @@ def test_inspect_json_reports_sizes(flame_store: Path) -> None:
     result = CliRunner().invoke(main, ["inspect", str(flame_store), "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
-    assert summary["samples"] == 32 and summary["tokens"] == 32 * 64
+    assert summary["samples"] == 32
+    assert summary["tokens"] == 32 * 64
     assert summary["expert_ids"] == 32 * 63 * 8 * 6
     assert summary["ideal_bits_per_id"] == 6
     assert 6 <= summary["bits_per_id"] < 6 * 1.02
     assert summary["size_vs_int32"] == pytest.approx(summary["route_bytes"] / (4 * summary["expert_ids"]), rel=1e-3)
-    assert summary["commits"] == 1 and summary["writers"] == 1 and summary["metadata_columns"] == ["step"]
+    assert summary["commits"] == 1
+    assert summary["writers"] == 1
+    assert summary["metadata_columns"] == ["step"]
     assert summary["spec"]["moe_layers"] == list(range(2, 10))
 
 
@@ -48,14 +51,16 @@ def test_inspect_not_a_store_exits_2(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
     result = CliRunner().invoke(main, ["inspect", str(tmp_path)])
     assert result.exit_code == 2
-    assert "NotAStoreError" in result.output and "r3store.json" in result.output
+    assert "NotAStoreError" in result.output
+    assert "r3store.json" in result.output
 
 
 def test_storage_option_parsing() -> None:
     opts = parse_storage_options(("key=abc", "endpoint_url=http://127.0.0.1:9", "anon=false", "retries=3"))
     assert opts == {"key": "abc", "anon": False, "retries": 3, "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}
     result = CliRunner().invoke(main, ["inspect", "x", "-o", "novalue"])
-    assert result.exit_code == 2 and "key=value" in result.output
+    assert result.exit_code == 2
+    assert "key=value" in result.output
 
 
 def test_demo_runs_and_verifies(tmp_path: Path) -> None:
@@ -64,7 +69,8 @@ def test_demo_runs_and_verifies(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "every route bit-identical" in result.output
     store = r3store.open_store(target)
-    assert len(store) == 32 and len(store.commits) == 2
+    assert len(store) == 32
+    assert len(store.commits) == 2
     source = flame_samples()
     for sid in store.sample_ids:
         np.testing.assert_array_equal(store.get(sid), source[sid])
@@ -74,7 +80,8 @@ def test_demo_runs_and_verifies(tmp_path: Path) -> None:
 def test_demo_refuses_non_empty_dir(tmp_path: Path) -> None:
     (tmp_path / "x").write_text("keep me")
     result = CliRunner().invoke(main, ["demo", str(tmp_path)])
-    assert result.exit_code == 2 and (tmp_path / "x").read_text() == "keep me"
+    assert result.exit_code == 2
+    assert (tmp_path / "x").read_text() == "keep me"
 
 
 def test_gc_json_validates_and_groups_a_shard(tmp_path: Path) -> None:
@@ -92,7 +99,8 @@ def test_gc_json_validates_and_groups_a_shard(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output)
     jsonschema.validate(doc, load_schema("cli-gc"))
-    assert [item["commit"] for item in doc["leftovers"]] == [shard] and not doc["deleted"]
+    assert [item["commit"] for item in doc["leftovers"]] == [shard]
+    assert not doc["deleted"]
     assert any(k.endswith(".0.tmp") for k in doc["leftovers"][0]["keys"])
 
 
@@ -101,10 +109,13 @@ def test_show_defaults_to_eight_layers_and_rejects_empty_rows(tmp_path: Path) ->
     with r3store.RouteWriter(tmp_path, spec) as w:
         w.append("s", np.tile(np.array([1, 2]), (3, 12, 1)))
     result = CliRunner().invoke(main, ["show", str(tmp_path), "s"])
-    assert result.exit_code == 0 and "L7" in result.output and "L8" not in result.output
+    assert result.exit_code == 0
+    assert "L7" in result.output
+    assert "L8" not in result.output
     assert "pick others with --layers" in result.output
     result = CliRunner().invoke(main, ["show", str(tmp_path), "s", "--rows", "10:5"])
-    assert result.exit_code == 2 and "empty row range" in result.output
+    assert result.exit_code == 2
+    assert "empty row range" in result.output
 
 
 def test_help_imports_no_command_and_lists_their_help() -> None:

@@ -14,5 +14,6 @@ def test_demo_without_torch_prints_an_install_hint(tmp_path: Path, monkeypatch: 
     monkeypatch.setitem(sys.modules, "torch", None)  # import fails as if torch were not installed
     result = run("demo", str(tmp_path / "demo"))
     assert result.exit_code == 2
-    assert "pip install 'r3store[torch]'" in result.output and "Traceback" not in result.output
+    assert "pip install 'r3store[torch]'" in result.output
+    assert "Traceback" not in result.output
     assert not (tmp_path / "demo").exists()  # nothing was written

@@ -62,24 +62,29 @@ def odd(tmp_path: Path) -> Path:
 def test_show_prints_markup_like_sample_ids_verbatim(odd: Path, sample_id: str) -> None:
     result = run("show", str(odd), sample_id)
     assert result.exit_code == 0, result.output
-    assert sample_id in result.stdout and str(odd) not in result.stderr
+    assert sample_id in result.stdout
+    assert str(odd) not in result.stderr
 
 
 def test_show_quarantined_title_and_cells_verbatim(odd: Path) -> None:
     result = run("show", str(odd), "[red]rep[/red]")
     assert result.exit_code == 0, result.output
-    assert "[red]rep[/red]" in result.stdout and "quarantined" in result.stdout
+    assert "[red]rep[/red]" in result.stdout
+    assert "quarantined" in result.stdout
     assert "5,5" in result.stdout
 
 
 def test_inspect_validate_stats_print_paths_and_ids_verbatim(odd: Path) -> None:
     inspected = run("inspect", str(odd))
-    assert inspected.exit_code == 0 and flat(str(odd)) in flat(inspected.stdout)
+    assert inspected.exit_code == 0
+    assert flat(str(odd)) in flat(inspected.stdout)
     validated = run("validate", str(odd))
     assert validated.exit_code == 1, validated.output
-    assert "[red]rep[/red]" in validated.stdout and flat(str(odd)) in flat(validated.stdout)
+    assert "[red]rep[/red]" in validated.stdout
+    assert flat(str(odd)) in flat(validated.stdout)
     stats = run("stats", str(odd))
-    assert stats.exit_code == 0 and flat(str(odd)) in flat(stats.stdout)
+    assert stats.exit_code == 0
+    assert flat(str(odd)) in flat(stats.stdout)
 
 
 def test_diff_prints_ids_only_in_one_store_verbatim(odd: Path, tmp_path: Path) -> None:
@@ -88,7 +93,8 @@ def test_diff_prints_ids_only_in_one_store_verbatim(odd: Path, tmp_path: Path) -
         w.append("[/]", r3store.open_store(odd).get("[/]"))
     result = run("diff", str(odd), str(other))
     assert result.exit_code == 0, result.output
-    assert "[bold]x" in result.stdout and "plain[red]" in result.stdout
+    assert "[bold]x" in result.stdout
+    assert "plain[red]" in result.stdout
 
 
 def test_error_text_with_markup_is_one_verbatim_line_exit_2(tmp_path: Path) -> None:
@@ -97,14 +103,17 @@ def test_error_text_with_markup_is_one_verbatim_line_exit_2(tmp_path: Path) -> N
     result = run("inspect", str(where))
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: NotAStoreError: ") and str(where) in lines[0]
+    assert len(lines) == 1
+    assert lines[0].startswith("error: NotAStoreError: ")
+    assert str(where) in lines[0]
 
 
 def test_error_lines_are_one_line_even_when_wrapped_or_multiline(tmp_path: Path) -> None:
     where = tmp_path / ("x" * 150)
     where.mkdir()
     result = run("validate", str(where), columns=40)
-    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert result.exit_code == 2
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_missing_extra_hint_keeps_its_brackets(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,7 +124,8 @@ def test_missing_extra_hint_keeps_its_brackets(monkeypatch: pytest.MonkeyPatch) 
         monkeypatch.delitem(sys.modules["fsspec.registry"]._registry, protocol, raising=False)
     result = run("inspect", "s3://bucket/store")
     assert result.exit_code == 2
-    assert "pip install 'r3store[s3]'" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert "pip install 'r3store[s3]'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.s3
@@ -126,7 +136,8 @@ def test_botocore_message_with_regex_brackets_does_not_crash(s3_storage_options:
     result = run("inspect", "s3://not a valid bucket!/store", *opts)
     assert result.exit_code == 2, result.output
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("error: ") and "[/:]" in line
+    assert line.startswith("error: ")
+    assert "[/:]" in line
 
 
 @click.command()
@@ -149,7 +160,8 @@ SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
 
 def routes(rows: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    return np.argsort(rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts)), axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
+    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
+    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
 
 
 def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
@@ -172,7 +184,8 @@ def rewrite_table(root: Path, edit: Callable[[pa.Table], pa.Table]) -> Path:
 
 def set_column(table: pa.Table, name: str, values: list[Any]) -> pa.Table:
     i = table.schema.get_field_index(name)
-    return table.set_column(i, table.schema.field(i).with_nullable(True), pa.array(values, type=table.schema.field(i).type))
+    field = table.schema.field(i)
+    return table.set_column(i, field.with_nullable(True), pa.array(values, type=field.type))
 
 
 @pytest.fixture
@@ -191,7 +204,8 @@ def test_cli_over_a_forged_store_is_one_line(small_store_dir: Path) -> None:
     for command in (["inspect"], ["validate"], ["stats"], ["show", "--", "s0"]):
         args = [command[0], str(small_store_dir), *command[1:]]
         result = _cli(*args)
-        assert result.exit_code == 2 and "FormatError" in result.output, (command, result.output)
+        assert result.exit_code == 2, (command, result.output)
+        assert "FormatError" in result.output, (command, result.output)
         assert not isinstance(result.exception, R3StoreError)  # handled, not raised
 
 

@@ -19,7 +19,8 @@ SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
 
 def routes(rows: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    return np.argsort(rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts)), axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
+    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
+    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
 
 
 def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
@@ -52,7 +53,8 @@ def _cli(*args: str) -> Any:
 ])
 def test_show_usage_errors(small_store_dir: Path, args: list[str], words: str) -> None:
     result = _cli("show", str(small_store_dir), "s0", *args)
-    assert result.exit_code == 2 and words in " ".join(result.output.split()), result.output
+    assert result.exit_code == 2, result.output
+    assert words in " ".join(result.output.split()), result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
@@ -84,7 +86,8 @@ def store(tmp_path: Path) -> Path:
 
 def test_show_help_tells_which_layers_the_table_shows() -> None:
     text = " ".join(run("show", "--help").stdout.split())
-    assert "first 8 MoE layers in the table" in text and "every MoE layer with --json" in text
+    assert "first 8 MoE layers in the table" in text
+    assert "every MoE layer with --json" in text
 
 
 def body_rows(text: str) -> list[list[str]]:

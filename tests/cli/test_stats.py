@@ -21,7 +21,8 @@ SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
 
 def routes(rows: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    return np.argsort(rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts)), axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
+    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
+    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
 
 
 def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
@@ -45,8 +46,10 @@ def _cli(*args: str) -> Any:
 
 def test_stats_plot_into_missing_folder(small_store_dir: Path) -> None:
     result = _cli("stats", str(small_store_dir), "--plot", "/nonexistent/dir/x.png")
-    assert result.exit_code == 2 and "does not exist" in result.output
-    assert "Traceback" not in result.output and not isinstance(result.exception, FileNotFoundError)
+    assert result.exit_code == 2
+    assert "does not exist" in result.output
+    assert "Traceback" not in result.output
+    assert not isinstance(result.exception, FileNotFoundError)
 
 
 def test_plot_write_failure_is_a_usage_error(tmp_path: Path) -> None:
@@ -57,7 +60,7 @@ def test_plot_write_failure_is_a_usage_error(tmp_path: Path) -> None:
     def draw(result: dict[str, Any], path: str, size: tuple[int, int]) -> None:
         raise PermissionError(13, "Permission denied", path)
 
-    with pytest.raises(click.BadParameter, match="cannot write .*Permission denied"):
+    with pytest.raises(click.BadParameter, match=r"cannot write .*Permission denied"):
         save_plot(draw, {}, str(tmp_path / "x.png"), (100, 100))
 
 
@@ -95,7 +98,9 @@ def test_plot_format_follows_the_suffix(store: Path, tmp_path: Path, suffix: str
 def test_unknown_plot_suffix_is_a_usage_error_before_the_scan(store: Path, tmp_path: Path) -> None:
     for name in ("load.gif", "load"):
         result = run("stats", str(store), "--plot", str(tmp_path / name))
-        assert result.exit_code == 2 and "image format" in result.output and ".jpg" in result.output
+        assert result.exit_code == 2
+        assert "image format" in result.output
+        assert ".jpg" in result.output
         assert not (tmp_path / name).exists()
 
 

@@ -54,7 +54,8 @@ def test_validate_exits_0_for_a_running_writers_young_leftover(tmp_path: Path) -
     leave_uncommitted(path)
     result = run("validate", str(path))
     assert result.exit_code == 0, result.output
-    assert "uncommitted" in result.stdout and "still committing" in result.stdout
+    assert "uncommitted" in result.stdout
+    assert "still committing" in result.stdout
     assert run("validate", str(path), "--json").exit_code == 0
     assert run("validate", str(path), "--grace", "0s").exit_code == 1
     leave_uncommitted(path, age_s=7200)  # a crashed writer's: a finding
@@ -99,11 +100,13 @@ def test_validate_exits_0_when_missing_rows_are_all_it_found(tmp_path: Path) -> 
         w.append("gap", gap, allow_missing=True)
     result = run("validate", str(tmp_path / "s"))
     assert result.exit_code == 0, result.output
-    assert "missing_rows" in result.stdout and "clean" in result.stdout
+    assert "missing_rows" in result.stdout
+    assert "clean" in result.stdout
     as_json = run("validate", str(tmp_path / "s"), "--json")
     assert as_json.exit_code == 0
     doc = checked_json(as_json, "validate")
-    assert doc["ok"] is True and doc["summary"]["by_kind"] == {"missing_rows": 1}
+    assert doc["ok"] is True
+    assert doc["summary"]["by_kind"] == {"missing_rows": 1}
     assert [f["kind"] for f in doc["findings"]] == ["missing_rows"]
     with r3store.RouteWriter(tmp_path / "s", SPEC_3X16,
                              config={"on_invalid": "quarantine"}) as w:  # a real finding as well
@@ -111,9 +114,11 @@ def test_validate_exits_0_when_missing_rows_are_all_it_found(tmp_path: Path) -> 
         bad[1, 0] = [3, 3]
         w.append("bad", bad)
     failed = run("validate", str(tmp_path / "s"), "--json")
-    assert failed.exit_code == 1 and checked_json(failed, "validate")["ok"] is False
+    assert failed.exit_code == 1
+    assert checked_json(failed, "validate")["ok"] is False
 
 
 def test_validate_help_lists_missing_rows() -> None:
     text = " ".join(run("validate", "--help").stdout.split())
-    assert "missing rows" in text and "exit status 0" in text.lower()
+    assert "missing rows" in text
+    assert "exit status 0" in text.lower()

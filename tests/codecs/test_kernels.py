@@ -59,7 +59,7 @@ INT_DTYPES = ["uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "
 @pytest.fixture(params=IMPLEMENTATIONS)
 def impl(request: pytest.FixtureRequest) -> Iterator[str]:
     with kernels.use(request.param):
-        assert kernels.IMPLEMENTATION == request.param
+        assert request.param == kernels.IMPLEMENTATION
         yield request.param
 
 
@@ -106,7 +106,8 @@ def test_pack_unpack_every_width_and_odd_size(impl: str, bits: int) -> None:
             if (1 << bits) - 1 > np.iinfo(out_dtype).max:
                 continue
             got = kernels.unpack_bits(payload, n, bits, dtype=out_dtype)
-            assert got.dtype == out_dtype and got.shape == (n,)
+            assert got.dtype == out_dtype
+            assert got.shape == (n,)
             np.testing.assert_array_equal(got, ids, err_msg=f"{impl} bits={bits} n={n} {out_dtype}")
 
 
@@ -387,7 +388,8 @@ def test_b64decode_matches_the_standard_library(raw: bytes, as_str: bool) -> Non
     text = text.decode() if as_str else text
     for name in _each_impl():
         got = kernels.b64decode(text)
-        assert got.dtype == np.uint8 and got.flags.writeable
+        assert got.dtype == np.uint8
+        assert got.flags.writeable
         assert got.tobytes() == raw, name
 
 
@@ -414,7 +416,8 @@ def test_decode_sglang_on_every_implementation(impl: str) -> None:
     routes = np.zeros((300, 61, 8), dtype=np.int32)
     routes[:, 3:] = distinct_ids(np.random.default_rng(0), (300, 58), 256, 8)
     got = decode_sglang("s", encode_sglang(routes), spec)
-    assert got.dtype == np.int32 and got.flags.writeable
+    assert got.dtype == np.int32
+    assert got.flags.writeable
     np.testing.assert_array_equal(got, routes)
     with pytest.raises(PayloadDecodeError, match="is not valid base64: Only base64 data is allowed"):
         decode_sglang("s", encode_sglang(routes)[:-8] + "!AAAAAAA", spec)
@@ -495,7 +498,7 @@ def test_use_rejects_unknown_names() -> None:
     before = kernels.IMPLEMENTATION
     with kernels.use("numpy"):
         assert kernels.implementation() == "numpy"
-    assert kernels.IMPLEMENTATION == before
+    assert before == kernels.IMPLEMENTATION
 
 
 def test_describe_and_version_report_the_implementation() -> None:

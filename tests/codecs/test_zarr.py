@@ -19,7 +19,8 @@ import r3store
 SPEC = r3store.ModelSpec(num_layers=10, num_experts=100, top_k=5, moe_layers=[1, 2, 3, 5, 6, 7, 8, 9])  # 7 bits
 
 
-def random_routes(rng: np.random.Generator, rows: int, layers: int = 8, num_experts: int = 100, top_k: int = 5) -> np.ndarray:
+def random_routes(rng: np.random.Generator, rows: int, layers: int = 8, num_experts: int = 100,
+                  top_k: int = 5) -> np.ndarray:
     """Valid routes: per (row, layer) a random permutation prefix of the experts."""
     return np.argsort(rng.random((rows, layers, num_experts)), axis=-1)[..., :top_k].astype(np.int32)
 
@@ -139,10 +140,12 @@ def test_zarr_json_documents_are_valid_zarr_v3(tmp_path: Path) -> None:
     root = json.loads((tmp_path / "zarr.json").read_text())
     assert root == {"zarr_format": 3, "node_type": "group", "attributes": {"r3store": {"manifest": "r3store.json"}}}
     routes = json.loads((tmp_path / "routes" / "zarr.json").read_text())
-    assert routes["node_type"] == "group" and routes["zarr_format"] == 3
+    assert routes["node_type"] == "group"
+    assert routes["zarr_format"] == 3
     for meta in (tmp_path / "routes").glob("*/zarr.json"):
         doc = json.loads(meta.read_text())
-        assert doc["node_type"] == "array" and doc["data_type"] == "int32"
+        assert doc["node_type"] == "array"
+        assert doc["data_type"] == "int32"
         (sharding,) = doc["codecs"]
         assert sharding["name"] == "sharding_indexed"
         assert sharding["configuration"]["codecs"] == [{"name": "r3store.bitpack",

@@ -46,17 +46,20 @@ def store_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 
 
 def _check_batch(batch: dict[str, Any], source: dict[str, np.ndarray]) -> None:
-    assert batch["routes"].dtype == torch.int32 and batch["cu_seqlens"].dtype == torch.int32
+    assert batch["routes"].dtype == torch.int32
+    assert batch["cu_seqlens"].dtype == torch.int32
     assert batch["replay_mask"].dtype == torch.bool
     cu = batch["cu_seqlens"].numpy()
-    assert cu[0] == 0 and len(cu) == len(batch["sample_ids"]) + 1
+    assert cu[0] == 0
+    assert len(cu) == len(batch["sample_ids"]) + 1
     assert batch["routes"].shape == (cu[-1], SPEC.num_moe_layers, SPEC.top_k)
     routes, mask = batch["routes"].numpy(), batch["replay_mask"].numpy()
     for j, sid in enumerate(batch["sample_ids"]):
         seg, seg_mask = routes[cu[j] : cu[j + 1]], mask[cu[j] : cu[j + 1]]
         assert len(seg) == len(source[sid]) + 1
         np.testing.assert_array_equal(seg[:-1], source[sid])
-        assert seg_mask[:-1].all() and not seg_mask[-1]
+        assert seg_mask[:-1].all()
+        assert not seg_mask[-1]
 
 
 def _pad_bound_holds(batch: dict[str, Any]) -> bool:
@@ -78,7 +81,8 @@ def test_every_sample_exactly_once_across_ranks_and_workers(store_dir, dp_size: 
     path, source, _ = store_dir
     seen: Counter[str] = Counter()
     for dp_rank in range(dp_size):
-        ds = r3store.RouteDataset(path, max_tokens_per_batch=256, shuffle=True, seed=3, dp_rank=dp_rank, dp_size=dp_size)
+        ds = r3store.RouteDataset(path, max_tokens_per_batch=256, shuffle=True, seed=3, dp_rank=dp_rank,
+                                  dp_size=dp_size)
         for batch in DataLoader(ds, batch_size=None, num_workers=num_workers):
             _check_batch(batch, source)
             assert _pad_bound_holds(batch)
@@ -96,14 +100,15 @@ def test_order_does_not_depend_on_num_workers(store_dir) -> None:
 
 
 def test_token_budget_and_long_sample_alone(store_dir) -> None:
-    path, source, _ = store_dir
+    path, _source, _ = store_dir
     ds = r3store.RouteDataset(path, max_tokens_per_batch=256)
     batches = list(ds)
     for batch in batches:
         total = int(batch["num_tokens"].sum())
         assert total <= 256 or len(batch["sample_ids"]) == 1
     alone = [b for b in batches if "s039" in b["sample_ids"]]
-    assert alone[0]["sample_ids"] == ["s039"] and alone[0]["routes"].shape[0] == 700
+    assert alone[0]["sample_ids"] == ["s039"]
+    assert alone[0]["routes"].shape[0] == 700
 
 
 def test_shuffle_changes_with_epoch_and_is_reproducible(store_dir) -> None:
@@ -113,7 +118,8 @@ def test_shuffle_changes_with_epoch_and_is_reproducible(store_dir) -> None:
     assert [b["sample_ids"] for b in ds] == first
     ds.set_epoch(1)
     second = [b["sample_ids"] for b in ds]
-    assert second != first and sorted(sum(second, [])) == sorted(sum(first, []))
+    assert second != first
+    assert sorted(s for batch in second for s in batch) == sorted(s for batch in first for s in batch)
 
 
 def test_layer_subset_streams_only_those_layers(store_dir) -> None:
@@ -161,7 +167,9 @@ def test_state_dict_is_json_and_checks_topology(store_dir) -> None:
     it = iter(ds)
     next(it)
     state = json.loads(json.dumps(ds.state_dict()))
-    assert state["yielded"] == 1 and state["dp_size"] == 2 and state["version"] == 2
+    assert state["yielded"] == 1
+    assert state["dp_size"] == 2
+    assert state["version"] == 2
     other = r3store.RouteDataset(path, max_tokens_per_batch=100, dp_rank=1, dp_size=2)
     with pytest.raises(ResumeError, match="dp_rank"):
         other.load_state_dict(state)
@@ -247,7 +255,8 @@ def test_to_device_moves_tensors(store_dir) -> None:
     path, _, _ = store_dir
     batch = next(iter(r3store.RouteDataset(path, max_tokens_per_batch=100)))
     moved = r3store.to_device(batch, "cpu", non_blocking=False)
-    assert moved["sample_ids"] == batch["sample_ids"] and torch.equal(moved["routes"], batch["routes"])
+    assert moved["sample_ids"] == batch["sample_ids"]
+    assert torch.equal(moved["routes"], batch["routes"])
 
 
 def test_pinned_memory_loader(store_dir) -> None:
@@ -297,7 +306,8 @@ def test_every_rank_steps_the_same_number_of_times(store_dir, dp_size: int) -> N
         if sum(counts) < len(source):  # splitting had room: equal counts are required
             assert len(set(counts)) == 1, (budget, counts)
         else:  # one sample per batch and too few samples for a multiple of dp_size
-            assert max(counts) - min(counts) <= 1 and counts == sorted(counts, reverse=True), (budget, counts)
+            assert max(counts) - min(counts) <= 1, (budget, counts)
+            assert counts == sorted(counts, reverse=True), (budget, counts)
         seen = Counter(s for ds in datasets for b in ds for s in b["sample_ids"])
         assert seen == Counter(list(source))
 
@@ -317,7 +327,8 @@ def test_layout_options_passed_whole(store_dir) -> None:
     merged = next(iter(r3store.RouteDataset(path, max_tokens_per_batch=256,
                                             options={"cp_size": 2, "cp_rank": 1, "tp_size": 2})))
     for other in (as_dict, merged):
-        assert torch.equal(whole["routes"], other["routes"]) and torch.equal(whole["cu_seqlens"], other["cu_seqlens"])
+        assert torch.equal(whole["routes"], other["routes"])
+        assert torch.equal(whole["cu_seqlens"], other["cu_seqlens"])
     with pytest.warns(r3store.errors.R3StoreDeprecationWarning, match="cp_rank"), \
             pytest.raises(r3store.errors.LayoutOptionError, match="given as a keyword"):
         r3store.RouteDataset(path, options=options, cp_rank=0)
@@ -382,7 +393,10 @@ def test_shared_allocator_hands_back_the_shared_tensor() -> None:
     array = allocate((5, 3, 2), np.dtype("int16"))
     array[...] = np.arange(30).reshape(5, 3, 2)
     tensor = allocate.tensor_of(array.reshape(15, 2))
-    assert tensor is not None and tensor.is_shared() and tensor.shape == (15, 2) and tensor.dtype == torch.int16
+    assert tensor is not None
+    assert tensor.is_shared()
+    assert tensor.shape == (15, 2)
+    assert tensor.dtype == torch.int16
     assert tensor.data_ptr() == array.ctypes.data
     np.testing.assert_array_equal(tensor.numpy(), np.arange(30).reshape(15, 2))
     assert allocate.tensor_of(np.zeros((15, 2), np.int16)) is None  # not from this allocator
@@ -398,10 +412,12 @@ def test_workers_yield_the_batches_of_the_main_process(store_dir, options: dict[
     runs = [list(DataLoader(ds, batch_size=None, num_workers=w)) for w in (0, 2)]
     assert len(runs[0]) == len(runs[1]) > 1
     for a, b in zip(*runs, strict=True):
-        assert a.keys() == b.keys() and a["sample_ids"] == b["sample_ids"]
+        assert a.keys() == b.keys()
+        assert a["sample_ids"] == b["sample_ids"]
         for key, value in a.items():
             if isinstance(value, torch.Tensor):
-                assert value.dtype == b[key].dtype and torch.equal(value, b[key]), key
+                assert value.dtype == b[key].dtype, key
+                assert torch.equal(value, b[key]), key
 
 
 SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
@@ -409,7 +425,8 @@ SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
 
 def routes(rows: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    return np.argsort(rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts)), axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
+    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
+    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
 
 
 def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
@@ -434,7 +451,8 @@ def small_store_dir(tmp_path: Path) -> Path:
     ({"shuffle": True, "seed": -1}, ValueError),
     ({"seed": 1.5}, ValueError),
 ])
-def test_route_dataset_checks_arguments_at_construction(small_store_dir: Path, kwargs: dict[str, Any], exc: type) -> None:
+def test_route_dataset_checks_arguments_at_construction(small_store_dir: Path, kwargs: dict[str, Any],
+                                                        exc: type) -> None:
     pytest.importorskip("torch")
     from r3store.dataset import RouteDataset
 

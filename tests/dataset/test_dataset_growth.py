@@ -74,7 +74,8 @@ def test_resume_from_the_end_of_an_epoch_then_set_epoch_yields_the_next_epoch(tm
     state = loader.state_dict()  # at the very end of epoch 0
     _, fresh = make(path, num_workers, epoch=1)
     epoch1 = ids(fresh)
-    assert epoch1 != epoch0 and len(epoch1) == len(epoch0)
+    assert epoch1 != epoch0
+    assert len(epoch1) == len(epoch0)
     ds, resumed = make(path, num_workers)
     resumed.load_state_dict(state)
     ds.set_epoch(1)
@@ -87,9 +88,11 @@ def test_dataset_state_is_compact_and_refresh_joins_at_the_next_epoch(tmp_path: 
     ds = r3store.RouteDataset(path, max_tokens_per_batch=80)
     assert len(ds.reader.commits) == 24
     state = ds.state_dict()
-    assert state["commits"]["others"] == [] and len(state["commits"]["writers"]) == 2  # one entry per writer
+    assert state["commits"]["others"] == []
+    assert len(state["commits"]["writers"]) == 2
     grow(path, 100, 8, step=1)
-    assert ds.refresh() == 8 and len(ds.reader) == 32
+    assert ds.refresh() == 8
+    assert len(ds.reader) == 32
     assert len(ds.sample_ids) == 24  # this epoch's set is fixed
     ds.set_epoch(1)
     assert len(ds.sample_ids) == 32

@@ -102,7 +102,8 @@ def test_gc_never_touches_committed_data(tmp_path: Path) -> None:
     next((url / "index").rglob(f"{shard}.parquet")).unlink()
     assert collect_garbage(url, older_than_s=3600) == []  # too young
     found = collect_garbage(url, older_than_s=0)
-    assert [f.commit for f in found] == [shard] and found[0].nbytes > 0
+    assert [f.commit for f in found] == [shard]
+    assert found[0].nbytes > 0
     collect_garbage(url, older_than_s=0, delete=True)
     assert not [p for p in (url / "routes" / shard).rglob("*") if p.is_file()]
     store = r3store.open_store(url)
@@ -142,7 +143,8 @@ def test_spilled_samples_are_committed_intact_and_scratch_is_removed(tmp_path: P
                 start = sum(len(p) for p in turns[:t])
                 w.append(f"c{i}", turns[t], start=start, final=t == 2)
             if t == 1:
-                assert w._buffer.spilled_bytes > 0 and list(spill.iterdir())  # open samples were spilled
+                assert w._buffer.spilled_bytes > 0
+                assert list(spill.iterdir())
     assert list(spill.iterdir()) == []  # the scratch folder is gone
     store = r3store.open_store(tmp_path / "store")
     for i, turns in parts.items():

@@ -23,7 +23,8 @@ def trace() -> np.ndarray:
     with files("r3store.data").joinpath("flame-moe-290m", FILE).open("rb") as f, np.load(f, allow_pickle=False) as npz:
         ids = npz["expert_ids"].copy()
         layers = npz["layers"].copy()
-    assert ids.shape == (2048, 8, 6) and ids.dtype == np.int16
+    assert ids.shape == (2048, 8, 6)
+    assert ids.dtype == np.int16
     assert layers.tolist() == list(range(2, 10))
     return ids
 
@@ -71,7 +72,8 @@ def test_flame_round_trip(backend, tmp_path: Path, memory_url: str, samples) -> 
     assert store.samples.column("seq").to_pylist() == list(range(32))
     for sid, moe in samples.items():
         got = store.get(sid)
-        assert got.dtype == np.int32 and got.shape == (63, 8, 6)
+        assert got.dtype == np.int32
+        assert got.shape == (63, 8, 6)
         np.testing.assert_array_equal(got, moe)
         np.testing.assert_array_equal(store.get(sid, layers=[9, 2]), moe[:, [7, 0]])
         np.testing.assert_array_equal(store.get(sid, layers=range(4, 7), rows=slice(10, 50)), moe[10:50, 2:5])
@@ -103,6 +105,7 @@ def test_flame_zarr_view_and_size(tmp_path: Path, samples) -> None:
 
 def test_flame_trace_facts(trace: np.ndarray) -> None:
     """The trace is what NOTICE.md says: ids in [0, 63], no row repeats an expert."""
-    assert trace.min() == 0 and trace.max() == 63
+    assert trace.min() == 0
+    assert trace.max() == 63
     ordered = np.sort(trace, axis=-1)
     assert not (ordered[..., 1:] == ordered[..., :-1]).any()

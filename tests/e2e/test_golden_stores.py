@@ -73,12 +73,14 @@ def test_metadata_and_token_hashes(store: str) -> None:
 
 def test_v2_policy_versions_and_missing_rows() -> None:
     flame = r3store.open_store(FIXTURES / "v2-flame")
-    assert flame.policy_spans("flame-00") == [(0, 63, 3)] and flame.policy_spans("flame-04") == []
+    assert flame.policy_spans("flame-00") == [(0, 63, 3)]
+    assert flame.policy_spans("flame-04") == []
     assert flame.policy_spans("chat") == [(0, 40, 4), (40, 83, 5)]
     batch = flame.assemble(["chat"], return_policy_version=True)
     assert batch["policy_version"].tolist() == [4] * 40 + [5] * 43 + [-1]
     odd = r3store.open_store(FIXTURES / "v2-odd")
-    assert odd.missing_rows("gaps") == [(0, 5), (9, 10)] and odd.missing_rows("sglang") == [(6, 11)]
+    assert odd.missing_rows("gaps") == [(0, 5), (9, 10)]
+    assert odd.missing_rows("sglang") == [(6, 11)]
     assert odd.assemble(["gaps"])["replay_mask"].tolist() == [False] * 5 + [True] * 4 + [False] + [True] * 7 + [False]
     report = validate(r3store.open_store(FIXTURES / "v2-odd", reader={"on_duplicate": "report"}))
     assert report.counts == {"repeated_ids": 1, "quarantined": 1, "missing_rows": 2}

@@ -24,7 +24,8 @@ SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
 
 def routes(rows: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    return np.argsort(rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts)), axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
+    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
+    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
 
 
 def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
@@ -88,7 +89,7 @@ def test_zarr_rows_must_match_the_sample_table(small_store_dir: Path, rows: int,
     """The table ends at row 30; zarr.json claiming 10**15 rows made validate scan them all."""
     edit_zarr(small_store_dir, lambda d: d["shape"].__setitem__(0, rows))
     store = r3store.open_store(small_store_dir)
-    with deadline(30), pytest.raises(FormatError, match="zarr.json"):
+    with deadline(30), pytest.raises(FormatError, match=r"zarr.json"):
         store.get("s0")
     with deadline(30):
         report = r3store.audit.validate(store)
@@ -125,7 +126,8 @@ def test_zarr_json_bounds(small_store_dir: Path, edit: Callable[[dict[str, Any]]
 SPEC_5X40 = r3store.ModelSpec(num_layers=5, num_experts=40, top_k=3, moe_layers=[1, 2, 4])
 
 
-def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40, top_k: int = 3) -> np.ndarray:
+def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40,
+                  top_k: int = 3) -> np.ndarray:
     """Valid routes: per (row, layer) a random permutation prefix of the experts."""
     return np.argsort(rng.random((rows, layers, num_experts)), axis=-1)[..., :top_k].astype(np.int32)
 

@@ -23,7 +23,8 @@ SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
 
 def routes(rows: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    return np.argsort(rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts)), axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
+    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
+    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
 
 
 def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
@@ -58,7 +59,7 @@ def test_parquet_bomb_is_refused_before_decompressing(small_store_dir: Path, mon
     table = pq.read_table(path)
     _write_with(path, table.append_column("note", pa.array(["a" * (4 << 20)] * table.num_rows)))
     assert path.stat().st_size < 10_000
-    with pytest.raises(FormatError, match="decodes to .* over the cap") as info:
+    with pytest.raises(FormatError, match=r"decodes to .* over the cap") as info:
         r3store.open_store(small_store_dir)
     assert path.name in str(info.value)
 

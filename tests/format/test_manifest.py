@@ -18,7 +18,8 @@ from r3store.testing import forge
 SPEC_5X40 = r3store.ModelSpec(num_layers=5, num_experts=40, top_k=3, moe_layers=[1, 2, 4])
 
 
-def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40, top_k: int = 3) -> np.ndarray:
+def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40,
+                  top_k: int = 3) -> np.ndarray:
     """Valid routes: per (row, layer) a random permutation prefix of the experts."""
     return np.argsort(rng.random((rows, layers, num_experts)), axis=-1)[..., :top_k].astype(np.int32)
 
@@ -121,7 +122,7 @@ def test_one_character_manifest_edit_is_refused(tmp_path: Path, field: str, valu
     fine and served the same bytes under other layer labels."""
     _write(tmp_path, {"s0": _routes(9, 0)})
     _edit_manifest(tmp_path, lambda d: d["spec"].__setitem__(field, value), reseal=False)
-    with pytest.raises(FormatError, match="r3store.json") as info:
+    with pytest.raises(FormatError, match=r"r3store.json") as info:
         r3store.open_store(tmp_path).get("s0", layers=[5, 2])
     assert isinstance(info.value, ChecksumError)
     assert "checksum" in str(info.value)
@@ -136,4 +137,5 @@ def test_forged_manifest_disagrees_with_the_tables(tmp_path: Path, field: str, v
     with pytest.raises(SpecConflictError) as info:
         r3store.open_store(tmp_path).get("s0", layers=[5, 2])
     assert info.value.fields == (field,)
-    assert _tables(tmp_path)[0].name in str(info.value) and "r3store.json" in str(info.value)
+    assert _tables(tmp_path)[0].name in str(info.value)
+    assert "r3store.json" in str(info.value)

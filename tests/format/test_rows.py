@@ -19,7 +19,8 @@ SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
 
 def routes(rows: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    return np.argsort(rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts)), axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
+    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
+    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
 
 
 def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
@@ -42,7 +43,8 @@ def rewrite_table(root: Path, edit: Callable[[pa.Table], pa.Table]) -> Path:
 
 def set_column(table: pa.Table, name: str, values: list[Any]) -> pa.Table:
     i = table.schema.get_field_index(name)
-    return table.set_column(i, table.schema.field(i).with_nullable(True), pa.array(values, type=table.schema.field(i).type))
+    field = table.schema.field(i)
+    return table.set_column(i, field.with_nullable(True), pa.array(values, type=field.type))
 
 
 @pytest.fixture
@@ -84,4 +86,5 @@ def test_quarantined_row_count_may_differ(tmp_path: Path) -> None:
         w.append("ok", routes(4, 1))
         w.append("off", routes(4, 2), num_tokens=4)  # rows == num_tokens: quarantined, still stored
     store = r3store.open_store(tmp_path)
-    assert store.sample_ids == ["ok"] and store.get("off", include_quarantined=True).shape == (4, 4, 2)
+    assert store.sample_ids == ["ok"]
+    assert store.get("off", include_quarantined=True).shape == (4, 4, 2)

@@ -25,7 +25,8 @@ SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
 
 def routes(rows: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    return np.argsort(rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts)), axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
+    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
+    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
 
 
 def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
@@ -53,7 +54,8 @@ def rewrite_table(root: Path, edit: Callable[[pa.Table], pa.Table]) -> Path:
 
 def set_column(table: pa.Table, name: str, values: list[Any]) -> pa.Table:
     i = table.schema.get_field_index(name)
-    return table.set_column(i, table.schema.field(i).with_nullable(True), pa.array(values, type=table.schema.field(i).type))
+    field = table.schema.field(i)
+    return table.set_column(i, field.with_nullable(True), pa.array(values, type=field.type))
 
 
 @pytest.fixture
@@ -71,10 +73,12 @@ def test_forged_array_column_cannot_read_another_store(tmp_path: Path) -> None:
     path = rewrite_table(mine, lambda t: set_column(t, "array", [foreign] * t.num_rows))
     with pytest.raises(FormatError, match="column 'array'") as info:
         r3store.open_store(mine)
-    assert path.name in str(info.value) and info.value.path.endswith(path.name)
+    assert path.name in str(info.value)
+    assert info.value.path.endswith(path.name)
 
 
-@pytest.mark.parametrize(("column", "value"), [("commit", "someone-else-00000"), ("array", "routes/someone-else-00000")])
+@pytest.mark.parametrize(("column", "value"),
+                         [("commit", "someone-else-00000"), ("array", "routes/someone-else-00000")])
 def test_sample_table_names_only_its_own_shard(small_store_dir: Path, column: str, value: str) -> None:
     path = rewrite_table(small_store_dir, lambda t: set_column(t, column, [value] * t.num_rows))
     with pytest.raises(FormatError, match=f"column '{column}'") as info:
@@ -84,7 +88,7 @@ def test_sample_table_names_only_its_own_shard(small_store_dir: Path, column: st
 
 def test_sample_table_copied_under_another_name(small_store_dir: Path) -> None:
     (index_file(small_store_dir).parent / "copy-00000.parquet").write_bytes(index_file(small_store_dir).read_bytes())
-    with pytest.raises(FormatError, match="copy-00000.parquet.*column 'commit'"):
+    with pytest.raises(FormatError, match=r"copy-00000.parquet.*column 'commit'"):
         r3store.open_store(small_store_dir)
 
 
@@ -106,7 +110,7 @@ def test_sample_table_shape_caps(small_store_dir: Path, monkeypatch: pytest.Monk
     else:
         table = table.append_column("nested", pa.array([[1, 2]] * table.num_rows))
     _write_with(path, table)
-    with pytest.raises(FormatError, match="columns|cells|scalars"):
+    with pytest.raises(FormatError, match=r"columns|cells|scalars"):
         r3store.open_store(small_store_dir)
 
 
@@ -114,7 +118,8 @@ def test_sample_table_shape_caps(small_store_dir: Path, monkeypatch: pytest.Monk
 SPEC_5X40 = r3store.ModelSpec(num_layers=5, num_experts=40, top_k=3, moe_layers=[1, 2, 4])
 
 
-def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40, top_k: int = 3) -> np.ndarray:
+def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40,
+                  top_k: int = 3) -> np.ndarray:
     """Valid routes: per (row, layer) a random permutation prefix of the experts."""
     return np.argsort(rng.random((rows, layers, num_experts)), axis=-1)[..., :top_k].astype(np.int32)
 
@@ -142,7 +147,7 @@ def committed(tmp_path: Path):
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "plain-parquet"])
 def test_bad_sample_table(committed, damage) -> None:
-    root, array, _, _ = committed
+    root, _array, _, _ = committed
     (table,) = (root / "index").rglob("*.parquet")
     raw = table.read_bytes()
     if damage == "garbage":
@@ -253,5 +258,4 @@ def test_invalid_utf8_in_a_sample_table_is_a_format_error(tmp_path: Path) -> Non
     else:
         pq.write_table(table, path)
     with pytest.raises(FormatError, match="column 'sample_id' holds a string that is not valid UTF-8"):
-        store = r3store.open_store(tmp_path)
-        store.samples.to_pylist()
+        r3store.open_store(tmp_path).samples.to_pylist()

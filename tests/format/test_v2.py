@@ -67,12 +67,14 @@ def test_a_new_store_is_format_v2(tmp_path: Path) -> None:
         w.append("a", routes(6, 0))
     doc = json.loads((tmp_path / "r3store.json").read_text())
     assert (doc["version"], doc["limits"]) == (2, {"max_sample_rows": 2**22})
-    assert doc["checksum"].startswith("crc32c:") and len(doc["checksum"]) == 15
+    assert doc["checksum"].startswith("crc32c:")
+    assert len(doc["checksum"]) == 15
     jsonschema.validate(doc, load_schema("manifest"))
     (table,) = (tmp_path / "index").rglob("*.parquet")
     assert table.parent.name == bucket_of(dt.datetime.now(dt.UTC)) or len(table.parent.name) == 11
     meta = pq.read_metadata(table).metadata
-    assert meta[b"r3store.version"] == b"2" and meta[b"r3store.digest"].startswith(b"blake2b128:")
+    assert meta[b"r3store.version"] == b"2"
+    assert meta[b"r3store.digest"].startswith(b"blake2b128:")
     zarr_json = json.loads((tmp_path / "routes" / "w-00000" / "zarr.json").read_text())
     assert zarr_json["attributes"]["r3store"] == {"commit": "w-00000", "writer_id": "w", "spec": SPEC.to_dict(),
                                                   "format_version": 2}
@@ -103,7 +105,8 @@ def test_digest_matches_its_plain_python_twin() -> None:
                 if kind == "int64":
                     h.update(struct.pack("<q", 0 if v is None else v))
                 elif kind.startswith("timestamp"):
-                    us = 0 if v is None else (v - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
+                    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+                    us = 0 if v is None else (v - epoch) // dt.timedelta(microseconds=1)
                     h.update(struct.pack("<q", us))
                 elif kind == "double":
                     h.update(struct.pack("<d", 0.0 if v is None else v))
@@ -181,13 +184,15 @@ def test_missing_rows_are_stored_and_read_back_as_minus_one(missing_store: Any) 
     root, data = missing_store
     store = r3store.open_store(root)
     assert store.missing_rows("gap") == [(2, 4), (7, 8)]
-    assert store.missing_rows("prefix") == [(0, 3)] and store.missing_rows("multi") == [(5, 8)]
+    assert store.missing_rows("prefix") == [(0, 3)]
+    assert store.missing_rows("multi") == [(5, 8)]
     assert store.missing_rows("ok") == []
     for sid, expected in data.items():
         np.testing.assert_array_equal(store.get(sid), expected)
     np.testing.assert_array_equal(store.get("gap", layers=[4], rows=slice(3, 8)), data["gap"][3:8, [2]])
     row = store.row("gap")
-    assert row["missing_rows"] == "2:4,7:8" and row["num_rows"] == 10
+    assert row["missing_rows"] == "2:4,7:8"
+    assert row["num_rows"] == 10
 
 
 def test_missing_rows_are_masked_in_batches(missing_store: Any) -> None:
@@ -228,7 +233,9 @@ def test_missing_rows_in_validate_stats_show_and_diff(missing_store: Any, tmp_pa
     report = validate(store)
     assert report.counts == {"missing_rows": 3}  # stored zeros are not taken for repeated ids or zero layers
     gap = next(f for f in report.findings if f.sample_id == "gap")
-    assert gap.severity == "warning" and gap.rows == ((2, 3), (7, 7)) and "3 of 10 rows" in gap.detail
+    assert gap.severity == "warning"
+    assert gap.rows == ((2, 3), (7, 7))
+    assert "3 of 10 rows" in gap.detail
     jsonschema.validate(report.to_dict(), load_schema("cli-validate"))
     result = stats(store)
     assert (result["missing_rows"], result["samples_with_missing_rows"]) == (9, 3)
@@ -236,7 +243,8 @@ def test_missing_rows_in_validate_stats_show_and_diff(missing_store: Any, tmp_pa
     assert sum(result["load"][0]) == result["rows"] * SPEC.top_k  # missing rows counted nowhere
     jsonschema.validate(result, load_schema("cli-stats"))
     shown = show(store, "gap", rows=slice(1, 5))
-    assert shown["missing_rows"] == [[2, 4], [7, 8]] and shown["repeated"] == []
+    assert shown["missing_rows"] == [[2, 4], [7, 8]]
+    assert shown["repeated"] == []
     assert shown["routes"][1] == [[-1, -1]] * 3
     jsonschema.validate(shown, load_schema("cli-show"))
     other = tmp_path / "other"
@@ -244,7 +252,8 @@ def test_missing_rows_in_validate_stats_show_and_diff(missing_store: Any, tmp_pa
         for sid, arr in data.items():
             w.append(sid, np.where(arr < 0, -1, arr), allow_missing=True)
     diff = r3store.audit.diff(store, r3store.open_store(other))
-    assert diff["differing_decisions"] == 0 and diff["tokens"] == sum(len(v) for v in data.values()) - 9
+    assert diff["differing_decisions"] == 0
+    assert diff["tokens"] == sum(len(v) for v in data.values()) - 9
 
 
 def test_minus_one_rows_need_allow_missing(tmp_path: Path) -> None:
@@ -263,7 +272,7 @@ def test_partly_missing_rows_are_still_errors(tmp_path: Path) -> None:
         full[:, list(SPEC.moe_layers)] = routes(3, 2)
         full[1] = -1
         full[1, 3] = 5  # a dense layer of a missing row holds an id
-        with pytest.raises(ExpertIdError, match="row 1 is missing .* dense decoder layer 3"):
+        with pytest.raises(ExpertIdError, match=r"row 1 is missing .* dense decoder layer 3"):
             w.append("t", full, allow_missing=True)
 
 
@@ -342,7 +351,8 @@ def policy_store(tmp_path: Path) -> Path:
 def test_policy_spans_round_trip(policy_store: Path) -> None:
     store = r3store.open_store(policy_store)
     assert store.policy_spans("chat") == [(0, 7, 7), (7, 12, 9)]
-    assert store.policy_spans("one") == [(0, 6, 9)] and store.policy_spans("sg") == [(0, 2, 0)]
+    assert store.policy_spans("one") == [(0, 6, 9)]
+    assert store.policy_spans("sg") == [(0, 2, 0)]
     assert store.policy_spans("none") == []
     rows = {r["sample_id"]: r for r in store.samples.to_pylist()}
     assert (rows["chat"]["policy_spans"], rows["chat"]["policy_version"]) == ("0:7=7;7:12=9", 9)
@@ -361,7 +371,8 @@ def test_assemble_returns_policy_versions_laid_out_like_the_routes(policy_store:
     plain = store.assemble(ids, options)
     assert "policy_version" not in plain
     versions = batch["policy_version"]
-    assert versions.dtype == np.int64 and versions.shape == batch["replay_mask"].shape
+    assert versions.dtype == np.int64
+    assert versions.shape == batch["replay_mask"].shape
     np.testing.assert_array_equal(batch["routes"], plain["routes"])
     per_row = np.concatenate([np.r_[np.full(3, -1), -1], np.r_[np.full(7, 7), np.full(5, 9), -1],
                               np.r_[np.full(6, 9), -1]])
@@ -383,15 +394,19 @@ def test_dataset_can_return_policy_versions(policy_store: Path) -> None:
 def test_show_and_stats_report_mixed_versions(policy_store: Path) -> None:
     store = r3store.open_store(policy_store)
     shown = show(store, "chat")
-    assert shown["policy_spans"] == [[0, 7, 7], [7, 12, 9]] and shown["mixed_policy"]
-    assert not show(store, "one")["mixed_policy"] and show(store, "none")["policy_spans"] == []
+    assert shown["policy_spans"] == [[0, 7, 7], [7, 12, 9]]
+    assert shown["mixed_policy"]
+    assert not show(store, "one")["mixed_policy"]
+    assert show(store, "none")["policy_spans"] == []
     result = stats(store)
     assert result["policy"] == {"samples_with_version": 3, "mixed_version_samples": 1, "min_version": 0,
                                 "max_version": 9}
     cli = CliRunner().invoke(main, ["show", str(policy_store), "chat"])
-    assert cli.exit_code == 0 and "mixed policy versions 7 (rows 0-6), 9 (rows 7-11)" in " ".join(cli.output.split())
+    assert cli.exit_code == 0
+    assert "mixed policy versions 7 (rows 0-6), 9 (rows 7-11)" in " ".join(cli.output.split())
     cli = CliRunner().invoke(main, ["stats", str(policy_store)])
-    assert cli.exit_code == 0 and "on 3 samples; 1 sample mixes versions" in " ".join(cli.output.split())
+    assert cli.exit_code == 0
+    assert "on 3 samples; 1 sample mixes versions" in " ".join(cli.output.split())
 
 
 def test_policy_versions_are_all_or_nothing_per_sample(tmp_path: Path) -> None:
@@ -487,7 +502,7 @@ def test_a_second_table_of_one_commit_in_another_bucket(tmp_path: Path) -> None:
     assert r3store.open_store(tmp_path).sample_ids == ["a"]
     copy.write_bytes(forge.reseal_table(table.read_bytes(), lambda t: t.set_column(
         t.schema.get_field_index("reason"), "reason", pa.array(["forged"], pa.string()))))
-    with pytest.raises(FormatError, match="second sample table of commit .* differs"):
+    with pytest.raises(FormatError, match=r"second sample table of commit .* differs"):
         r3store.open_store(tmp_path)
 
 
@@ -514,9 +529,11 @@ def test_v1_tables_are_exposed_with_the_v2_columns() -> None:
     assert names[:14] == ["sample_id", "num_tokens", "num_rows", "row_start", "array", "commit", "writer_id",
                           "token_hash", "committed_at", "quarantined", "reason", "missing_rows", "policy_spans",
                           "policy_version"]
-    assert "shard" not in names and "step" in names
+    assert "shard" not in names
+    assert "step" in names
     assert store.samples.column("missing_rows").null_count == len(store.samples)
-    assert store.policy_spans("flame-00") == [] and store.missing_rows("flame-00") == []
+    assert store.policy_spans("flame-00") == []
+    assert store.missing_rows("flame-00") == []
     assert set(store.samples.column("commit").to_pylist()) == {"golden-a-00000", "golden-b-00000"}
 
 
@@ -557,7 +574,8 @@ def test_reader_takes_preloaded_rows_and_reads_only_the_other_tables(tmp_path: P
     path = backend.path_of(MANIFEST_KEY)
     manifest = parse_manifest(loads_document(backend.get(MANIFEST_KEY), path), path)
     reader = RouteReader(backend, manifest, preloaded=Preloaded(rows, covered))
-    assert reader.sample_ids == ["s0", "s1", "s2"] and reader.commits == ["w0-00000", "w1-00000", "w2-00000"]
+    assert reader.sample_ids == ["s0", "s1", "s2"]
+    assert reader.commits == ["w0-00000", "w1-00000", "w2-00000"]
     for i in range(3):
         np.testing.assert_array_equal(reader.get(f"s{i}"), routes(4 + i, i))
     assert reader.samples.column("step").to_pylist() == [0, 1, 2]

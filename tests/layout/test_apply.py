@@ -99,8 +99,10 @@ def test_zigzag_cp_odd_length():
     assert p0.index.tolist() == [0, 1, -1, -1]
     assert p1.index.tolist() == [2, 3, 4, -1]
     assert p0.cu_seqlens.tolist() == [0, 4]
-    assert p0.cu_seqlens.dtype == np.int32 and p0.index.dtype == np.int64
-    assert p0.seqlens.tolist() == [5] and p0.seqlens.dtype == np.int32
+    assert p0.cu_seqlens.dtype == np.int32
+    assert p0.index.dtype == np.int64
+    assert p0.seqlens.tolist() == [5]
+    assert p0.seqlens.dtype == np.int32
 
 
 def test_zigzag_cp_two_samples_and_routes():
@@ -139,8 +141,10 @@ def test_no_final_segment_when_already_aligned():
 def test_sequence_parallel_split():
     r0 = plan_layout([3, 2], tp_size=2, tp_rank=0, sequence_parallel=True)
     r1 = plan_layout([3, 2], tp_size=2, tp_rank=1, sequence_parallel=True)
-    assert r0.index.tolist() == [0, 1, 2] and r0.sp_range == (0, 3)
-    assert r1.index.tolist() == [3, 4, -1] and r1.sp_range == (3, 6)
+    assert r0.index.tolist() == [0, 1, 2]
+    assert r0.sp_range == (0, 3)
+    assert r1.index.tolist() == [3, 4, -1]
+    assert r1.sp_range == (3, 6)
     assert r1.cu_seqlens.tolist() == [0, 3, 5, 6]  # before the SP split
     assert r1.local_length == 3
 
@@ -180,7 +184,8 @@ def test_apply_plan_and_routes_fill():
     routes = np.arange(3 * 2 * 1, dtype=np.int32).reshape(3, 2, 1)  # 2 + 1 rows
     out, mask = apply_routes(plan, routes, num_experts=8, pad_policy="fill", fill_value=-1)
     assert mask.tolist() == [True, True, False, True, False, False]
-    assert out.dtype == np.int32 and out.shape == (6, 2, 1)
+    assert out.dtype == np.int32
+    assert out.shape == (6, 2, 1)
     assert out[:, :, 0].tolist() == [[0, 1], [2, 3], [-1, -1], [4, 5], [-1, -1], [-1, -1]]
 
 
@@ -202,7 +207,8 @@ def test_apply_plan_multidim_values():
 
 def test_pad_routes_shape_and_values():
     pads = pad_routes(5, 2, 3, 4)
-    assert pads.shape == (5, 2, 3) and pads.dtype == np.int32
+    assert pads.shape == (5, 2, 3)
+    assert pads.dtype == np.int32
     assert pads[:, 0].ravel().tolist() == [i % 4 for i in range(15)]
     check_spread(pads, 4)
     assert pad_routes(0, 2, 3, 4).shape == (0, 2, 3)
@@ -216,7 +222,8 @@ def test_select_layers():
     with pytest.raises(LayerError) as info:
         select_layers(moe, [3, 4])
     assert isinstance(info.value, IndexError)
-    assert info.value.layer == 4 and info.value.moe_layers == (1, 2, 3, 5)
+    assert info.value.layer == 4
+    assert info.value.moe_layers == (1, 2, 3, 5)
     with pytest.raises(LayerError, match="requested twice"):  # one error policy with ModelSpec.layer_positions
         select_layers(moe, [3, 3])
     with pytest.raises(LayerError, match="listed twice in moe_layers"):
@@ -262,8 +269,10 @@ def test_bad_options(kwargs, option):
     with pytest.raises(LayoutOptionError) as info:
         LayoutOptions(**kwargs)
     err = info.value
-    assert isinstance(err, ValueError) and isinstance(err, R3StoreError)
-    assert err.option == option and option in str(err)
+    assert isinstance(err, ValueError)
+    assert isinstance(err, R3StoreError)
+    assert err.option == option
+    assert option in str(err)
     with pytest.raises(LayoutOptionError):
         plan_layout([4], **kwargs)
 
@@ -275,7 +284,8 @@ def test_options_dict_round_trip_and_overrides():
     with pytest.raises(LayoutOptionError, match="cp_sise"):
         LayoutOptions.from_dict({"cp_sise": 2})
     plan = plan_layout([5], opts, cp_rank=0)
-    assert plan.options.cp_rank == 0 and plan.options.cp_size == 2
+    assert plan.options.cp_rank == 0
+    assert plan.options.cp_size == 2
     assert LayoutOptions(cp_size=np.int64(2)).cp_size == 2
 
 
@@ -305,7 +315,7 @@ def test_bad_apply_arguments():
 def test_plan_is_read_only():
     plan = plan_layout([3])
     assert isinstance(plan, LayoutPlan)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="read-only"):
         plan.index[0] = 5
 
 
@@ -342,7 +352,8 @@ def check_one_rank(plan, num_tokens, geometry, policy):
     tokens = apply_plan(plan, np.arange(sum(num_tokens)), fill_value=-1)
     out, mask = apply_routes(plan, routes, num_experts=num_experts, pad_policy=policy, fill_value=-3)
     assert tokens.shape == plan.index.shape == mask.shape
-    assert out.shape == plan.index.shape + (n_layers, top_k) and out.dtype == np.int32
+    assert out.shape == (*plan.index.shape, n_layers, top_k)
+    assert out.dtype == np.int32
     # replay mask: exactly the real tokens that are not a sample's last token
     expected_mask = (tokens >= 0) & ~last_token_mask(num_tokens)[np.maximum(tokens, 0)]
     np.testing.assert_array_equal(mask, expected_mask)
@@ -363,7 +374,8 @@ def check_reference_and_cu(plans, num_tokens):
     ref = reference_full_index(num_tokens, opts)
     np.testing.assert_array_equal(full, np.array(ref).reshape(full.shape))
     cu = plans[0].cu_seqlens
-    assert cu.dtype == np.int32 and cu[-1] == full.size
+    assert cu.dtype == np.int32
+    assert cu[-1] == full.size
     if opts.layout == "thd":
         assert len(cu) in (len(num_tokens) + 1, len(num_tokens) + 2)
         offsets = np.concatenate(([0], np.cumsum(num_tokens)))

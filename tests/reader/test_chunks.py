@@ -22,7 +22,8 @@ from r3store.errors import ChecksumError, FormatError, R3StoreError
 SPEC_5X40 = r3store.ModelSpec(num_layers=5, num_experts=40, top_k=3, moe_layers=[1, 2, 4])
 
 
-def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40, top_k: int = 3) -> np.ndarray:
+def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40,
+                  top_k: int = 3) -> np.ndarray:
     """Valid routes: per (row, layer) a random permutation prefix of the experts."""
     return np.argsort(rng.random((rows, layers, num_experts)), axis=-1)[..., :top_k].astype(np.int32)
 
@@ -71,8 +72,11 @@ def test_corrupt_chunk_frame(committed) -> None:
     with pytest.raises(ChecksumError) as info:
         store.get("g1")
     exc = info.value
-    assert exc.array == array and exc.chunk == (1, 2, 0)
-    assert array in str(exc) and "(1, 2, 0)" in str(exc) and "CRC-32C" in str(exc)
+    assert exc.array == array
+    assert exc.chunk == (1, 2, 0)
+    assert array in str(exc)
+    assert "(1, 2, 0)" in str(exc)
+    assert "CRC-32C" in str(exc)
     assert isinstance(exc, FormatError)
     # the damage is local: other chunks read fine
     np.testing.assert_array_equal(store.get("g1", layers=[1, 2]), GOOD["g1"][:, :2])
@@ -89,7 +93,8 @@ def test_corrupt_frame_header(committed) -> None:
     _flip(shard_file, offset + 13)  # the n_encoded field of the header
     with pytest.raises(FormatError) as info:
         r3store.open_store(root).get("g1")
-    assert array in str(info.value) and "(3, 0, 0)" in str(info.value)
+    assert array in str(info.value)
+    assert "(3, 0, 0)" in str(info.value)
 
 
 def test_corrupt_shard_index(committed) -> None:
@@ -99,7 +104,9 @@ def test_corrupt_shard_index(committed) -> None:
     store = r3store.open_store(root)
     with pytest.raises(ChecksumError) as info:
         store.get("g2")
-    assert array in str(info.value) and "index" in str(info.value) and "CRC-32C" in str(info.value)
+    assert array in str(info.value)
+    assert "index" in str(info.value)
+    assert "CRC-32C" in str(info.value)
 
 
 def test_truncated_shard_object(committed) -> None:
@@ -194,7 +201,7 @@ def _two_object_store(root: Path, prefix: str = "", **kw: object) -> tuple[str, 
 
 def test_swapped_storage_objects_are_refused(tmp_path: Path) -> None:
     """Item 5: swapping ``c/0/0/0`` and ``c/1/0/0`` of one array read back silently wrong."""
-    commit, data = _two_object_store(tmp_path)
+    commit, _data = _two_object_store(tmp_path)
     first, second = (tmp_path / "routes" / commit / "c" / str(i) / "0" / "0" for i in (0, 1))
     one, two = first.read_bytes(), second.read_bytes()
     assert len(one) == len(two)
@@ -230,7 +237,8 @@ def test_frames_swapped_inside_an_object_are_refused(tmp_path: Path) -> None:
     index[[0, 1]] = index[[1, 0]]
     raw = index.tobytes()
     obj.write_bytes(blob[: -(16 * entries + 4)] + raw + struct.pack("<I", google_crc32c.value(raw)))
-    with pytest.raises(ChecksumError, match=r"chunk \((1, 0, 0\): frame belongs to chunk \(0|0, 0, 0\): frame belongs to chunk \(1), 0, 0\)"):
+    with pytest.raises(ChecksumError, match=r"chunk \((1, 0, 0\): frame belongs to chunk \(0"
+                                            r"|0, 0, 0\): frame belongs to chunk \(1), 0, 0\)"):
         r3store.open_store(tmp_path).get("a")
 
 

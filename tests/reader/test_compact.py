@@ -45,7 +45,9 @@ def test_compact_then_open_reads_checkpoint_and_newer_tables(tmp_path: Path) -> 
     url = str(tmp_path / "store")
     write_commits(url, 0, 5)
     result = r3store.compact(url)
-    assert result.written and result.commits == 5 and result.samples == 10
+    assert result.written
+    assert result.commits == 5
+    assert result.samples == 10
     assert r3store.compact(url).written is False  # nothing new: the checkpoint already covers all
     write_commits(url, 10, 2)
     store = r3store.open_store(url)
@@ -58,7 +60,8 @@ def test_compact_then_open_reads_checkpoint_and_newer_tables(tmp_path: Path) -> 
     for sid in store.sample_ids:
         np.testing.assert_array_equal(store.get(sid), routes(int(sid[1:])))
     second = r3store.compact(url)
-    assert second.written and second.commits == 7
+    assert second.written
+    assert second.commits == 7
     assert checkpoint_keys(open_backend(url))[0] == second.key
 
 
@@ -77,7 +80,7 @@ def test_compaction_racing_four_writers_and_a_second_compaction(tmp_path: Path) 
                     result = r3store.compact(url)
                     if result.written and result.key is not None:
                         written.append(result.key)
-        except BaseException as exc:  # surfaced below
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
             errors.append(exc)
 
     threads = [threading.Thread(target=compactor) for _ in range(2)]
@@ -108,7 +111,8 @@ def test_compaction_racing_four_writers_and_a_second_compaction(tmp_path: Path) 
                                      preloaded=r3store.reader.Preloaded(loaded.table, loaded.info.commits))
         assert sorted(reader.sample_ids) == expected, key
     final = r3store.compact(url)  # the newest checkpoint covers every commit (or this one does)
-    assert final.commits == len(full.commits) and final.samples == len(expected)
+    assert final.commits == len(full.commits)
+    assert final.samples == len(expected)
 
 
 def damage(path: Path, how: str) -> None:
@@ -127,7 +131,8 @@ def test_damaged_checkpoint_falls_back_with_a_warning(tmp_path: Path, how: str) 
     older = r3store.compact(url)
     write_commits(str(url), 6, 2)
     newer = r3store.compact(url)
-    assert newer.key is not None and older.key is not None
+    assert newer.key is not None
+    assert older.key is not None
     damage(url / newer.key, how)
     with pytest.warns(CheckpointWarning, match=newer.key.split("/")[1]):
         store = r3store.open_store(url)
@@ -185,21 +190,24 @@ def test_refresh_picks_up_new_commits(tmp_path: Path) -> None:
     url = str(tmp_path / "store")
     write_commits(url, 0, 2, step=0)
     store = r3store.open_store(url)
-    step1 = r3store.open_store(url,
-                               reader={"filter": pc.field("step") == 1})  # nothing yet: a trainer waiting for step 1
-    assert len(store) == 4 and len(step1) == 0
+    step1 = r3store.open_store(url, reader={"filter": pc.field("step") == 1})  # nothing yet: a trainer waits for it
+    assert len(store) == 4
+    assert len(step1) == 0
     assert store.refresh() == 0
     write_commits(url, 10, 2, step=1)
-    assert store.refresh() == 4 and len(store) == 8
-    assert step1.refresh() == 4 and step1.sample_ids == ["s10", "s11", "s12", "s13"]
+    assert store.refresh() == 4
+    assert len(store) == 8
+    assert step1.refresh() == 4
+    assert step1.sample_ids == ["s10", "s11", "s12", "s13"]
     np.testing.assert_array_equal(store.get("s13"), routes(13))
     r3store.compact(url)
     write_commits(url, 20, 1, step=2)
     with_ckpt = r3store.open_store(url)
     write_commits(url, 30, 1, step=3)
-    assert store.refresh() == 4 and with_ckpt.refresh() == 2
-    assert store.sample_ids == with_ckpt.sample_ids == r3store.open_store(url,
-                                                                          reader={"use_checkpoint": False}).sample_ids
+    assert store.refresh() == 4
+    assert with_ckpt.refresh() == 2
+    full = r3store.open_store(url, reader={"use_checkpoint": False})
+    assert store.sample_ids == with_ckpt.sample_ids == full.sample_ids
     subset = r3store.open_store(url, reader={"commits": store.commits[:1]})
     with pytest.raises(OptionError, match="refresh"):
         subset.refresh()
@@ -216,7 +224,8 @@ def test_cli_compact(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "3 commits" in result.output
     result = CliRunner().invoke(main, ["compact", url, "--json"])
-    assert result.exit_code == 0 and '"written": false' in result.output
+    assert result.exit_code == 0
+    assert '"written": false' in result.output
 
 
 @pytest.mark.s3
@@ -225,13 +234,15 @@ def test_open_after_compact_on_s3_is_five_requests_plus_one_per_new_commit(
     write_commits(s3_url, 0, 12, per_commit=1, storage_options=s3_storage_options)
     before = datetime.now(UTC)
     result = r3store.compact(s3_url, storage_options=s3_storage_options)
-    assert result.written and result.commits == 12
+    assert result.written
+    assert result.commits == 12
     new = 3
     write_commits(s3_url, 100, new, per_commit=1, storage_options=s3_storage_options)
     s3_counter.reset()
     store = r3store.open_store(s3_url, storage_options=s3_storage_options)
     log = list(s3_counter.log)
-    assert store.checkpoint == result.key and len(store) == 12 + new
+    assert store.checkpoint == result.key
+    assert len(store) == 12 + new
     # manifest, one delimited listing of index/ (checkpoints and buckets), the checkpoint, one listing per
     # bucket from the watermark on (one, or two in the first 15 minutes of an hour), one GET per new table
     extra_bucket = int(result.watermark != bucket_of(before))
@@ -260,12 +271,15 @@ def test_validate_checks_checkpoints_against_the_tables(tmp_path: Path) -> None:
         t.schema.get_field_index("index"), "index", pc.add(t.column("index"), 1000))))
     report = validate(r3store.open_store(url, reader={"on_duplicate": "report"}))
     found = [f for f in report.findings if f.kind == "checkpoint"]
-    assert len(found) == 1 and "'index'" in found[0].detail and found[0].severity == "error"
+    assert len(found) == 1
+    assert "'index'" in found[0].detail
+    assert found[0].severity == "error"
     damage(url / key, "flip")
     with pytest.warns(CheckpointWarning):
         store = r3store.open_store(url, reader={"on_duplicate": "report"})
     found = [f for f in validate(store).findings if f.kind == "checkpoint"]
-    assert len(found) == 1 and "checkpoint ignored" in found[0].detail
+    assert len(found) == 1
+    assert "checkpoint ignored" in found[0].detail
 
 
 def test_gc_keeps_tables_and_the_newest_checkpoints(tmp_path: Path) -> None:
@@ -280,7 +294,8 @@ def test_gc_keeps_tables_and_the_newest_checkpoints(tmp_path: Path) -> None:
     assert sorted(f.commit for f in found) == sorted(keys[:2])
     assert sorted(checkpoint_keys(open_backend(url))) == sorted(keys[2:])
     store = r3store.open_store(url)
-    assert store.checkpoint == keys[3] and len(store) == 8
+    assert store.checkpoint == keys[3]
+    assert len(store) == 8
     assert len(r3store.open_store(url, reader={"use_checkpoint": False})) == 8
 
 

@@ -86,7 +86,8 @@ def round_trip_cases(draw: st.DrawFn) -> dict:
         "object_bytes": draw(st.sampled_from([1, 97, 1000, 32 << 20])),
         "full_layers": draw(st.lists(st.booleans(), min_size=n_samples, max_size=n_samples)),
         "with_tokens": draw(st.lists(st.booleans(), min_size=n_samples, max_size=n_samples)),
-        "metadata": draw(st.lists(st.fixed_dictionaries({}, optional=META_KINDS), min_size=n_samples, max_size=n_samples)),
+        "metadata": draw(st.lists(st.fixed_dictionaries({}, optional=META_KINDS), min_size=n_samples,
+                                  max_size=n_samples)),
         "memory": draw(st.booleans()),
         "seed": draw(st.integers(0, 2**32 - 1)),
         "slices": draw(st.lists(st.tuples(st.integers(-320, 320) | st.none(), st.integers(-320, 320) | st.none()),
@@ -218,12 +219,17 @@ def test_lookup_api(small_store) -> None:
     np.testing.assert_array_equal(got[1], data["s0"][:, [1]])
     assert store.num_tokens("s1") == 1
     row = store.row("s2")
-    assert row["sample_id"] == "s2" and row["num_rows"] == 17 and row["num_tokens"] == 18 and row["step"] == 2
-    assert "nope" not in store and 5 not in store
+    assert row["sample_id"] == "s2"
+    assert row["num_rows"] == 17
+    assert row["num_tokens"] == 18
+    assert row["step"] == 2
+    assert "nope" not in store
+    assert 5 not in store
     with pytest.raises(SampleNotFoundError) as info:
         store.get("nope")
     assert isinstance(info.value, KeyError)
-    assert "'nope'" in str(info.value) and str(path) in str(info.value)
+    assert "'nope'" in str(info.value)
+    assert str(path) in str(info.value)
     with pytest.raises(KeyError):
         store.num_tokens("nope")
     assert len(store.commits) == 1
@@ -258,7 +264,10 @@ def test_memory_url_round_trip(memory_url) -> None:
 def test_empty_store(tmp_path) -> None:
     r3store.RouteWriter(tmp_path, SPEC).close()
     store = r3store.open_store(tmp_path)
-    assert len(store) == 0 and store.sample_ids == [] and store.commits == [] and store.duplicates == {}
+    assert len(store) == 0
+    assert store.sample_ids == []
+    assert store.commits == []
+    assert store.duplicates == {}
     assert store.samples.num_rows == 0
 
 
@@ -291,7 +300,9 @@ def test_duplicate_across_writers(backend, tmp_path, memory_url) -> None:
     with pytest.raises(DuplicateSampleError) as info:
         r3store.open_store(url)
     msg = str(info.value)
-    assert "'x'" in msg and shard_a in msg and shard_b in msg
+    assert "'x'" in msg
+    assert shard_a in msg
+    assert shard_b in msg
     assert info.value.sample_id == "x"
     assert info.value.commits == (shard_b, shard_a)
 
@@ -347,12 +358,17 @@ def _layout_store(root) -> dict[str, np.ndarray]:
 def test_open_reader_is_the_read_core(tmp_path) -> None:
     source = _layout_store(tmp_path)
     reader = r3store.RouteReader.open(tmp_path)
-    assert type(reader) is r3store.RouteReader and not hasattr(reader, "assemble")
-    assert reader.sample_ids == list(source) and reader.is_local and len(reader.commits) == 1
+    assert type(reader) is r3store.RouteReader
+    assert not hasattr(reader, "assemble")
+    assert reader.sample_ids == list(source)
+    assert reader.is_local
+    assert len(reader.commits) == 1
     for sid, routes in source.items():
         np.testing.assert_array_equal(reader.get(sid, [3, 1]), routes[:, [2, 0]])
     usage = reader.storage_usage()
-    assert usage.route_bytes > 0 and usage.index_bytes > 0 and usage.uncommitted == {}
+    assert usage.route_bytes > 0
+    assert usage.index_bytes > 0
+    assert usage.uncommitted == {}
     assert isinstance(r3store.open_store(tmp_path), r3store.RouteReader)
 
 
@@ -361,13 +377,17 @@ def test_fork_has_its_own_cache_and_shares_the_catalogue(tmp_path) -> None:
     reader = r3store.open_store(tmp_path)
     reader.get("s0")
     fork = reader.fork(cache_bytes=1 << 10)
-    assert fork.cache_bytes == 1 << 10 and reader.cache_bytes == 64 << 20
-    assert fork.samples is reader.samples and fork.backend is not reader.backend
-    assert fork._chunks._chunks == {} and reader._chunks._chunks
+    assert fork.cache_bytes == 1 << 10
+    assert reader.cache_bytes == 64 << 20
+    assert fork.samples is reader.samples
+    assert fork.backend is not reader.backend
+    assert fork._chunks._chunks == {}
+    assert reader._chunks._chunks
     np.testing.assert_array_equal(fork.get("s2"), source["s2"])
     assert not any(key[0] == reader.row("s2")["array"] and key[1] == 2 for key in reader._chunks._chunks)
     reader.cache_bytes = 1 << 20
-    assert reader.cache_bytes == 1 << 20 and fork.cache_bytes == 1 << 10
+    assert reader.cache_bytes == 1 << 20
+    assert fork.cache_bytes == 1 << 10
     with pytest.raises(r3store.errors.OptionError, match="cache_bytes"):
         reader.cache_bytes = -1
 
@@ -379,8 +399,9 @@ def test_assemble_returns_numpy_and_takes_options_whole(tmp_path) -> None:
     _layout_store(tmp_path)
     store = r3store.open_store(tmp_path)
     options = LayoutOptions(cp_size=2, cp_rank=1, tp_size=2)
-    by_keywords = store.assemble(["s0", "s2"], layers=[2], options={"cp_size": 2, "cp_rank": 1, "tp_size": 2})
-    assert set(BATCH_KEYS) == set(by_keywords) and isinstance(by_keywords["routes"], np.ndarray)
+    by_keywords = store.assemble(["s0", "s2"], {"cp_size": 2, "cp_rank": 1, "tp_size": 2}, layers=[2])
+    assert set(BATCH_KEYS) == set(by_keywords)
+    assert isinstance(by_keywords["routes"], np.ndarray)
     for same in (store.assemble(["s0", "s2"], options, layers=[2]),
                  store.assemble(["s0", "s2"], options=options.to_dict(), layers=[2]),
                  store.assemble(["s0", "s2"], {"cp_size": 2, "cp_rank": 1, "tp_size": 2}, layers=[2]),
@@ -399,7 +420,8 @@ SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
 
 def routes(rows: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    return np.argsort(rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts)), axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
+    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
+    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
 
 
 def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
@@ -421,7 +443,9 @@ def test_reader_api_misuse(small_store_dir: Path) -> None:
     store = r3store.open_store(small_store_dir)
     with pytest.raises(TypeError, match=r"use slice\(0, 1\)"):
         store.get("s0", rows=(0, 1))  # type: ignore[arg-type]
-    assert [1] not in store and None not in store and "s0" in store
+    assert [1] not in store
+    assert None not in store
+    assert "s0" in store
     with pytest.raises(ValueError, match="return_tensors"):
         store.assemble(["s0"], return_tensors="tf")  # type: ignore[arg-type]
     with pytest.raises(FormatError, match="not a committed route array"):

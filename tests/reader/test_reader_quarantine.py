@@ -41,7 +41,8 @@ def test_assemble_hint_names_only_parameters_that_exist(store: r3store.RouteStor
     with pytest.raises(SampleNotFoundError) as info:
         store.assemble(["rep"])
     message = str(info.value)
-    assert "is quarantined" in message and "get(sample_id, include_quarantined=True)" in message
+    assert "is quarantined" in message
+    assert "get(sample_id, include_quarantined=True)" in message
     for call, params in re.findall(r"(\w+)\(([^)]*)\)", message):
         method = getattr(store, call)
         for name in re.findall(r"(\w+)=", params):
@@ -51,7 +52,8 @@ def test_assemble_hint_names_only_parameters_that_exist(store: r3store.RouteStor
 
 def test_get_of_a_quarantined_21_token_sample_returns_its_rows(store: r3store.RouteStore) -> None:
     got = store.get("rep", include_quarantined=True)
-    assert got.shape == (20, 4, 2) and store.num_tokens("rep", include_quarantined=True) == 21
+    assert got.shape == (20, 4, 2)
+    assert store.num_tokens("rep", include_quarantined=True) == 21
 
 
 @pytest.mark.parametrize("sample_id", ["unstorable", "not-base64"])
@@ -61,4 +63,5 @@ def test_get_of_a_sample_whose_routes_were_not_stored_is_a_clear_error(store: r3
     with pytest.raises(SampleNotFoundError, match=r"routes could not be stored, so it has no rows to read"):
         store.get(sample_id, include_quarantined=True)
     result = CliRunner().invoke(main, ["show", store.url, sample_id])
-    assert result.exit_code == 2 and "could not be stored" in result.stderr
+    assert result.exit_code == 2
+    assert "could not be stored" in result.stderr

@@ -102,7 +102,9 @@ def test_replay_from_store_get(rollout: Rollout) -> None:
 
     for name in rr.router_names:
         grad = rollout.trainer.get_submodule(name).weight.grad
-        assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0, name
+        assert grad is not None, name
+        assert torch.isfinite(grad).all(), name
+        assert grad.abs().sum() > 0, name
     rollout.trainer.zero_grad(set_to_none=True)
 
 
@@ -111,7 +113,8 @@ def test_replay_left_padded(rollout: Rollout) -> None:
     shift = rollout.mask.shape[1] - rollout.mask.sum(1)
     idx = (torch.arange(rollout.mask.shape[1])[None] - shift[:, None]) % rollout.mask.shape[1]
     ids, mask = rollout.input_ids.gather(1, idx), rollout.mask.gather(1, idx)
-    assert (mask[:, -1] == 1).all() and (mask[:, 0] == 0).any()
+    assert (mask[:, -1] == 1).all()
+    assert (mask[:, 0] == 0).any()
     with torch.no_grad(), rollout.rr.capture(attention_mask=mask) as live:
         rollout.forward(input_ids=ids, attention_mask=mask)
     with torch.no_grad(), rollout.rr.replay(rollout.captured, attention_mask=mask), \

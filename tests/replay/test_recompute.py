@@ -116,7 +116,7 @@ def test_recompute_without_kept_routes_raises(setup: Setup) -> None:
         with setup.rr.replay(routes, attention_mask=mask):
             loss = setup.loss(ids, mask)
         setup.rr.clear()
-        with pytest.raises(ReplayError, match="recompute .* matches none"):
+        with pytest.raises(ReplayError, match=r"recompute .* matches none"):
             loss.backward()
     finally:
         setup.rr.clear()

@@ -65,8 +65,10 @@ def test_surface(model: nn.Module) -> None:
         assert (rr.num_experts, rr.top_k) == (64, 8)
         assert rr.spec == r3store.ModelSpec(num_layers=4, num_experts=64, top_k=8, moe_layers=[1, 2, 3])
         assert rr.router_names == ("model.layers.1.mlp.gate", "model.layers.2.mlp.gate", "model.layers.3.mlp.gate")
-        assert "deepseek_v3" in repr(rr) and "[1, 2, 3]" in repr(rr)
-        assert issubclass(ReplayError, R3StoreError) and issubclass(ReplayError, ValueError)
+        assert "deepseek_v3" in repr(rr)
+        assert "[1, 2, 3]" in repr(rr)
+        assert issubclass(ReplayError, R3StoreError)
+        assert issubclass(ReplayError, ValueError)
     finally:
         rr.remove()
 
@@ -133,19 +135,20 @@ def test_layout_errors(model: nn.Module, batch: Any) -> None:
             rr.replay(routes[:2], attention_mask=mask).__enter__()
         with pytest.raises(ReplayError, match="not both"):
             rr.replay(routes, attention_mask=mask, cu_seqlens=[0, 3]).__enter__()
-        with pytest.raises(ReplayError, match="one .* array per sequence"):
+        with pytest.raises(ReplayError, match=r"one .* array per sequence"):
             rr.replay(routes[0], attention_mask=mask).__enter__()
         # routes laid out for another batch than the forward sees
-        with pytest.raises(ReplayError, match=r"router sees 48 token positions; the routes are laid out for 46 \(cu_seqlens\)"), \
+        with pytest.raises(ReplayError,
+                           match=r"router sees 48 token positions; the routes are laid out for 46 \(cu_seqlens\)"), \
                 rr.replay(routes, cu_seqlens=pack(ids, mask)["cu_seqlens"]):
             logits(model, ids, mask)
-        with pytest.raises(ReplayError, match="do not nest"), rr.replay(routes, attention_mask=mask):
+        with pytest.raises(ReplayError, match="do not nest"), rr.replay(routes, attention_mask=mask):  # noqa: PT012
             logits(model, ids, mask)
             rr.replay(routes, attention_mask=mask).__enter__()
         with pytest.raises(ReplayError, match=r"routers of decoder layers \[1, 2, 3\] did not run inside the replay"), \
                 rr.replay(routes, attention_mask=mask):
             pass  # e.g. a hub kernel replacing the MoE forward: never a silent no-op
-        with rr.capture(attention_mask=mask), pytest.raises(ReplayError, match="ran a second time"):
+        with rr.capture(attention_mask=mask), pytest.raises(ReplayError, match="ran a second time"):  # noqa: PT012
             logits(model, ids, mask)
             logits(model, ids, mask)
         with pytest.raises(ReplayError, match="did not run"), rr.capture(attention_mask=mask):
@@ -230,13 +233,16 @@ def test_custom_router_by_class_and_name() -> None:
                         for t in range(9)]).astype(np.int32)]
     for routers in ({ToyRouter: spec}, {f"layers.{i}": spec for i in range(3)}):
         rr = RoutingReplay(toy, routers=routers)
-        assert rr.moe_layers == (0, 1, 2) and rr.spec.num_layers == 3 and rr.top_k == 2
+        assert rr.moe_layers == (0, 1, 2)
+        assert rr.spec.num_layers == 3
+        assert rr.top_k == 2
         with rr.replay(routes), rr.capture() as cap:
             toy(x).square().sum().backward()
         rr.remove()
         assert np.array_equal(cap.routes[0], routes[0])
         for layer in toy.layers:
-            assert layer.proj.weight.grad is not None and layer.proj.weight.grad.abs().sum() > 0
+            assert layer.proj.weight.grad is not None
+            assert layer.proj.weight.grad.abs().sum() > 0
             layer.proj.weight.grad = None
     with pytest.raises(ReplayError, match="no usable 'num_experts'"):
         RoutingReplay(toy, routers={ToyRouter: toy_weights})

@@ -21,7 +21,8 @@ SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
 
 def routes(rows: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    return np.argsort(rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts)), axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
+    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
+    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
 
 
 def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
@@ -34,7 +35,8 @@ def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw
 
 def set_column(table: pa.Table, name: str, values: list[Any]) -> pa.Table:
     i = table.schema.get_field_index(name)
-    return table.set_column(i, table.schema.field(i).with_nullable(True), pa.array(values, type=table.schema.field(i).type))
+    field = table.schema.field(i)
+    return table.set_column(i, field.with_nullable(True), pa.array(values, type=field.type))
 
 
 def test_caching_store_never_writes_outside_cache_dir(tmp_path: Path, s3_url: str,
@@ -69,7 +71,8 @@ def test_caching_store_never_writes_outside_cache_dir(tmp_path: Path, s3_url: st
         with pytest.raises(StorageError, match="invalid key"):
             read()
     outside = [p for p in tmp_path.rglob("*") if cache not in p.parents and p != cache]
-    assert outside == [] and not any(name in str(p) for p in tmp_path.rglob("*"))
+    assert outside == []
+    assert not any(name in str(p) for p in tmp_path.rglob("*"))
 
 
 def _boto3_client(options: dict[str, Any]) -> Any:

@@ -114,10 +114,12 @@ def test_open_is_manifest_listing_and_one_get_per_shard(fifty: dict[str, int], s
         ("GET", "store/r3store.json", None), ("GET", f"store/{table}", None),
     ]
     # one delimited listing of index/ (checkpoints and buckets: none here), one listing of the tables
-    assert sum(r.is_listing for r in log) == 2 and len(log) == 4
+    assert sum(r.is_listing for r in log) == 2
+    assert len(log) == 4
     s3_counter.reset()
     r3store.open_store(s3_url, storage_options=s3_storage_options, reader={"use_checkpoint": False})
-    assert sum(r.is_listing for r in s3_counter.log) == 1 and len(s3_counter.log) == 3
+    assert sum(r.is_listing for r in s3_counter.log) == 1
+    assert len(s3_counter.log) == 3
 
 
 def test_one_sample_read_fetches_only_its_chunks(fifty: dict[str, int], s3_url: str,
@@ -138,7 +140,9 @@ def test_one_sample_read_fetches_only_its_chunks(fifty: dict[str, int], s3_url: 
     assert (log[0].method, log[0].key, log[0].range) == ("GET", f"store/routes/{shard}/zarr.json", None)
     index_read = (chunk_key, f"bytes=-{layout.index_nbytes}", layout.index_nbytes)
     assert (log[1].key, log[1].range, log[1].nbytes) == index_read
-    assert log[2].key == chunk_key and log[2].range is not None and log[2].nbytes == needed
+    assert log[2].key == chunk_key
+    assert log[2].range is not None
+    assert log[2].nbytes == needed
     assert s3_counter.bytes_sent <= needed + layout.index_nbytes + log[0].nbytes
     assert needed < object_size / 10  # the other 49 samples' chunks stay on the server
 
@@ -147,7 +151,8 @@ def test_one_sample_read_fetches_only_its_chunks(fifty: dict[str, int], s3_url: 
     s3_counter.reset()
     store.get("sample-000026")
     (request,) = s3_counter.log
-    assert request.key == chunk_key and 0 < request.nbytes <= frame_bytes(store, "sample-000026")
+    assert request.key == chunk_key
+    assert 0 < request.nbytes <= frame_bytes(store, "sample-000026")
 
     # a pipeline stage's layers: only those layer chunks
     store.clear_cache()
@@ -156,7 +161,8 @@ def test_one_sample_read_fetches_only_its_chunks(fifty: dict[str, int], s3_url: 
     np.testing.assert_array_equal(store.get(sid, stage), routes_for(25, rows_of(25))[:, stage])
     frames = [r for r in s3_counter.log if r.key == chunk_key and not (r.range or "").startswith("bytes=-")]
     # the holes between its layer chunks (other layers' frames) are read through: one request
-    assert len(frames) == 1 and frame_bytes(store, sid, stage) < sum(r.nbytes for r in frames) <= needed
+    assert len(frames) == 1
+    assert frame_bytes(store, sid, stage) < sum(r.nbytes for r in frames) <= needed
     # without reading through holes: only those layer chunks, one request per row chunk
     store.clear_cache()
     store.backend.coalesce_gap = 0
@@ -175,11 +181,13 @@ def test_suffix_whole_and_exists_are_one_request_each(s3_url: str, s3_storage_op
     assert bytes(store.get("a", SuffixByteRange(10))) == b"a" * 10
     assert bytes(store.get("b")) == b"b" * 1000
     assert store.get_many(["a", "b", "c"]) == {k: k.encode() * 1000 for k in "abc"}
-    assert store.exists("c") and not store.exists("missing")
+    assert store.exists("c")
+    assert not store.exists("missing")
     assert [(r.method, r.key, r.range) for r in s3_counter.log[:2]] == [
         ("GET", "store/a", "bytes=-10"), ("GET", "store/b", None),
     ]
-    assert s3_counter.heads == 0 and s3_counter.requests == 2 + 3 + 2
+    assert s3_counter.heads == 0
+    assert s3_counter.requests == 2 + 3 + 2
 
 
 def test_exists_and_info_see_another_writers_object(s3_url: str, s3_storage_options: dict[str, Any]) -> None:
@@ -219,7 +227,8 @@ def test_masks_credentials_in_urls() -> None:
     import fsspec
 
     store = FsspecBackend(fsspec.filesystem("memory"), "/bucket/x", "s3://AKIA123:very-secret@bucket/x")
-    assert store.url == "s3://***@bucket/x" and "very-secret" not in repr(store)
+    assert store.url == "s3://***@bucket/x"
+    assert "very-secret" not in repr(store)
 
 
 # -- read-through cache -------------------------------------------------------------------
@@ -252,7 +261,8 @@ def test_cache_dir_second_epoch_makes_no_route_or_index_requests(
     third = _batches(r3store.RouteDataset(s3_url, 4096, storage_options=s3_storage_options,
                                           reader={"cache_dir": cache}))
     assert [r.key for r in s3_counter.log if not r.is_listing] == ["store/r3store.json"]
-    assert s3_counter.requests_for("store/routes/") == [] and s3_counter.requests_for("store/index/") == []
+    assert s3_counter.requests_for("store/routes/") == []
+    assert s3_counter.requests_for("store/index/") == []
 
     for batches in (first, second, third):
         assert len(batches) == len(plain)
@@ -260,7 +270,8 @@ def test_cache_dir_second_epoch_makes_no_route_or_index_requests(
             assert got["sample_ids"] == want["sample_ids"]
             assert torch.equal(got["routes"], want["routes"])
     cached = sorted(p.name for p in cache.rglob("*") if p.is_file())
-    assert len(cached) == 3 and not [n for n in cached if n.startswith(".")]
+    assert len(cached) == 3
+    assert not [n for n in cached if n.startswith(".")]
 
 
 def test_dataloader_workers_share_the_cache(fifty: dict[str, int], s3_url: str, s3_storage_options: dict[str, Any],
@@ -307,7 +318,8 @@ def test_cache_files_appear_whole(s3_url: str, s3_storage_options: dict[str, Any
     finally:
         stop.set()
         watcher.join()
-    assert seen and all(seen)
+    assert seen
+    assert all(seen)
 
 
 class TestCachingBackendOnS3(BackendTests):
@@ -320,15 +332,18 @@ class TestCachingBackendOnS3(BackendTests):
         backend.close()
 
     def raw_set(self, backend: Backend, key: str, data: bytes) -> None:
-        assert isinstance(backend, CachingBackend) and isinstance(backend.inner, FsspecBackend)
+        assert isinstance(backend, CachingBackend)
+        assert isinstance(backend.inner, FsspecBackend)
         backend.inner.fs.pipe_file(f"{backend.inner.root}/{key}", data)
 
     def raw_get(self, backend: Backend, key: str) -> bytes:
-        assert isinstance(backend, CachingBackend) and isinstance(backend.inner, FsspecBackend)
+        assert isinstance(backend, CachingBackend)
+        assert isinstance(backend.inner, FsspecBackend)
         return bytes(backend.inner.fs.cat_file(f"{backend.inner.root}/{key}"))
 
     def raw_exists(self, backend: Backend, key: str) -> bool:
-        assert isinstance(backend, CachingBackend) and isinstance(backend.inner, FsspecBackend)
+        assert isinstance(backend, CachingBackend)
+        assert isinstance(backend.inner, FsspecBackend)
         return bool(backend.inner.fs.isfile(f"{backend.inner.root}/{key}"))
 
 
@@ -372,7 +387,8 @@ def test_permanent_errors_name_the_url_and_never_the_secret(fifty: dict[str, int
     s3_counter.fail_next(1, 403, methods={"GET"})
     with pytest.raises(StorageError, match=f"{s3_url}/routes/{shard}/zarr.json: permission denied") as info:
         store.get("sample-000001")
-    assert not isinstance(info.value, ObjectNotFoundError) and s3_counter.faults == 1
+    assert not isinstance(info.value, ObjectNotFoundError)
+    assert s3_counter.faults == 1
     _no_secret(info.value)
 
     # 404: the chunk object is gone (not retried)
@@ -380,7 +396,8 @@ def test_permanent_errors_name_the_url_and_never_the_secret(fifty: dict[str, int
     s3_counter.reset()
     with pytest.raises(ObjectNotFoundError, match=f"{s3_url}/routes/{shard}/c/0/0/0") as missing:
         store.get("sample-000002")
-    assert isinstance(missing.value, FileNotFoundError) and s3_counter.requests == 2  # zarr.json, index
+    assert isinstance(missing.value, FileNotFoundError)
+    assert s3_counter.requests == 2
     _no_secret(missing.value)
     with pytest.raises(NotAStoreError, match="s3://r3store-test/elsewhere"):
         r3store.open_store("s3://r3store-test/elsewhere", storage_options=s3_storage_options)
@@ -449,9 +466,12 @@ def test_cli_inspect_s3_with_options_and_cache(fifty: dict[str, int], s3_url: st
         result = CliRunner().invoke(main, args + extra)
         assert result.exit_code == 0, result.output
         summary = json.loads(result.output)
-        assert summary["url"] == s3_url and summary["samples"] == NUM_SAMPLES and summary["commits"] == 1
+        assert summary["url"] == s3_url
+        assert summary["samples"] == NUM_SAMPLES
+        assert summary["commits"] == 1
     missing = CliRunner().invoke(main, ["inspect", "s3://r3store-test/elsewhere", *args[3:]])
-    assert missing.exit_code == 2 and "s3://r3store-test/elsewhere" in missing.output
+    assert missing.exit_code == 2
+    assert "s3://r3store-test/elsewhere" in missing.output
     assert SECRET_KEY not in missing.output
 
 

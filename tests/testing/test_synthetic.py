@@ -71,7 +71,8 @@ def test_load_skew_follows_target(skew: float) -> None:
     assert_valid(routes, 256)
     # Jitter is +/-10%; slots copied from a neighbour layer of other skew and sampling
     # noise of the max add a few percent (measured over seeds 0-5: 0.86x to 1.16x).
-    assert (load > skew * 0.8).all() and (load < skew * 1.25).all(), load
+    assert (load > skew * 0.8).all(), load
+    assert (load < skew * 1.25).all(), load
 
 
 def test_adjacent_layers_agree_more_than_independent_layers(qwen_trace: np.ndarray) -> None:
@@ -116,7 +117,8 @@ def test_routing_stats_on_the_real_flame_trace() -> None:
     # The bundled FLAME-MoE-290M trace: max/mean load 1.4 to 1.9 (data NOTICE.md).
     from importlib.resources import files
 
-    with files("r3store.data").joinpath("flame-moe-290m/flame_moe_290m_prefill_2048tok_8layers_top6.npz").open("rb") as f:
+    trace = files("r3store.data").joinpath("flame-moe-290m/flame_moe_290m_prefill_2048tok_8layers_top6.npz")
+    with trace.open("rb") as f:
         ids = np.load(f)["expert_ids"]
     stats = routing_stats(ids, 64)
     assert ((stats.max_mean_load > 1.3) & (stats.max_mean_load < 2.0)).all()

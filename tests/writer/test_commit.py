@@ -80,7 +80,9 @@ def test_retry_after_an_ambiguous_commit_does_not_commit_twice(tmp_path: Path) -
     writer.append("b", routes(2))
     writer.close()
     got = r3store.open_store(tmp_path)  # on_duplicate="raise": no duplicate
-    assert got.sample_ids == ["a", "b"] and shard in got.commits and len(got.commits) == 2
+    assert got.sample_ids == ["a", "b"]
+    assert shard in got.commits
+    assert len(got.commits) == 2
 
 
 def test_two_writers_with_one_writer_id_never_share_a_shard(tmp_path: Path) -> None:
@@ -102,7 +104,7 @@ def test_two_writers_with_one_writer_id_never_share_a_shard(tmp_path: Path) -> N
 def test_input_that_parquet_cannot_hold_is_refused_at_append(tmp_path: Path, case: str) -> None:
     with r3store.RouteWriter(tmp_path, SPEC) as w:
         w.append("good", routes(3), metadata={"m": 2**60 + 1 if case == "int-float-beyond-2**53" else 0.5})
-        with pytest.raises(RouteValidationError):
+        with pytest.raises(RouteValidationError):  # noqa: PT012 - one append per case
             if case == "surrogate-id":
                 w.append("bad-\ud800", routes(3))
             elif case == "surrogate-key":
@@ -126,7 +128,8 @@ def test_quarantine_survives_garbage_num_tokens_and_ids(tmp_path: Path) -> None:
             w.append_sglang("", "!!notbase64")
         w.append("ok", routes(2))
     got = r3store.open_store(tmp_path)
-    assert got.sample_ids == ["ok"] and got.row("q", include_quarantined=True)["num_tokens"] == 4
+    assert got.sample_ids == ["ok"]
+    assert got.row("q", include_quarantined=True)["num_tokens"] == 4
 
 
 def test_writer_never_writes_what_readers_refuse(tmp_path: Path) -> None:
@@ -158,7 +161,8 @@ BASE_COLUMNS = {"sample_id", "num_tokens", "num_rows", "row_start", "array", "co
                 "committed_at", "quarantined", "reason", "missing_rows", "policy_spans", "policy_version"}
 
 
-def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40, top_k: int = 3) -> np.ndarray:
+def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40,
+                  top_k: int = 3) -> np.ndarray:
     """Valid routes: per (row, layer) a random permutation prefix of the experts."""
     return np.argsort(rng.random((rows, layers, num_experts)), axis=-1)[..., :top_k].astype(np.int32)
 
@@ -190,7 +194,8 @@ def test_writer_refuses_foreign_folder(tmp_path: Path) -> None:
     before = sorted(p.name for p in tmp_path.rglob("*"))
     with pytest.raises(NotAStoreError) as info:
         r3store.RouteWriter(tmp_path, SPEC_5X40)
-    assert "data.csv" in str(info.value) and "other files" in str(info.value)
+    assert "data.csv" in str(info.value)
+    assert "other files" in str(info.value)
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
@@ -207,8 +212,10 @@ def test_second_writer_with_other_spec(tmp_path: Path) -> None:
     with pytest.raises(SpecMismatchError) as info:
         r3store.RouteWriter(tmp_path, other)
     msg = str(info.value)
-    assert str(tmp_path) in msg and "num_experts 40 there vs 64" in msg
-    assert info.value.expected == SPEC_5X40.to_dict() and info.value.got == other.to_dict()
+    assert str(tmp_path) in msg
+    assert "num_experts 40 there vs 64" in msg
+    assert info.value.expected == SPEC_5X40.to_dict()
+    assert info.value.got == other.to_dict()
     assert info.value.fields == ("num_experts",)
     with pytest.raises(SpecMismatchError):
         r3store.RouteWriter(tmp_path, r3store.ModelSpec(num_layers=5, num_experts=40, top_k=3))  # moe_layers differ
@@ -261,7 +268,8 @@ def test_commit_retried_after_gc_delete_is_complete(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="injected"):
         writer.flush()
     gone = r3store.audit.collect_garbage(tmp_path, older_than_s=0, delete=True)
-    assert [g.commit for g in gone] and not (tmp_path / "routes" / gone[0].commit / "zarr.json").exists()
+    assert [g.commit for g in gone]
+    assert not (tmp_path / "routes" / gone[0].commit / "zarr.json").exists()
     commit = writer.flush()
     writer.close()
     assert commit == gone[0].commit

@@ -128,7 +128,8 @@ def test_empty_payload_is_an_error_not_a_one_token_sample(tmp_path: Path) -> Non
             w.append_sglang("b", {"routed_experts": "", "prompt_tokens": 5, "completion_tokens": 3})
         w.append_sglang("one-token", {"routed_experts": ""}, num_tokens=1)  # a 1-token sample has no rows
     store = r3store.open_store(tmp_path)
-    assert store.sample_ids == ["one-token"] and store.get("one-token").shape == (0, 3, 4)
+    assert store.sample_ids == ["one-token"]
+    assert store.get("one-token").shape == (0, 3, 4)
 
 
 def test_token_counts_from_meta_info_catch_an_off_by_one(tmp_path: Path, rng: np.random.Generator) -> None:
@@ -141,7 +142,8 @@ def test_token_counts_from_meta_info_catch_an_off_by_one(tmp_path: Path, rng: np
         w.append_sglang("ok", meta(full, prompt=5, completion=5))
         w.append_sglang("explicit", meta(full, prompt=5, completion=6), num_tokens=10)  # the caller's count wins
     store = r3store.open_store(tmp_path)
-    assert sorted(store.sample_ids) == ["explicit", "ok"] and store.num_tokens("ok") == 10
+    assert sorted(store.sample_ids) == ["explicit", "ok"]
+    assert store.num_tokens("ok") == 10
 
 
 def test_routed_experts_start_len_is_used_as_start(tmp_path: Path, rng: np.random.Generator) -> None:
@@ -262,7 +264,8 @@ def test_decode_vllm_header_claims_more_than_present(shape: str) -> None:
 def test_decode_vllm_still_reads_npy() -> None:
     buf = io.BytesIO()
     np.save(buf, np.arange(24, dtype=np.uint16).reshape(3, 4, 2))
-    assert r3store.decode_vllm("x", base64.b64encode(buf.getvalue())).tolist() == np.arange(24).reshape(3, 4, 2).tolist()
+    decoded = r3store.decode_vllm("x", base64.b64encode(buf.getvalue()))
+    assert decoded.tolist() == np.arange(24).reshape(3, 4, 2).tolist()
 
 
 def _npy(header: str, body: bytes = b"\x00" * 96, version: bytes = b"\x01\x00") -> bytes:
@@ -323,7 +326,7 @@ SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
 
 def test_sglang_none_and_int64_payloads(tmp_path: Path) -> None:
     with r3store.RouteWriter(tmp_path, SPEC_4X16) as w:
-        with pytest.raises(PayloadDecodeError, match="is None.*capture"):
+        with pytest.raises(PayloadDecodeError, match=r"is None.*capture"):
             w.append_sglang("a", {"routed_experts": None})
         routes = np.tile(np.array([3, 7]), (6, 4, 1))
         as_int64 = base64.b64encode(routes.astype("<i8").tobytes()).decode()

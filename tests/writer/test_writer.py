@@ -89,7 +89,8 @@ def test_flush_commits_and_makes_visible(backend, tmp_path, memory_url) -> None:
     w.append("b", b)
     assert len(r3store.open_store(url)) == 0  # buffered, not committed
     shard = w.flush()
-    assert isinstance(shard, str) and shard.startswith("w1")
+    assert isinstance(shard, str)
+    assert shard.startswith("w1")
     assert w.commits == [shard]
     assert w.flush() is None
     store = r3store.open_store(url)
@@ -101,11 +102,13 @@ def test_flush_commits_and_makes_visible(backend, tmp_path, memory_url) -> None:
     w.append("c", c)
     assert r3store.open_store(url).sample_ids == ["a", "b"]  # "c" only after the next commit
     w.close()
-    assert len(w.commits) == 2 and w.commits[0] == shard
+    assert len(w.commits) == 2
+    assert w.commits[0] == shard
     store = r3store.open_store(url)
     assert store.sample_ids == ["a", "b", "c"]
     np.testing.assert_array_equal(store.get("c"), c)
-    assert store.row("c")["row_start"] == 0 and store.row("b")["row_start"] == 5
+    assert store.row("c")["row_start"] == 0
+    assert store.row("b")["row_start"] == 5
 
 
 def test_buffer_bytes_triggers_automatic_flushes(tmp_path) -> None:
@@ -132,7 +135,8 @@ def test_second_writer_same_spec_adds_to_store(tmp_path) -> None:
     one, two = uniform_routes(rng, 3, 3, 48, 2), uniform_routes(rng, 4, 3, 48, 2)
     with r3store.RouteWriter(tmp_path, SPEC) as w:
         w.append("one", one)
-    with r3store.RouteWriter(tmp_path, r3store.ModelSpec(num_layers=4, num_experts=48, top_k=2, moe_layers=[0, 2, 3])) as w:
+    spec = r3store.ModelSpec(num_layers=4, num_experts=48, top_k=2, moe_layers=[0, 2, 3])
+    with r3store.RouteWriter(tmp_path, spec) as w:
         full = np.zeros((4, 4, 2), dtype=np.int32)
         full[:, [0, 2, 3]] = two
         w.append("two", full)
@@ -159,7 +163,8 @@ def test_torch_tensors_accepted(tmp_path) -> None:
     for sid, r in data.items():
         np.testing.assert_array_equal(store.get(sid), r)
     np.testing.assert_array_equal(store.get("t4"), data["t2"])
-    assert store.row("t1")["token_hash"] == hashlib.blake2b(np.array([5, 6], "<i8").tobytes(), digest_size=16).hexdigest()
+    expected = hashlib.blake2b(np.array([5, 6], "<i8").tobytes(), digest_size=16).hexdigest()
+    assert store.row("t1")["token_hash"] == expected
 
 
 def test_torch_float_tensor_rejected(tmp_path) -> None:
@@ -179,7 +184,9 @@ def test_constructor_arguments(tmp_path) -> None:
     with pytest.raises(OptionError, match="not a writer setting"):
         r3store.RouteWriter(tmp_path, SPEC, {"shard_rows": 5})
     w = r3store.RouteWriter(tmp_path, SPEC, config={"writer_id": "mine"})
-    assert "mine" in repr(w) and w.config.writer_id == "mine" and w.config.layers_per_chunk == 3
+    assert "mine" in repr(w)
+    assert w.config.writer_id == "mine"
+    assert w.config.layers_per_chunk == 3
     with pytest.raises(RouteValidationError, match="sample_id"):
         w.append("", np.zeros((0, 3, 2)))
     w.close()
@@ -190,8 +197,8 @@ def test_writer_config_passed_whole(tmp_path) -> None:
     """A WriterConfig (or its dict form) sets the writer whole; (deprecated) keywords merge into it."""
     config = r3store.WriterConfig(chunk_rows=2, object_bytes=1, writer_id="cfg")
     routes = np.tile(np.array([0, 1]), (5, 3, 1))
-    for i, how in enumerate([dict(config=config), dict(config=config.to_dict()),
-                             dict(config={"chunk_rows": 2}, object_bytes=1, writer_id="cfg")]):
+    for i, how in enumerate([{"config": config}, {"config": config.to_dict()},
+                             {"config": {"chunk_rows": 2}, "object_bytes": 1, "writer_id": "cfg"}]):
         with warnings.catch_warnings():  # the third form: loose keywords, deprecated (tests/test_deprecated.py)
             warnings.simplefilter("ignore", r3store.errors.R3StoreDeprecationWarning)
             w = r3store.RouteWriter(tmp_path / str(i), SPEC, **how)
@@ -276,8 +283,10 @@ def test_quarantine_keeps_bad_samples_flagged(tmp_path) -> None:
         with pytest.raises(SampleNotFoundError):
             store.num_tokens(sid)
         assert store.row(sid, include_quarantined=True)["quarantined"] is True
-    assert table["good-0"]["quarantined"] is False and table["good-0"]["reason"] is None
-    assert "repeated" in table["repeated"]["reason"] and table["repeated"]["step"] == 2
+    assert table["good-0"]["quarantined"] is False
+    assert table["good-0"]["reason"] is None
+    assert "repeated" in table["repeated"]["reason"]
+    assert table["repeated"]["step"] == 2
     assert ">= num_experts" in table["physical"]["reason"]
     assert "not storable" in table["too-big"]["reason"]
     assert "expected num_tokens - 1" in table["off-by-one"]["reason"]
@@ -327,7 +336,8 @@ BASE_COLUMNS = {"sample_id", "num_tokens", "num_rows", "row_start", "array", "co
                 "committed_at", "quarantined", "reason", "missing_rows", "policy_spans", "policy_version"}
 
 
-def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40, top_k: int = 3) -> np.ndarray:
+def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40,
+                  top_k: int = 3) -> np.ndarray:
     """Valid routes: per (row, layer) a random permutation prefix of the experts."""
     return np.argsort(rng.random((rows, layers, num_experts)), axis=-1)[..., :top_k].astype(np.int32)
 
@@ -384,7 +394,8 @@ CASES: list[Case] = [
      ["70000", ">= num_experts"]),
     ("repeated", lambda w: w.append("bad", _with(OK5, (2, 0), 7), metadata=M), ExpertIdError,
      ["repeated", "row 2", "decoder layer 1", "[7, 7, 7]"]),
-    ("repeated-full-layers", lambda w: w.append("bad", full_layers(_with(OK5, (1, 2, 1), int(OK5[1, 2, 0]))), metadata=M),
+    ("repeated-full-layers",
+     lambda w: w.append("bad", full_layers(_with(OK5, (1, 2, 1), int(OK5[1, 2, 0]))), metadata=M),
      ExpertIdError, ["repeated", "row 1", "decoder layer 4"]),
     ("float", lambda w: w.append("bad", OK5.astype(np.float64), metadata=M), RouteShapeError, ["dtype", "float64"]),
     ("float32", lambda w: w.append("bad", OK5.astype(np.float32), metadata=M), RouteShapeError, ["dtype", "float32"]),
@@ -420,8 +431,9 @@ CASES: list[Case] = [
     # MoE-only ids that happen to divide into all decoder layers: caught by the dense-layer check
     ("sglang-moe-only-divisible", lambda w: w.append_sglang("bad", r3store.encode_sglang(OK5), metadata=M),
      ExpertIdError, ["dense decoder layer 0", "moe_layers may be wrong"]),
-    ("sglang-dense-nonzero", lambda w: w.append_sglang("bad", {"routed_experts": r3store.encode_sglang(_dense_nonzero())},
-                                                       metadata=M), ExpertIdError, ["dense decoder layer 3"]),
+    ("sglang-dense-nonzero",
+     lambda w: w.append_sglang("bad", {"routed_experts": r3store.encode_sglang(_dense_nonzero())}, metadata=M),
+     ExpertIdError, ["dense decoder layer 3"]),
     ("meta-reserved", lambda w: w.append("bad", OK5, metadata={"num_tokens": 6}), RouteValidationError,
      ["metadata['num_tokens']", "key must"]),
     ("meta-reserved-quarantined", lambda w: w.append("bad", OK5, metadata={"quarantined": False}), RouteValidationError,
@@ -496,7 +508,8 @@ def test_duplicate_id_same_writer(seeded) -> None:
     for sid in ("g1", "later"):  # committed in an earlier shard / still buffered
         with pytest.raises(DuplicateSampleError) as info:
             w.append(sid, OK5)
-        assert f"'{sid}'" in str(info.value) and "more than once" in str(info.value)
+        assert f"'{sid}'" in str(info.value)
+        assert "more than once" in str(info.value)
         assert info.value.sample_id == sid
         with pytest.raises(DuplicateSampleError, match=f"'{sid}'"):
             w.append_sglang(sid, r3store.encode_sglang(full_layers(OK5)))
@@ -508,7 +521,8 @@ def test_duplicate_id_same_writer(seeded) -> None:
 def test_writer_used_after_close(seeded) -> None:
     url, w = seeded
     w.close()
-    for call in (lambda: w.append("late", OK5), lambda: w.append_sglang("late", r3store.encode_sglang(full_layers(OK5))),
+    for call in (lambda: w.append("late", OK5),
+                 lambda: w.append_sglang("late", r3store.encode_sglang(full_layers(OK5))),
                  w.flush):
         with pytest.raises(WriterClosedError, match="closed"):
             call()
@@ -527,7 +541,7 @@ def _routes(rows: int, seed: int, spec: r3store.ModelSpec = SPEC6) -> np.ndarray
 
 def test_rows_of_minus_one_are_stored_as_missing(tmp_path: Path) -> None:
     """Item 15: NeMo-RL's all -1 rows (prefix-cache hits) were rejected; now they are missing rows:
-    -1 from ``get``, ``replay_mask`` False in batches, reported by ``validate`` (more in test_format_v2)."""
+    -1 from ``get``, ``replay_mask`` False in batches, reported by ``validate`` (more in format/test_v2.py)."""
     arr = _routes(6, 0)
     arr[1:3] = -1
     with r3store.RouteWriter(tmp_path, SPEC6) as w:

@@ -24,7 +24,8 @@ from r3store.errors import (
 SPEC = r3store.ModelSpec(num_layers=5, num_experts=32, top_k=4, moe_layers=[1, 3, 4])
 
 
-def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 32, top_k: int = 4) -> np.ndarray:
+def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 32,
+                  top_k: int = 4) -> np.ndarray:
     """Valid routes: per (row, layer) a random permutation prefix of the experts."""
     keys = rng.random((rows, layers, num_experts))
     return np.argsort(keys, axis=-1)[..., :top_k].astype(np.int32)
@@ -77,7 +78,8 @@ def test_gap_or_overlap_names_both_ranges(tmp_path, first_rows, start, rows, kin
         with pytest.raises(ContinuationError) as info:
             w.append("mt", random_routes(rng, rows), start=start, final=True)
         msg = str(info.value)
-        assert "'mt'" in msg and kind in msg
+        assert "'mt'" in msg
+        assert kind in msg
         assert f"[0, {first_rows})" in msg, msg
         assert f"[{start}, {start + rows})" in msg, msg
         assert info.value.have == (0, first_rows)
@@ -158,7 +160,9 @@ def test_close_with_open_sample_raises_and_stores_none_of_it(tmp_path) -> None:
     with pytest.raises(IncompleteSampleError) as info:
         w.close()
     assert info.value.sample_ids == ("open-1", "open-2")
-    assert "open-1" in str(info.value) and "open-2" in str(info.value) and "final=True" in str(info.value)
+    assert "open-1" in str(info.value)
+    assert "open-2" in str(info.value)
+    assert "final=True" in str(info.value)
     assert isinstance(info.value, RuntimeError)
     with pytest.raises(WriterClosedError):
         w.append("open-1", random_routes(rng, 1), start=3)
@@ -170,7 +174,7 @@ def test_close_with_open_sample_raises_and_stores_none_of_it(tmp_path) -> None:
 
 def test_context_exit_without_error_raises_incomplete(tmp_path) -> None:
     rng = np.random.default_rng(8)
-    with pytest.raises(IncompleteSampleError, match="open"), r3store.RouteWriter(tmp_path, SPEC) as w:
+    with pytest.raises(IncompleteSampleError, match="open"), r3store.RouteWriter(tmp_path, SPEC) as w:  # noqa: PT012
         w.append("ok", random_routes(rng, 2))
         w.append("open", random_routes(rng, 2), final=False)
     assert r3store.open_store(tmp_path).sample_ids == ["ok"]
@@ -179,11 +183,11 @@ def test_context_exit_without_error_raises_incomplete(tmp_path) -> None:
 def test_context_exit_on_error_warns_and_commits_completed(tmp_path) -> None:
     rng = np.random.default_rng(9)
     ok = random_routes(rng, 2)
-    with pytest.warns(DiscardedSampleWarning, match="open"), pytest.raises(KeyError, match="boom"):  # noqa: PT012
-        with r3store.RouteWriter(tmp_path, SPEC) as w:
-            w.append("ok", ok)
-            w.append("open", random_routes(rng, 2), final=False)
-            raise KeyError("boom")
+    with pytest.warns(DiscardedSampleWarning, match="open"), pytest.raises(KeyError, match="boom"), \
+            r3store.RouteWriter(tmp_path, SPEC) as w:  # noqa: PT012, PT031
+        w.append("ok", ok)
+        w.append("open", random_routes(rng, 2), final=False)
+        raise KeyError("boom")
     store = r3store.open_store(tmp_path)
     assert store.sample_ids == ["ok"]
     with pytest.raises(WriterClosedError):
@@ -195,11 +199,11 @@ def test_context_exit_commits_even_when_warnings_are_errors(tmp_path) -> None:
     ok = random_routes(rng, 2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(DiscardedSampleWarning, match="'open'"):  # noqa: PT012
-            with r3store.RouteWriter(tmp_path, SPEC) as w:
-                w.append("ok", ok)
-                w.append("open", random_routes(rng, 2), final=False)
-                raise KeyError("boom")
+        with pytest.raises(DiscardedSampleWarning, match="'open'"), \
+                r3store.RouteWriter(tmp_path, SPEC) as w:  # noqa: PT012
+            w.append("ok", ok)
+            w.append("open", random_routes(rng, 2), final=False)
+            raise KeyError("boom")
     np.testing.assert_array_equal(r3store.open_store(tmp_path).get("ok"), ok)
 
 
@@ -227,7 +231,8 @@ def test_metadata_given_on_an_earlier_turn_is_kept(tmp_path) -> None:
         w.append("mt", random_routes(rng, 2), final=False, metadata={"prompt_id": "p7"})
         w.append("mt", random_routes(rng, 2), start=2, metadata={"reward": 0.5})
     row = r3store.open_store(tmp_path).row("mt")
-    assert row["prompt_id"] == "p7" and row["reward"] == 0.5
+    assert row["prompt_id"] == "p7"
+    assert row["reward"] == 0.5
 
 
 @st.composite

@@ -29,7 +29,9 @@ def test_bad_turn_quarantines_the_sample_and_later_turns_still_append(tmp_path: 
     store = r3store.open_store(tmp_path)
     assert store.sample_ids == ["ok"]
     row = store.row("chat", include_quarantined=True)
-    assert row["quarantined"] and "repeated" in row["reason"] and row["num_rows"] == 9
+    assert row["quarantined"]
+    assert "repeated" in row["reason"]
+    assert row["num_rows"] == 9
     np.testing.assert_array_equal(store.get("chat", include_quarantined=True),
                                   np.concatenate([good(4), bad, good(2)]))
     with pytest.raises(SampleNotFoundError):
@@ -44,7 +46,8 @@ def test_valid_retry_beats_an_earlier_quarantined_copy(tmp_path: Path) -> None:
     with r3store.RouteWriter(tmp_path, SPEC) as w:
         w.append("s", good(3, shift=1))
     store = r3store.open_store(tmp_path, reader={"on_duplicate": "first"})
-    assert store.sample_ids == ["s"] and len(store.duplicates["s"]) == 2
+    assert store.sample_ids == ["s"]
+    assert len(store.duplicates["s"]) == 2
     np.testing.assert_array_equal(store.get("s"), good(3, shift=1))
 
 
@@ -53,5 +56,5 @@ def test_reading_a_quarantined_sample_says_why(tmp_path: Path) -> None:
     bad[0, 1, 1] = bad[0, 1, 0]
     with r3store.RouteWriter(tmp_path, SPEC, config={"on_invalid": "quarantine"}) as w:
         w.append("q", bad)
-    with pytest.raises(SampleNotFoundError, match="quarantined .*repeated.*include_quarantined=True"):
+    with pytest.raises(SampleNotFoundError, match=r"quarantined .*repeated.*include_quarantined=True"):
         r3store.open_store(tmp_path).get("q")
