@@ -76,7 +76,8 @@ def make_sample(tokens: int) -> tuple[np.ndarray, str]:
 
 def bench_append(impl: str, payload: str, full: np.ndarray, repeats: int, where: Path, sglang: bool) -> float:
     tokens = len(full) + 1
-    with kernels.use(impl), r3store.RouteWriter(where, SPEC, buffer_bytes=1 << 34, writer_id=f"w-{impl}") as writer:
+    config = {"buffer_bytes": 1 << 34, "writer_id": f"w-{impl}"}
+    with kernels.use(impl), r3store.RouteWriter(where, SPEC, config) as writer:
         def one(i: int) -> None:
             sid = f"{impl}-{'sglang' if sglang else 'array'}-{i}"
             if sglang:

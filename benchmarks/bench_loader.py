@@ -122,9 +122,9 @@ def main() -> None:
         store_bytes = folder_bytes(work / "store")
         results = []
         for cp in CPS:
-            ds = r3store.RouteDataset(work / "store", max_tokens_per_batch=BUDGET, cp_size=cp, cp_rank=0)
-            narrow = r3store.RouteDataset(work / "store", max_tokens_per_batch=BUDGET, cp_size=cp, cp_rank=0,
-                                          dtype="auto")
+            ds = r3store.RouteDataset(work / "store", max_tokens_per_batch=BUDGET, options={"cp_size": cp})
+            narrow = r3store.RouteDataset(work / "store", max_tokens_per_batch=BUDGET,
+                                          options={"cp_size": cp, "dtype": "auto"})
             ids = ds.sample_ids
             order = plan_batches([tokens_of[s] for s in ids], BUDGET, shuffle=False, seed=0, epoch=0)
             batches = [[ids[i] for i in b] for b in order]

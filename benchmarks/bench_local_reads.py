@@ -83,7 +83,7 @@ def main() -> None:
         ids = [f"s{i}" for i in range(samples)]
         results = {}
         for name, cls in (("mmap (baseline)", MmapBackend), ("pread", LocalBackend)):
-            store = r3store.open_store(cls(folder), cache_bytes=0)
+            store = r3store.open_store(cls(folder), reader={"cache_bytes": 0})
             store.get(ids[0])  # warm: page cache, tables
             results[name] = timed(store, ids, repeats)
         mb = samples * base.size * 4 / 1e6

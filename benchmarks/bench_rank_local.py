@@ -17,6 +17,7 @@ usage: python benchmarks/bench_rank_local.py [--quick] [--samples N] [--tokens T
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import shutil
 import statistics
@@ -136,7 +137,7 @@ def packed_table(reader: r3store.RouteReader, ids: list[str]) -> Table:
     devices = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
     for name, opts in (("CP=8 rank 0", LayoutOptions(cp_size=8)), ("CP=1", LayoutOptions())):
         plain = assemble(reader, ids, opts)["routes"]
-        batch = assemble(reader, ids, opts, packed=True)
+        batch = assemble(reader, ids, dataclasses.replace(opts, packed=True))
         for device in devices:
             packed = torch.from_numpy(batch["routes"]).to(device)
             best = float("inf")
@@ -183,7 +184,7 @@ def main() -> None:
         backends: list[tuple[str, str, Callable[[], Backend], Any]] = []
         for gname, kw in geometries.items():
             path = work / gname.split()[0]
-            with r3store.RouteWriter(path, SPEC, **kw) as writer:
+            with r3store.RouteWriter(path, SPEC, kw) as writer:
                 for sid, routes in samples.items():
                     writer.append(sid, routes)
             counting = CountingBackend(open_backend(str(path)))
@@ -204,7 +205,7 @@ def main() -> None:
 
             for gname, kw in geometries.items():
                 url = f"s3://{BUCKET}/{gname.split()[0]}"
-                with r3store.RouteWriter(url, SPEC, storage_options=options, **kw) as writer:
+                with r3store.RouteWriter(url, SPEC, kw, storage_options=options) as writer:
                     for sid, routes in samples.items():
                         writer.append(sid, routes)
                 backends.append(("S3 loopback", gname, lambda u=url: open_backend(u, options),

@@ -52,13 +52,13 @@ def make_store(path: str, commits: int, per_commit: int, tokens: int) -> tuple[i
     base = [synthetic_routes(num_tokens=tokens, num_layers=48, num_experts=128, top_k=8, seed=i) for i in range(4)]
     int32_bytes = 0
     for c in range(commits):
-        with r3store.RouteWriter(path, spec, writer_id=f"rollout-{c:03d}") as w:
+        with r3store.RouteWriter(path, spec, {"writer_id": f"rollout-{c:03d}"}) as w:
             for i in range(per_commit):
                 n = int(rng.integers(tokens // 2, tokens + 1))
                 routes = rng.permutation(128).astype(np.int32)[base[(c + i) % len(base)][: n - 1]]
                 w.append(f"c{c:03d}-s{i:03d}", routes)
                 int32_bytes += routes.nbytes
-    store = r3store.open_reader(path)
+    store = r3store.open_store(path)
     return len(store), int32_bytes, store.storage_usage().route_bytes
 
 
@@ -100,7 +100,7 @@ def bench_validate(args: argparse.Namespace, console: Console, tmp: str) -> None
                   f"{stored / MB:,.1f} MB stored ({time.perf_counter() - t0:.1f} s to write)")
 
     def local() -> Any:
-        return validate(r3store.open_reader(path, on_duplicate="report"))
+        return validate(r3store.open_store(path, reader={"on_duplicate": "report"}))
 
     headroom = parallel_headroom(args.workers)
     t_local, report_local = best_of(args.repeats, local)
@@ -160,7 +160,7 @@ def bench_handoff(args: argparse.Namespace, console: Console, tmp: str) -> None:
     one = synthetic_routes(num_tokens=args.step_tokens, num_layers=48, num_experts=128, top_k=8, seed=7)
     with r3store.RouteWriter(path, spec) as w:
         w.append("s", one)
-    stored = r3store.open_reader(path).storage_usage().route_bytes * n
+    stored = r3store.open_store(path).storage_usage().route_bytes * n
     table = Table(title=f"hand-off of one step: {n} samples x {args.step_tokens:,} tokens, Qwen3-30B-A3B "
                         "(48 MoE layers, top-8)", title_justify="left")
     for name in ("what moves", "through the object store", "vs int32 routes", "routes in storage"):

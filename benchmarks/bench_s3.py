@@ -183,7 +183,7 @@ def bench_reads(server: Server, samples: dict[str, np.ndarray], sizes: dict[str,
 
     def opener(**kw: Any) -> Callable[[], int]:
         def run() -> int:
-            holder["store"] = r3store.open_store(url, storage_options=server.options, **kw)
+            holder["store"] = r3store.open_store(url, reader=kw, storage_options=server.options)
             return 0
         return run
 
@@ -276,7 +276,7 @@ def child_append(url: str, gib: float, buffer_bytes: int, options_json: str) -> 
     before = rss_now()
     reset_peak_rss()
     t0 = time.perf_counter()
-    with r3store.RouteWriter(url, spec, buffer_bytes=buffer_bytes, storage_options=options) as writer:
+    with r3store.RouteWriter(url, spec, {"buffer_bytes": buffer_bytes}, storage_options=options) as writer:
         for i in range(count):
             writer.append(f"s{i:06d}", (template + i) % 128)
     seconds = time.perf_counter() - t0

@@ -65,7 +65,7 @@ def build(path: Path, first: int, commits: int, *, past: bool = True) -> float:
     t0 = time.perf_counter()
     fsync, os.fsync = os.fsync, lambda fd: None
     try:
-        with r3store.RouteWriter(path, SPEC, writer_id=f"bench{first:08d}") as w:
+        with r3store.RouteWriter(path, SPEC, {"writer_id": f"bench{first:08d}"}) as w:
             w._committer.check_spec = lambda: None  # type: ignore[method-assign]  # re-read once, not per commit
             end = datetime.now(UTC) - timedelta(hours=1)
             for c in range(first, first + commits):
@@ -92,7 +92,7 @@ def best(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
 
 
 def first_batch(url: str, options: dict[str, Any] | None, use_checkpoint: bool) -> int:
-    reader = r3store.open_reader(url, storage_options=options, use_checkpoint=use_checkpoint)
+    reader = r3store.open_store(url, reader={"use_checkpoint": use_checkpoint}, storage_options=options)
     ds = r3store.RouteDataset(reader, max_tokens_per_batch=4096)
     batch = next(iter(ds))
     return len(batch["sample_ids"])
@@ -113,14 +113,14 @@ def measure_store(url: str, n: int, options: dict[str, Any] | None, repeats: int
             requests = counter()["requests"] // reps
         rows.append({"commits": n, "what": what, "seconds": seconds, "requests": requests, "result": out})
 
-    row("open_store, no checkpoint", lambda: len(r3store.open_store(url, storage_options=options,
-                                                                    use_checkpoint=False)), max(1, repeats // 2))
+    row("open_store, no checkpoint", lambda: len(r3store.open_store(url, reader={"use_checkpoint": False},
+                                                                    storage_options=options)), max(1, repeats // 2))
     if not full:
         return rows
     row("RouteDataset + first batch, no checkpoint", lambda: first_batch(url, options, False), 1)
     row("open_store(filter=step==last), no checkpoint",
-        lambda: len(r3store.open_store(url, storage_options=options, use_checkpoint=False,
-                                       filter=pc.field("step") == last_step)), 1)
+        lambda: len(r3store.open_store(url, reader={"use_checkpoint": False, "filter": pc.field("step") == last_step},
+                                       storage_options=options)), 1)
     return rows
 
 
@@ -140,7 +140,7 @@ def measure_after(url: str, n: int, after: int, options: dict[str, Any] | None, 
         lambda: len(r3store.open_store(url, storage_options=options)))
     row(f"RouteDataset + first batch, checkpoint + {after}", lambda: first_batch(url, options, True), 1)
     row(f"open_store(filter=step==last), checkpoint + {after}",
-        lambda: len(r3store.open_store(url, storage_options=options, filter=pc.field("step") == last_step)))
+        lambda: len(r3store.open_store(url, reader={"filter": pc.field("step") == last_step}, storage_options=options)))
     return rows
 
 

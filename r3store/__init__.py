@@ -24,11 +24,14 @@ if TYPE_CHECKING:
     from r3store._spec import ModelSpec
     from r3store._store import RouteStore, open_store
     from r3store.dataset import RouteDataset, to_device
-    from r3store.reader import RouteReader, compact, open_reader
+    from r3store.layout import LayoutOptions
+    from r3store.reader import ReaderOptions, RouteReader, compact
     from r3store.writer import RouteWriter, WriterConfig, decode_sglang, decode_vllm, encode_sglang
 
 __all__ = [
+    "LayoutOptions",
     "ModelSpec",
+    "ReaderOptions",
     "RouteDataset",
     "RouteReader",
     "RouteStore",
@@ -40,13 +43,14 @@ __all__ = [
     "decode_vllm",
     "encode_sglang",
     "errors",
-    "open_reader",
     "open_store",
     "to_device",
 ]
 
 _LAZY = {
+    "LayoutOptions": "r3store.layout",
     "ModelSpec": "r3store._spec",
+    "ReaderOptions": "r3store.reader",
     "RouteDataset": "r3store.dataset",
     "RouteReader": "r3store.reader",
     "RouteStore": "r3store._store",
@@ -56,7 +60,6 @@ _LAZY = {
     "decode_vllm": "r3store.writer",
     "encode_sglang": "r3store.writer",
     "compact": "r3store.reader",
-    "open_reader": "r3store.reader",
     "open_store": "r3store._store",
     "to_device": "r3store.dataset",
 }
@@ -64,7 +67,7 @@ _LAZY = {
 loads neither numpy, pyarrow nor zarr until something needs them (torch: only the
 dataset names)."""
 
-_SHOWN_HERE = frozenset(_LAZY) - {"RouteDataset", "to_device"}
+_SHOWN_HERE = frozenset(_LAZY) - {"RouteDataset", "to_device", "LayoutOptions", "ReaderOptions"}
 """Names documented as ``r3store.<name>`` (their ``__module__`` is set to ``"r3store"``)."""
 
 
@@ -81,6 +84,10 @@ def __getattr__(name: str) -> Any:
             value.__module__ = "r3store"
         globals()[name] = value  # later lookups skip this function
         return value
+    if name == "open_reader":  # deprecated (warns when called; removed in 0.4.0): never bound here, not in __all__
+        from r3store.reader import open_reader
+
+        return open_reader
     if name in _SUBPACKAGES:
         return importlib.import_module(f"r3store.{name}")  # the import binds it in this module
     raise AttributeError(f"module 'r3store' has no attribute {name!r}")

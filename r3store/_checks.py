@@ -16,21 +16,30 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeGuard, TypeVar, cast
 
 import numpy as np
 
+from r3store._deprecated import loose_fields
 from r3store.errors import OptionError
 
 __all__ = [
+    "MAX_ROWS",
     "ErrorFactory",
     "config_fields",
+    "is_int",
     "merge_config",
     "parse_bool",
     "parse_choice",
     "parse_int",
     "parse_optional_int",
+    "resolve_config",
+    "same_value",
 ]
+
+MAX_ROWS = 1 << 40
+"""The one bound on sample lengths: ``num_tokens`` and a layout's ``max_seqlen`` are at most
+this; route arrays, a sample's route rows and row offsets are below it (readers reject more)."""
 
 ErrorFactory = Callable[[str, Any, str], Exception]
 """Builds the error to raise from ``(name, value, fault)``."""
@@ -43,8 +52,43 @@ class _Config(Protocol):
 
     def to_dict(self) -> Any: ...
 
+    @classmethod
+    def resolve(cls, config: Any = None, /, **fields: Any) -> Any: ...
+
 
 C = TypeVar("C", bound=_Config)
+
+
+def resolve_config(cls: type[C], func: str, param: str, config: C | Mapping[str, Any] | None,
+                   deprecated: Mapping[str, Any], aliases: Sequence[str] | None = None) -> C:
+    """The settings object of an entry point: ``config`` (its ``param=``) merged with the
+    deprecated loose keywords the entry point still takes in ``**deprecated``.
+
+    Parameters
+    ----------
+    cls : type
+        The settings class (``LayoutOptions``, ``ReaderOptions``, ``WriterConfig``).
+    func : str
+        The entry point as users write it (for messages).
+    param : str
+        The parameter the object is passed as (``"options"``, ``"reader"``, ``"config"``).
+    config : cls, its dict form, or None
+    deprecated : mapping
+        The entry point's ``**deprecated`` keywords.
+    aliases : sequence of str, optional
+        The fields ``func`` used to take as loose keywords (default: ``cls.LOOSE_KEYWORDS``; each warns with
+        :class:`r3store.errors.R3StoreDeprecationWarning`, pointing at the caller of ``func``).
+
+    Raises
+    ------
+    TypeError
+        A keyword is not one of ``aliases``.
+    r3store.errors.OptionError
+        As ``cls.resolve`` (a field given both ways with different values, a bad value).
+    """
+    names = getattr(cls, "LOOSE_KEYWORDS", ()) if aliases is None else aliases
+    loose = loose_fields(func, deprecated, {name: f"{param}.{name}" for name in names}, stacklevel=5)
+    return cast(C, cls.resolve(config, **loose.get(param, {})))
 
 
 def merge_config(cls: type[C], config: C | Mapping[str, Any] | None, fields: Mapping[str, Any], *,
@@ -71,20 +115,46 @@ def merge_config(cls: type[C], config: C | Mapping[str, Any] | None, fields: Map
     elif isinstance(config, cls):
         default = cls().to_dict()
         base = config
-        explicit = {k: v for k, v in config.to_dict().items() if v != default[k]}
+        explicit = {k: v for k, v in config.to_dict().items() if not same_value(v, default[k])}
     else:
         raise error(name, config, f"must be a {cls.__name__}, a dict of its fields, or None")
     if not given:
         return base
     for field, value in given.items():
-        if field in explicit and explicit[field] != value:
+        if field in explicit and not same_value(explicit[field], value):
             raise error(field, value, f"given as a keyword and as {explicit[field]!r} in {name}")
     return from_dict({**base.to_dict(), **given})
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """``a == b`` for settings values; values whose ``==`` builds an expression (a pyarrow
+    ``Expression``) compare with their ``equals`` method."""
+    if a is b:
+        return True
+    equals = getattr(a, "equals", None)
+    if callable(equals) and type(a) is type(b):
+        return bool(equals(b))
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return False
 
 
 def config_fields(cls: type) -> frozenset[str]:
     """Field names of a dataclass."""
     return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is an integer: a Python int or a numpy integer (any ``numbers.Integral``),
+    never a bool (``True`` is not a count). The one rule behind every int check of r3store.
+
+    Examples
+    --------
+    >>> is_int(3), is_int(np.uint8(3)), is_int(True), is_int(3.0)
+    (True, True, False, False)
+    """
+    return type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_))
 
 
 def parse_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None,
@@ -105,7 +175,7 @@ def parse_int(name: str, value: Any, *, minimum: int | None = None, maximum: int
     ...
     r3store.errors.OptionError: cp_size=0: must be >= 1
     """
-    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
+    if not is_int(value):
         raise error(name, value, f"must be an int, not {type(value).__name__}")
     number = int(value)
     if minimum is not None and maximum is not None and not minimum <= number <= maximum:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from r3store._checks import parse_int
+from r3store._checks import is_int, parse_int
 from r3store.errors import LayerError, SpecError
 
 __all__ = ["ModelSpec", "ModelSpecDict", "layer_positions"]
@@ -222,6 +222,6 @@ def layer_positions(moe_layers: Sequence[int], layers: Sequence[int] | None) -> 
 def _layer_int(layer: object) -> int:
     if type(layer) is int:  # the common case, without the slow ABC check (runs per layer per batch)
         return layer
-    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+    if not is_int(layer):
         raise TypeError(f"layers must hold ints (decoder-layer indices), got {layer!r}")
     return int(layer)

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
-import pyarrow.compute as pc
-
-from r3store._checks import parse_choice
+from r3store._checks import parse_choice, resolve_config
 from r3store._deprecated import renamed_property, warn
 from r3store._format import ArrayGeometry
-from r3store.batch import PadPolicy, RouteDType, assemble
+from r3store.batch import assemble
 from r3store.layout import LayoutOptions, LayoutOptionsDict
-from r3store.reader import OnDuplicate, RouteReader
+from r3store.reader import ReaderOptions, ReaderOptionsDict, RouteReader
 from r3store.storage import Backend
 
 __all__ = ["RouteStore", "open_store"]
@@ -36,23 +34,11 @@ class RouteStore(RouteReader):
         sample_ids: Sequence[str],
         options: LayoutOptions | LayoutOptionsDict | Mapping[str, Any] | None = None,
         *,
-        layout: Literal["thd", "bshd", "sbhd"] | None = None,
         layers: Sequence[int] | None = None,
-        cp_size: int | None = None,
-        cp_rank: int | None = None,
-        cp_mode: Literal["zigzag", "contiguous"] | None = None,
-        tp_size: int | None = None,
-        pad_multiple: int | None = None,
-        sequence_parallel: bool | None = None,
-        tp_rank: int | None = None,
-        max_seqlen: int | None = None,
-        pad_policy: PadPolicy = "spread",
-        fill_value: int = -1,
         tokens: Sequence[Any] | None = None,
         return_tensors: Literal["np", "pt"] = "np",
         return_policy_version: bool = False,
-        dtype: RouteDType = "int32",
-        packed: bool = False,
+        **deprecated: Any,
     ) -> dict[str, Any]:
         """The batch for exactly ``sample_ids``, in that order, laid out like the trainer's tokens.
 
@@ -63,25 +49,21 @@ class RouteStore(RouteReader):
         ----------
         sample_ids : sequence of str
         options : LayoutOptions or LayoutOptionsDict, optional
-            The layout passed whole. The layout keywords below (``layout``, ``cp_*``,
-            ``tp_*``, ``pad_multiple``, ``sequence_parallel``, ``max_seqlen``) are its
-            fields given one by one and are merged into it; ``None`` means not given.
-        layout : {"thd", "bshd", "sbhd"}, optional
-            Packed with ``cu_seqlens``, or padded to ``max_seqlen`` / the batch maximum,
-            batch first (BSHD) or sequence first (SBHD: ``(T, B, n_layers, top_k)``, the
-            order Megatron's router flattens ``[S, B, h]`` hidden states in).
+            The layout and the batch's form passed whole (see
+            :class:`r3store.layout.LayoutOptions`): ``layout`` (THD packed with
+            ``cu_seqlens``; BSHD/SBHD padded to ``max_seqlen`` or the batch maximum, batch
+            first or sequence first, ``(T, B, n_layers, top_k)``, the order Megatron's
+            router flattens ``[S, B, h]`` hidden states in), the context-parallel split
+            (``cp_size``, ``cp_rank``, ``cp_mode``: Megatron zig-zag or contiguous), TP
+            padding and the SP slice (``tp_size``, ``tp_rank``, ``pad_multiple``,
+            ``sequence_parallel``), the pad rows (``pad_policy``: distinct in-range ids
+            spread over all experts, or ``fill_value``), the routes' ``dtype`` (int32,
+            int16, uint8, or ``"auto"``: the narrowest holding every expert and pad id;
+            see :func:`r3store.batch.route_dtype`) and ``packed`` (``routes`` bit-packed
+            uint8 plus ``routes_bits`` and ``routes_shape``, unpacked on the device by
+            :func:`r3store.dataset.unpack_routes`).
         layers : sequence of int, optional
             Global decoder layers to keep (a pipeline stage's MoE layers).
-        cp_size, cp_rank, cp_mode : optional
-            Context parallel split (Megatron zig-zag, or contiguous all-gather).
-        tp_size, tp_rank, pad_multiple, sequence_parallel : optional
-            Pad the packed length to a multiple of ``tp_size * pad_multiple``; with
-            sequence parallel keep only ``tp_rank``'s contiguous part.
-        max_seqlen : int, optional
-            BSHD only.
-        pad_policy : {"spread", "fill"}
-            Pad rows get distinct in-range ids spread over all experts, or ``fill_value``.
-        fill_value : int
         tokens : sequence of int sequences, optional
             Each sample's token ids: checked against the stored token hash and
             ``len(tokens) - 1 == rows``, and laid out as ``batch["tokens"]``.
@@ -92,12 +74,12 @@ class RouteStore(RouteReader):
             Add ``policy_version``, int64 per row laid out like the routes: the policy
             (weight) version that produced the row (``append(..., policy_version=)``), -1
             on pad rows and for samples written without a version.
-        dtype : {"int32", "int16", "uint8", "auto"}
-            dtype of ``routes``: int32 (default), int16, uint8, or the narrowest holding
-            every expert and pad id (see :func:`r3store.batch.route_dtype`).
-        packed : bool
-            ``routes`` bit-packed (uint8) plus ``routes_bits`` and ``routes_shape``, to be
-            unpacked on the device by :func:`r3store.dataset.unpack_routes`.
+        **deprecated
+            ``layout``, ``cp_size``, ``cp_rank``, ``cp_mode``, ``tp_size``, ``tp_rank``,
+            ``pad_multiple``, ``sequence_parallel``, ``max_seqlen``, ``pad_policy``,
+            ``fill_value``, ``dtype``, ``packed``: fields of ``options`` given one by one
+            (``None``: not given), merged into it; each warns
+            (:class:`r3store.errors.R3StoreDeprecationWarning`) and is removed in 0.4.0.
 
         Only this rank's rows (CP/SP slice) and ``layers`` are fetched and decoded, and
         only its output is allocated (see :func:`r3store.batch.assemble`).
@@ -118,17 +100,17 @@ class RouteStore(RouteReader):
             A layout option is invalid, or given both in ``options`` and as a keyword
             with different values.
         r3store.errors.OptionError
-            ``return_tensors`` is not ``"np"`` or ``"pt"``; ``dtype`` is not a choice or
-            cannot hold every expert id; ``fill_value`` does not fit ``dtype``.
+            ``return_tensors`` is not ``"np"`` or ``"pt"``; ``dtype`` cannot hold every
+            expert id; ``fill_value`` does not fit ``dtype``.
         r3store.errors.SampleNotFoundError, r3store.errors.LayerError
+        TypeError
+            A keyword is neither a parameter nor a deprecated layout field.
         """
         parse_choice("return_tensors", return_tensors, ("np", "pt"))
-        opts = LayoutOptions.resolve(options, layout=layout, cp_size=cp_size, cp_rank=cp_rank, cp_mode=cp_mode,
-                                     tp_size=tp_size, tp_rank=tp_rank, pad_multiple=pad_multiple,
-                                     sequence_parallel=sequence_parallel, max_seqlen=max_seqlen)
+        opts = resolve_config(LayoutOptions, "RouteStore.assemble", "options", options, deprecated)
         self.prefetch(sample_ids)
-        batch = assemble(self, sample_ids, opts, layers=layers, pad_policy=pad_policy, fill_value=fill_value,
-                         tokens=tokens, return_policy_version=return_policy_version, dtype=dtype, packed=packed)
+        batch = assemble(self, sample_ids, opts, layers=layers, tokens=tokens,
+                         return_policy_version=return_policy_version)
         if return_tensors == "np":
             return batch
         from r3store.dataset import batch_to_tensors
@@ -136,6 +118,15 @@ class RouteStore(RouteReader):
         return batch_to_tensors(batch)
 
     # -- deprecated names -------------------------------------------------------------
+
+    @classmethod
+    def open(cls, url: str | os.PathLike[str] | Backend, *,
+             reader: ReaderOptions | ReaderOptionsDict | Mapping[str, Any] | None = None,
+             storage_options: Mapping[str, Any] | None = None, **deprecated: Any) -> Self:
+        """Deprecated (removed in r3store 0.4.0): use :func:`r3store.open_store`, the same parameters."""
+        warn("RouteStore.open", "r3store.open_store(url, reader=...)")
+        options = resolve_config(ReaderOptions, "RouteStore.open", "reader", reader, deprecated)
+        return cls._open(url, options, storage_options)
 
     shards = renamed_property("shards", "commits")
     committed_shards = renamed_property("committed_shards", "commits")
@@ -149,38 +140,38 @@ class RouteStore(RouteReader):
 def open_store(
     url: str | os.PathLike[str] | Backend,
     *,
+    reader: ReaderOptions | ReaderOptionsDict | Mapping[str, Any] | None = None,
     storage_options: Mapping[str, Any] | None = None,
-    on_duplicate: OnDuplicate = "raise",
-    cache_bytes: int = 64 << 20,
-    cache_dir: str | os.PathLike[str] | None = None,
-    max_sample_rows: int | None = None,
-    filter: pc.Expression | None = None,
-    use_checkpoint: bool = True,
+    **deprecated: Any,
 ) -> RouteStore:
-    """Open a store for reading (see :func:`r3store.reader.open_reader` for every parameter).
+    """Open a store for reading: the one documented way (``r3store.open_reader`` and
+    ``RouteStore.open`` are deprecated aliases; :meth:`r3store.reader.RouteReader.open` is
+    the read core's constructor, for the layers below this facade).
 
     Parameters
     ----------
     url : str, os.PathLike or Backend
         Local folder or fsspec URL (``memory://``, ``s3://bucket/prefix``).
+    reader : ReaderOptions or ReaderOptionsDict, optional
+        How to open it, passed whole (:class:`r3store.ReaderOptions`; a dict of its fields
+        is checked the same way): ``on_duplicate`` (a sample id committed by two commits:
+        ``"raise"``, keep the earliest with ``"first"``, or keep it and list every
+        duplicate in :attr:`RouteStore.duplicates` with ``"report"``), ``cache_bytes``
+        (decoded chunks kept in memory), ``cache_dir`` (a local read-through cache of a
+        remote store's route objects and sample tables), ``max_sample_rows`` (refuse
+        longer samples at open; default: the store's ``limits.max_sample_rows``),
+        ``commits`` (read only these commits), ``filter`` (a pyarrow compute expression
+        over sample-table columns, e.g. ``pc.field("step") == 7``, pushed down into
+        every table read) and ``use_checkpoint`` (start from the newest valid
+        checkpoint written by :func:`r3store.compact`; False reads every sample table).
     storage_options : mapping, optional
-        Passed to fsspec (``endpoint_url``, ``key``, ``secret``, ``profile``, ...).
-    on_duplicate : {"raise", "first", "report"}
-        A sample id committed by two commits: raise, keep the earliest commit, or keep the
-        earliest and list every duplicate in :attr:`RouteStore.duplicates` (for audits).
-    cache_bytes : int
-        Budget for decoded chunks kept in memory.
-    cache_dir : str or os.PathLike, optional
-        Local read-through cache of a remote store's route objects and sample tables.
-    max_sample_rows : int, optional
-        Cap on rows per sample, checked at open before anything is allocated (default:
-        the store's ``limits.max_sample_rows``; see :func:`r3store.reader.open_reader`).
-    filter : pyarrow.compute.Expression, optional
-        Open only the samples it selects, e.g. one RL step's: ``pc.field("step") == 7``
-        (sample-table columns; pushed down, see :func:`r3store.reader.open_reader`).
-    use_checkpoint : bool
-        Start from the newest valid checkpoint (:func:`r3store.compact`); False reads
-        every sample table.
+        Passed to fsspec (``endpoint_url``, ``key``, ``secret``, ``profile``, ...); kept
+        out of ``reader`` so credentials never appear in an options object's repr.
+    **deprecated
+        The fields of ``reader`` given one by one (``on_duplicate=``, ``cache_bytes=``,
+        ``cache_dir=``, ``max_sample_rows=``, ``commits=``, ``filter=``,
+        ``use_checkpoint=``): merged into it; each warns
+        (:class:`r3store.errors.R3StoreDeprecationWarning`) and is removed in 0.4.0.
 
     Returns
     -------
@@ -188,11 +179,44 @@ def open_store(
 
     Raises
     ------
-    r3store.errors.NotAStoreError, r3store.errors.FormatError, r3store.errors.DuplicateSampleError,
-    r3store.errors.OptionError, r3store.errors.StorageError
-        As :func:`r3store.reader.open_reader` (FormatError subclasses: ChecksumError,
-        SpecConflictError, SampleTooLargeError).
+    r3store.errors.NotAStoreError
+        No ``r3store.json`` at ``url``.
+    r3store.errors.FormatError
+        The manifest or a sample table is malformed (FormatVersionError: unknown version):
+        a table over the size caps, named other than ``index/<bucket>/<commit>.parquet``
+        (``index/<commit>.parquet`` in format v1) with a valid commit name, or with a row
+        that breaks the rules of ``schema/FORMAT.md`` section 6. Its subclasses:
+        ChecksumError (the manifest's CRC-32C, a sample table's page CRCs or digest),
+        SpecConflictError (a sample table's spec differs from the manifest's),
+        SampleTooLargeError (a sample over the cap).
+    r3store.errors.DuplicateSampleError
+        With ``on_duplicate="raise"``: names the id and both commits.
+    r3store.errors.OptionError
+        A reader option is invalid (or given both ways with different values), or
+        ``commits`` holds a string that is not a commit name.
+    r3store.errors.ObjectNotFoundError
+        A commit of ``commits`` has no sample table.
+    r3store.errors.StorageError
+    TypeError
+        A keyword is neither a parameter nor a deprecated reader option.
+
+    Warns
+    -----
+    r3store.errors.CheckpointWarning
+        A checkpoint was damaged, partial or of another spec, and was skipped.
+
+    Examples
+    --------
+    >>> import numpy as np, r3store, tempfile
+    >>> spec = r3store.ModelSpec(num_layers=1, num_experts=4, top_k=1)
+    >>> path = tempfile.mkdtemp()
+    >>> for step in range(2):
+    ...     with r3store.RouteWriter(path, spec, {"writer_id": f"step{step}"}) as w:
+    ...         w.append(f"s{step}", np.zeros((3, 1, 1), np.int64))
+    >>> r3store.open_store(path).commits
+    ['step0-00000', 'step1-00000']
+    >>> r3store.open_store(path, reader={"commits": ["step1-00000"]}).sample_ids
+    ['s1']
     """
-    return RouteStore.open(url, storage_options=storage_options, on_duplicate=on_duplicate,
-                           cache_bytes=cache_bytes, cache_dir=cache_dir, max_sample_rows=max_sample_rows,
-                           filter=filter, use_checkpoint=use_checkpoint)
+    options = resolve_config(ReaderOptions, "open_store", "reader", reader, deprecated)
+    return RouteStore._open(url, options, storage_options)

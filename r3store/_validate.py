@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from r3store._checks import is_int
 from r3store._format import RESERVED_COLUMNS
 from r3store._spec import ModelSpec
 from r3store.codecs import kernels
@@ -201,7 +202,7 @@ def check_row_count(sample_id: str, rows: int, num_tokens: int | None, tokens: n
         num_tokens = len(tokens)
     if num_tokens is None:
         return rows + 1
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int | np.integer) or num_tokens < 1:
+    if not is_int(num_tokens) or num_tokens < 1:
         raise RowCountError(sample_id, "num_tokens", f"must be an int >= 1, got {num_tokens!r}")
     if rows != num_tokens - 1:
         extra = " (a row for the last token too? engines return num_tokens - 1 rows)" if rows == num_tokens else ""
@@ -218,12 +219,10 @@ def check_policy_version(sample_id: str, version: Any) -> int | None:
     """
     if version is None:
         return None
-    if isinstance(version, np.integer):
-        version = int(version)
-    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version < 2**63:
+    if not is_int(version) or not 0 <= version < 2**63:
         raise RouteValidationError(sample_id, "policy_version",
                                    f"must be an int in [0, 2**63) or None, got {version!r}")
-    return version
+    return int(version)
 
 
 def check_tokens(sample_id: str, tokens: Any) -> np.ndarray | None:
@@ -291,7 +290,7 @@ def _check_meta_value(sample_id: str, key: Any, value: Any) -> None:
     if not isinstance(value, _SCALARS) or (isinstance(value, float) and not math.isfinite(value)):
         raise RouteValidationError(sample_id, f"metadata[{key!r}]", f"must be a finite JSON scalar, got {value!r}")
     # what Parquet cannot hold would fail only at commit, taking the whole buffer with it
-    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+    if is_int(value) and not -(2**63) <= value < 2**63:
         raise RouteValidationError(sample_id, f"metadata[{key!r}]", f"int {value} does not fit in int64")
     if isinstance(value, str) and not _utf8(value):
         raise RouteValidationError(sample_id, f"metadata[{key!r}]",

@@ -37,7 +37,8 @@ builtin exception a caller would naturally catch, so ``except KeyError`` around
 
     R3StoreWarning (UserWarning)
     ├── DiscardedSampleWarning                   open samples were dropped at close
-    └── CheckpointWarning                        a checkpoint was ignored (damaged, partial, foreign)
+    ├── CheckpointWarning                        a checkpoint was ignored (damaged, partial, foreign)
+    └── R3StoreDeprecationWarning (DeprecationWarning)  a deprecated name (the message names the release removing it)
 
 Errors keep the facts as attributes (``sample_id``, ``field``, ``path``, ...) and
 build their message from them.
@@ -66,6 +67,7 @@ __all__ = [
     "ObjectNotFoundError",
     "OptionError",
     "PayloadDecodeError",
+    "R3StoreDeprecationWarning",
     "R3StoreError",
     "R3StoreWarning",
     "ReadOnlyStoreError",
@@ -229,9 +231,9 @@ class DuplicateSampleError(R3StoreError, ValueError):
 
     @property
     def shards(self) -> tuple[str, ...]:
-        """Deprecated name of :attr:`commits` (removed in the next release)."""
-        warnings.warn("DuplicateSampleError.shards is deprecated and will be removed in the next release; use "
-                      "DuplicateSampleError.commits", DeprecationWarning, stacklevel=2)
+        """Deprecated name of :attr:`commits` (removed in r3store 0.4.0)."""
+        warnings.warn("DuplicateSampleError.shards is deprecated and will be removed in r3store 0.4.0; use "
+                      "DuplicateSampleError.commits", R3StoreDeprecationWarning, stacklevel=2)
         return self.commits
 
 
@@ -456,8 +458,8 @@ class SampleTooLargeError(FormatError):
         self.rows = rows
         self.cap = cap
         super().__init__(path, f"sample {sample_id!r} has {rows:,} rows, more than the cap of {cap:,} rows per "
-                               "sample (the store's limits.max_sample_rows; open_store(..., max_sample_rows=...) "
-                               "reads larger samples)")
+                               "sample (the store's limits.max_sample_rows; "
+                               "open_store(..., reader={'max_sample_rows': ...}) reads larger samples)")
 
 
 class CodecError(R3StoreError, ValueError):
@@ -520,6 +522,16 @@ class WriterClosedError(R3StoreError, RuntimeError):
 
 class R3StoreWarning(UserWarning):
     """Root of r3store's warnings."""
+
+
+class R3StoreDeprecationWarning(R3StoreWarning, DeprecationWarning):
+    """A deprecated r3store name (module attribute, keyword, property) was used.
+
+    Its message names the replacement and the release that removes the alias
+    (``"... is deprecated and will be removed in r3store 0.4.0; use ..."``). A
+    :class:`DeprecationWarning`, so ``pytest.deprecated_call()`` and ``-W error::DeprecationWarning``
+    catch it; filter r3store's own with ``-W error::r3store.errors.R3StoreDeprecationWarning``.
+    """
 
 
 class DiscardedSampleWarning(R3StoreWarning):

@@ -111,7 +111,8 @@ def test_leftover_shard_alias() -> None:
     item = Leftover(commit="w-00003", keys=("routes/w-00003/zarr.json",), nbytes=10, age_s=5.0)
     with pytest.deprecated_call(match="Leftover.shard"):
         assert item.shard == "w-00003"
-    assert item.to_dict()["shard"] == item.to_dict()["commit"] == "w-00003"  # JSON keeps the old key one release
+    assert "shard" not in item.to_dict()  # schema/cli-gc.schema.json version 2: the old key is gone
+    assert item.to_dict()["commit"] == "w-00003"
 
 
 # -- data-parallel rank names ---------------------------------------------------------------
@@ -150,7 +151,7 @@ def test_plan_batches_num_replicas_keyword() -> None:
 
 
 def test_writer_shard_bytes_keyword(tmp_path: Path) -> None:
-    with pytest.deprecated_call(match=r"RouteWriter\(shard_bytes=...\).*object_bytes="):
+    with pytest.deprecated_call(match=r"RouteWriter\(shard_bytes=...\).*config=\{'object_bytes': ...\}"):
         w = r3store.RouteWriter(tmp_path, SPEC, shard_bytes=1000)
     assert w.config.object_bytes == 1000
     w.close()
@@ -167,6 +168,74 @@ def test_writer_store_attribute(tmp_path: Path) -> None:
                                           ("layers_per_chunk", "layers_per_chunk"), ("shard_bytes", "object_bytes"),
                                           ("on_invalid", "on_invalid")])
 def test_writer_setting_attributes(tmp_path: Path, old: str, new: str) -> None:
-    with r3store.RouteWriter(tmp_path, SPEC, object_bytes=999, chunk_rows=7) as w, \
+    with r3store.RouteWriter(tmp_path, SPEC, {"object_bytes": 999, "chunk_rows": 7}) as w, \
             pytest.deprecated_call(match=f"RouteWriter.{old} is deprecated.*RouteWriter.config.{new}"):
         assert getattr(w, old) == getattr(w.config, new)
+
+
+# -- settings passed whole (loose keywords of 0.2 -> fields of LayoutOptions / ReaderOptions / WriterConfig) ----
+
+REMOVED = r"will be removed in r3store 0\.4\.0"
+
+
+def test_every_alias_warns_with_the_r3store_category_and_release(tmp_path: Path) -> None:
+    """R3StoreDeprecationWarning is a DeprecationWarning (and an R3StoreWarning) naming 0.4.0."""
+    assert issubclass(r3store.errors.R3StoreDeprecationWarning, DeprecationWarning)
+    assert issubclass(r3store.errors.R3StoreDeprecationWarning, r3store.errors.R3StoreWarning)
+    _store(tmp_path)
+    store = r3store.open_store(tmp_path)
+    for use in (lambda: store.shards, lambda: r3store.storage.Store,
+                lambda: r3store.errors.DuplicateSampleError("x", ("w-00001",)).shards):
+        with pytest.warns(r3store.errors.R3StoreDeprecationWarning, match=REMOVED):
+            use()
+
+
+def test_writer_loose_settings(tmp_path: Path) -> None:
+    with pytest.warns(r3store.errors.R3StoreDeprecationWarning,
+                      match=r"RouteWriter\(chunk_rows=\.\.\., writer_id=\.\.\.\) is deprecated .*0\.4\.0.*config=\{"):
+        w = r3store.RouteWriter(tmp_path, SPEC, chunk_rows=2, writer_id="old")
+    with w:
+        assert (w.config.chunk_rows, w.writer_id) == (2, "old")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'chunk_row'"):
+        r3store.RouteWriter(tmp_path, SPEC, chunk_row=2)
+
+
+def test_route_dataset_loose_layout_and_reader_keywords(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import pyarrow.compute as pc
+
+    _store(tmp_path)
+    with pytest.warns(r3store.errors.R3StoreDeprecationWarning) as record:
+        old = r3store.RouteDataset(tmp_path, max_tokens_per_batch=8, cp_size=2, dtype="int16", on_duplicate="first",
+                                   filter=pc.field("sample_id") == "b")
+    messages = [str(w.message) for w in record]
+    assert any("RouteDataset(cp_size=..., dtype=...)" in m and "options={" in m for m in messages)
+    assert any("RouteDataset(on_duplicate=..., filter=...)" in m and "reader={" in m for m in messages)
+    new = r3store.RouteDataset(tmp_path, max_tokens_per_batch=8, options={"cp_size": 2, "dtype": "int16"},
+                               reader={"on_duplicate": "first", "filter": pc.field("sample_id") == "b"})
+    assert old.options == new.options
+    assert old.reader.options == new.reader.options
+    assert [b["routes"].tolist() for b in old] == [b["routes"].tolist() for b in new]
+    with pytest.raises(r3store.errors.OptionError, match="applies when the dataset opens the store"):
+        r3store.RouteDataset(r3store.open_store(tmp_path), reader={"on_duplicate": "first"})
+
+
+def test_route_reader_loose_keywords(tmp_path: Path) -> None:
+    _store(tmp_path)
+    store = r3store.open_store(tmp_path)
+    with pytest.warns(r3store.errors.R3StoreDeprecationWarning, match=r"RouteReader\(use_checkpoint=\.\.\.\)"):
+        reader = r3store.RouteReader(store.backend, store.manifest, use_checkpoint=False)
+    assert reader.options == r3store.ReaderOptions(use_checkpoint=False)
+    assert reader.sample_ids == store.sample_ids
+
+
+def test_write_routes_loose_column_keywords(tmp_path: Path) -> None:
+    r3ray = pytest.importorskip("r3store.ray")
+    with pytest.warns(r3store.errors.R3StoreDeprecationWarning) as record:
+        sink = r3ray.RouteDatasink(tmp_path, SPEC, routes_column="ids", num_tokens_column=None,
+                                   payload="sglang", on_invalid="quarantine")
+    assert [str(w.message).split(" is ")[0] for w in record] == [
+        "write_routes(payload=..., routes_column=..., num_tokens_column=...)", "write_routes(on_invalid=...)"]
+    assert sink.columns == r3ray.RouteColumns(routes="ids", num_tokens=None, payload="sglang")
+    assert sink.config.on_invalid == "quarantine"
+

@@ -2,6 +2,7 @@
 (see ``schema/FORMAT.md``)."""
 
 from r3store._format._array import (
+    EMPTY,
     MAX_CHUNK_IDS,
     MAX_INDEX_ENTRIES,
     ArrayGeometry,
@@ -72,6 +73,7 @@ __all__ = [
     "CheckpointInfo",
     "DEFAULT_MAX_SAMPLE_ROWS",
     "DIGEST_TYPES",
+    "EMPTY",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "INDEX_PREFIX",

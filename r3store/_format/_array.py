@@ -20,12 +20,14 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
+from r3store._checks import is_int
 from r3store._format._manifest import FORMAT_VERSION, MAX_ROWS
 from r3store._spec import ModelSpec
 from r3store.codecs import BitpackCodec, SupportsBinding, get_codec
 from r3store.errors import ChecksumError, FormatError
 
 __all__ = [
+    "EMPTY",
     "MAX_CHUNK_IDS",
     "MAX_INDEX_ENTRIES",
     "ArrayGeometry",
@@ -36,6 +38,7 @@ __all__ = [
 ]
 
 EMPTY = np.uint64(2**64 - 1)
+"""Object-index entry (offset and size) of a chunk that is not stored (past the end of the array)."""
 MAX_CHUNK_IDS = 1 << 26
 """Readers reject inner chunks of more ids (``chunk_rows * layers_per_chunk * top_k``)."""
 MAX_INDEX_ENTRIES = 1 << 20
@@ -226,7 +229,7 @@ def _codec_config(inner: Any) -> dict[str, Any]:
 def _ints(values: Any, n: int) -> list[int]:
     """``n`` JSON integers (not bools, not floats), or ValueError."""
     if not isinstance(values, list) or len(values) != n or \
-            not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            not all(is_int(v) for v in values):
         raise ValueError(f"expected {n} integers, got {values!r}")
     return list(values)
 

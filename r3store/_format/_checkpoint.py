@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from r3store._checks import is_int
 from r3store._format._digest import table_digest
 from r3store._format._json import canonical_json, loads_document
 from r3store._format._keys import BUCKET_NAME, COMMIT_NAME, array_key, bucket_of, is_bucket
@@ -160,7 +161,7 @@ def read_checkpoint(buf: bytes, path: str, *, spec: ModelSpec, spec_source: str 
     watermark, created, count = doc.get("watermark"), doc.get("created_at"), doc.get("commits")
     if doc.get("version") != CHECKPOINT_VERSION or not isinstance(watermark, str) or \
             not BUCKET_NAME.fullmatch(watermark) or not is_bucket(watermark) or not isinstance(created, str) or \
-            not isinstance(count, int):
+            not is_int(count):
         raise FormatError(path, f"r3store.checkpoint metadata {text[:200]!r} is not a version "
                                 f"{CHECKPOINT_VERSION} checkpoint description")
     check_columns(table, meta, path, version=FORMAT_VERSION, spec=spec, spec_source=spec_source)

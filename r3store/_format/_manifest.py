@@ -22,6 +22,7 @@ from typing import Any
 import google_crc32c
 import jsonschema
 
+from r3store._checks import MAX_ROWS, is_int
 from r3store._format._json import canonical_json
 from r3store._spec import ModelSpec
 from r3store._version import __version__
@@ -47,8 +48,6 @@ FORMAT_VERSION = 2
 """The version writers create."""
 READ_VERSIONS = (1, 2)
 """The versions readers read."""
-MAX_ROWS = 1 << 40
-"""Readers reject route arrays, samples and row offsets of this many rows or more."""
 DEFAULT_MAX_SAMPLE_ROWS = 1 << 22
 """Default cap on the rows of one sample (``limits.max_sample_rows``; also the cap of v1 stores)."""
 
@@ -126,7 +125,7 @@ def parse_manifest(doc: Any, path: str) -> Manifest:
     if not isinstance(doc, dict):
         raise FormatError(path, "manifest is not a JSON object")
     version = doc.get("version")
-    if doc.get("format") != FORMAT_NAME or isinstance(version, bool) or version not in READ_VERSIONS:
+    if doc.get("format") != FORMAT_NAME or not is_int(version) or version not in READ_VERSIONS:
         raise FormatVersionError(
             path,
             f"format {doc.get('format')!r} version {version!r} is not readable by this release "

@@ -36,9 +36,9 @@ class Leftover:
     shard = renamed_property("shard", "commit")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (``schema/cli-gc.schema.json``; ``shard`` repeats ``commit``, deprecated)."""
+        """JSON-ready dict (``schema/cli-gc.schema.json`` version 2: no ``shard`` key, use ``commit``)."""
         age = round(self.age_s, 1) if self.age_s != float("inf") else None
-        return {"commit": self.commit, "shard": self.commit, "keys": list(self.keys), "nbytes": self.nbytes,
+        return {"commit": self.commit, "keys": list(self.keys), "nbytes": self.nbytes,
                 "age_s": age}
 
 

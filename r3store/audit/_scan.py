@@ -68,7 +68,7 @@ class ScanUnit:
     """Route rows it reads (progress, and balancing units over tasks)."""
     commits: tuple[tuple[str, ...], ...]
     """Per store of the scan (one; two for ``diff``), the commits it reads: a reader opened
-    with ``open_reader(url, commits=...)`` on them (or on more) is enough."""
+    with ``RouteReader.open(url, reader={"commits": ...})`` on them (or on more) is enough."""
     work: Any
     """What the mapper needs to know (plain, picklable data)."""
 

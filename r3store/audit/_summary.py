@@ -30,8 +30,8 @@ def summarize(store: RouteReader) -> dict[str, Any]:
         ``overhead_pct`` (over the ideal), ``size_vs_int32`` (route_bytes / (4 *
         expert_ids)), ``int32_bytes``, ``commits``, ``writers``, ``uncommitted_commits``,
         ``uncommitted_bytes``, ``first_commit``/``last_commit`` (ISO 8601, UTC) and
-        ``metadata_columns``; ``shards`` and ``uncommitted_shards`` repeat ``commits``
-        and ``uncommitted_commits`` under their deprecated names (for one release).
+        ``metadata_columns`` (``schema/cli-inspect.schema.json`` version 2: the old
+        ``shards`` and ``uncommitted_shards`` keys are gone).
     """
     spec = store.spec
     table = store.samples
@@ -60,10 +60,8 @@ def summarize(store: RouteReader) -> dict[str, Any]:
         "overhead_pct": round((bits / spec.bits_per_id - 1) * 100, 3) if ids else 0.0,
         "size_vs_int32": round(route_bytes / (ids * 4), 5) if ids else 0.0,
         "commits": len(store.commits),
-        "shards": len(store.commits),  # deprecated name of "commits", kept for one release
         "writers": len(set(table.column("writer_id").to_pylist())),
         "uncommitted_commits": sorted(usage.uncommitted),
-        "uncommitted_shards": sorted(usage.uncommitted),  # deprecated name of "uncommitted_commits"
         "uncommitted_bytes": sum(usage.uncommitted.values()),
         "first_commit": pc.min(committed).as_py().isoformat() if len(table) else None,
         "last_commit": pc.max(committed).as_py().isoformat() if len(table) else None,

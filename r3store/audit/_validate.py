@@ -178,7 +178,7 @@ def validate(store: RouteReader, *, sample_filter: str | None = None, limit: int
     >>> import numpy as np, r3store, tempfile
     >>> spec = r3store.ModelSpec(num_layers=2, num_experts=8, top_k=2)
     >>> path = tempfile.mkdtemp()
-    >>> with r3store.RouteWriter(path, spec, on_invalid="quarantine") as w:
+    >>> with r3store.RouteWriter(path, spec, {"on_invalid": "quarantine"}) as w:
     ...     w.append("ok", np.array([[[0, 1], [2, 3]]] * 4), num_tokens=5)
     ...     w.append("bad", np.array([[[5, 5], [2, 3]]] * 4), num_tokens=5)
     >>> report = validate(r3store.open_store(path))

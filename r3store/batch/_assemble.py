@@ -7,12 +7,14 @@ from typing import Any, Literal
 
 import numpy as np
 
+from r3store._checks import resolve_config
 from r3store._format import token_hash
 from r3store._validate import as_numpy
 from r3store.codecs import kernels
 from r3store.codecs.kernels import gather_rows
 from r3store.errors import AlignmentError, LayoutOptionError, OptionError
 from r3store.layout import (
+    ROUTE_DTYPES,
     LayoutOptions,
     LayoutOptionsDict,
     LayoutPlan,
@@ -32,8 +34,8 @@ BATCH_KEYS = ("routes", "replay_mask", "cu_seqlens", "num_tokens", "sample_ids",
 
 PadPolicy = Literal["spread", "fill"]
 RouteDType = Literal["int32", "int16", "uint8", "auto"] | np.dtype[Any] | type[np.integer[Any]]
-ROUTE_DTYPES = ("int32", "int16", "uint8")
-"""dtypes ``routes`` can be assembled in (trainers take int32, verl int16, NeMo-RL/SkyRL/prime-rl uint8)."""
+_LOOSE = ("pad_policy", "fill_value", "dtype", "packed")
+"""Keywords of :func:`assemble` that became fields of ``options`` (deprecated, removed in 0.4.0)."""
 
 
 def route_dtype(dtype: Any, num_experts: int, *, pad_policy: PadPolicy = "spread", fill_value: int = -1) -> np.dtype:
@@ -137,13 +139,10 @@ def assemble(
     options: LayoutOptions | LayoutOptionsDict | Mapping[str, Any] | None = None,
     *,
     layers: Sequence[int] | None = None,
-    pad_policy: PadPolicy = "spread",
-    fill_value: int = -1,
     tokens: Sequence[Any] | None = None,
     return_policy_version: bool = False,
-    dtype: RouteDType = "int32",
-    packed: bool = False,
     allocate: Callable[[tuple[int, ...], np.dtype], np.ndarray] | None = None,
+    **deprecated: Any,
 ) -> dict[str, Any]:
     """Read and lay out the routes of ``sample_ids`` as one micro-batch (numpy arrays).
 
@@ -157,38 +156,40 @@ def assemble(
     sample_ids : sequence of str
         The samples, in batch order.
     options : LayoutOptions or LayoutOptionsDict, optional
-        How the trainer lays out tokens (THD/BSHD, CP, TP/SP); default ``LayoutOptions()``.
+        The layout and the batch's form, passed whole (default ``LayoutOptions()``): how
+        the trainer lays out tokens (THD/BSHD/SBHD, CP, TP/SP), the pad rows
+        (``pad_policy``, ``fill_value``), the routes' ``dtype`` and whether they are
+        ``packed``; see below and :class:`r3store.layout.LayoutOptions`.
     layers : sequence of int, optional
         Global decoder layers to keep (a pipeline stage's MoE layers).
-    pad_policy : {"spread", "fill"}
-        Pad rows get distinct in-range ids spread over all experts, or ``fill_value``.
-    fill_value : int
-        Pad id with ``pad_policy="fill"``.
     tokens : sequence of int sequences, optional
         Each sample's token ids: checked against the stored token hash and
         ``len(tokens) - 1 == rows``, and laid out as ``batch["tokens"]``.
     return_policy_version : bool
         Add ``policy_version``: per row, the policy (weight) version that produced it
         (:meth:`r3store.RouteReader.policy_spans`), laid out like the routes.
-    dtype : {"int32", "int16", "uint8", "auto"} or numpy dtype
-        dtype of ``routes`` (see :func:`route_dtype`): int32 (default), int16 (verl),
-        uint8, or ``"auto"``, the narrowest of uint8/int16/int32 holding every expert id
-        and pad id.
+    allocate : callable, optional
+        ``allocate(shape, dtype)`` returns the writable, C-contiguous, uninitialised
+        array ``routes`` is built in (default ``numpy.empty``): e.g. shared memory, so a
+        DataLoader worker hands the batch over without copying it (RouteDataset does).
+        ``routes`` is then a view of it. Not used with ``options.packed`` (the packed
+        bytes are a new array).
+    **deprecated
+        ``pad_policy``, ``fill_value``, ``dtype``, ``packed``: fields of ``options``
+        given as keywords; they warn (:class:`r3store.errors.R3StoreDeprecationWarning`)
+        and are removed in r3store 0.4.0.
 
-    packed : bool
-        Return ``routes`` bit-packed for the trip to the device: ``routes`` uint8
+    ``options.dtype`` is the dtype of ``routes`` (see :func:`route_dtype`): int32
+    (default), int16 (verl), uint8, or ``"auto"``, the narrowest of uint8/int16/int32
+    holding every expert id and pad id.
+
+    With ``options.packed``, ``routes`` is bit-packed for the trip to the device: uint8
         ``(ceil(n * bits / 8),)``, the ids of the laid-out routes (C order) at ``bits``
         bits each in the stream of the ``r3store.bitpack`` payload (FORMAT.md 5.1), plus
         ``routes_bits`` (``spec.bits_per_id``, more if a fill value needs it) and
         ``routes_shape``; :func:`r3store.dataset.unpack_routes` restores them on any
         device. Host-to-device bytes are ``bits / 32`` of int32's. ``fill_value`` must
         then be >= 0.
-    allocate : callable, optional
-        ``allocate(shape, dtype)`` returns the writable, C-contiguous, uninitialised
-        array ``routes`` is built in (default ``numpy.empty``): e.g. shared memory, so a
-        DataLoader worker hands the batch over without copying it (RouteDataset does).
-        ``routes`` is then a view of it. Not used with ``packed`` (the packed bytes are a
-        new array).
 
     Only this rank's rows are read: the plan names the rows its output positions hold
     (CP and SP slices), and only the frames holding those rows and ``layers`` are fetched
@@ -223,14 +224,15 @@ def assemble(
         and dtype asked for.
     r3store.errors.SampleNotFoundError, r3store.errors.LayerError
     TypeError
-        ``sample_ids`` is a single str.
+        ``sample_ids`` is a single str, or a keyword is unknown.
     """
     if isinstance(sample_ids, str):
         raise TypeError(f"sample_ids must be a sequence of ids, got the str {sample_ids!r}; use [{sample_ids!r}]")
-    opts = LayoutOptions.resolve(options)
+    opts = resolve_config(LayoutOptions, "assemble", "options", options, deprecated, _LOOSE)
+    pad_policy, fill_value, packed = opts.pad_policy, opts.fill_value, opts.packed
     spec = reader.spec
     check_pad_args(spec.num_experts, pad_policy, fill_value)
-    out_dtype = route_dtype("auto" if packed else dtype, spec.num_experts, pad_policy=pad_policy,
+    out_dtype = route_dtype("auto" if packed else opts.dtype, spec.num_experts, pad_policy=pad_policy,
                             fill_value=fill_value)
     bits = packed_bits(spec.bits_per_id, pad_policy, fill_value) if packed else 0
     if pad_policy == "spread":  # top_k <= num_experts and ep_size divides num_experts, before any work

@@ -97,7 +97,7 @@ def diff(url_a: str, url_b: str, as_json: bool, plot_path: str | None, plot_size
     are compared. Storage options apply to both URLs.
     """
     from r3store.audit import diff as run_diff
-    from r3store.reader import open_reader
+    from r3store.reader import RouteReader
 
     size = parse_size(plot_size)
     options = parse_storage_options(storage_options)
@@ -106,8 +106,8 @@ def diff(url_a: str, url_b: str, as_json: bool, plot_path: str | None, plot_size
             url_a, url_b, storage_options=options, sample_filter=sample_filter, limit=limit, workers=workers,
             progress=progress))
     else:
-        store_a = open_reader(url_a, storage_options=options, on_duplicate="first")
-        store_b = open_reader(url_b, storage_options=options, on_duplicate="first")
+        store_a = RouteReader.open(url_a, storage_options=options, reader={"on_duplicate": "first"})
+        store_b = RouteReader.open(url_b, storage_options=options, reader={"on_duplicate": "first"})
         with progress_bar("diff", enabled=not as_json) as progress:
             result = run_diff(store_a, store_b, sample_filter=sample_filter, limit=limit, workers=workers,
                               progress=progress)

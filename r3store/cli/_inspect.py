@@ -70,10 +70,10 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
 def inspect(url: str, as_json: bool, cache_dir: str | None, storage_options: tuple[str, ...]) -> None:
     """Summarise the store at URL: samples, tokens, spec, bytes, bits per expert id, commits."""
     from r3store.audit import summarize
-    from r3store.reader import open_reader
+    from r3store.reader import RouteReader
 
-    store = open_reader(url, storage_options=parse_storage_options(storage_options), on_duplicate="report",
-                       cache_dir=cache_dir)
+    store = RouteReader.open(url, storage_options=parse_storage_options(storage_options),
+                             reader={"on_duplicate": "report", "cache_dir": cache_dir})
     summary = summarize(store)
     if as_json:
         click.echo(json.dumps(summary, indent=2))

@@ -108,11 +108,12 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
     """
     from r3store.audit import parse_layers, parse_rows
     from r3store.audit import show as run_show
-    from r3store.reader import open_reader
+    from r3store.reader import RouteReader
 
     chosen = _parse(layers, parse_layers, "--layers")
     window = _parse(rows, parse_rows, "--rows")
-    store = open_reader(url, storage_options=parse_storage_options(storage_options), on_duplicate="first")
+    store = RouteReader.open(url, storage_options=parse_storage_options(storage_options),
+                             reader={"on_duplicate": "first"})
     console = make_console()
     if chosen is None and not as_json and store.spec.num_moe_layers > MAX_TABLE_LAYERS:
         chosen = list(store.spec.moe_layers[:MAX_TABLE_LAYERS])

@@ -111,7 +111,7 @@ def stats(url: str, as_json: bool, top: int, plot_path: str | None, plot_size: s
     the sequence-length distribution. Quarantined samples are left out.
     """
     from r3store.audit import stats as run_stats
-    from r3store.reader import open_reader
+    from r3store.reader import RouteReader
 
     size = parse_size(plot_size)
     options = parse_storage_options(storage_options)
@@ -120,7 +120,7 @@ def stats(url: str, as_json: bool, top: int, plot_path: str | None, plot_size: s
             url, storage_options=options, sample_filter=sample_filter, limit=limit, top=top, workers=workers,
             progress=progress))
     else:
-        store = open_reader(url, storage_options=options, on_duplicate="first")
+        store = RouteReader.open(url, storage_options=options, reader={"on_duplicate": "first"})
         with progress_bar("stats", enabled=not as_json) as progress:
             result = run_stats(store, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress,
                                top=top)

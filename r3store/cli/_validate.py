@@ -106,7 +106,7 @@ def validate(url: str, as_json: bool, grace: str, sample_filter: str | None, lim
     than --grace: a writer still committing), 1 findings, 2 usage or I/O error.
     """
     from r3store.audit import validate as run_validate
-    from r3store.reader import open_reader
+    from r3store.reader import RouteReader
 
     grace_s = parse_duration(grace, "--grace")
     options = parse_storage_options(storage_options)
@@ -115,7 +115,7 @@ def validate(url: str, as_json: bool, grace: str, sample_filter: str | None, lim
             url, storage_options=options, sample_filter=sample_filter, limit=limit, workers=workers,
             progress=progress))
     else:
-        store = open_reader(url, storage_options=options, on_duplicate="report")
+        store = RouteReader.open(url, storage_options=options, reader={"on_duplicate": "report"})
         with progress_bar("validate", enabled=not as_json) as progress:
             report = run_validate(store, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress)
     young = None if report.ok else young_leftovers(report, url, options, grace_s)

@@ -31,7 +31,7 @@ import google_crc32c
 import numpy as np
 import numpy.typing as npt
 
-from r3store._checks import parse_int
+from r3store._checks import is_int, parse_int
 from r3store.codecs import kernels
 from r3store.codecs._abc import Codec
 from r3store.errors import ChecksumError, CodecError, FormatError
@@ -193,7 +193,7 @@ class BitpackCodec(Codec):
         arr = np.asarray(ids)
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
             raise CodecError(self.codec_id, f"ids must be integers, got dtype {arr.dtype}")
-        if isinstance(tag, bool) or not isinstance(tag, int | np.integer) or not 0 <= int(tag) < 1 << 32:
+        if not is_int(tag) or not 0 <= int(tag) < 1 << 32:
             raise CodecError(self.codec_id, f"tag must be an int in [0, 2**32), got {tag!r}")
         if tag and self.frame_version == 1:
             raise CodecError(self.codec_id, "version-1 frames carry no position tag (use frame_version=2)")

@@ -39,6 +39,7 @@ import google_crc32c
 import numpy as np
 import numpy.typing as npt
 
+from r3store._checks import is_int
 from r3store.codecs._kernels_numpy import (
     FRAME_HEADERS,
     FrameCheck,
@@ -184,7 +185,7 @@ def use(name: str) -> Iterator[None]:
 
 
 def _check_bits(bits: object) -> int:
-    if isinstance(bits, bool) or not isinstance(bits, int | np.integer) or not 1 <= bits <= 16:
+    if not is_int(bits) or not 1 <= bits <= 16:
         raise CodecError(_KERNELS, f"bits must be an int in [1, 16], got {bits!r}")
     return int(bits)
 
@@ -335,7 +336,7 @@ def encode_frame(ids: npt.ArrayLike, bits: int, *, version: int = 1, tag: int = 
         or it holds ``2**32`` ids or more.
     """
     bits = _check_bits(bits)
-    if version not in FRAME_HEADERS or isinstance(tag, bool) or not isinstance(tag, int | np.integer) or \
+    if version not in FRAME_HEADERS or not is_int(tag) or \
             not 0 <= int(tag) < 1 << 32 or (version == 1 and tag):
         raise CodecError(_KERNELS, f"frame version must be 1 or 2 and tag a 32-bit int (0 for version 1), "
                                    f"got version {version!r}, tag {tag!r}")
@@ -416,7 +417,7 @@ def check_ids(routes: np.ndarray, num_experts: int, *, moe: Sequence[bool] | Non
     if not isinstance(routes, np.ndarray) or routes.ndim != 3 or routes.dtype.kind not in "iu":
         raise CodecError(_KERNELS, "routes must be a 3-D integer ndarray (rows, layers, top_k)")
     mask = [True] * routes.shape[1] if moe is None else [bool(m) for m in moe]
-    if len(mask) != routes.shape[1] or isinstance(num_experts, bool) or int(num_experts) < 1:
+    if len(mask) != routes.shape[1] or not is_int(num_experts) or int(num_experts) < 1:
         raise CodecError(_KERNELS, f"moe needs one flag per layer ({routes.shape[1]}), num_experts >= 1")
     want = (routes.shape[0], sum(mask), routes.shape[2])
     if out is not None and (out.dtype != np.uint16 or out.shape != want or not out.flags.c_contiguous
@@ -536,7 +537,7 @@ def decode_frames(blob: npt.ArrayLike | bytes | memoryview, starts: np.ndarray, 
                 row_chunks is not None and layer_chunks is not None))):
         raise CodecError(_KERNELS, "decode_frames needs a writable C-contiguous 3-D out of 1-, 2- or 4-byte integers, "
                                    "1 <= layers_per_chunk <= its layers, and int64 arrays of one length")
-    ints = all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in (chunk_rows, layers_per_chunk))
+    ints = is_int(chunk_rows) and is_int(layers_per_chunk)
     if not ints or not 1 <= int(chunk_rows) * int(layers_per_chunk) * out.shape[2] <= MAX_CHUNK_IDS:
         raise CodecError(_KERNELS, f"decode_frames needs int chunk_rows and layers_per_chunk whose chunk holds 1 to "
                                    f"2**26 ids, got chunk_rows={chunk_rows!r}, layers_per_chunk={layers_per_chunk!r}, "

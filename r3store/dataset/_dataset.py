@@ -2,29 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from torch.utils.data import IterableDataset, get_worker_info
 
-from r3store._checks import parse_int
+from r3store._checks import is_int, parse_int, resolve_config
 from r3store._deprecated import renamed_keyword, renamed_property
-from r3store.batch import PadPolicy, RouteDType, assemble, packed_bits, route_dtype
+from r3store.batch import assemble, packed_bits, route_dtype
 from r3store.dataset._batches import plan_batches, sample_fingerprint
 from r3store.dataset._tensors import SharedAllocator, batch_to_tensors
 from r3store.dataset._topology import Topology
 from r3store.errors import OptionError, ResumeError
 from r3store.layout import LayoutOptions, LayoutOptionsDict, check_pad_args
-from r3store.reader import RouteReader, open_reader
+from r3store.reader import ReaderOptions, ReaderOptionsDict, RouteReader
 from r3store.storage import Backend
 
 __all__ = ["RouteDataset"]
 
+_READER_LOOSE = ("cache_dir", "on_duplicate", "filter")
+"""Reader keywords ``RouteDataset`` took before ``reader=`` (deprecated, removed in 0.4.0)."""
 STATE_FORMAT = "r3store.RouteDataset"
 STATE_VERSION = 2
 """Version 2 names the DP rank and size ``dp_rank``/``dp_size`` (version 1: ``rank``/``world_size``).
@@ -105,42 +108,37 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         TP/CP/PP ranks must receive the same batches), else 0 and 1 (see
         :class:`r3store.dataset.Topology`).
     options : LayoutOptions or LayoutOptionsDict, optional
-        The trainer's layout passed whole (see :class:`r3store.layout.LayoutOptions`).
+        The trainer's layout and the batches' form passed whole (see
+        :class:`r3store.layout.LayoutOptions` and :meth:`r3store.RouteStore.assemble`):
+        THD/BSHD/SBHD, CP and TP/SP splits, the pad rows (``pad_policy``,
+        ``fill_value``), the routes' ``dtype`` (int32, int16, uint8 or ``"auto"``: checked
+        against the store's expert count here) and ``packed`` (``routes`` bit-packed uint8
+        with ``routes_bits`` and ``routes_shape``, restored on the device by
+        :func:`r3store.dataset.unpack_routes`). Each batch reads and allocates only this
+        rank's rows (CP/SP slice) and ``layers``.
+    reader : ReaderOptions or ReaderOptionsDict, optional
+        How the dataset opens the store from a URL (see :func:`r3store.open_store`), e.g.
+        ``cache_dir`` (a local read-through cache: the first epoch downloads each object
+        once, later epochs read the local copies; DataLoader workers may share it),
+        ``on_duplicate="first"`` (stream the earliest valid commit of a sample id
+        committed twice), ``filter`` (stream only the samples it selects, e.g.
+        ``pc.field("step") == 7``). Only with a URL (an opened reader has its options).
     storage_options : mapping, optional
-        Passed to fsspec.
-    cache_dir : str or os.PathLike, optional
-        Local read-through cache of a remote store's route and index objects: the first
-        epoch downloads each object once, later epochs read the local copies (see
-        :class:`r3store.storage.CachingBackend`). DataLoader workers may share it.
-    on_duplicate : {"raise", "first"}
-        A sample id committed twice (e.g. a retried rollout written by two workers):
-        raise, or stream the earliest valid commit (see :func:`r3store.open_store`).
-    layout, cp_size, cp_rank, cp_mode, tp_size, tp_rank, pad_multiple, sequence_parallel, max_seqlen
-        Layout fields given one by one, merged into ``options`` (``None``: not given);
-        see :meth:`r3store.RouteStore.assemble`.
-    pad_policy : {"spread", "fill"}
-    fill_value : int
-        Pad id with ``pad_policy="fill"``.
+        Passed to fsspec (only with a URL).
     return_policy_version : bool
         Add ``policy_version`` to every batch: int64 per row, laid out like the routes,
         the policy (weight) version that produced it (-1 on pad rows and for samples
         written without one); see :meth:`r3store.RouteStore.assemble`.
-    dtype : {"int32", "int16", "uint8", "auto"}
-        dtype of ``routes`` (see :func:`r3store.batch.route_dtype`): int32 (default),
-        int16, uint8, or the narrowest holding every expert and pad id. Each batch reads
-        and allocates only this rank's rows (CP/SP slice) and ``layers``.
-    packed : bool
-        Yield ``routes`` bit-packed (uint8, with ``routes_bits`` and ``routes_shape``) for
-        the trip to the device; :func:`r3store.dataset.unpack_routes` restores them there
-        (see :func:`r3store.batch.assemble`).
-    filter : pyarrow.compute.Expression, optional
-        Stream only the samples it selects (sample-table columns, e.g.
-        ``pc.field("step") == 7``; see :func:`r3store.open_store`). Only with a URL.
     refresh_on_epoch : bool
         :meth:`set_epoch` first picks up the commits made since (:meth:`refresh`), so a
         growing store's new samples join each new epoch.
-    rank, world_size : int, optional
-        Deprecated names of ``dp_rank`` and ``dp_size``.
+    **deprecated
+        Loose keywords kept for one release, each warning with
+        :class:`r3store.errors.R3StoreDeprecationWarning` (removed in 0.4.0): the fields
+        of ``options`` (``layout``, ``cp_size``, ..., ``pad_policy``, ``fill_value``,
+        ``dtype``, ``packed``) and of ``reader`` (``cache_dir``, ``on_duplicate``,
+        ``filter``) given one by one and merged into them (``None``: not given), and
+        ``rank``/``world_size``, the old names of ``dp_rank``/``dp_size``.
 
     Raises
     ------
@@ -150,8 +148,11 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         is given in ``options`` and as a keyword with different values.
     r3store.errors.OptionError
         ``max_tokens_per_batch`` < 1, ``seed`` < 0 (or not an int),
-        ``dp_rank``/``dp_size`` out of range, or ``dtype`` not a choice or too narrow
-        for the expert ids or ``fill_value``.
+        ``dp_rank``/``dp_size`` out of range, ``dtype`` too narrow for the expert ids
+        or ``fill_value``, a reader option invalid, or ``reader``/``storage_options``
+        given with an opened reader.
+    TypeError
+        A keyword is neither a parameter nor a deprecated alias.
 
     Notes
     -----
@@ -194,51 +195,39 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         dp_size: int | None = None,
         *,
         options: LayoutOptions | LayoutOptionsDict | Mapping[str, Any] | None = None,
+        reader: ReaderOptions | ReaderOptionsDict | Mapping[str, Any] | None = None,
         storage_options: Mapping[str, Any] | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        on_duplicate: Literal["raise", "first"] = "raise",
-        layout: Literal["thd", "bshd", "sbhd"] | None = None,
-        cp_size: int | None = None,
-        cp_rank: int | None = None,
-        cp_mode: Literal["zigzag", "contiguous"] | None = None,
-        tp_size: int | None = None,
-        tp_rank: int | None = None,
-        pad_multiple: int | None = None,
-        sequence_parallel: bool | None = None,
-        max_seqlen: int | None = None,
-        pad_policy: PadPolicy = "spread",
-        fill_value: int = -1,
         return_policy_version: bool = False,
-        dtype: RouteDType = "int32",
-        packed: bool = False,
-        rank: int | None = None,
-        world_size: int | None = None,
-        filter: pc.Expression | None = None,
         refresh_on_epoch: bool = False,
+        **deprecated: Any,
     ) -> None:
         super().__init__()
+        rank, world_size = deprecated.pop("rank", None), deprecated.pop("world_size", None)
+        loose_layout = {k: deprecated.pop(k) for k in LayoutOptions.LOOSE_KEYWORDS if k in deprecated}
+        loose_reader = {k: deprecated.pop(k) for k in _READER_LOOSE if k in deprecated}
+        if deprecated:
+            raise TypeError(f"RouteDataset() got an unexpected keyword argument {next(iter(deprecated))!r}")
+        self.options = resolve_config(LayoutOptions, "RouteDataset", "options", options, loose_layout)
+        opened = resolve_config(ReaderOptions, "RouteDataset", "reader", reader, loose_reader, _READER_LOOSE)
         self.max_tokens_per_batch = parse_int("max_tokens_per_batch", max_tokens_per_batch, minimum=1)
-        if filter is not None and isinstance(url, RouteReader):
-            raise OptionError("filter", filter, "applies when the dataset opens the store: pass a URL, or open "
-                                                "the reader with open_reader(url, filter=...)")
-        self.reader = url if isinstance(url, RouteReader) else open_reader(
-            url, storage_options=storage_options, cache_dir=cache_dir, on_duplicate=on_duplicate, filter=filter)
+        if isinstance(url, RouteReader):
+            if reader is not None or any(v is not None for v in loose_reader.values()) or storage_options is not None:
+                raise OptionError("reader", opened, "applies when the dataset opens the store: pass a URL, or "
+                                                    "open the store with it (r3store.open_store(url, reader=...))")
+            self.reader = url
+        else:
+            self.reader = RouteReader.open(url, reader=opened, storage_options=storage_options)
         self.refresh_on_epoch = bool(refresh_on_epoch)
         self.reader.spec.layer_positions(layers)  # fail early on a bad layer
         self.layers = None if layers is None else [int(v) for v in layers]
-        self.options = LayoutOptions.resolve(options, layout=layout, cp_size=cp_size, cp_rank=cp_rank,
-                                             cp_mode=cp_mode, tp_size=tp_size, tp_rank=tp_rank,
-                                             pad_multiple=pad_multiple, sequence_parallel=sequence_parallel,
-                                             max_seqlen=max_seqlen)
-        check_pad_args(self.reader.spec.num_experts, pad_policy, fill_value)
-        self.dtype = route_dtype(dtype, self.reader.spec.num_experts, pad_policy=pad_policy, fill_value=fill_value)
-        self.packed = bool(packed)
-        if self.packed:
-            packed_bits(self.reader.spec.bits_per_id, pad_policy, fill_value)  # fail early on an unpackable fill
+        opts = self.options
+        check_pad_args(self.reader.spec.num_experts, opts.pad_policy, opts.fill_value)
+        self.dtype = route_dtype(opts.dtype, self.reader.spec.num_experts, pad_policy=opts.pad_policy,
+                                 fill_value=opts.fill_value)
+        if opts.packed:
+            packed_bits(self.reader.spec.bits_per_id, opts.pad_policy, opts.fill_value)  # fail early
         self.shuffle = bool(shuffle)
         self.seed = parse_int("seed", seed, minimum=0)
-        self.pad_policy = pad_policy
-        self.fill_value = fill_value
         self.return_policy_version = bool(return_policy_version)
         self._dp_rank = renamed_keyword("RouteDataset", "rank", "dp_rank", rank, dp_rank)
         self._dp_size = renamed_keyword("RouteDataset", "world_size", "dp_size", world_size, dp_size)
@@ -251,6 +240,26 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         self._fix_epoch_set(commit_marks(self.reader.commits))
 
     store = renamed_property("store", "reader")
+
+    @property
+    def packed(self) -> bool:
+        """Whether batches carry ``routes`` bit-packed (``options.packed``)."""
+        return self.options.packed
+
+    @property
+    def pad_policy(self) -> str:
+        """``options.pad_policy``."""
+        return self.options.pad_policy
+
+    @property
+    def fill_value(self) -> int:
+        """``options.fill_value``."""
+        return self.options.fill_value
+
+    @property
+    def _batch_options(self) -> LayoutOptions:
+        """``options`` with ``dtype`` resolved against the store (``"auto"``: the narrowest)."""
+        return dataclasses.replace(self.options, dtype=self.dtype.name)
 
     def topology(self) -> Topology:
         """This process's data-parallel rank and size and DataLoader worker, detected now.
@@ -323,10 +332,9 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
         for positions in mine[start:]:
             ids = [self.sample_ids[i] for i in positions]
             self.reader.prefetch(ids)  # the batch's commits' metadata in one concurrent round
-            allocate = SharedAllocator() if shared and not self.packed else None
-            batch = assemble(self.reader, ids, self.options, layers=self.layers, pad_policy=self.pad_policy,
-                             fill_value=self.fill_value, return_policy_version=self.return_policy_version,
-                             dtype=self.dtype, packed=self.packed, allocate=allocate)
+            allocate = SharedAllocator() if shared and not self.options.packed else None
+            batch = assemble(self.reader, ids, self._batch_options, layers=self.layers,
+                             return_policy_version=self.return_policy_version, allocate=allocate)
             tensors = batch_to_tensors(batch)
             routes = allocate.tensor_of(batch["routes"]) if allocate is not None else None
             if routes is not None:
@@ -375,7 +383,7 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
                 raise ResumeError(key, state.get(key), now[key])
         for key in ("epoch", "yielded"):
             value = state.get(key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ResumeError(key, value, "an int >= 0")
         if state.get("finished") is True:
             self._resume_at = self._yielded = 0  # nothing left of that epoch: keep this one, from its start
@@ -402,7 +410,7 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
                 not isinstance(saved.get("others"), list):
             raise ResumeError("commits", saved, "{'writers': {writer_id: last seq}, 'others': [names]}")
         writers = saved["writers"]
-        if any(not isinstance(v, int) or isinstance(v, bool) for v in writers.values()):
+        if any(not is_int(v) for v in writers.values()):
             raise ResumeError("commits", saved, "{'writers': {writer_id: last seq}, 'others': [names]}")
 
         def behind(marks: Mapping[str, Any]) -> bool:

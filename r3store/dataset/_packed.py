@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from r3store._checks import parse_int
+from r3store._checks import is_int, parse_int
 from r3store.errors import OptionError
 
 __all__ = ["unpack_routes"]
@@ -48,7 +48,7 @@ def unpack_routes(packed: torch.Tensor, bits: int, shape: Sequence[int], *,
     ``j`` of every group starts at the same byte ``j * bits // 8`` and bit ``j * bits % 8``
     and spans at most 3 bytes (``7 + 16 <= 24`` bits): 8 vectorised gathers over the groups.
     """
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 16:
+    if not is_int(bits) or not 1 <= bits <= 16:
         raise OptionError("bits", bits, "must be an int in 1..16")
     if not isinstance(packed, torch.Tensor):
         raise OptionError("packed", f"<{type(packed).__name__}>",

@@ -10,9 +10,9 @@ TP padding, SP split, PP layers) and Megatron's context parallelism.
 
 from __future__ import annotations
 
-from r3store.layout._apply import PAD_POLICIES, apply_plan, apply_routes, check_pad_args
+from r3store.layout._apply import apply_plan, apply_routes, check_pad_args
 from r3store.layout._layers import select_layers
-from r3store.layout._options import LayoutOptionError, LayoutOptions, LayoutOptionsDict
+from r3store.layout._options import PAD_POLICIES, ROUTE_DTYPES, LayoutOptionError, LayoutOptions, LayoutOptionsDict
 from r3store.layout._pad import pad_ids, pad_routes
 from r3store.layout._plan import LayoutPlan, plan_layout, route_index
 
@@ -22,6 +22,7 @@ __all__ = [
     "LayoutOptionsDict",
     "LayoutPlan",
     "PAD_POLICIES",
+    "ROUTE_DTYPES",
     "apply_plan",
     "apply_routes",
     "check_pad_args",

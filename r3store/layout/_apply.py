@@ -8,13 +8,12 @@ import numpy as np
 
 from r3store._checks import parse_choice, parse_int
 from r3store.errors import AlignmentError, LayoutOptionError, RouteShapeError
+from r3store.layout._options import PAD_POLICIES
 from r3store.layout._pad import pad_routes
 from r3store.layout._plan import LayoutPlan, route_index
 
-__all__ = ["PAD_POLICIES", "apply_plan", "apply_routes", "check_pad_args"]
+__all__ = ["apply_plan", "apply_routes", "check_pad_args"]
 
-PAD_POLICIES = ("spread", "fill")
-"""Pad-row policies of :func:`apply_routes`."""
 _BATCH = "<batch>"
 _INT32 = np.iinfo(np.int32)
 

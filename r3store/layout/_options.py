@@ -1,6 +1,9 @@
-"""Layout options: how a trainer packs, pads and splits one micro-batch.
+"""Layout options: how a trainer packs, pads and splits one micro-batch, and what the batch holds.
 
-:class:`LayoutOptions` is a frozen value object; every field is checked in
+:class:`LayoutOptions` is a frozen value object (with :class:`LayoutOptionsDict`, its dict
+form: zarr's ``ArrayConfig`` / ``ArrayConfigParams`` pattern) passed whole to
+:func:`r3store.batch.assemble`, :meth:`r3store.RouteStore.assemble` and
+:class:`r3store.RouteDataset`; every field is checked in
 ``__post_init__`` by a small ``_parse_*`` function, so an invalid combination can
 never reach :func:`r3store.layout.plan_layout`. Bad values raise
 :class:`LayoutOptionError`, which is both an :class:`r3store.errors.R3StoreError`
@@ -12,22 +15,28 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict, cast
+from typing import Any, ClassVar, Literal, TypedDict, cast
 
-from r3store._checks import config_fields, merge_config, parse_bool, parse_choice, parse_int
+import numpy as np
+
+from r3store._checks import MAX_ROWS, config_fields, merge_config, parse_bool, parse_choice, parse_int
 from r3store.errors import LayoutOptionError
 from r3store.layout._frameworks import FRAMEWORKS, check_framework, default_pad_multiple
 
-__all__ = ["LayoutOptionError", "LayoutOptions", "LayoutOptionsDict"]
+__all__ = ["PAD_POLICIES", "ROUTE_DTYPES", "LayoutOptionError", "LayoutOptions", "LayoutOptionsDict"]
 
 LAYOUTS = ("thd", "bshd", "sbhd")
 CP_MODES = ("zigzag", "contiguous")
+PAD_POLICIES = ("spread", "fill")
+"""Pad-row policies: distinct in-range ids spread over all experts, or one fill value."""
+ROUTE_DTYPES = ("int32", "int16", "uint8")
+"""dtypes ``routes`` can be assembled in (trainers take int32, verl int16, NeMo-RL/SkyRL/prime-rl uint8);
+``"auto"`` picks the narrowest holding every id (:func:`r3store.batch.route_dtype`)."""
+_INT32 = np.iinfo(np.int32)
 
 
 MAX_SIZE = 1 << 31
 """Largest ``cp_size``, ``tp_size`` and ``pad_multiple`` accepted."""
-MAX_SEQLEN = 1 << 40
-"""Largest ``max_seqlen`` (and sample length) accepted."""
 
 
 def _parse_int(name: str, value: Any, minimum: int, maximum: int = MAX_SIZE) -> int:
@@ -46,10 +55,24 @@ def _parse_max_seqlen(value: Any, layout: str) -> int | None:
     """Return ``value`` as ``None`` or a length ``>= 1``; only BSHD accepts a length."""
     if value is None:
         return None
-    length = _parse_int("max_seqlen", value, 1, MAX_SEQLEN)
+    length = _parse_int("max_seqlen", value, 1, MAX_ROWS)
     if layout == "thd":
         raise LayoutOptionError("max_seqlen", value, "applies to layout='bshd' or 'sbhd' only")
     return length
+
+
+def _parse_dtype(value: Any) -> str:
+    """``"auto"`` or the name of one of :data:`ROUTE_DTYPES` (a numpy dtype or type accepted)."""
+    if isinstance(value, str) and value == "auto":
+        return "auto"
+    name: str | None
+    try:
+        name = str(np.dtype(value).name)
+    except TypeError:
+        name = None
+    if name is None or name not in ROUTE_DTYPES:
+        raise LayoutOptionError("dtype", value, f"must be one of {', '.join(ROUTE_DTYPES)} or 'auto'")
+    return name
 
 
 def _parse_framework(value: Any) -> str | None:
@@ -78,6 +101,10 @@ class LayoutOptionsDict(TypedDict, total=False):
     pad_multiple: int | None
     sequence_parallel: bool
     max_seqlen: int | None
+    pad_policy: Literal["spread", "fill"]
+    fill_value: int
+    dtype: str
+    packed: bool
     framework: Literal["megatron", "verl", "slime", "miles", "nemo_rl", "skyrl", "prime_rl"] | None
     ep_size: int | None
 
@@ -114,6 +141,21 @@ class LayoutOptions:
         When true, a TP rank holds only its contiguous ``1/tp_size`` of the token dimension.
     max_seqlen : int or None
         BSHD/SBHD only: pad every sequence to this length instead of the batch maximum.
+    pad_policy : {"spread", "fill"}
+        Pad rows (each sample's last token, CP/TP/BSHD padding, rows the engine could
+        not capture) hold distinct in-range ids spread over all experts, so no expert
+        gets more than ``ceil(pad_rows * top_k / num_experts) + 1`` pad tokens per layer
+        (``"spread"``), or ``fill_value`` (``"fill"``).
+    fill_value : int
+        Pad id with ``pad_policy="fill"`` (an int32; ``[0, 2**16)`` with ``packed``).
+    dtype : {"int32", "int16", "uint8", "auto"} or numpy dtype
+        dtype of the assembled ``routes``: int32 (default), int16 (verl), uint8, or
+        ``"auto"``, the narrowest holding every expert id and pad id (checked against
+        the store's ``num_experts`` by :func:`r3store.batch.route_dtype`). Stored as its
+        name (``np.int16`` -> ``"int16"``).
+    packed : bool
+        ``routes`` bit-packed (uint8, with ``routes_bits`` and ``routes_shape``) for the
+        trip to the device, unpacked there by :func:`r3store.dataset.unpack_routes`.
     framework : {"megatron", "verl", "slime", "miles", "nemo_rl", "skyrl", "prime_rl"} or None
         Follow that framework's own packing code (per-sequence padding, CP cut, SP split
         and ``cu_seqlens``) instead of the rules above; ``None`` keeps them. The rules,
@@ -130,7 +172,8 @@ class LayoutOptions:
     ------
     LayoutOptionError
         If a field has the wrong type or is out of range (sizes and ``pad_multiple``
-        at most ``2**31``, ``max_seqlen`` at most ``2**40``); the message names the field.
+        at most ``2**31``, ``max_seqlen`` at most ``2**40``, ``fill_value`` an int32,
+        in ``[0, 2**16)`` with ``packed``); the message names the field.
     """
 
     layout: Literal["thd", "bshd", "sbhd"] = "thd"
@@ -142,8 +185,18 @@ class LayoutOptions:
     pad_multiple: int | None = None
     sequence_parallel: bool = False
     max_seqlen: int | None = None
+    pad_policy: Literal["spread", "fill"] = "spread"
+    fill_value: int = -1
+    dtype: str = "int32"
+    packed: bool = False
     framework: Literal["megatron", "verl", "slime", "miles", "nemo_rl", "skyrl", "prime_rl"] | None = None
     ep_size: int | None = None
+
+    LOOSE_KEYWORDS: ClassVar[tuple[str, ...]] = (
+        "layout", "cp_size", "cp_rank", "cp_mode", "tp_size", "tp_rank", "pad_multiple", "sequence_parallel",
+        "max_seqlen", "pad_policy", "fill_value", "dtype", "packed")
+    """Fields that ``RouteStore.assemble`` and ``RouteDataset`` took as loose keywords before
+    (deprecated aliases, removed in r3store 0.4.0; new fields are never loose keywords)."""
 
     def __post_init__(self) -> None:
         layout = parse_choice("layout", self.layout, LAYOUTS, error=LayoutOptionError)
@@ -154,6 +207,8 @@ class LayoutOptions:
         sequence_parallel = parse_bool("sequence_parallel", self.sequence_parallel, error=LayoutOptionError)
         pad_multiple = (default_pad_multiple(framework, cp_size, tp_size, sequence_parallel)
                         if self.pad_multiple is None else _parse_int("pad_multiple", self.pad_multiple, 1))
+        fill_value = _parse_int("fill_value", self.fill_value, int(_INT32.min), int(_INT32.max))
+        packed = parse_bool("packed", self.packed, error=LayoutOptionError)
         parsed = {
             "layout": layout,
             "cp_size": cp_size,
@@ -166,11 +221,18 @@ class LayoutOptions:
             "max_seqlen": _parse_max_seqlen(self.max_seqlen, layout),
             "framework": framework,
             "ep_size": _parse_ep_size(self.ep_size),
+            "pad_policy": parse_choice("pad_policy", self.pad_policy, PAD_POLICIES, error=LayoutOptionError),
+            "fill_value": fill_value,
+            "dtype": _parse_dtype(self.dtype),
+            "packed": packed,
         }
         if framework is not None:
             check_framework(framework, layout=layout, cp_size=cp_size, cp_mode=str(parsed["cp_mode"]),
                             tp_size=tp_size, sequence_parallel=sequence_parallel, pad_multiple=pad_multiple,
                             max_seqlen=_parse_max_seqlen(self.max_seqlen, layout))
+        if packed and parsed["pad_policy"] == "fill" and not 0 <= fill_value < 1 << 16:
+            raise LayoutOptionError("fill_value", self.fill_value, "must lie in [0, 2**16) with packed=True (ids are "
+                                                                   "packed as unsigned bit fields)")
         for name, value in parsed.items():
             object.__setattr__(self, name, value)
         # a framework's default pad_multiple depends on the sizes: to_dict leaves a default out
@@ -221,15 +283,15 @@ class LayoutOptions:
         """One :class:`LayoutOptions` from ``options`` and per-field keywords.
 
         Keywords whose value is ``None`` count as not given (``None`` is no field's value
-        except ``max_seqlen``'s default). The others are merged into ``options``.
+        except ``max_seqlen``'s default). The others are merged into ``options``. Entry
+        points call it with the deprecated loose keywords they still accept.
 
         Parameters
         ----------
         options : LayoutOptions, LayoutOptionsDict or None
             The options passed whole (a dict form is checked by :meth:`from_dict`).
         **fields
-            Option fields given as keywords (``cp_size=2``, ...), as ``assemble`` and
-            ``RouteDataset`` accept them.
+            Option fields given as keywords (``cp_size=2``, ...).
 
         Raises
         ------

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from r3store._checks import MAX_ROWS
 from r3store.layout import _frameworks
-from r3store.layout._options import MAX_SEQLEN, LayoutOptionError, LayoutOptions
+from r3store.layout._options import LayoutOptionError, LayoutOptions
 
 __all__ = ["MAX_LOCAL_LENGTH", "LayoutPlan", "plan_layout", "route_index"]
 
@@ -96,10 +97,10 @@ def _parse_num_tokens(num_tokens: Any) -> np.ndarray:
     if bad.size:
         i = int(bad[0])
         raise LayoutOptionError("num_tokens", num_tokens, f"sample {i} has {arr[i]} tokens; need >= 1")
-    big = np.flatnonzero(arr > MAX_SEQLEN)
+    big = np.flatnonzero(arr > MAX_ROWS)
     if big.size:
         i = int(big[0])
-        raise LayoutOptionError("num_tokens", num_tokens, f"sample {i} has {arr[i]} tokens; at most {MAX_SEQLEN}")
+        raise LayoutOptionError("num_tokens", num_tokens, f"sample {i} has {arr[i]} tokens; at most {MAX_ROWS}")
     return arr.astype(np.int64)
 
 

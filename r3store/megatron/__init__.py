@@ -5,7 +5,7 @@
     from r3store.megatron import clear_replay_routes, moe_layers, set_replay_routes
 
     layers = moe_layers(model)                        # this stage's MoE decoder layers (0-based)
-    batch = store.assemble(ids, layout="thd", cp_size=cp, cp_rank=cp_rank, layers=layers, dtype="auto")
+    batch = store.assemble(ids, {"layout": "thd", "cp_size": cp, "cp_rank": cp_rank, "dtype": "auto"}, layers=layers)
     set_replay_routes(model, batch)                   # before the micro-batch's forward
     ...                                               # forward / backward (recompute replays too)
     clear_replay_routes(model)                        # after the step's last backward

@@ -22,10 +22,12 @@ except ImportError as _exc:
 
 from r3store.ray._audit import diff, run_plan, stats, validate
 from r3store.ray._cluster import connect, object_store_bytes
-from r3store.ray._sink import RouteDatasink, WriteSummary, write_routes
+from r3store.ray._sink import RouteColumns, RouteColumnsDict, RouteDatasink, WriteSummary, write_routes
 from r3store.ray._source import RouteDatasource, read_routes
 
 __all__ = [
+    "RouteColumns",
+    "RouteColumnsDict",
     "RouteDatasink",
     "RouteDatasource",
     "WriteSummary",

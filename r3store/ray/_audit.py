@@ -3,7 +3,7 @@
 The driver makes the scan's :class:`r3store.audit.ScanPlan` from the sample tables (one
 catalogue read), groups its units into tasks by the commits they read, and sends each
 task only its units and the plan's mapper. A task opens readers of its commits only
-(``open_reader(url, commits=...)``), runs its units and returns their partial results;
+(``RouteReader.open(url, reader={"commits": ...})``), runs its units and returns their partial results;
 the driver folds them with the plan's merge as tasks finish. The merge is the one the
 single-process scan uses and does not depend on order or grouping, so the report is
 the single-process report, findings and JSON included.
@@ -22,7 +22,7 @@ from r3store.audit import ScanPlan, ScanUnit, ValidationReport, plan_diff, plan_
 from r3store.audit import run_plan as run_plan_here
 from r3store.errors import OptionError
 from r3store.ray._cluster import r3store_errors
-from r3store.reader import RouteReader, open_reader
+from r3store.reader import RouteReader
 
 __all__ = ["diff", "group_units", "run_plan", "stats", "validate"]
 
@@ -71,8 +71,8 @@ def _scan_units(mapper: Any, urls: Sequence[str], storage_options: Mapping[str, 
     readers: list[RouteReader] = []
     for i, url in enumerate(urls):
         commits = sorted({c for u in units for c in u.commits[i]})
-        readers.append(open_reader(url, storage_options=storage_options, commits=commits,
-                                   on_duplicate=on_duplicate))  # type: ignore[arg-type]
+        readers.append(RouteReader.open(url, storage_options=storage_options,
+                                        reader={"commits": commits, "on_duplicate": on_duplicate}))
     part: ScanPlan[list[Any]] = ScanPlan("task", tuple(units), mapper, list, on_duplicate)
     try:
         return run_plan_here(part, readers, workers=workers)
@@ -162,7 +162,7 @@ def validate(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] 
     report equals the single-process one. Parameters are those of
     :func:`r3store.audit.validate` and :func:`run_plan`.
     """
-    store = open_reader(url, storage_options=storage_options, on_duplicate="report")
+    store = RouteReader.open(url, storage_options=storage_options, reader={"on_duplicate": "report"})
     plan = plan_validate(store, sample_filter=sample_filter, limit=limit, max_findings=max_findings)
     return run_plan(plan, [url], storage_options=storage_options, num_tasks=num_tasks, workers=workers,
                     progress=progress)
@@ -174,7 +174,7 @@ def stats(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | N
           progress: TaskProgress | None = None) -> dict[str, Any]:
     """:func:`r3store.audit.stats` of the store at ``url`` on Ray (opened with
     ``on_duplicate="first"``, as ``r3store stats``); equal to the single-process result."""
-    store = open_reader(url, storage_options=storage_options, on_duplicate="first")
+    store = RouteReader.open(url, storage_options=storage_options, reader={"on_duplicate": "first"})
     plan = plan_stats(store, sample_filter=sample_filter, limit=limit, top=top, length_bins=length_bins)
     return run_plan(plan, [url], storage_options=storage_options, num_tasks=num_tasks, workers=workers,
                     progress=progress)
@@ -186,8 +186,8 @@ def diff(url_a: str | os.PathLike[str], url_b: str | os.PathLike[str], *,
          progress: TaskProgress | None = None) -> dict[str, Any]:
     """:func:`r3store.audit.diff` of two stores on Ray (both opened with ``on_duplicate="first"``,
     as ``r3store diff``; ``storage_options`` apply to both); equal to the single-process result."""
-    store_a = open_reader(url_a, storage_options=storage_options, on_duplicate="first")
-    store_b = open_reader(url_b, storage_options=storage_options, on_duplicate="first")
+    store_a = RouteReader.open(url_a, storage_options=storage_options, reader={"on_duplicate": "first"})
+    store_b = RouteReader.open(url_b, storage_options=storage_options, reader={"on_duplicate": "first"})
     plan = plan_diff(store_a, store_b, sample_filter=sample_filter, limit=limit)
     return run_plan(plan, [url_a, url_b], storage_options=storage_options, num_tasks=num_tasks, workers=workers,
                     progress=progress)

@@ -4,7 +4,7 @@ Retries. Ray re-runs a write task whose worker died (Ray Data's tasks retry syst
 failures without limit), with the same input and the same task index. Each task
 writes as ``<write_id>-<task index>`` (its RouteWriter's writer id), so an attempt
 first reads the sample tables its earlier attempts committed under that name
-(``open_reader(url, commits=...)``) and skips their samples: a sample committed before
+(``RouteReader.open(url, reader={"commits": ...})``) and skips their samples: a sample committed before
 the crash is not committed again, one that was not is committed by the retry. Commit
 names are reserved create-if-absent (the commit protocol, ``schema/FORMAT.md``
 section 2), so the retry never reuses a name of the dead attempt; a commit the dead
@@ -20,7 +20,7 @@ import re
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, cast
 
 import numpy as np
 import pyarrow as pa
@@ -28,17 +28,119 @@ import ray
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink, WriteResult
 
-from r3store._checks import parse_choice
+from r3store._checks import config_fields, merge_config, parse_choice
+from r3store._deprecated import warn
 from r3store._spec import ModelSpec
 from r3store.errors import OptionError
-from r3store.reader import committed_commits, open_reader
+from r3store.reader import RouteReader, committed_commits
 from r3store.storage import Backend, open_backend
 from r3store.writer import RouteWriter, WriterConfig, WriterConfigDict
 
-__all__ = ["RouteDatasink", "WriteSummary", "write_routes"]
+__all__ = ["RouteColumns", "RouteColumnsDict", "RouteDatasink", "WriteSummary", "write_routes"]
 
 Payload = Literal["array", "sglang"]
 PAYLOADS = ("array", "sglang")
+
+
+class RouteColumnsDict(TypedDict, total=False):
+    """Dict form of :class:`RouteColumns` (every key optional; missing keys take defaults)."""
+
+    sample_id: str
+    routes: str
+    payload: Payload
+    num_tokens: str | None
+    tokens: str | None
+    metadata: Sequence[str] | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RouteColumns:
+    """Which columns of a Ray Dataset :func:`write_routes` reads, and what its routes column holds.
+
+    Raises
+    ------
+    r3store.errors.OptionError
+        A column name is not a str (or None where allowed), or ``payload`` is not a choice.
+
+    Examples
+    --------
+    >>> RouteColumns(routes="routed_experts", payload="sglang").sample_id
+    'sample_id'
+    """
+
+    sample_id: str = "sample_id"
+    """Column of the sample ids."""
+    routes: str = "routes"
+    """Column of the routes."""
+    payload: Payload = "array"
+    """What ``routes`` holds: integer arrays ``(num_tokens - 1, num_layers or num_moe_layers,
+    top_k)`` (a Ray tensor column, list column or numpy), or SGLang
+    ``meta_info["routed_experts"]`` payloads (base64 of int32, see :func:`r3store.decode_sglang`)."""
+    num_tokens: str | None = "num_tokens"
+    """Optional column of token counts (used when present; nulls mean not given)."""
+    tokens: str | None = "tokens"
+    """Optional column of token ids (used when present; nulls mean not given)."""
+    metadata: tuple[str, ...] | None = None
+    """Columns to store as sample metadata (JSON scalars); ``None``: every other column."""
+
+    def __post_init__(self) -> None:
+        for name in ("sample_id", "routes", "num_tokens", "tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, str) and not (value is None and name in ("num_tokens", "tokens")):
+                raise OptionError(f"columns.{name}", value, "must be a column name (str)")
+        parse_choice("columns.payload", self.payload, PAYLOADS)
+        if self.metadata is not None:
+            if isinstance(self.metadata, str) or not all(isinstance(c, str) for c in self.metadata):
+                raise OptionError("columns.metadata", self.metadata, "must be a sequence of column names")
+            object.__setattr__(self, "metadata", tuple(self.metadata))
+
+    def to_dict(self) -> RouteColumnsDict:
+        """The columns as a dict."""
+        return cast(RouteColumnsDict, dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: RouteColumnsDict | Mapping[str, Any]) -> RouteColumns:
+        """Columns from a mapping such as :meth:`to_dict` returns (missing keys: defaults).
+
+        Raises
+        ------
+        r3store.errors.OptionError
+            ``d`` is not a mapping, holds an unknown key, or a value is invalid.
+        """
+        if not isinstance(d, Mapping):
+            raise OptionError("columns", d, "must be a mapping")
+        for key, value in d.items():
+            if key not in config_fields(cls):
+                raise OptionError(str(key), value, "is not a field of RouteColumns")
+        return cls(**dict(d))
+
+    @classmethod
+    def resolve(cls, columns: RouteColumns | RouteColumnsDict | Mapping[str, Any] | None = None,
+                **fields: Any) -> RouteColumns:
+        """One :class:`RouteColumns` from ``columns`` and per-field keywords (``None``: not given)."""
+        return merge_config(cls, columns, fields, from_dict=cls.from_dict, name="columns")
+
+
+_COLUMN_LOOSE = {"payload": "payload", "sample_id_column": "sample_id", "routes_column": "routes",
+                 "num_tokens_column": "num_tokens", "tokens_column": "tokens", "metadata_columns": "metadata"}
+"""Keywords of :func:`write_routes` that became fields of ``columns=`` (deprecated, removed in 0.4.0)."""
+
+
+def _sink_settings(config: Any, columns: Any, deprecated: dict[str, Any]) -> tuple[WriterConfig, RouteColumns]:
+    """The writer config and columns of a sink: the objects merged with the deprecated keywords
+    (each warns, naming the caller of the entry point that called this)."""
+    on_invalid = deprecated.pop("on_invalid", None)
+    old_columns = {k: deprecated.pop(k) for k in list(_COLUMN_LOOSE) if k in deprecated}
+    if deprecated:
+        raise TypeError(f"write_routes() got an unexpected keyword argument {next(iter(deprecated))!r}")
+    cols = RouteColumns.resolve(columns)
+    if old_columns:  # None is a value here (num_tokens_column=None: no such column)
+        warn(f"write_routes({', '.join(f'{k}=...' for k in old_columns)})",
+             f"columns={{{', '.join(f'{_COLUMN_LOOSE[k]!r}: ...' for k in old_columns)}}}", stacklevel=4)
+        cols = dataclasses.replace(cols, **{_COLUMN_LOOSE[k]: v for k, v in old_columns.items()})
+    if on_invalid is not None:
+        warn("write_routes(on_invalid=...)", "config={'on_invalid': ...}", stacklevel=4)
+    return WriterConfig.resolve(config, on_invalid=on_invalid), cols
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,33 +173,28 @@ class RouteDatasink(Datasink[dict[str, Any]]):
         url: str | os.PathLike[str] | Backend,
         spec: ModelSpec,
         *,
-        storage_options: Mapping[str, Any] | None = None,
         config: WriterConfig | WriterConfigDict | Mapping[str, Any] | None = None,
-        on_invalid: Literal["raise", "quarantine"] | None = None,
-        payload: Payload = "array",
-        sample_id_column: str = "sample_id",
-        routes_column: str = "routes",
-        num_tokens_column: str | None = "num_tokens",
-        tokens_column: str | None = "tokens",
-        metadata_columns: Sequence[str] | None = None,
+        columns: RouteColumns | RouteColumnsDict | Mapping[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
         write_id: str | None = None,
+        **deprecated: Any,
     ) -> None:
         if not isinstance(spec, ModelSpec):
             raise TypeError(f"spec must be an r3store.ModelSpec, got {type(spec).__name__}")
         self.url = url if isinstance(url, Backend) else os.fspath(url)
         self.spec = spec
         self.storage_options = dict(storage_options or {})
-        self.config = WriterConfig.resolve(config, on_invalid=on_invalid)
+        self.config, self.columns = _sink_settings(config, columns, dict(deprecated))
         if self.config.writer_id is not None:
             raise OptionError("config.writer_id", self.config.writer_id,
                               "is set by the sink (<write_id>-<task index>); pass write_id= instead")
-        parse_choice("payload", payload, PAYLOADS)
-        self.payload = payload
-        self.sample_id_column = sample_id_column
-        self.routes_column = routes_column
-        self.num_tokens_column = num_tokens_column
-        self.tokens_column = tokens_column
-        self.metadata_columns = None if metadata_columns is None else list(metadata_columns)
+        cols = self.columns
+        self.payload = cols.payload
+        self.sample_id_column = cols.sample_id
+        self.routes_column = cols.routes
+        self.num_tokens_column = cols.num_tokens
+        self.tokens_column = cols.tokens
+        self.metadata_columns = None if cols.metadata is None else list(cols.metadata)
         self.write_id = write_id or f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
         WriterConfig(writer_id=f"{self.write_id}-00000")  # the write id must make valid writer ids
         self.summary: WriteSummary | None = None
@@ -125,8 +222,8 @@ class RouteDatasink(Datasink[dict[str, Any]]):
         r3store.errors.SpecMismatchError, r3store.errors.NotAStoreError, r3store.errors.StorageError
             As :class:`r3store.RouteWriter`.
         """
-        RouteWriter(self.url, self.spec, self.config, storage_options=self.storage_options,
-                    writer_id=f"{self.write_id}-init").close()  # creates the store; commits nothing
+        RouteWriter(self.url, self.spec, dataclasses.replace(self.config, writer_id=f"{self.write_id}-init"),
+                    storage_options=self.storage_options).close()  # creates the store; commits nothing
         pattern = re.compile(re.escape(self.write_id) + r"-\d+-\d{5,}")
         used = [c for c in committed_commits(open_backend(self.url, self.storage_options)) if pattern.fullmatch(c)]
         if used:
@@ -148,8 +245,8 @@ class RouteDatasink(Datasink[dict[str, Any]]):
         writer_id = f"{self.write_id}-{ctx.task_idx:05d}"
         done = self._committed_by(writer_id)
         samples = quarantined = resumed = 0
-        with RouteWriter(self.url, self.spec, self.config, storage_options=self.storage_options,
-                         writer_id=writer_id) as w:
+        with RouteWriter(self.url, self.spec, dataclasses.replace(self.config, writer_id=writer_id),
+                         storage_options=self.storage_options) as w:
             for row in self._rows(blocks):
                 sid = row.pop("sample_id")
                 if sid in done:
@@ -161,7 +258,7 @@ class RouteDatasink(Datasink[dict[str, Any]]):
                     w.append(sid, row.pop("routes"), **row)
                 samples += 1
         if w.commits:
-            mine = open_reader(self.url, storage_options=self.storage_options, commits=w.commits)
+            mine = RouteReader.open(self.url, storage_options=self.storage_options, reader={"commits": w.commits})
             quarantined = int(sum(mine.samples.column("quarantined").to_pylist()))
         return {"writer_id": writer_id, "commits": list(w.commits), "samples": samples, "resumed": resumed,
                 "quarantined": quarantined}
@@ -173,7 +270,8 @@ class RouteDatasink(Datasink[dict[str, Any]]):
         mine = [c for c in committed_commits(backend) if pattern.fullmatch(c)]
         if not mine:
             return set()
-        reader = open_reader(self.url, storage_options=self.storage_options, commits=mine, on_duplicate="report")
+        reader = RouteReader.open(self.url, storage_options=self.storage_options,
+                                  reader={"commits": mine, "on_duplicate": "report"})
         return set(reader.samples.column("sample_id").to_pylist())
 
     def _rows(self, blocks: Iterable[Block]) -> Iterator[dict[str, Any]]:
@@ -183,7 +281,7 @@ class RouteDatasink(Datasink[dict[str, Any]]):
             names = table.column_names
             for name in (self.sample_id_column, self.routes_column):
                 if name not in names:
-                    raise OptionError("columns", names, f"lack {name!r} (sample_id_column, routes_column)")
+                    raise OptionError("columns", names, f"lack {name!r} (columns.sample_id, columns.routes)")
             special = {self.sample_id_column, self.routes_column, self.num_tokens_column, self.tokens_column}
             meta = [c for c in names if c not in special] if self.metadata_columns is None else self.metadata_columns
             ids = table.column(self.sample_id_column).to_pylist()
@@ -223,18 +321,13 @@ def write_routes(
     url: str | os.PathLike[str] | Backend,
     spec: ModelSpec,
     *,
-    storage_options: Mapping[str, Any] | None = None,
     config: WriterConfig | WriterConfigDict | Mapping[str, Any] | None = None,
-    on_invalid: Literal["raise", "quarantine"] | None = None,
-    payload: Payload = "array",
-    sample_id_column: str = "sample_id",
-    routes_column: str = "routes",
-    num_tokens_column: str | None = "num_tokens",
-    tokens_column: str | None = "tokens",
-    metadata_columns: Sequence[str] | None = None,
+    columns: RouteColumns | RouteColumnsDict | Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
     write_id: str | None = None,
     concurrency: int | None = None,
     ray_remote_args: Mapping[str, Any] | None = None,
+    **deprecated: Any,
 ) -> WriteSummary:
     """Write a Ray Dataset of routes into a store; each write task is one :class:`r3store.RouteWriter`.
 
@@ -254,23 +347,15 @@ def write_routes(
         if absent.
     spec : ModelSpec
         Must equal the spec of an existing store.
+    config : WriterConfig or its dict form, optional
+        Writer settings passed whole (``buffer_bytes``, ``chunk_rows``, ``on_invalid``,
+        ...; see :class:`r3store.WriterConfig`); not ``writer_id``.
+    columns : RouteColumns or its dict form, optional
+        The columns read (``sample_id``, ``routes``, optional ``num_tokens`` and
+        ``tokens``, ``metadata``: default every other column) and what the routes column
+        holds (``payload``: integer arrays or SGLang payloads); see :class:`RouteColumns`.
     storage_options : mapping, optional
         fsspec options, sent to every write task.
-    config : WriterConfig or its dict form, optional
-        Writer settings (``buffer_bytes``, ``chunk_rows``, ...); not ``writer_id``.
-    on_invalid : {"raise", "quarantine"}, optional
-        As for :class:`r3store.RouteWriter`.
-    payload : {"array", "sglang"}
-        What the routes column holds: integer arrays ``(num_tokens - 1, num_layers or
-        num_moe_layers, top_k)`` (a Ray tensor column, list column or numpy), or SGLang
-        ``meta_info["routed_experts"]`` payloads (base64 of int32, see
-        :func:`r3store.decode_sglang`).
-    sample_id_column, routes_column : str
-        Column names of the sample ids and the routes.
-    num_tokens_column, tokens_column : str or None
-        Optional columns (used when present; nulls mean not given).
-    metadata_columns : sequence of str, optional
-        Columns to store as sample metadata (JSON scalars). Default: every other column.
     write_id : str, optional
         Writer ids are ``<write_id>-<task index>``; default ``<UTC time>-<12 hex digits>``.
         Must not have been used in the store before.
@@ -278,6 +363,11 @@ def write_routes(
         Most write tasks running at once.
     ray_remote_args : mapping, optional
         Options of the write tasks.
+    **deprecated
+        ``on_invalid`` (now ``config``), ``payload``, ``sample_id_column``,
+        ``routes_column``, ``num_tokens_column``, ``tokens_column``, ``metadata_columns``
+        (now ``columns``): each warns (:class:`r3store.errors.R3StoreDeprecationWarning`)
+        and is removed in 0.4.0.
 
     Returns
     -------
@@ -300,12 +390,11 @@ def write_routes(
     >>> spec = r3store.ModelSpec(num_layers=48, num_experts=128, top_k=8)
     >>> ds = ray.data.read_parquet("s3://bucket/sglang-outputs/")  # doctest: +SKIP
     >>> write_routes(ds, "s3://bucket/run-7/routes", spec,          # doctest: +SKIP
-    ...              payload="sglang", routes_column="routed_experts")
+    ...              columns={"routes": "routed_experts", "payload": "sglang"})
     """
-    sink = RouteDatasink(url, spec, storage_options=storage_options, config=config, on_invalid=on_invalid,
-                         payload=payload, sample_id_column=sample_id_column, routes_column=routes_column,
-                         num_tokens_column=num_tokens_column, tokens_column=tokens_column,
-                         metadata_columns=metadata_columns, write_id=write_id)
+    settings, cols = _sink_settings(config, columns, dict(deprecated))
+    sink = RouteDatasink(url, spec, config=settings, columns=cols, storage_options=storage_options,
+                         write_id=write_id)
     ds.write_datasink(sink, concurrency=concurrency, ray_remote_args=dict(ray_remote_args or {}))
     assert sink.summary is not None, "on_write_complete sets the summary"
     return sink.summary

@@ -18,7 +18,7 @@ from ray.data.extensions import ArrowVariableShapedTensorArray
 
 from r3store._format import RESERVED_COLUMNS, array_key
 from r3store.errors import OptionError
-from r3store.reader import OnDuplicate, filter_samples, open_reader
+from r3store.reader import OnDuplicate, RouteReader, filter_samples
 
 __all__ = ["RouteDatasource", "read_routes"]
 
@@ -45,7 +45,7 @@ class RouteDatasource(Datasource):
     dropped, duplicate ids resolved over the whole store (as :func:`r3store.open_store`
     does) and ``filter`` applied, so that each read task only reads the routes of the
     samples it is given, with a reader of its own commits
-    (``open_reader(url, commits=...)``).
+    (``RouteReader.open(url, reader={"commits": ...})``).
 
     Parameters are as for :func:`read_routes`.
     """
@@ -66,7 +66,7 @@ class RouteDatasource(Datasource):
             raise OptionError("url", url, "must be a path or an fsspec URL (read tasks open it on other machines)")
         self.url = os.fspath(url)
         self.storage_options = dict(storage_options or {})
-        reader = open_reader(self.url, storage_options=self.storage_options, on_duplicate=on_duplicate)
+        reader = RouteReader.open(self.url, storage_options=self.storage_options, reader={"on_duplicate": on_duplicate})
         self.spec = reader.spec
         self.positions = reader.spec.layer_positions(layers)
         self.layers = tuple(reader.spec.moe_layers[p] for p in self.positions)
@@ -179,8 +179,8 @@ class _ReadGroup:
         self.columns = columns
 
     def __call__(self) -> Iterator[pa.Table]:
-        reader = open_reader(self.url, storage_options=self.storage_options, commits=self.commits,
-                             on_duplicate="report")
+        reader = RouteReader.open(self.url, storage_options=self.storage_options,
+                                  reader={"commits": self.commits, "on_duplicate": "report"})
         loc = self.table.select(_LOCATION).to_pydict()
         checked: set[str] = set()
         routes: list[np.ndarray] = []

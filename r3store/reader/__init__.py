@@ -1,7 +1,9 @@
 """The read core: open a store, find samples, read their routes (numpy, no layout, no torch).
 
-* :func:`open_reader` / :class:`RouteReader`: random access by sample id, row range and
-  layer range;
+* :class:`RouteReader` (opened with :meth:`RouteReader.open`; users call
+  :func:`r3store.open_store`) and :class:`ReaderOptions`, its options passed whole:
+  random access by sample id, row range and layer range (``open_reader`` is a deprecated
+  alias of opening);
 * the sample catalogue (``_catalog.py``): sample tables found (:func:`table_keys`),
   loaded, checked, merged and deduplicated, optionally on top of rows loaded elsewhere
   (:class:`Preloaded`: a verified table and the commits it covers); which commits exist
@@ -18,6 +20,8 @@
 It imports nothing above it: laying routes out for a trainer is :mod:`r3store.batch`.
 """
 
+from typing import Any
+
 from r3store.reader._catalog import (
     LoadedCheckpoint,
     OnDuplicate,
@@ -33,13 +37,16 @@ from r3store.reader._catalog import (
 from r3store.reader._chunks import merge_ranges
 from r3store.reader._compact import CompactResult, compact
 from r3store.reader._filter import filter_samples
-from r3store.reader._reader import RouteReader, open_reader
+from r3store.reader._options import ReaderOptions, ReaderOptionsDict
+from r3store.reader._reader import RouteReader
 
 __all__ = [
     "CompactResult",
     "LoadedCheckpoint",
     "OnDuplicate",
     "Preloaded",
+    "ReaderOptions",
+    "ReaderOptionsDict",
     "RouteReader",
     "StorageUsage",
     "checkpoint_keys",
@@ -48,8 +55,15 @@ __all__ = [
     "filter_samples",
     "load_checkpoint",
     "merge_ranges",
-    "open_reader",
     "read_all_rows",
     "table_keys",
     "uncommitted_route_objects",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "open_reader":  # deprecated (warns when called; removed in 0.4.0): not in __all__
+        from r3store.reader._reader import open_reader
+
+        return open_reader
+    raise AttributeError(f"module 'r3store.reader' has no attribute {name!r}")

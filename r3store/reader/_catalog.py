@@ -63,6 +63,7 @@ from r3store.reader._filter import filter_samples
 from r3store.storage import Backend
 
 __all__ = [
+    "ON_DUPLICATE",
     "LoadedCheckpoint",
     "OnDuplicate",
     "Preloaded",
@@ -71,6 +72,7 @@ __all__ = [
     "checkpoint_keys",
     "committed_commits",
     "load_checkpoint",
+    "parse_commits",
     "read_all_rows",
     "storage_usage",
     "table_keys",
@@ -313,7 +315,7 @@ class SampleCatalog:
     Raises
     ------
     r3store.errors.FormatError
-        A sample table is malformed (see :func:`r3store.open_reader`); ChecksumError when it
+        A sample table is malformed (see :func:`r3store.open_store`); ChecksumError when it
         fails its checksums, SpecConflictError when its spec differs from the manifest's,
         SampleTooLargeError when a sample has more rows than the cap.
     r3store.errors.DuplicateSampleError
@@ -346,7 +348,7 @@ class SampleCatalog:
         self.covered: frozenset[str] = frozenset()
         """The commits the checkpoint covers (empty without one)."""
         self._known: set[str] = set()
-        wanted = None if commits is None else _parse_commits(commits)
+        wanted = None if commits is None else parse_commits(commits)
         self._buckets: list[str] | None = None
         if preloaded is None and wanted is None and use_checkpoint and manifest.version >= 2:
             files, self._buckets = backend.list_children(INDEX_PREFIX)  # checkpoints and buckets at once
@@ -580,7 +582,7 @@ def _int_list(column: pa.ChunkedArray) -> list[int]:
     return list(column.to_numpy().tolist())
 
 
-def _parse_commits(commits: Collection[str]) -> list[str]:
+def parse_commits(commits: Collection[str]) -> list[str]:
     """Sorted distinct commit names; each must be a commit name (no path can be smuggled in)."""
     if isinstance(commits, str) or not isinstance(commits, Collection):
         raise OptionError("commits", commits, "must be a collection of commit names, e.g. a list")

@@ -27,6 +27,7 @@ import numpy as np
 
 from r3store._checks import parse_int
 from r3store._format import (
+    EMPTY,
     MANIFEST_KEY,
     ROUTES_PREFIX,
     ArrayGeometry,
@@ -51,8 +52,6 @@ from r3store.storage import Backend, ByteRange, SuffixByteRange
 
 __all__ = ["ChunkReader", "merge_ranges"]
 
-MISSING = 2**64 - 1
-"""Index entry of a chunk that is not stored (past the end of the array)."""
 INDEX_CACHE_BYTES = 64 << 20
 """Verified storage-object indexes kept per reader (least recently used dropped first): an
 index takes 16 bytes per inner chunk, about 0.45% of the packed routes at 128-row chunks."""
@@ -432,9 +431,9 @@ class ChunkReader:
         spans: list[tuple[int, int, int, int]] = []
         for c, b in keys:
             offset, nbytes = (int(v) for v in index[c - first, b])
-            if offset == MISSING and c * geometry.chunk_rows >= geometry.rows:
+            if offset == EMPTY and c * geometry.chunk_rows >= geometry.rows:
                 spans.append((-1, 0, c, b))
-            elif MISSING in (offset, nbytes):  # writers store every chunk holding rows
+            elif EMPTY in (offset, nbytes):  # writers store every chunk holding rows
                 raise FormatError(key, f"storage object index marks chunk {(c, b, 0)} missing, inside the "
                                        f"array's {geometry.rows} rows")
             elif nbytes == 0 or offset + nbytes >= 1 << 63:

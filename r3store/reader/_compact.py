@@ -90,7 +90,7 @@ def compact(url: str | os.PathLike[str] | Backend, *, storage_options: Mapping[s
     r3store.errors.FormatVersionError
         A format v1 store (read-only: checkpoints are a format v2 feature).
     r3store.errors.FormatError, r3store.errors.StorageError
-        A sample table fails its checks (as :func:`r3store.open_reader`), or a write failed.
+        A sample table fails its checks (as :func:`r3store.open_store`), or a write failed.
 
     Warns
     -----

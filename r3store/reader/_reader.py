@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Self
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from r3store._checks import parse_int, parse_optional_int
+from r3store._checks import parse_int, resolve_config
+from r3store._deprecated import warn
 from r3store._format import (
     MANIFEST_KEY,
-    MAX_ROWS,
     ArrayGeometry,
     Manifest,
     is_immutable_key,
@@ -24,7 +24,6 @@ from r3store._format import (
 from r3store._spec import ModelSpec
 from r3store.errors import NotAStoreError, ObjectNotFoundError, OptionError, SampleNotFoundError
 from r3store.reader._catalog import (
-    OnDuplicate,
     Preloaded,
     SampleCatalog,
     StorageUsage,
@@ -32,17 +31,21 @@ from r3store.reader._catalog import (
     storage_usage,
 )
 from r3store.reader._chunks import ChunkReader
+from r3store.reader._options import ReaderOptions, ReaderOptionsDict
 from r3store.storage import Backend, open_backend
 
 __all__ = ["RouteReader", "open_reader"]
 
 
 class RouteReader:
-    """A committed store, opened for reading (see :func:`open_reader`).
+    """A committed store, opened for reading (users: :func:`r3store.open_store`, which returns
+    a :class:`r3store.RouteStore`, this class plus ``assemble``).
 
     The read core: the sample catalogue (which sample lives where) and a chunk reader
     (ranged reads, decode, cache). It returns numpy arrays; laying routes out for a
     trainer is :func:`r3store.batch.assemble` (or :meth:`r3store.RouteStore.assemble`).
+    The layers below the facade (dataset, ray, audit, CLI) open stores with
+    :meth:`RouteReader.open`.
 
     Parameters
     ----------
@@ -50,25 +53,22 @@ class RouteReader:
         Where the store's objects are.
     manifest : Manifest
         The store's checked manifest (format version, spec, cap on rows per sample).
-    on_duplicate : {"raise", "first", "report"}
-        See :func:`open_reader`.
-    cache_bytes : int
-        Budget for decoded chunks kept in memory.
-    max_sample_rows : int, optional
-        See :func:`open_reader`.
+    reader : ReaderOptions or ReaderOptionsDict, optional
+        The reader's options passed whole (see :class:`r3store.reader.ReaderOptions`);
+        ``cache_dir`` is not applied here (the backend is given: :meth:`open` applies it).
     preloaded : r3store.reader.Preloaded, optional
         Sample rows loaded and verified elsewhere, with the commits they cover (only the
         other commits' sample tables are read).
-    commits : collection of str, optional
-        Read only these commits (see :func:`open_reader`).
-    filter : pyarrow.compute.Expression, optional
-        Keep only the samples it selects (see :func:`open_reader`).
-    use_checkpoint : bool
-        Start from the newest valid checkpoint (see :func:`open_reader`).
+    **deprecated
+        ``on_duplicate``, ``cache_bytes``, ``max_sample_rows``, ``commits``, ``filter``,
+        ``use_checkpoint``: fields of ``reader`` given one by one; they warn
+        (:class:`r3store.errors.R3StoreDeprecationWarning`) and are removed in 0.4.0.
 
     Attributes
     ----------
     backend : Backend
+    options : ReaderOptions
+        The options in effect.
     spec : ModelSpec
     format_version : int
         The store's format version (1 or 2).
@@ -86,43 +86,51 @@ class RouteReader:
     with :meth:`fork`. Pickles without its caches (DataLoader workers).
     """
 
-    def __init__(self, backend: Backend, manifest: Manifest, *, on_duplicate: OnDuplicate = "raise",
-                 cache_bytes: int = 64 << 20, max_sample_rows: int | None = None,
-                 preloaded: Preloaded | None = None, commits: Collection[str] | None = None,
-                 filter: pc.Expression | None = None, use_checkpoint: bool = True) -> None:
+    def __init__(self, backend: Backend, manifest: Manifest, *,
+                 reader: ReaderOptions | ReaderOptionsDict | Mapping[str, Any] | None = None,
+                 preloaded: Preloaded | None = None, **deprecated: Any) -> None:
+        opts = resolve_config(ReaderOptions, "RouteReader", "reader", reader, deprecated)
+        self.options = opts
         self.backend = backend
         self.spec: ModelSpec = manifest.spec
         self.format_version = manifest.version
-        cap = parse_optional_int("max_sample_rows", max_sample_rows, minimum=1, maximum=MAX_ROWS)
-        self._catalog = SampleCatalog(backend, manifest, on_duplicate=on_duplicate, max_sample_rows=cap,
-                                      preloaded=preloaded, commits=commits, filter=filter,
-                                      use_checkpoint=use_checkpoint)
-        self._chunks = ChunkReader(backend, manifest, self._catalog.array_rows, cache_bytes=cache_bytes)
+        self._catalog = SampleCatalog(backend, manifest, on_duplicate=opts.on_duplicate,
+                                      max_sample_rows=opts.max_sample_rows, preloaded=preloaded,
+                                      commits=opts.commits, filter=opts.filter, use_checkpoint=opts.use_checkpoint)
+        self._chunks = ChunkReader(backend, manifest, self._catalog.array_rows, cache_bytes=opts.cache_bytes)
 
     @classmethod
     def open(
         cls,
         url: str | os.PathLike[str] | Backend,
         *,
+        reader: ReaderOptions | ReaderOptionsDict | Mapping[str, Any] | None = None,
         storage_options: Mapping[str, Any] | None = None,
-        on_duplicate: OnDuplicate = "raise",
-        cache_bytes: int = 64 << 20,
-        cache_dir: str | os.PathLike[str] | None = None,
-        max_sample_rows: int | None = None,
-        commits: Collection[str] | None = None,
-        filter: pc.Expression | None = None,
-        use_checkpoint: bool = True,
+        **deprecated: Any,
     ) -> Self:
-        """Open the store at ``url`` (see :func:`open_reader`)."""
-        backend = open_backend(url, storage_options, cache_dir=cache_dir, immutable=is_immutable_key)
+        """Open the store at ``url`` (users: :func:`r3store.open_store`, which takes the same
+        parameters and is documented there; this is the constructor of the layers below it).
+
+        Raises
+        ------
+        r3store.errors.NotAStoreError, r3store.errors.FormatError, r3store.errors.DuplicateSampleError,
+        r3store.errors.OptionError, r3store.errors.StorageError
+            As :func:`r3store.open_store`.
+        """
+        opts = resolve_config(ReaderOptions, f"{cls.__name__}.open", "reader", reader, deprecated)
+        return cls._open(url, opts, storage_options)
+
+    @classmethod
+    def _open(cls, url: str | os.PathLike[str] | Backend, options: ReaderOptions,
+              storage_options: Mapping[str, Any] | None) -> Self:
+        backend = open_backend(url, storage_options, cache_dir=options.cache_dir, immutable=is_immutable_key)
         try:
             raw = backend.get(MANIFEST_KEY)
         except ObjectNotFoundError as exc:
             raise NotAStoreError(backend.url) from exc
         path = backend.path_of(MANIFEST_KEY)
         manifest = parse_manifest(loads_document(raw, path), path)
-        return cls(backend, manifest, on_duplicate=on_duplicate, cache_bytes=cache_bytes,
-                   max_sample_rows=max_sample_rows, commits=commits, filter=filter, use_checkpoint=use_checkpoint)
+        return cls(backend, manifest, reader=options)
 
     # -- the catalogue ----------------------------------------------------------------
 
@@ -531,106 +539,22 @@ class RouteReader:
 def open_reader(
     url: str | os.PathLike[str] | Backend,
     *,
+    reader: ReaderOptions | ReaderOptionsDict | Mapping[str, Any] | None = None,
     storage_options: Mapping[str, Any] | None = None,
-    on_duplicate: OnDuplicate = "raise",
-    cache_bytes: int = 64 << 20,
-    cache_dir: str | os.PathLike[str] | None = None,
-    max_sample_rows: int | None = None,
-    commits: Collection[str] | None = None,
-    filter: pc.Expression | None = None,
-    use_checkpoint: bool = True,
+    **deprecated: Any,
 ) -> RouteReader:
-    """Open a store for reading.
-
-    Parameters
-    ----------
-    url : str, os.PathLike or Backend
-        Local folder or fsspec URL (``memory://``, ``s3://bucket/prefix``).
-    storage_options : mapping, optional
-        Passed to fsspec (``endpoint_url``, ``key``, ``secret``, ``profile``, ...).
-    on_duplicate : {"raise", "first", "report"}
-        A sample id committed by two commits: raise, keep the earliest commit, or keep the
-        earliest and list every duplicate in :attr:`RouteReader.duplicates` (for audits).
-    cache_bytes : int
-        Budget for decoded chunks kept in memory (sequential reads of small samples
-        decode each chunk once).
-    cache_dir : str or os.PathLike, optional
-        Local read-through cache for remote stores (repeated epochs): each route object
-        and sample table is downloaded whole on first use and read from this folder
-        afterwards (see :class:`r3store.storage.CachingBackend`).
-    max_sample_rows : int, optional
-        Refuse (at open, before allocating anything) a store naming a sample of more rows
-        (:class:`r3store.errors.SampleTooLargeError`). Default: the store's own cap
-        (``limits.max_sample_rows`` of its manifest; 2**22 rows for format v1 stores).
-        Lower it to bound what one ``get`` may allocate, raise it to read a store whose
-        samples are longer than its manifest says.
-    commits : collection of str, optional
-        Read only these commits (names as in :attr:`RouteReader.commits`): only their
-        sample tables are read (format v1: by key, without listing ``index/``; format v2:
-        one listing of ``index/`` finds their buckets), and duplicates are resolved among
-        them. For one task of a distributed job (``r3store.ray`` runs one per group of
-        commits) or a trainer reading the commits of one RL step.
-    filter : pyarrow.compute.Expression, optional
-        Keep only the samples it selects: a boolean expression over sample-table columns
-        (``sample_id``, ``committed_at``, ``policy_version``, user metadata such as
-        ``step``), e.g. ``pc.field("step") == 7``. Pushed down: the checkpoint's rows and
-        each newer sample table are filtered as they are read, before anything is merged
-        or indexed; duplicates are then resolved among the selected rows. The result
-        equals a full open filtered with :func:`r3store.reader.filter_samples`.
-    use_checkpoint : bool
-        Start from the newest valid checkpoint (``index/*.checkpoint``, written by
-        :func:`r3store.compact`) and read only the sample tables of commits it does not
-        cover (one listing of ``index/``'s buckets, one of each bucket from the
-        checkpoint's watermark on). A checkpoint that fails its checks is skipped with a
-        :class:`r3store.errors.CheckpointWarning`. False reads every sample table.
-
-    Returns
-    -------
-    RouteReader
-
-    Raises
-    ------
-    r3store.errors.NotAStoreError
-        No ``r3store.json`` at ``url``.
-    r3store.errors.FormatError
-        The manifest or a sample table is malformed (FormatVersionError: unknown version):
-        a table over the size caps, named other than ``index/<bucket>/<commit>.parquet``
-        (``index/<commit>.parquet`` in format v1) with a valid commit name, or with a row
-        that breaks the rules of ``schema/FORMAT.md`` section 6 (an ``array`` other than
-        ``routes/<commit>``, nulls, counts out of range, shared rows, bad
-        ``missing_rows``/``policy_spans``). Its subclasses: ChecksumError (the manifest's
-        CRC-32C, a sample table's page CRCs or digest), SpecConflictError (a sample table's
-        spec differs from the manifest's), SampleTooLargeError (a sample over the cap).
-    r3store.errors.DuplicateSampleError
-        With ``on_duplicate="raise"``: names the id and both commits.
-    r3store.errors.OptionError
-        ``on_duplicate`` or ``cache_bytes`` is invalid, or ``commits`` holds a string
-        that is not a commit name.
-    r3store.errors.ObjectNotFoundError
-        A commit of ``commits`` has no sample table.
-    r3store.errors.StorageError
+    """Deprecated (removed in r3store 0.4.0): use :func:`r3store.open_store`, which takes the
+    same parameters and returns a :class:`r3store.RouteStore` (a RouteReader plus
+    ``assemble``); code below the facade uses :meth:`RouteReader.open`.
 
     Warns
     -----
-    r3store.errors.CheckpointWarning
-        A checkpoint was damaged, partial or of another spec, and was skipped.
-
-    Examples
-    --------
-    >>> import numpy as np, r3store, tempfile
-    >>> spec = r3store.ModelSpec(num_layers=1, num_experts=4, top_k=1)
-    >>> path = tempfile.mkdtemp()
-    >>> for step in range(2):
-    ...     with r3store.RouteWriter(path, spec, writer_id=f"step{step}") as w:
-    ...         w.append(f"s{step}", np.zeros((3, 1, 1), np.int64))
-    >>> open_reader(path).commits
-    ['step0-00000', 'step1-00000']
-    >>> open_reader(path, commits=["step1-00000"]).sample_ids
-    ['s1']
+    r3store.errors.R3StoreDeprecationWarning
+        Always; once more per loose reader keyword (``on_duplicate=``, ``commits=``, ...).
     """
-    return RouteReader.open(url, storage_options=storage_options, on_duplicate=on_duplicate,
-                            cache_bytes=cache_bytes, cache_dir=cache_dir, max_sample_rows=max_sample_rows,
-                            commits=commits, filter=filter, use_checkpoint=use_checkpoint)
+    warn("r3store.open_reader", "r3store.open_store(url, reader=ReaderOptions(...))")
+    opts = resolve_config(ReaderOptions, "open_reader", "reader", reader, deprecated)
+    return RouteReader._open(url, opts, storage_options)
 
 
 def _parse_run(run: Any) -> tuple[str, int, int]:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from torch import nn
 
+from r3store._checks import is_int
 from r3store.errors import ReplayError
 from r3store.replay._families import ROUTER_FAMILIES, RouterSpec, WeightFn
 
@@ -56,7 +56,7 @@ def _layer_of(name: str) -> tuple[int, str] | None:
 
 def _int_attr(router: nn.Module, override: int | None, attr: str, name: str) -> int:
     value = override if override is not None else getattr(router, attr, None)
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+    if not is_int(value) or value < 1:
         raise ReplayError(f"router {name} ({type(router).__name__}) has no usable {attr!r} attribute "
                           f"(got {value!r}); pass RouterSpec(..., {attr}=...) in routers=")
     return int(value)
@@ -82,7 +82,7 @@ def _num_layers(model: nn.Module, prefix: str, layers: list[int]) -> int:
         return len(container)
     config = getattr(model, "config", None)
     configured = getattr(getattr(config, "get_text_config", lambda: config)(), "num_hidden_layers", None)
-    if isinstance(configured, int) and configured > max(layers):
+    if is_int(configured) and configured > max(layers):
         return configured
     return max(layers) + 1
 

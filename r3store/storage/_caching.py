@@ -28,7 +28,7 @@ class CachingBackend(Backend):
 
     Which keys are write-once is the caller's knowledge (``immutable``): storage knows
     nothing of the format. r3store's readers pass the format's rule (route objects and
-    sample tables; :func:`r3store.open_reader` with ``cache_dir``).
+    sample tables; :func:`r3store.open_store` with ``reader={"cache_dir": ...}``).
 
     The first read of a cacheable key (any byte range, a suffix, or the whole object)
     downloads the whole object from ``inner`` and writes it to ``cache_dir`` atomically
@@ -238,7 +238,7 @@ class CachingStore(CachingBackend):
     """Deprecated alias of :class:`CachingBackend` with its old signature.
 
     ``cache_prefixes`` defaulted to r3store's write-once prefixes; pass ``immutable=``
-    to :class:`CachingBackend` (or ``cache_dir=`` to :func:`r3store.open_reader`).
+    to :class:`CachingBackend` (or ``reader={"cache_dir": ...}`` to :func:`r3store.open_store`).
     """
 
     def __init__(self, inner: Backend, cache_dir: str | os.PathLike[str], *,

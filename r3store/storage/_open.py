@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from r3store._deprecated import warn
 from r3store.errors import StorageError
 from r3store.storage._base import Backend
 from r3store.storage._caching import CachingBackend, CachingStore, Immutable
@@ -64,9 +64,8 @@ def open_backend(
     if cache_dir is None:
         return backend
     if immutable is None:
-        warnings.warn("open_backend(cache_dir=...) without immutable= is deprecated and will be removed in the "
-                      "next release; pass immutable= (or use r3store.open_reader(..., cache_dir=...))",
-                      DeprecationWarning, stacklevel=2)
+        warn("open_backend(cache_dir=...) without immutable=",
+             "immutable= (or r3store.open_store(..., reader={'cache_dir': ...}))", stacklevel=3)
         return CachingStore(backend, cache_dir)
     return CachingBackend(backend, cache_dir, immutable=immutable)
 

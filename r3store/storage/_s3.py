@@ -16,6 +16,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
+from r3store._checks import is_int
 from r3store.errors import StorageError
 
 __all__ = ["S3_CONFIG_DEFAULTS", "S3FS_RETRIES_DEFAULT", "s3_options"]
@@ -114,9 +115,12 @@ def s3_options(url: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], in
         elif name in _STR:
             _check_type(url, "", name, value, (str,), "a string")
         elif name in _INT:
-            _check_type(url, "", name, value, (int,), "an integer")
+            if value is not None and not is_int(value):
+                raise StorageError(url, f"storage option '{name}' must be an integer, got {type(value).__name__} "
+                                        f"{value!r:.60}")
+            out[name] = None if value is None else int(value)
     retries = out.pop("retries", S3FS_RETRIES_DEFAULT)
-    if isinstance(retries, bool) or not isinstance(retries, int) or not 1 <= retries <= 100:
+    if not is_int(retries) or not 1 <= retries <= 100:
         raise StorageError(url, f"storage option 'retries' (attempts of s3fs's retry loop) must be an integer "
                                 f"in [1, 100], got {retries!r:.60}")
     client = dict(out.get("client_kwargs") or {})

@@ -5,7 +5,7 @@ Used to test and measure how much a reader fetches (rank-local reads, coalescing
 >>> from r3store.storage import open_backend  # doctest: +SKIP
 >>> counting = CountingBackend(open_backend("/data/store"))  # doctest: +SKIP
 >>> store = r3store.open_store(counting)  # doctest: +SKIP
->>> counting.reset(); store.assemble(ids, cp_size=8, cp_rank=0); counting.bytes_read  # doctest: +SKIP
+>>> counting.reset(); store.assemble(ids, {"cp_size": 8, "cp_rank": 0}); counting.bytes_read  # doctest: +SKIP
 
 Only reads of object bytes are counted (``get`` and each range of ``get_ranges``, one
 request per range, as an object store would serve them); listings, ``exists`` and

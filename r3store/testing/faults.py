@@ -12,7 +12,8 @@ Examples
 >>> from r3store.audit import validate
 >>> import r3store
 >>> store = write_faulty_store(tempfile.mkdtemp())
->>> sorted(validate(r3store.open_reader(store.url, on_duplicate="report")).counts)  # doctest: +NORMALIZE_WHITESPACE
+>>> report = validate(r3store.open_store(store.url, reader={"on_duplicate": "report"}))
+>>> sorted(report.counts)  # doctest: +NORMALIZE_WHITESPACE
 ['checksum', 'duplicate_sample', 'id_out_of_range', 'quarantined', 'repeated_ids', 'row_count', 'uncommitted',
  'zero_layer']
 """
@@ -28,9 +29,9 @@ import numpy as np
 
 from r3store._format import INDEX_PREFIX, ArrayGeometry, array_key, commit_of_table_key, decode_index
 from r3store._spec import ModelSpec
-from r3store.reader import open_reader
+from r3store.reader import RouteReader
 from r3store.storage import open_backend
-from r3store.writer import RouteWriter
+from r3store.writer import RouteWriter, WriterConfig
 
 __all__ = ["FAULTY_SPEC", "FaultyStore", "write_faulty_store"]
 
@@ -106,8 +107,10 @@ def write_faulty_store(url: str | os.PathLike[str], *, storage_options: Mapping[
         w.append(sid, out.routes[sid], metadata={"writer": w.writer_id, "step": len(out.routes) % 3})
 
     per_writer = [clean_samples // 3 + (i < clean_samples % 3) for i in range(3)]
-    opts = {"storage_options": storage_options, "chunk_rows": 8, "layers_per_chunk": 1}
-    with RouteWriter(url, spec, writer_id="w0", on_invalid="quarantine", **opts) as w:  # type: ignore[arg-type]
+    def config(writer_id: str, **more: Any) -> WriterConfig:
+        return WriterConfig(chunk_rows=8, layers_per_chunk=1, writer_id=writer_id, **more)
+
+    with RouteWriter(url, spec, config("w0", on_invalid="quarantine"), storage_options=storage_options) as w:
         for i in range(per_writer[0]):
             clean(w, f"w0-{i:03d}", 5 + 3 * i)
             if i == 1:
@@ -119,7 +122,7 @@ def write_faulty_store(url: str | os.PathLike[str], *, storage_options: Mapping[
         for name, routes in faulty.items():
             w.append(name, routes, num_tokens=12 if name == "fork" else 13, metadata={"writer": "w0", "step": 9})
         out.quarantined.update(faulty)
-    with RouteWriter(url, spec, writer_id="w1", **opts) as w:  # type: ignore[arg-type]
+    with RouteWriter(url, spec, config("w1"), storage_options=storage_options) as w:
         first = f"w1-{0:03d}"
         for i in range(per_writer[1]):
             clean(w, f"w1-{i:03d}", 9 + 2 * i)
@@ -127,11 +130,11 @@ def write_faulty_store(url: str | os.PathLike[str], *, storage_options: Mapping[
         out.routes["dup"] = distinct_routes(rng, 6, moe, ne, k)
         w.append("dup", out.routes["dup"], metadata={"writer": "w1", "step": 0})
         corrupt_commit = w.commits[0]
-    with RouteWriter(url, spec, writer_id="w2", **opts) as w:  # type: ignore[arg-type]
+    with RouteWriter(url, spec, config("w2"), storage_options=storage_options) as w:
         w.append("dup", distinct_routes(rng, 7, moe, ne, k), metadata={"writer": "w2", "step": 0})
         for i in range(per_writer[2]):
             clean(w, f"w2-{i:03d}", 4 + 4 * i)
-    with RouteWriter(url, spec, writer_id="w3", **opts) as w:  # type: ignore[arg-type]
+    with RouteWriter(url, spec, config("w3"), storage_options=storage_options) as w:
         w.append("lost", distinct_routes(rng, 5, moe, ne, k))
     backend = open_backend(url, storage_options)
     (out.leftover,) = w.commits
@@ -140,7 +143,8 @@ def write_faulty_store(url: str | os.PathLike[str], *, storage_options: Mapping[
             backend.delete(key)
     if corrupt:
         array = array_key(corrupt_commit)
-        geometry = open_reader(url, storage_options=storage_options, commits=[corrupt_commit]).geometry_of(array)
+        geometry = RouteReader.open(url, storage_options=storage_options,
+                                    reader={"commits": [corrupt_commit]}).geometry_of(array)
         key = f"{array}/{ArrayGeometry.object_key(0)}"
         data = bytearray(backend.get(key))
         index = decode_index(bytes(data[-geometry.index_nbytes :]), geometry, array, 0)
@@ -148,6 +152,6 @@ def write_faulty_store(url: str | os.PathLike[str], *, storage_options: Mapping[
         data[offset + nbytes - 1] ^= 0x40
         backend.set(key, bytes(data))
         out.corrupt = first
-    out.commits = open_reader(url, storage_options=storage_options, on_duplicate="report").commits
+    out.commits = RouteReader.open(url, storage_options=storage_options, reader={"on_duplicate": "report"}).commits
     backend.close()
     return out

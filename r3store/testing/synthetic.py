@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from r3store._checks import is_int
 from r3store._spec import ModelSpec
 
 __all__ = [
@@ -342,7 +343,7 @@ def synthetic_routes(
     """
     for name, value in (("num_tokens", num_tokens), ("num_layers", num_layers),
                         ("num_experts", num_experts), ("top_k", top_k)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        if not is_int(value) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     if top_k > num_experts:
         raise ValueError(f"top_k ({top_k}) must not exceed num_experts ({num_experts})")

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from r3store._checks import is_int
 from r3store._format import DEFAULT_MAX_SAMPLE_ROWS, format_ranges, format_spans, token_hash
 from r3store._spec import ModelSpec
 from r3store._validate import (
@@ -230,10 +231,10 @@ class SampleBuffer:
             raise RowCountError(sample.sample_id, "routes",
                                 f"{sample.rows + rows:,} rows, more than the store's cap of {self.max_sample_rows:,} "
                                 "rows per sample (limits.max_sample_rows, set when the store is created: "
-                                "RouteWriter(..., max_sample_rows=...))")
+                                "RouteWriter(url, spec, {'max_sample_rows': ...}))")
 
     def _sample_for(self, sample_id: str, start: int, rows: int = 0) -> Sample:
-        if isinstance(start, bool) or not isinstance(start, int | np.integer) or start < 0:
+        if not is_int(start) or start < 0:
             raise RouteValidationError(sample_id, "start", f"must be an int >= 0, got {start!r}")
         sample = self.open.get(sample_id)
         if sample is None:
@@ -371,8 +372,7 @@ class SampleBuffer:
 
 def _quarantined_num_tokens(num_tokens: Any, tokens: Any, rows: int) -> int:
     """The token count to record for a quarantined sample: as given when plausible."""
-    valid = isinstance(num_tokens, int | np.integer) and not isinstance(num_tokens, bool)
-    nt = int(num_tokens) if valid and 1 <= num_tokens <= MAX_TOKENS else None
+    nt = int(num_tokens) if is_int(num_tokens) and 1 <= num_tokens <= MAX_TOKENS else None
     if nt is None and tokens is not None:
         try:
             nt = len(tokens)
@@ -401,7 +401,7 @@ def _expected_rows(num_tokens: Any, tokens: Any, start: int) -> int | None:
             num_tokens = len(tokens)
         except TypeError:
             return None  # the append names the fault
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int | np.integer):
+    if not is_int(num_tokens):
         return None
     rows = int(num_tokens) - 1 - start
     return rows if rows >= 0 else None

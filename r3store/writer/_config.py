@@ -1,12 +1,13 @@
-"""``WriterConfig``: a writer's settings, one frozen object (passed whole or field by field)."""
+"""``WriterConfig``: a writer's settings, one frozen object passed whole (or its dict form, ``WriterConfigDict``)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict, cast
+from typing import Any, ClassVar, Literal, TypedDict, cast
 
 from r3store._checks import config_fields, merge_config, parse_choice, parse_int, parse_optional_int
 from r3store.errors import OptionError
@@ -28,7 +29,7 @@ class WriterConfigDict(TypedDict, total=False):
     on_invalid: Literal["raise", "quarantine"]
     writer_id: str | None
     max_sample_rows: int | None
-    spill_dir: str | None
+    spill_dir: str | os.PathLike[str] | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,7 +81,13 @@ class WriterConfig:
     spill_dir: str | None = None
     """Folder in which to create the scratch folder for spilled samples (see
     ``buffer_bytes``); ``None``: the system's temporary folder (``TMPDIR``). The scratch
-    folder is removed when the writer closes."""
+    folder is removed when the writer closes. A path-like is stored as ``str``."""
+
+    LOOSE_KEYWORDS: ClassVar[tuple[str, ...]] = (
+        "buffer_bytes", "chunk_rows", "layers_per_chunk", "object_bytes", "on_invalid", "writer_id",
+        "max_sample_rows", "spill_dir")
+    """Fields that ``RouteWriter`` took as loose keywords before (deprecated aliases, removed in
+    r3store 0.4.0; new fields are never loose keywords)."""
 
     def __post_init__(self) -> None:
         for name in ("buffer_bytes", "chunk_rows", "object_bytes"):
@@ -90,8 +97,10 @@ class WriterConfig:
         object.__setattr__(self, "max_sample_rows", parse_optional_int("max_sample_rows", self.max_sample_rows,
                                                                         minimum=1, maximum=1 << 40))
         parse_choice("on_invalid", self.on_invalid, ON_INVALID)
-        if self.spill_dir is not None and not isinstance(self.spill_dir, str):
-            raise OptionError("spill_dir", self.spill_dir, "must be a str path (or None)")
+        if self.spill_dir is not None:
+            if not isinstance(self.spill_dir, str | os.PathLike):
+                raise OptionError("spill_dir", self.spill_dir, "must be a path (str or os.PathLike) or None")
+            object.__setattr__(self, "spill_dir", os.fspath(self.spill_dir))
         wid = self.writer_id
         if wid is not None and (not isinstance(wid, str) or not WRITER_ID.fullmatch(wid)):
             raise OptionError("writer_id", wid, f"must match {WRITER_ID.pattern} (letters, digits, '.', '_', '-'; "

@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from r3store._checks import is_int
 from r3store._spec import ModelSpec
 from r3store._validate import as_numpy
 from r3store.codecs import kernels
@@ -56,7 +57,7 @@ def _payload_from_meta(sample_id: str, payload: Any) -> tuple[Any, Mapping[str, 
 
 def _count(meta: Mapping[str, Any], key: str) -> int | None:
     value = meta.get(key)
-    return int(value) if isinstance(value, int | np.integer) and not isinstance(value, bool) else None
+    return int(value) if is_int(value) else None
 
 
 def sglang_num_tokens(meta: Mapping[str, Any] | None) -> int | None:

@@ -8,9 +8,10 @@ import uuid
 import warnings
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
-from r3store._deprecated import renamed_keyword, renamed_property
+from r3store._checks import resolve_config
+from r3store._deprecated import renamed_property, warn
 from r3store._spec import ModelSpec
 from r3store.errors import DiscardedSampleWarning, IncompleteSampleError, RouteValidationError, WriterClosedError
 from r3store.storage import Backend, open_backend
@@ -40,18 +41,18 @@ class RouteWriter:
     spec : ModelSpec
         Must equal the spec of an existing store.
     config : WriterConfig or WriterConfigDict, optional
-        The writer's settings passed whole (see :class:`r3store.WriterConfig` for each).
+        The writer's settings passed whole (see :class:`r3store.WriterConfig` for each):
+        ``buffer_bytes``, ``chunk_rows``, ``layers_per_chunk``, ``object_bytes``,
+        ``on_invalid`` (``"quarantine"`` keeps bad samples flagged), ``writer_id``,
+        ``max_sample_rows``, ``spill_dir`` (where open multi-turn samples spill when they
+        fill the buffer).
     storage_options : mapping, optional
         Passed to fsspec (``endpoint_url``, ``key``, ``profile``, ...).
-    buffer_bytes, chunk_rows, layers_per_chunk, object_bytes, on_invalid, writer_id, max_sample_rows : optional
-        Settings given one by one, merged into ``config`` (``None``: not given; a
-        setting given both ways with different values is an error).
-    spill_dir : str or os.PathLike, optional
-        Where to put the scratch folder for samples spilled when open multi-turn samples
-        fill the buffer (see :attr:`r3store.WriterConfig.buffer_bytes`); default: the
-        system's temporary folder.
-    shard_bytes : int, optional
-        Deprecated name of ``object_bytes``.
+    **deprecated
+        The fields of ``config`` given one by one (``buffer_bytes=``, ..., ``spill_dir=``;
+        ``None``: not given; a field given both ways with different values is an error)
+        and ``shard_bytes``, the old name of ``object_bytes``: each warns
+        (:class:`r3store.errors.R3StoreDeprecationWarning`) and is removed in 0.4.0.
 
     Attributes
     ----------
@@ -64,6 +65,8 @@ class RouteWriter:
     ------
     r3store.errors.OptionError
         A setting is invalid, or given both ways with different values.
+    TypeError
+        ``spec`` is not a ModelSpec, or a keyword is neither a parameter nor a deprecated alias.
     r3store.errors.SpecMismatchError
         The store exists with another spec (nothing is written).
     r3store.errors.FormatVersionError
@@ -92,23 +95,19 @@ class RouteWriter:
         config: WriterConfig | WriterConfigDict | Mapping[str, Any] | None = None,
         *,
         storage_options: Mapping[str, Any] | None = None,
-        buffer_bytes: int | None = None,
-        chunk_rows: int | None = None,
-        layers_per_chunk: int | None = None,
-        object_bytes: int | None = None,
-        on_invalid: Literal["raise", "quarantine"] | None = None,
-        writer_id: str | None = None,
-        max_sample_rows: int | None = None,
-        shard_bytes: int | None = None,
-        spill_dir: str | os.PathLike[str] | None = None,
+        **deprecated: Any,
     ) -> None:
         if not isinstance(spec, ModelSpec):
             raise TypeError(f"spec must be an r3store.ModelSpec, got {type(spec).__name__}")
-        object_bytes = renamed_keyword("RouteWriter", "shard_bytes", "object_bytes", shard_bytes, object_bytes)
-        settings = WriterConfig.resolve(config, buffer_bytes=buffer_bytes, chunk_rows=chunk_rows,
-                                        layers_per_chunk=layers_per_chunk, object_bytes=object_bytes,
-                                        on_invalid=on_invalid, writer_id=writer_id, max_sample_rows=max_sample_rows,
-                                        spill_dir=None if spill_dir is None else os.fspath(spill_dir))
+        shard_bytes = deprecated.pop("shard_bytes", None)
+        if shard_bytes is not None:
+            if "object_bytes" in deprecated:
+                raise TypeError("RouteWriter() got both shard_bytes= (deprecated) and object_bytes=; "
+                                "pass config={'object_bytes': ...} only")
+            warn("RouteWriter(shard_bytes=...)", "config={'object_bytes': ...}")
+        settings = resolve_config(WriterConfig, "RouteWriter", "config", config, deprecated)
+        if shard_bytes is not None:
+            settings = WriterConfig.resolve(settings, object_bytes=shard_bytes)
         self.config = dataclasses.replace(
             settings,
             layers_per_chunk=settings.layers_per_chunk or default_layers_per_chunk(spec),

@@ -54,14 +54,14 @@ def write(path: Path | str, spec: r3store.ModelSpec, samples: dict[str, np.ndarr
     """Write samples with one writer; returns the shards committed. One layer per chunk
     unless told otherwise, so chunk coordinates name a layer."""
     kw.setdefault("layers_per_chunk", 1)
-    with r3store.RouteWriter(path, spec, on_invalid="quarantine" if quarantine else "raise", **kw) as w:
+    with r3store.RouteWriter(path, spec, {**kw, "on_invalid": "quarantine" if quarantine else "raise"}) as w:
         for sid, routes in samples.items():
             w.append(sid, routes, num_tokens=(num_tokens or {}).get(sid, len(routes) + 1))
     return list(w.commits)
 
 
 def audit(path: Path | str, **kw: object) -> ValidationReport:
-    return validate(r3store.open_store(path, on_duplicate="report"), **kw)  # type: ignore[arg-type]
+    return validate(r3store.open_store(path, reader={"on_duplicate": "report"}), **kw)  # type: ignore[arg-type]
 
 
 def of_kind(report: ValidationReport, kind: str) -> list[Finding]:
@@ -417,7 +417,7 @@ def test_remote_backend_uses_threads(memory_url: str) -> None:
     routes[5, 1] = [3, 3]
     for i in range(3):
         write(memory_url, SPEC, {f"w{i}-a": distinct_routes(rng, 20, 4, 64, 2), f"w{i}-b": routes}, quarantine=True)
-    store = r3store.open_store(memory_url, on_duplicate="report")
+    store = r3store.open_store(memory_url, reader={"on_duplicate": "report"})
     report = validate(store)  # memory:// is not local: 8 threads, one per route array
     assert sorted((f.sample_id, f.layer, f.rows_text) for f in of_kind(report, "repeated_ids")) == [
         (f"w{i}-b", 2, "5") for i in range(3)]

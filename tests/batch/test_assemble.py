@@ -8,6 +8,7 @@ reads existed: every sample read whole (``RouteReader.get``), then laid out by
 
 from __future__ import annotations
 
+import dataclasses
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import r3store
+from r3store import open_store
 from r3store.batch import assemble, route_dtype
 from r3store.errors import LayoutOptionError, OptionError
 from r3store.layout import LayoutOptions, apply_routes, plan_layout
-from r3store.reader import open_reader
 from r3store.storage import REMOTE_COALESCE_GAP, open_backend
 from r3store.testing.counting import CountingBackend
 
@@ -41,7 +42,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     rng = np.random.default_rng(3)
     ids = []
     for w in range(2):
-        with r3store.RouteWriter(path, SPEC, chunk_rows=8, layers_per_chunk=2, object_bytes=300) as writer:
+        with r3store.RouteWriter(path, SPEC,
+                                 config={"chunk_rows": 8, "layers_per_chunk": 2, "object_bytes": 300}) as writer:
             for i in range(7):
                 sid = f"w{w}s{i}"
                 n = int(rng.integers(1, 90)) if i else 61
@@ -96,8 +98,9 @@ def test_rank_local_equals_full_layout(store, case: dict[str, Any], layers: Any)
     np.testing.assert_array_equal(got["replay_mask"], mask)
     if opts.layout == "sbhd":  # sequence first: the batch-first layout transposed (pad ids: fill)
         bshd_opts = LayoutOptions.from_dict({**case, "layout": "bshd"})
-        bshd = assemble(reader, batch_ids, bshd_opts, layers=layers, pad_policy="fill", fill_value=-1)
-        sbhd = assemble(reader, batch_ids, opts, layers=layers, pad_policy="fill", fill_value=-1)
+        fill = {"pad_policy": "fill", "fill_value": -1}
+        bshd = assemble(reader, batch_ids, dataclasses.replace(bshd_opts, **fill), layers=layers)
+        sbhd = assemble(reader, batch_ids, dataclasses.replace(opts, **fill), layers=layers)
         np.testing.assert_array_equal(sbhd["routes"], bshd["routes"].transpose(1, 0, 2, 3))
         np.testing.assert_array_equal(got["replay_mask"], bshd["replay_mask"].T)
 
@@ -107,9 +110,9 @@ def test_sp_rank_is_a_slice_of_the_whole(store, layout: str) -> None:
     path, ids = store
     reader = r3store.open_store(path)
     fill = {"pad_policy": "fill", "fill_value": -1}  # spread pad ids are numbered over each rank's output
-    whole = assemble(reader, ids[:6], {"layout": layout, "tp_size": 4}, **fill)["routes"]  # type: ignore[arg-type]
-    parts = [assemble(reader, ids[:6], {"layout": layout, "tp_size": 4, "tp_rank": r, "sequence_parallel": True},
-                      **fill)  # type: ignore[arg-type]
+    whole = assemble(reader, ids[:6], {"layout": layout, "tp_size": 4, **fill})["routes"]
+    parts = [assemble(reader, ids[:6], {"layout": layout, "tp_size": 4, "tp_rank": r, "sequence_parallel": True,
+                                        **fill})
              for r in range(4)]
     axis = 0 if layout in ("thd", "sbhd") else 1
     np.testing.assert_array_equal(np.concatenate([p["routes"] for p in parts], axis=axis), whole)
@@ -137,10 +140,10 @@ def test_dtype_equals_int32_cast(store, dtype: Any, case: dict[str, Any], pad: t
     pad_policy, fill = pad
     if pad == ("fill", -1) and np.dtype("uint8" if dtype == "auto" else dtype) == np.uint8 and dtype != "auto":
         with pytest.raises(LayoutOptionError, match="fill_value"):
-            assemble(reader, ids[:4], case, dtype=dtype, pad_policy="fill", fill_value=fill)
+            assemble(reader, ids[:4], {**case, "dtype": dtype, "pad_policy": "fill", "fill_value": fill})
         return
-    ref = assemble(reader, ids[:4], case, pad_policy=pad_policy, fill_value=fill)["routes"]
-    got = assemble(reader, ids[:4], case, dtype=dtype, pad_policy=pad_policy, fill_value=fill)["routes"]
+    ref = assemble(reader, ids[:4], {**case, "pad_policy": pad_policy, "fill_value": fill})["routes"]
+    got = assemble(reader, ids[:4], {**case, "dtype": dtype, "pad_policy": pad_policy, "fill_value": fill})["routes"]
     want_dtype = route_dtype(dtype, SPEC.num_experts, pad_policy=pad_policy, fill_value=fill)  # type: ignore[arg-type]
     assert got.dtype == want_dtype
     np.testing.assert_array_equal(got, ref.astype(want_dtype))
@@ -168,7 +171,8 @@ def test_route_dtype_choices() -> None:
 def test_dataset_dtype_and_sbhd(store) -> None:
     torch = pytest.importorskip("torch")
     path, _ = store
-    ds = r3store.RouteDataset(path, max_tokens_per_batch=200, dtype="auto", layout="sbhd", cp_size=2, cp_rank=1)
+    ds = r3store.RouteDataset(path, max_tokens_per_batch=200,
+                              options={"dtype": "auto", "layout": "sbhd", "cp_size": 2, "cp_rank": 1})
     reader = r3store.open_store(path)
     n = 0
     for batch in ds:
@@ -178,12 +182,12 @@ def test_dataset_dtype_and_sbhd(store) -> None:
         n += 1
     assert n == len(ds) > 1
     with pytest.raises(OptionError, match="dtype"):
-        r3store.RouteDataset(path, dtype="uint4")
+        r3store.RouteDataset(path, options={"dtype": "uint4"})
 
 
 def test_store_assemble_passes_dtype(store) -> None:
     path, ids = store
-    got = r3store.open_store(path).assemble(ids[:3], dtype="int16", layout="sbhd")
+    got = r3store.open_store(path).assemble(ids[:3], options={"dtype": "int16", "layout": "sbhd"})
     assert got["routes"].dtype == np.int16
 
 
@@ -349,8 +353,8 @@ def test_packed_batch_unpacks_to_the_routes(store, case: dict[str, Any], pad: tu
     path, ids = store
     reader = r3store.open_store(path)
     pad_policy, fill = pad
-    want = assemble(reader, ids[:5], case, pad_policy=pad_policy, fill_value=fill)  # type: ignore[arg-type]
-    got = assemble(reader, ids[:5], case, pad_policy=pad_policy, fill_value=fill, packed=True)  # type: ignore[arg-type]
+    want = assemble(reader, ids[:5], {**case, "pad_policy": pad_policy, "fill_value": fill})
+    got = assemble(reader, ids[:5], {**case, "pad_policy": pad_policy, "fill_value": fill, "packed": True})
     bits = got["routes_bits"]
     assert bits == (SPEC.bits_per_id if pad_policy == "spread" else max(SPEC.bits_per_id, fill.bit_length()))
     assert got["routes_shape"] == want["routes"].shape
@@ -365,9 +369,9 @@ def test_packed_batch_unpacks_to_the_routes(store, case: dict[str, Any], pad: tu
 def test_packed_refuses_a_negative_fill(store) -> None:
     path, ids = store
     with pytest.raises(LayoutOptionError, match="fill_value"):
-        assemble(r3store.open_store(path), ids[:2], None, pad_policy="fill", fill_value=-1, packed=True)
+        assemble(r3store.open_store(path), ids[:2], {"pad_policy": "fill", "fill_value": -1, "packed": True})
     with pytest.raises(LayoutOptionError, match="fill_value"):
-        r3store.RouteDataset(path, pad_policy="fill", fill_value=-1, packed=True)
+        r3store.RouteDataset(path, options={"pad_policy": "fill", "fill_value": -1, "packed": True})
 
 
 def test_dataset_packed(store) -> None:
@@ -376,7 +380,8 @@ def test_dataset_packed(store) -> None:
 
     path, _ = store
     reader = r3store.open_store(path)
-    for batch in r3store.RouteDataset(path, max_tokens_per_batch=150, packed=True, cp_size=2, cp_rank=0):
+    for batch in r3store.RouteDataset(path, max_tokens_per_batch=150,
+                                      options={"packed": True, "cp_size": 2, "cp_rank": 0}):
         ref = assemble(reader, batch["sample_ids"], {"cp_size": 2, "cp_rank": 0})["routes"]
         got = unpack_routes(batch["routes"], batch["routes_bits"], batch["routes_shape"])
         assert got.dtype == torch.int32
@@ -399,7 +404,7 @@ def test_rank_local_matches_full_layout_on_random_batches(store, data: st.DataOb
     layers = data.draw(st.one_of(st.none(), st.lists(st.sampled_from(SPEC.moe_layers), min_size=1, unique=True)))
     dtype = data.draw(st.sampled_from(["int32", "int16", "uint8"]))
     want, mask = _reference(reader, batch_ids, opts, layers)
-    got = assemble(reader, batch_ids, opts, layers=layers, dtype=dtype)
+    got = assemble(reader, batch_ids, dataclasses.replace(opts, dtype=dtype), layers=layers)
     np.testing.assert_array_equal(got["routes"], want.astype(dtype))
     np.testing.assert_array_equal(got["replay_mask"], mask)
 
@@ -421,10 +426,10 @@ ids = reader.sample_ids
 got = {}
 for name, opts in CASES.items():
     for dtype in ("int32", "int16", "uint8", "auto"):
-        got[f"{name}/{dtype}"] = assemble(reader, ids, opts, dtype=dtype)["routes"]
-    b = assemble(reader, ids, opts, packed=True)
+        got[f"{name}/{dtype}"] = assemble(reader, ids, {**opts, "dtype": dtype})["routes"]
+    b = assemble(reader, ids, {**opts, "packed": True})
     got[f"{name}/packed"] = unpack_routes(torch.from_numpy(b["routes"]), b["routes_bits"], b["routes_shape"]).numpy()
-ds = r3store.RouteDataset(path, max_tokens_per_batch=150, cp_size=2, cp_rank=1, dtype="int16")
+ds = r3store.RouteDataset(path, max_tokens_per_batch=150, options={"cp_size": 2, "cp_rank": 1, "dtype": "int16"})
 for i, batch in enumerate(DataLoader(ds, batch_size=None, num_workers=2)):
     got[f"dataset/{i}/" + ",".join(batch["sample_ids"])] = batch["routes"].numpy()
 np.savez(out, **got)
@@ -475,7 +480,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny")
     routes = np.tile(np.array([[0, 1], [2, 3], [4, 5]], np.int32), (5, 1, 1))
     routes[2] = -1
-    with r3store.RouteWriter(path, SPEC_3X8, chunk_rows=2) as writer:
+    with r3store.RouteWriter(path, SPEC_3X8, config={"chunk_rows": 2}) as writer:
         writer.append("empty", np.zeros((0, 3, 2), np.int32))
         writer.append("empty2", np.zeros((0, 3, 2), np.int32))
         writer.append("five", routes, allow_missing=True)
@@ -484,7 +489,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("layout", ["thd", "bshd", "sbhd"])
 def test_assemble_zero_row_samples(tiny: Path, layout: str) -> None:
-    reader = open_reader(tiny)
+    reader = open_store(tiny)
     batch = assemble(reader, ["empty", "empty2"], {"layout": layout})
     assert not batch["replay_mask"].any()
     assert batch["routes"].shape[-2:] == (3, 2)
@@ -492,7 +497,7 @@ def test_assemble_zero_row_samples(tiny: Path, layout: str) -> None:
 
 def test_max_seqlen_error_names_the_sample(tiny: Path) -> None:
     """Finding: an over-long sample was named by its batch position ("sample 2") only."""
-    reader = open_reader(tiny)
+    reader = open_store(tiny)
     with pytest.raises(r3store.errors.LayoutOptionError, match="sample 'five' has 6 tokens"):
         assemble(reader, ["empty", "empty2", "five"], {"layout": "sbhd", "max_seqlen": 4})
 
@@ -501,7 +506,7 @@ def test_max_seqlen_error_names_the_sample(tiny: Path) -> None:
 def test_assemble_refuses_tokens_that_are_not_integer_ids(tiny: Path, tokens: object) -> None:
     """Finding: float token ids were truncated to int64 silently; None, a str or a scalar
     gave a misleading "len(tokens) - 1 = 0" message."""
-    reader = open_reader(tiny)
+    reader = open_store(tiny)
     with pytest.raises(r3store.errors.AlignmentError, match=r"'five'.*integer token ids"):
         assemble(reader, ["five"], tokens=[tokens])
     batch = assemble(reader, ["five"], tokens=[np.arange(6, dtype=np.uint16)])

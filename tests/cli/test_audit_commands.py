@@ -56,7 +56,8 @@ def faulty(tmp_path: Path) -> Path:
     path = tmp_path / "faulty"
     rep = routes_of(rng, 16)
     rep[2:5, 1] = [9, 9]
-    with r3store.RouteWriter(path, SPEC, on_invalid="quarantine", chunk_rows=8, layers_per_chunk=1) as w:
+    with r3store.RouteWriter(path, SPEC,
+                             config={"on_invalid": "quarantine", "chunk_rows": 8, "layers_per_chunk": 1}) as w:
         w.append("good", routes_of(rng, 16))
         w.append("rep", rep)
         w.append("fork", routes_of(rng, 8), num_tokens=8)
@@ -245,7 +246,8 @@ def test_inspect_and_validate_on_s3(s3_url: str, s3_storage_options: dict[str, A
     rep = routes_of(rng, 12)
     rep[7, 0] = [3, 3]
     for w_i in range(2):
-        with r3store.RouteWriter(s3_url, SPEC, storage_options=s3_storage_options, on_invalid="quarantine") as w:
+        with r3store.RouteWriter(s3_url, SPEC, storage_options=s3_storage_options,
+                                 config={"on_invalid": "quarantine"}) as w:
             w.append(f"w{w_i}-ok", routes_of(rng, 12))
             w.append(f"w{w_i}-rep", rep)
     endpoint = s3_storage_options["client_kwargs"]["endpoint_url"]

@@ -51,7 +51,7 @@ def odd(tmp_path: Path) -> Path:
     rng = np.random.default_rng(0)
     rep = routes_of(rng, 6)
     rep[3, 0] = [5, 5]
-    with r3store.RouteWriter(path, SPEC, on_invalid="quarantine") as w:
+    with r3store.RouteWriter(path, SPEC, config={"on_invalid": "quarantine"}) as w:
         for sid in ODD_IDS:
             w.append(sid, routes_of(rng, 6))
         w.append("[red]rep[/red]", rep)

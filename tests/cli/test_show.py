@@ -75,7 +75,7 @@ def routes_of_128(rng: np.random.Generator, rows: int, layers: int = 12) -> np.n
 def store(tmp_path: Path) -> Path:
     rng = np.random.default_rng(16)
     path = tmp_path / "store"
-    with r3store.RouteWriter(path, SPEC_13X128, on_invalid="quarantine") as w:
+    with r3store.RouteWriter(path, SPEC_13X128, config={"on_invalid": "quarantine"}) as w:
         for i in range(4):
             w.append(f"step-1/prompt-{i}/sample-{i}", routes_of_128(rng, 40 + 10 * i))
         bad = routes_of_128(rng, 12)

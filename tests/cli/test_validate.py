@@ -25,7 +25,7 @@ def routes_of_128(rng: np.random.Generator, rows: int, layers: int = 12) -> np.n
 def store(tmp_path: Path) -> Path:
     rng = np.random.default_rng(16)
     path = tmp_path / "store"
-    with r3store.RouteWriter(path, SPEC_13X128, on_invalid="quarantine") as w:
+    with r3store.RouteWriter(path, SPEC_13X128, config={"on_invalid": "quarantine"}) as w:
         for i in range(4):
             w.append(f"step-1/prompt-{i}/sample-{i}", routes_of_128(rng, 40 + 10 * i))
         bad = routes_of_128(rng, 12)
@@ -108,7 +108,8 @@ def test_validate_exits_0_when_missing_rows_are_all_it_found(tmp_path: Path) -> 
     assert doc["ok"] is True
     assert doc["summary"]["by_kind"] == {"missing_rows": 1}
     assert [f["kind"] for f in doc["findings"]] == ["missing_rows"]
-    with r3store.RouteWriter(tmp_path / "s", SPEC_3X16, on_invalid="quarantine") as w:  # a real finding as well
+    with r3store.RouteWriter(tmp_path / "s", SPEC_3X16,
+                             config={"on_invalid": "quarantine"}) as w:  # a real finding as well
         bad = routes_of_16(rng, 6)
         bad[1, 0] = [3, 3]
         w.append("bad", bad)

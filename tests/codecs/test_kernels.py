@@ -437,7 +437,7 @@ def test_writer_stores_identical_bytes_on_every_implementation(tmp_path: Path) -
     for name in IMPLEMENTATIONS:
         with kernels.use(name):
             where = tmp_path / name
-            with r3store.RouteWriter(where, spec, writer_id="w") as writer:
+            with r3store.RouteWriter(where, spec, config={"writer_id": "w"}) as writer:
                 writer.append_sglang("a", encode_sglang(routes), num_tokens=701)
                 writer.append("b", routes[:333, 1:], num_tokens=334)
             with r3store.open_store(where) as store:

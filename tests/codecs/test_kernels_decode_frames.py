@@ -88,7 +88,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     spec = r3store.ModelSpec(num_layers=6, num_experts=40, top_k=6, moe_layers=[0, 1, 2, 4, 5])
     path = tmp_path_factory.mktemp("frames")
     rng = np.random.default_rng(1)
-    with r3store.RouteWriter(path, spec, chunk_rows=16) as writer:
+    with r3store.RouteWriter(path, spec, config={"chunk_rows": 16}) as writer:
         for i in range(6):
             n = int(rng.integers(30, 200))
             keys = rng.random((n - 1, spec.num_moe_layers, spec.num_experts))
@@ -102,9 +102,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_rank_local_reads_same_without_the_extension(store: Path, options: dict, dtype: str) -> None:
     reader = r3store.open_store(store)
     ids = reader.sample_ids
-    fast = assemble(reader, ids, options, dtype=dtype)["routes"]
+    fast = assemble(reader, ids, {**options, "dtype": dtype})["routes"]
     with kernels.use("numpy"):
-        slow = assemble(r3store.open_store(store), ids, options, dtype=dtype)["routes"]
+        slow = assemble(r3store.open_store(store), ids, {**options, "dtype": dtype})["routes"]
     np.testing.assert_array_equal(fast, slow)
 
 

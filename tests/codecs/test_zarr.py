@@ -31,7 +31,8 @@ def build_store(url: str) -> dict[str, np.ndarray]:
     array holding 0 rows."""
     rng = np.random.default_rng(42)
     data: dict[str, np.ndarray] = {}
-    with r3store.RouteWriter(url, SPEC, chunk_rows=7, layers_per_chunk=3, object_bytes=200, writer_id="wa") as w:
+    with r3store.RouteWriter(url, SPEC,
+        config={"chunk_rows": 7, "layers_per_chunk": 3, "object_bytes": 200, "writer_id": "wa"}) as w:
         for i, n in enumerate([30, 1, 64, 9, 200, 2, 33]):
             data[f"a{i}"] = random_routes(rng, n)
             w.append(f"a{i}", data[f"a{i}"])
@@ -42,7 +43,8 @@ def build_store(url: str) -> dict[str, np.ndarray]:
         for i, n in enumerate([5, 0, 77]):
             data[f"b{i}"] = random_routes(rng, n)
             w.append(f"b{i}", data[f"b{i}"])
-    with r3store.RouteWriter(url, SPEC, chunk_rows=64, layers_per_chunk=8, buffer_bytes=3000, writer_id="wb") as w:
+    with r3store.RouteWriter(url, SPEC,
+        config={"chunk_rows": 64, "layers_per_chunk": 8, "buffer_bytes": 3000, "writer_id": "wb"}) as w:
         for i, n in enumerate([100, 13, 51, 2, 90]):
             data[f"c{i}"] = random_routes(rng, n)
             w.append(f"c{i}", data[f"c{i}"])

@@ -34,7 +34,7 @@ def store_dir(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     source, tokens = {}, {}
     lengths = [int(n) for n in rng.integers(1, 120, size=39)] + [700]
     for w in range(2):
-        with r3store.RouteWriter(path, SPEC, chunk_rows=32) as writer:
+        with r3store.RouteWriter(path, SPEC, config={"chunk_rows": 32}) as writer:
             for i, n in enumerate(lengths):
                 if i % 2 != w:
                     continue
@@ -203,10 +203,12 @@ def test_rank_from_torch_distributed(store_dir, tmp_path: Path) -> None:
 
 def test_assemble_matches_dataset_batch(store_dir) -> None:
     path, _, _ = store_dir
-    ds = r3store.RouteDataset(path, max_tokens_per_batch=256, cp_size=2, cp_rank=1, tp_size=2, pad_multiple=2)
+    ds = r3store.RouteDataset(path, max_tokens_per_batch=256,
+                              options={"cp_size": 2, "cp_rank": 1, "tp_size": 2, "pad_multiple": 2})
     batch = next(iter(ds))
     store = r3store.open_store(path)
-    again = store.assemble(batch["sample_ids"], cp_size=2, cp_rank=1, tp_size=2, pad_multiple=2, return_tensors="pt")
+    again = store.assemble(batch["sample_ids"], return_tensors="pt",
+                           options={"cp_size": 2, "cp_rank": 1, "tp_size": 2, "pad_multiple": 2})
     assert again.keys() == batch.keys()
     for key, value in batch.items():
         if isinstance(value, torch.Tensor):
@@ -219,7 +221,8 @@ def test_assemble_lays_tokens_and_routes_out_together(store_dir) -> None:
     path, source, tokens = store_dir
     store = r3store.open_store(path)
     ids = ["s001", "s004", "s007"]
-    batch = store.assemble(ids, cp_size=2, cp_rank=0, tokens=[tokens[s] for s in ids], return_tensors="np")
+    batch = store.assemble(ids, tokens=[tokens[s] for s in ids], return_tensors="np",
+                           options={"cp_size": 2, "cp_rank": 0})
     flat_tokens = np.concatenate([tokens[s] for s in ids])
     flat_routes = np.concatenate([np.concatenate([source[s], np.full((1, 4, 4), -7)]) for s in ids])
     got = batch["tokens"]
@@ -270,7 +273,7 @@ def test_bad_options_rejected(store_dir) -> None:
     with pytest.raises(r3store.errors.OptionError, match="dp_rank"):
         r3store.RouteDataset(path, dp_rank=2, dp_size=2)
     with pytest.raises(r3store.errors.LayoutOptionError):
-        r3store.RouteDataset(path, cp_size=2, cp_rank=2)
+        r3store.RouteDataset(path, options={"cp_size": 2, "cp_rank": 2})
 
 
 @pytest.mark.parametrize("layout", ["thd", "bshd"])
@@ -321,12 +324,13 @@ def test_layout_options_passed_whole(store_dir) -> None:
     options = LayoutOptions(cp_size=2, cp_rank=1, tp_size=2)
     whole = next(iter(r3store.RouteDataset(path, max_tokens_per_batch=256, options=options)))
     as_dict = next(iter(r3store.RouteDataset(path, max_tokens_per_batch=256, options=options.to_dict())))
-    merged = next(iter(r3store.RouteDataset(path, max_tokens_per_batch=256, options={"cp_size": 2}, cp_rank=1,
-                                            tp_size=2)))
+    merged = next(iter(r3store.RouteDataset(path, max_tokens_per_batch=256,
+                                            options={"cp_size": 2, "cp_rank": 1, "tp_size": 2})))
     for other in (as_dict, merged):
         assert torch.equal(whole["routes"], other["routes"])
         assert torch.equal(whole["cu_seqlens"], other["cu_seqlens"])
-    with pytest.raises(r3store.errors.LayoutOptionError, match="given as a keyword"):
+    with pytest.warns(r3store.errors.R3StoreDeprecationWarning, match="cp_rank"), \
+            pytest.raises(r3store.errors.LayoutOptionError, match="given as a keyword"):
         r3store.RouteDataset(path, options=options, cp_rank=0)
 
 
@@ -338,7 +342,7 @@ def test_on_duplicate_passes_through(tmp_path: Path) -> None:
             w.append("a", routes)
     with pytest.raises(r3store.errors.DuplicateSampleError):
         r3store.RouteDataset(tmp_path)
-    batch = next(iter(r3store.RouteDataset(tmp_path, on_duplicate="first")))
+    batch = next(iter(r3store.RouteDataset(tmp_path, reader={"on_duplicate": "first"})))
     np.testing.assert_array_equal(batch["routes"].numpy()[:-1], first)
 
 
@@ -372,8 +376,8 @@ def test_assemble_builds_routes_where_allocate_says(store_dir) -> None:
         return buffers[-1]
 
     for opts in ({"cp_size": 2, "cp_rank": 1}, {"layout": "bshd"}, {"layout": "sbhd", "cp_size": 2}):
-        want = assemble(reader, ids, opts, dtype="int16")["routes"]
-        got = assemble(reader, ids, opts, dtype="int16", allocate=allocate)["routes"]
+        want = assemble(reader, ids, {**opts, "dtype": "int16"})["routes"]
+        got = assemble(reader, ids, {**opts, "dtype": "int16"}, allocate=allocate)["routes"]
         assert np.shares_memory(got, buffers[-1])
         np.testing.assert_array_equal(got, want)
     with pytest.raises(OptionError, match="allocate"):
@@ -404,7 +408,7 @@ def test_shared_allocator_hands_back_the_shared_tensor() -> None:
 def test_workers_yield_the_batches_of_the_main_process(store_dir, options: dict[str, Any]) -> None:
     """Workers build routes in shared memory: same batches, dtypes and shapes as 0 workers."""
     path, _, _ = store_dir
-    ds = r3store.RouteDataset(path, max_tokens_per_batch=200, **options)
+    ds = r3store.RouteDataset(path, max_tokens_per_batch=200, options=options)
     runs = [list(DataLoader(ds, batch_size=None, num_workers=w)) for w in (0, 2)]
     assert len(runs[0]) == len(runs[1]) > 1
     for a, b in zip(*runs, strict=True):
@@ -441,9 +445,9 @@ def small_store_dir(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(("kwargs", "exc"), [
-    ({"pad_policy": "zeros"}, LayoutOptionError),
-    ({"pad_policy": "fill", "fill_value": "x"}, LayoutOptionError),
-    ({"pad_policy": "fill", "fill_value": 2**40}, LayoutOptionError),
+    ({"options": {"pad_policy": "zeros"}}, LayoutOptionError),
+    ({"options": {"pad_policy": "fill", "fill_value": "x"}}, LayoutOptionError),
+    ({"options": {"pad_policy": "fill", "fill_value": 2**40}}, LayoutOptionError),
     ({"shuffle": True, "seed": -1}, ValueError),
     ({"seed": 1.5}, ValueError),
 ])

@@ -25,7 +25,7 @@ def grow(path: Path, first: int, count: int, writers: int = 2, step: int = 0) ->
     """``count`` samples ``s<first>..`` of 8..40 tokens, committed by ``writers`` writers (a few commits each)."""
     per = count // writers
     for w in range(writers):
-        with r3store.RouteWriter(path, SPEC, buffer_bytes=1) as writer:  # one commit per sample
+        with r3store.RouteWriter(path, SPEC, config={"buffer_bytes": 1}) as writer:  # one commit per sample
             for i in range(first + w * per, first + (w + 1) * per):
                 writer.append(f"s{i:03d}", routes(i, 7 + (i * 7) % 33), metadata={"step": step})
 
@@ -108,8 +108,8 @@ def test_dataset_filter_streams_one_step(tmp_path: Path) -> None:
     path = tmp_path / "store"
     grow(path, 0, 8, step=0)
     grow(path, 100, 6, step=1)
-    ds = r3store.RouteDataset(path, max_tokens_per_batch=1000, filter=pc.field("step") == 1)
+    ds = r3store.RouteDataset(path, max_tokens_per_batch=1000, reader={"filter": pc.field("step") == 1})
     got = sorted(s for b in ds for s in b["sample_ids"])
     assert got == [f"s{i:03d}" for i in range(100, 106)]
     with pytest.raises(OptionError, match="filter"):
-        r3store.RouteDataset(r3store.open_store(path), filter=pc.field("step") == 1)
+        r3store.RouteDataset(r3store.open_store(path), reader={"filter": pc.field("step") == 1})

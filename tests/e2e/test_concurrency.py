@@ -137,7 +137,7 @@ def test_spilled_samples_are_committed_intact_and_scratch_is_removed(tmp_path: P
     parts = {i: [routes_for(i * 10 + t, int(rng.integers(1, 50))) for t in range(3)] for i in range(12)}
     spill = tmp_path / "scratch"
     spill.mkdir()
-    with r3store.RouteWriter(tmp_path / "store", SPEC, buffer_bytes=20_000, spill_dir=spill) as w:
+    with r3store.RouteWriter(tmp_path / "store", SPEC, config={"buffer_bytes": 20_000, "spill_dir": spill}) as w:
         for t in range(3):
             for i, turns in parts.items():
                 start = sum(len(p) for p in turns[:t])

@@ -47,7 +47,7 @@ def sglang_payload(moe: np.ndarray) -> str:
 
 
 def write_flame(url: str, samples: dict[str, np.ndarray], **kwargs) -> None:
-    with r3store.RouteWriter(url, SPEC, **kwargs) as w:
+    with r3store.RouteWriter(url, SPEC, kwargs) as w:
         for i, (sid, moe) in enumerate(samples.items()):
             meta = {"seq": i}
             if i < 16:

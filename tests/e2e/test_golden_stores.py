@@ -82,7 +82,7 @@ def test_v2_policy_versions_and_missing_rows() -> None:
     assert odd.missing_rows("gaps") == [(0, 5), (9, 10)]
     assert odd.missing_rows("sglang") == [(6, 11)]
     assert odd.assemble(["gaps"])["replay_mask"].tolist() == [False] * 5 + [True] * 4 + [False] + [True] * 7 + [False]
-    report = validate(r3store.open_store(FIXTURES / "v2-odd", on_duplicate="report"))
+    report = validate(r3store.open_store(FIXTURES / "v2-odd", reader={"on_duplicate": "report"}))
     assert report.counts == {"repeated_ids": 1, "quarantined": 1, "missing_rows": 2}
 
 
@@ -90,4 +90,4 @@ def test_v2_manifest_limits() -> None:
     assert r3store.open_store(FIXTURES / "v2-odd")._catalog.max_sample_rows == 1000
     assert r3store.open_store(FIXTURES / "v2-flame")._catalog.max_sample_rows == 2**22
     with pytest.raises(r3store.errors.SampleTooLargeError, match="'odd-2' has 31 rows, more than the cap of 20"):
-        r3store.open_store(FIXTURES / "v2-odd", max_sample_rows=20)
+        r3store.open_store(FIXTURES / "v2-odd", reader={"max_sample_rows": 20})

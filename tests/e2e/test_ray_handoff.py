@@ -50,7 +50,7 @@ class Rollout:
 
     def __init__(self, url: str, worker: int) -> None:
         self.worker = worker
-        self.writer = r3store.RouteWriter(url, SPEC, writer_id=f"rollout-{worker}")
+        self.writer = r3store.RouteWriter(url, SPEC, config={"writer_id": f"rollout-{worker}"})
 
     def generate(self, step: int) -> dict[str, Any]:
         first = len(self.writer.commits)
@@ -89,7 +89,7 @@ class Trainer:
 
     def train_step(self, *messages: dict[str, Any]) -> dict[str, Any]:
         commits = [c for m in messages for c in m["commits"]]
-        reader = r3store.open_reader(self.url, commits=commits)  # this step's sample tables only
+        reader = r3store.open_store(self.url, reader={"commits": commits})  # this step's sample tables only
         ids = [sid for m in messages for sid in m["sample_ids"]][self.dp_rank :: DP]
         tokens = {sid: t for m in messages for sid, t in zip(m["sample_ids"], m["tokens"], strict=True)}
         batch = assemble(reader, ids, self.options, tokens=[tokens[s] for s in ids])  # checks the token hashes
@@ -98,7 +98,7 @@ class Trainer:
     def stream(self, commits: list[str], cp_rank: int) -> list[dict[str, Any]]:
         """RouteDataset over a reader of the step's commits (here as the rank ``(dp_rank, cp_rank)``)."""
         options = LayoutOptions(cp_size=CP, cp_rank=cp_rank)
-        ds = r3store.RouteDataset(r3store.open_reader(self.url, commits=commits), max_tokens_per_batch=200,
+        ds = r3store.RouteDataset(r3store.open_store(self.url, reader={"commits": commits}), max_tokens_per_batch=200,
                                   dp_rank=self.dp_rank, dp_size=DP, options=options)
         return [{"sample_ids": b["sample_ids"], "routes": b["routes"].numpy(), "replay_mask": b["replay_mask"].numpy()}
                 for b in ds]

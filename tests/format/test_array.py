@@ -142,7 +142,7 @@ GOOD = {f"g{i}": random_routes(RNG, n) for i, n in enumerate([5, 11, 1])}
 def committed(tmp_path: Path):
     """A local store: GOOD + one more sample in one shard, 4-row chunks, one layer per chunk."""
     big = random_routes(np.random.default_rng(5), 20)
-    with r3store.RouteWriter(tmp_path, SPEC_5X40, chunk_rows=4, layers_per_chunk=1) as w:
+    with r3store.RouteWriter(tmp_path, SPEC_5X40, config={"chunk_rows": 4, "layers_per_chunk": 1}) as w:
         for sid, routes in GOOD.items():
             w.append(sid, routes)
         w.append("big", big)
@@ -181,7 +181,7 @@ def _routes(rows: int, seed: int, spec: r3store.ModelSpec = SPEC6) -> np.ndarray
 
 
 def _write(root: Path, samples: dict[str, np.ndarray], spec: r3store.ModelSpec = SPEC6, **kw: object) -> str:
-    with r3store.RouteWriter(root, spec, **kw) as w:
+    with r3store.RouteWriter(root, spec, kw) as w:
         for sid, r in samples.items():
             w.append(sid, r)
         return w.flush() or w.commits[-1]

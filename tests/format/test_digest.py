@@ -22,7 +22,7 @@ def _routes(rows: int, seed: int, spec: r3store.ModelSpec = SPEC6) -> np.ndarray
 
 
 def _write(root: Path, samples: dict[str, np.ndarray], spec: r3store.ModelSpec = SPEC6, **kw: object) -> str:
-    with r3store.RouteWriter(root, spec, **kw) as w:
+    with r3store.RouteWriter(root, spec, kw) as w:
         for sid, r in samples.items():
             w.append(sid, r)
         return w.flush() or w.commits[-1]

@@ -82,7 +82,7 @@ def test_sample_table_values(small_store_dir: Path, column: str, values: list[in
 
 
 def test_quarantined_row_count_may_differ(tmp_path: Path) -> None:
-    with r3store.RouteWriter(tmp_path, SPEC_4X16, on_invalid="quarantine") as w:
+    with r3store.RouteWriter(tmp_path, SPEC_4X16, config={"on_invalid": "quarantine"}) as w:
         w.append("ok", routes(4, 1))
         w.append("off", routes(4, 2), num_tokens=4)  # rows == num_tokens: quarantined, still stored
     store = r3store.open_store(tmp_path)

@@ -63,7 +63,7 @@ def with_missing(arr: np.ndarray, *rows: slice) -> np.ndarray:
 
 
 def test_a_new_store_is_format_v2(tmp_path: Path) -> None:
-    with r3store.RouteWriter(tmp_path, SPEC, writer_id="w") as w:
+    with r3store.RouteWriter(tmp_path, SPEC, config={"writer_id": "w"}) as w:
         w.append("a", routes(6, 0))
     doc = json.loads((tmp_path / "r3store.json").read_text())
     assert (doc["version"], doc["limits"]) == (2, {"max_sample_rows": 2**22})
@@ -170,7 +170,7 @@ def missing_store(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray]]:
         "prefix": full,
         "multi": with_missing(routes(8, 3), slice(5, 8)),
     }
-    with r3store.RouteWriter(tmp_path, SPEC, chunk_rows=4) as w:
+    with r3store.RouteWriter(tmp_path, SPEC, config={"chunk_rows": 4}) as w:
         w.append("ok", data["ok"])
         w.append("gap", data["gap"], allow_missing=True)
         w.append_sglang("prefix", r3store.encode_sglang(full), num_tokens=13, allow_missing=True)
@@ -212,10 +212,10 @@ def test_missing_rows_are_masked_in_batches(missing_store: Any) -> None:
         start += n + 1
     assert got.min() >= 0  # pad rows hold in-range ids (spread)
     assert (got[~mask] < SPEC.num_experts).all()
-    filled = store.assemble(ids, pad_policy="fill", fill_value=-7, cp_size=2, cp_rank=1)
+    filled = store.assemble(ids, options={"pad_policy": "fill", "fill_value": -7, "cp_size": 2, "cp_rank": 1})
     assert (filled["routes"][~filled["replay_mask"]] == -7).all()
     assert filled["replay_mask"].sum() == sum(int((~(data[s] == -1).all(axis=(1, 2))).sum()) for s in ids) - \
-        store.assemble(ids, pad_policy="fill", cp_size=2, cp_rank=0)["replay_mask"].sum()
+        store.assemble(ids, options={"pad_policy": "fill", "cp_size": 2, "cp_rank": 0})["replay_mask"].sum()
 
 
 def test_missing_rows_are_masked_in_the_dataset(missing_store: Any) -> None:
@@ -229,7 +229,7 @@ def test_missing_rows_are_masked_in_the_dataset(missing_store: Any) -> None:
 
 def test_missing_rows_in_validate_stats_show_and_diff(missing_store: Any, tmp_path: Path) -> None:
     root, data = missing_store
-    store = r3store.open_store(root, on_duplicate="report")
+    store = r3store.open_store(root, reader={"on_duplicate": "report"})
     report = validate(store)
     assert report.counts == {"missing_rows": 3}  # stored zeros are not taken for repeated ids or zero layers
     gap = next(f for f in report.findings if f.sample_id == "gap")
@@ -280,7 +280,7 @@ def test_partly_missing_rows_are_still_errors(tmp_path: Path) -> None:
 
 
 def test_writer_refuses_samples_over_the_store_cap(tmp_path: Path) -> None:
-    with r3store.RouteWriter(tmp_path, SPEC, max_sample_rows=10) as w:
+    with r3store.RouteWriter(tmp_path, SPEC, config={"max_sample_rows": 10}) as w:
         w.append("fits", routes(10, 0))
         with pytest.raises(RowCountError, match="11 rows, more than the store's cap of 10"):
             w.append("long", routes(11, 1))
@@ -291,12 +291,12 @@ def test_writer_refuses_samples_over_the_store_cap(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "r3store.json").read_text())["limits"] == {"max_sample_rows": 10}
     assert sorted(r3store.open_store(tmp_path).sample_ids) == ["fits", "turns"]
     with pytest.raises(OptionError, match="caps samples at 10 rows"):
-        r3store.RouteWriter(tmp_path, SPEC, max_sample_rows=20)
+        r3store.RouteWriter(tmp_path, SPEC, config={"max_sample_rows": 20})
     r3store.RouteWriter(tmp_path, SPEC).close()  # the store's cap is adopted
 
 
 def test_quarantined_sample_over_the_cap_keeps_no_routes(tmp_path: Path) -> None:
-    with r3store.RouteWriter(tmp_path, SPEC, max_sample_rows=5, on_invalid="quarantine") as w:
+    with r3store.RouteWriter(tmp_path, SPEC, config={"max_sample_rows": 5, "on_invalid": "quarantine"}) as w:
         w.append("long", routes(7, 0))
     store = r3store.open_store(tmp_path)
     assert store.row("long", include_quarantined=True)["num_rows"] == 0
@@ -322,13 +322,13 @@ def test_reader_refuses_a_sample_over_the_cap_before_allocating(tmp_path: Path) 
     assert (info.value.sample_id, info.value.rows, info.value.cap) == ("big", 2**39, 2**22)
     assert "max_sample_rows" in str(info.value)
     with pytest.raises(SampleTooLargeError):
-        r3store.open_store(tmp_path, max_sample_rows=1000)
+        r3store.open_store(tmp_path, reader={"max_sample_rows": 1000})
     # a caller may accept more: the storage objects are then checked before anything is allocated
-    store = r3store.open_store(tmp_path, max_sample_rows=2**40)
+    store = r3store.open_store(tmp_path, reader={"max_sample_rows": 2**40})
     with pytest.raises(FileNotFoundError):
         store.get("big")
     with pytest.raises(OptionError):
-        r3store.open_store(tmp_path, max_sample_rows=0)
+        r3store.open_store(tmp_path, reader={"max_sample_rows": 0})
 
 
 # -- issue 11 item 5: policy versions per span --------------------------------------------------------------
@@ -367,8 +367,8 @@ def test_assemble_returns_policy_versions_laid_out_like_the_routes(policy_store:
                                                                    options: dict[str, Any]) -> None:
     store = r3store.open_store(policy_store)
     ids = ["none", "chat", "one"]
-    batch = store.assemble(ids, return_policy_version=True, **options)
-    plain = store.assemble(ids, **options)
+    batch = store.assemble(ids, options, return_policy_version=True)
+    plain = store.assemble(ids, options)
     assert "policy_version" not in plain
     versions = batch["policy_version"]
     assert versions.dtype == np.int64
@@ -377,7 +377,7 @@ def test_assemble_returns_policy_versions_laid_out_like_the_routes(policy_store:
     per_row = np.concatenate([np.r_[np.full(3, -1), -1], np.r_[np.full(7, 7), np.full(5, 9), -1],
                               np.r_[np.full(6, 9), -1]])
     # one plan for every per-token array: lay the expected versions out as "tokens" and compare
-    laid = store.assemble(ids, tokens=[per_row[:4], per_row[4:17], per_row[17:]], **options)["tokens"]
+    laid = store.assemble(ids, options, tokens=[per_row[:4], per_row[4:17], per_row[17:]])["tokens"]
     pad = ~batch["replay_mask"]
     np.testing.assert_array_equal(versions[~pad], laid[~pad])
     assert (versions[pad] == -1).all()
@@ -460,7 +460,7 @@ def test_table_bucket_is_the_hour_of_the_first_attempt(tmp_path: Path, later: dt
 
     clock = _Clock(dt.datetime(2026, 11, 29, 7, 55, tzinfo=dt.UTC))
     backend = _FailTables(tmp_path, times=1)
-    writer = r3store.RouteWriter(backend, SPEC, writer_id="w")
+    writer = r3store.RouteWriter(backend, SPEC, config={"writer_id": "w"})
     committer: Committer = writer._committer
     committer.clock = clock
     writer.append("a", routes(3, 0))
@@ -476,7 +476,7 @@ def test_table_bucket_is_the_hour_of_the_first_attempt(tmp_path: Path, later: dt
 
 def test_a_retry_rewrites_zarr_json_and_refuses_another(tmp_path: Path) -> None:
     backend = _FailTables(tmp_path, times=2)
-    writer = r3store.RouteWriter(backend, SPEC, writer_id="w")
+    writer = r3store.RouteWriter(backend, SPEC, config={"writer_id": "w"})
     writer.append("a", routes(3, 0))
     with pytest.raises(StorageError):
         writer.flush()
@@ -563,7 +563,7 @@ def test_reader_takes_preloaded_rows_and_reads_only_the_other_tables(tmp_path: P
     from r3store.reader import Preloaded, RouteReader
 
     for i in range(3):
-        with r3store.RouteWriter(tmp_path, SPEC, writer_id=f"w{i}") as w:
+        with r3store.RouteWriter(tmp_path, SPEC, config={"writer_id": f"w{i}"}) as w:
             w.append(f"s{i}", routes(4 + i, i), metadata={"step": i})
     full = r3store.open_store(tmp_path)
     covered = frozenset(["w0-00000", "w1-00000"])

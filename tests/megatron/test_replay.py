@@ -218,8 +218,9 @@ def test_pp2_vpp2_routers_replay_the_batch_in_forward_and_in_recompute(megatron_
     try:
         for ids, dtype in MICRO_BATCHES:
             for pp, stage in enumerate(stages):  # rank 0 reads every MoE layer, rank 1 only its own
-                batch = store.assemble(ids, layout="thd", layers=None if pp == 0 else moe_layers(stage),
-                                       dtype=dtype, tokens=[tokens[s] for s in ids])
+                batch = store.assemble(ids, {"layout": "thd", "dtype": dtype},
+                                       layers=None if pp == 0 else moe_layers(stage),
+                                       tokens=[tokens[s] for s in ids])
                 assert batch["routes"].dtype == np.dtype(dtype)
                 assert batch["routes"].shape[0] == 12
                 given = set_replay_routes(stage, batch)
@@ -265,7 +266,7 @@ def test_selective_moe_recompute_replays_the_same_routes_and_gradients(megatron_
     recomputed = _chunk(_config(4, 1, recompute_granularity="selective", recompute_modules=["moe"]), seed=1)
     recomputed.load_state_dict(plain.state_dict())
     store, tokens = _store(tmp_path / "routes", 4, 1, {"a": 7, "b": 5})
-    batch = store.assemble(["a", "b"], layout="bshd", dtype="auto", tokens=[tokens["a"], tokens["b"]])
+    batch = store.assemble(["a", "b"], {"layout": "bshd", "dtype": "auto"}, tokens=[tokens["a"], tokens["b"]])
     assert batch["routes"].shape == (2, 7, 3, TOP_K)
     assert batch["routes"].dtype == np.uint8
     flat = batch["routes"].transpose(1, 0, 2, 3).reshape(14, 3, TOP_K)  # token (s, b) is row s * B + b
@@ -296,11 +297,11 @@ def test_every_layout_reaches_the_router_in_its_token_order(megatron_cpu: None, 
     store, tokens = _store(tmp_path / "routes", 4, 1, {"a": 6, "b": 4})
     toks = [tokens["a"], tokens["b"]]
     if layout == "packed":
-        batch = store.assemble(["a", "b"], layout="thd", packed=True, tokens=toks)
-        routes = store.assemble(["a", "b"], layout="thd", tokens=toks)["routes"]
+        batch = store.assemble(["a", "b"], {"layout": "thd", "packed": True}, tokens=toks)
+        routes = store.assemble(["a", "b"], {"layout": "thd"}, tokens=toks)["routes"]
         inputs = batch["tokens"][None]
     else:
-        batch = store.assemble(["a", "b"], layout=layout, dtype="int16", tokens=toks)
+        batch = store.assemble(["a", "b"], {"layout": layout, "dtype": "int16"}, tokens=toks)
         routes = batch["routes"].reshape(-1, 3, TOP_K)  # THD as is; SBHD (T, B) is already sequence-major
         inputs = batch["tokens"][None] if layout == "thd" else batch["tokens"].T
     maps = _Maps([model])
@@ -320,14 +321,14 @@ def test_every_layout_reaches_the_router_in_its_token_order(megatron_cpu: None, 
 def test_faults_raise_replay_errors_naming_the_layer(megatron_cpu: None, tmp_path: Path) -> None:
     model = _chunk(_config(4, 1), seed=3)
     store, tokens = _store(tmp_path / "routes", 4, 1, {"a": 6, "b": 4})
-    batch = store.assemble(["a", "b"], layout="thd", tokens=[tokens["a"], tokens["b"]])
+    batch = store.assemble(["a", "b"], {"layout": "thd"}, tokens=[tokens["a"], tokens["b"]])
     inputs = torch.from_numpy(batch["tokens"])[None]
     try:
         with pytest.raises(ReplayError, match=r"holds decoder layers \[1, 2\]") as info:
             set_replay_routes(model, store.assemble(["a", "b"], layers=[1, 2]))
         assert info.value.layer == 3
         with pytest.raises(ReplayError, match="expert id -1, outside") as info:
-            set_replay_routes(model, store.assemble(["a", "b"], pad_policy="fill", fill_value=-1, dtype="int16"))
+            set_replay_routes(model, store.assemble(["a", "b"], {"pad_policy": "fill", "fill_value": -1, "dtype": "int16"}))
         assert info.value.layer == 1
         with pytest.raises(ReplayError, match="top_k=1"):
             set_replay_routes(model, batch["routes"][..., :1], layers=[1, 2, 3])

@@ -26,7 +26,7 @@ def main() -> None:
     _ = r3store.RouteWriter  # r3store's modules (imported on first use), before the baseline too
     turn = [routes_for(t, rows) for t in range(turns)]  # made before the baseline: not the writer's memory
     baseline = peak_rss_bytes(reset=True)
-    with r3store.RouteWriter(url, SPEC, buffer_bytes=buffer_bytes) as writer:
+    with r3store.RouteWriter(url, SPEC, config={"buffer_bytes": buffer_bytes}) as writer:
         for t in range(turns):
             for i in range(samples):
                 last = t == turns - 1

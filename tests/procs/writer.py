@@ -50,13 +50,13 @@ def main() -> None:
     # conversion: a one-time import, not memory that grows with the buffer
     pa.array([0])
     baseline = peak_rss_bytes(reset=True)
-    with r3store.RouteWriter(url, SPEC, buffer_bytes=buffer_bytes, storage_options=options) as writer:
+    with r3store.RouteWriter(url, SPEC, storage_options=options, config={"buffer_bytes": buffer_bytes}) as writer:
         flushed = 0
         for i in range(first, first + count):
             routes = routes_for(i, rows) if rows <= 4096 else (template + i * 13) % SPEC.num_experts
             writer.append(f"sample-{i:06d}", routes, metadata={"index": i})
-            if len(writer.shards) != flushed:
-                flushed = len(writer.shards)
+            if len(writer.commits) != flushed:
+                flushed = len(writer.commits)
                 print(f"flushed {flushed}", flush=True)
     print(json.dumps({"baseline_bytes": baseline, "peak_bytes": peak_rss_bytes()}), flush=True)
 

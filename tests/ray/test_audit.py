@@ -65,7 +65,7 @@ def test_validate_on_ray_equals_local(ray_cluster: str, faulty: FaultyStore) -> 
 
 def test_stats_and_diff_on_ray_equal_local(ray_cluster: str, faulty: FaultyStore, other: FaultyStore) -> None:
     doc = json.loads(same("stats", other.url, "--json", "--top", "5").stdout)
-    assert doc["samples"] == len(r3store.open_store(other.url, on_duplicate="first"))
+    assert doc["samples"] == len(r3store.open_store(other.url, reader={"on_duplicate": "first"}))
     same("stats", other.url)
     doc = json.loads(same("diff", faulty.url, other.url, "--json", "--sample-filter", "w[02]-*").stdout)
     assert doc["samples_compared"] > 10
@@ -99,7 +99,7 @@ def test_progress_is_counted_in_tasks(ray_cluster: str, faulty: FaultyStore) -> 
     seen: list[tuple[int, int]] = []
     report = r3ray.validate(faulty.url, num_tasks=3, progress=lambda done, total: seen.append((done, total)))
     assert seen == [(0, 3), (1, 3), (2, 3), (3, 3)]
-    assert report == validate(r3store.open_reader(faulty.url, on_duplicate="report"))
+    assert report == validate(r3store.open_store(faulty.url, reader={"on_duplicate": "report"}))
     one = r3ray.validate(faulty.url, num_tasks=1)
     assert one.to_dict() == report.to_dict()
 

@@ -24,9 +24,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import r3store
+from r3store import open_store
 from r3store.audit import validate
 from r3store.errors import ChecksumError, DuplicateSampleError, LayerError, OptionError
-from r3store.reader import open_reader
 from r3store.storage import LocalBackend
 from r3store.testing.faults import FAULTY_SPEC, FaultyStore, distinct_routes, write_faulty_store
 from r3store.testing.ray_cluster import pickle_by_value
@@ -56,7 +56,7 @@ def by_id(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def test_read_routes_equals_open_store(ray_cluster: str, store: FaultyStore) -> None:
-    reference = r3store.open_store(store.url, on_duplicate="first")
+    reference = r3store.open_store(store.url, reader={"on_duplicate": "first"})
     rows = by_id(r3ray.read_routes(store.url, on_duplicate="first").take_all())
     assert sorted(rows) == sorted(reference.sample_ids)  # quarantined ones hidden, "dup" once
     assert "dup" in rows
@@ -74,7 +74,7 @@ def test_read_routes_equals_open_store(ray_cluster: str, store: FaultyStore) -> 
 
 
 def test_read_routes_quarantined_layers_filter_columns(ray_cluster: str, store: FaultyStore) -> None:
-    reference = r3store.open_store(store.url, on_duplicate="first")
+    reference = r3store.open_store(store.url, reader={"on_duplicate": "first"})
     rows = by_id(r3ray.read_routes(store.url, on_duplicate="first", include_quarantined=True, layers=[4, 2],
                                    columns=["quarantined", "reason", "writer_id"]).take_all())
     assert store.quarantined <= set(rows)
@@ -104,7 +104,7 @@ def test_any_number_of_read_tasks_gives_the_same_rows(ray_cluster: str, store: F
     assert sum(t.metadata.num_rows for t in tasks) == source.table.num_rows
     ids = [r["sample_id"] for r in r3ray.read_routes(store.url, on_duplicate="first",
                                                        override_num_blocks=blocks).take_all()]
-    assert sorted(ids) == sorted(r3store.open_store(store.url, on_duplicate="first").sample_ids)
+    assert sorted(ids) == sorted(r3store.open_store(store.url, reader={"on_duplicate": "first"}).sample_ids)
 
 
 def test_a_task_reads_only_its_commits_and_layers(tmp_path: Path, ray_cluster: str) -> None:
@@ -155,7 +155,7 @@ def test_write_routes_round_trip(tmp_path: Path, ray_cluster: str) -> None:
     copied = r3ray.write_routes(copy, tmp_path / "copy", SPEC)
     assert copied.samples == 12
     check_store(str(tmp_path / "copy"), data)
-    assert validate(r3store.open_reader(tmp_path / "copy")).ok
+    assert validate(r3store.open_store(tmp_path / "copy")).ok
 
 
 def test_convert_sglang_parquet_and_npy_folder(tmp_path: Path, ray_cluster: str) -> None:
@@ -168,7 +168,7 @@ def test_convert_sglang_parquet_and_npy_folder(tmp_path: Path, ray_cluster: str)
                       "step": [e["step"] for e in data]})
     pq.write_table(table, tmp_path / "sglang.parquet")
     ds = ray.data.read_parquet(str(tmp_path / "sglang.parquet"))
-    r3ray.write_routes(ds, tmp_path / "from-sglang", SPEC, payload="sglang", routes_column="routed_experts")
+    r3ray.write_routes(ds, tmp_path / "from-sglang", SPEC, columns={"payload": "sglang", "routes": "routed_experts"})
     assert check_store(str(tmp_path / "from-sglang"), data).row("s002")["step"] == data[2]["step"]
 
     folder = tmp_path / "npy"
@@ -188,7 +188,8 @@ def test_bad_samples_are_named_or_quarantined(tmp_path: Path, ray_cluster: str) 
     data[2]["routes"][1, 3] = [5, 5]
     with pytest.raises(Exception, match=r"s002.*expert id repeated within row 1, decoder layer 4"):
         r3ray.write_routes(ray.data.from_items(data).repartition(1), tmp_path / "raise", SPEC)
-    summary = r3ray.write_routes(ray.data.from_items(data), tmp_path / "keep", SPEC, on_invalid="quarantine")
+    summary = r3ray.write_routes(ray.data.from_items(data), tmp_path / "keep", SPEC,
+                                 config={"on_invalid": "quarantine"})
     assert (summary.samples, summary.quarantined) == (4, 1)
     out = r3store.open_store(tmp_path / "keep")
     assert "s002" not in out.sample_ids
@@ -202,7 +203,7 @@ def test_sink_options_are_checked(tmp_path: Path, ray_cluster: str) -> None:
     with pytest.raises(OptionError, match="writer_id"):
         r3ray.write_routes(ds, tmp_path / "a", SPEC, config={"writer_id": "x"})
     with pytest.raises(OptionError, match="payload"):
-        r3ray.write_routes(ds, tmp_path / "a", SPEC, payload="vllm")  # type: ignore[arg-type]
+        r3ray.write_routes(ds, tmp_path / "a", SPEC, columns={"payload": "vllm"})
     r3ray.write_routes(ds, tmp_path / "b", SPEC, write_id="once")
     with pytest.raises(OptionError, match="was used before"):
         r3ray.write_routes(ds, tmp_path / "b", SPEC, write_id="once")
@@ -260,7 +261,7 @@ def test_a_write_task_killed_mid_commit_is_retried_without_duplicate_or_loss(
     assert marker.exists()  # a worker did die
     check_store(str(tmp_path / "store"), data)  # every sample once (on_duplicate="raise"), bit-identical
     assert summary.samples + summary.resumed == 8
-    report = validate(open_reader(tmp_path / "store"))
+    report = validate(open_store(tmp_path / "store"))
     if when == "after":  # the dead attempt's first commit was whole: the retry skipped its sample
         assert summary.resumed == 1
         assert report.ok

@@ -14,9 +14,9 @@ import pytest
 
 import r3store
 import r3store.audit
+from r3store import open_store
 from r3store.codecs import kernels
 from r3store.errors import ChecksumError, FormatError, R3StoreError
-from r3store.reader import open_reader
 
 # 5 decoder layers, dense layers 0 and 3; 40 experts -> 6 bits per id
 SPEC_5X40 = r3store.ModelSpec(num_layers=5, num_experts=40, top_k=3, moe_layers=[1, 2, 4])
@@ -38,7 +38,7 @@ GOOD = {f"g{i}": random_routes(RNG, n) for i, n in enumerate([5, 11, 1])}
 def committed(tmp_path: Path):
     """A local store: GOOD + one more sample in one shard, 4-row chunks, one layer per chunk."""
     big = random_routes(np.random.default_rng(5), 20)
-    with r3store.RouteWriter(tmp_path, SPEC_5X40, chunk_rows=4, layers_per_chunk=1) as w:
+    with r3store.RouteWriter(tmp_path, SPEC_5X40, config={"chunk_rows": 4, "layers_per_chunk": 1}) as w:
         for sid, routes in GOOD.items():
             w.append(sid, routes)
         w.append("big", big)
@@ -135,7 +135,7 @@ WIDE = r3store.ModelSpec(num_layers=1, num_experts=300, top_k=2)
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("wide")
-    with r3store.RouteWriter(path, WIDE, chunk_rows=4) as writer:
+    with r3store.RouteWriter(path, WIDE, config={"chunk_rows": 4}) as writer:
         writer.append("a", np.tile(np.array([[[299, 3]]], np.int32), (9, 1, 1)))
     return path
 
@@ -144,7 +144,7 @@ def wide(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_get_runs_refuses_an_out_that_cannot_hold_the_ids(wide: Path, dtype: type) -> None:
     """Finding: ``get_runs(out=<uint8 array>)`` on a 300-expert store wrapped id 299 to 43
     silently (and bool / float outs were filled); now an OptionError naming ``out``."""
-    reader = open_reader(wide)
+    reader = open_store(wide)
     with pytest.raises(r3store.errors.OptionError, match="out"):
         reader.get_runs([("a", 0, 9)], out=np.zeros((9, 1, 2), dtype))
     out = np.zeros((9, 1, 2), np.int16)
@@ -156,7 +156,7 @@ def test_get_runs_refuses_an_out_that_cannot_hold_the_ids(wide: Path, dtype: typ
 def test_get_runs_refuses_malformed_runs(wide: Path, runs: list, at: list | None) -> None:
     """Finding: a 2-tuple run raised a bare ValueError, a float start a misleading shape
     error, a reversed run asked for an ``out`` of -1 rows, and float ``at`` was truncated."""
-    reader = open_reader(wide)
+    reader = open_store(wide)
     with pytest.raises(r3store.errors.OptionError, match=r"^(runs|at)="):
         reader.get_runs(runs, out=np.zeros((2, 1, 2), np.int32), at=at)
 
@@ -167,7 +167,7 @@ def test_get_runs_refuses_a_read_only_out(wide: Path) -> None:
     out.setflags(write=False)
     for impl in IMPLS:
         with kernels.use(impl), pytest.raises(r3store.errors.OptionError, match="out"):
-            open_reader(wide).get_runs([("a", 0, 9)], out=out)
+            open_store(wide).get_runs([("a", 0, 9)], out=out)
 
 
 SPEC6 = r3store.ModelSpec(num_layers=6, num_experts=12, top_k=2, moe_layers=[1, 2, 3, 4, 5])
@@ -180,7 +180,7 @@ def _routes(rows: int, seed: int, spec: r3store.ModelSpec = SPEC6) -> np.ndarray
 
 
 def _write(root: Path, samples: dict[str, np.ndarray], spec: r3store.ModelSpec = SPEC6, **kw: object) -> str:
-    with r3store.RouteWriter(root, spec, **kw) as w:
+    with r3store.RouteWriter(root, spec, kw) as w:
         for sid, r in samples.items():
             w.append(sid, r)
         return w.flush() or w.commits[-1]
@@ -211,7 +211,7 @@ def test_swapped_storage_objects_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ChecksumError, match=r"frame belongs to chunk \(\d+, 0, 0\) of routes/") as info:
         store.get("a")
     assert info.value.array == f"routes/{commit}"
-    report = r3store.audit.validate(r3store.open_store(tmp_path, on_duplicate="report"))
+    report = r3store.audit.validate(r3store.open_store(tmp_path, reader={"on_duplicate": "report"}))
     assert report.counts.get("checksum", 0) >= 2
 
 

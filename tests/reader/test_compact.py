@@ -52,7 +52,7 @@ def test_compact_then_open_reads_checkpoint_and_newer_tables(tmp_path: Path) -> 
     write_commits(url, 10, 2)
     store = r3store.open_store(url)
     assert store.checkpoint == result.key
-    full = r3store.open_store(url, use_checkpoint=False)
+    full = r3store.open_store(url, reader={"use_checkpoint": False})
     assert full.checkpoint is None
     assert store.sample_ids == full.sample_ids == [f"s{i}" for i in range(14)]
     assert store.samples.equals(full.samples)
@@ -96,7 +96,7 @@ def test_compaction_racing_four_writers_and_a_second_compaction(tmp_path: Path) 
     expected = [f"sample-{i:06d}" for i in range(4 * per_writer)]
     store = r3store.open_store(url)  # on_duplicate="raise": a row counted twice would raise
     assert sorted(store.sample_ids) == expected
-    full = r3store.open_store(url, use_checkpoint=False)
+    full = r3store.open_store(url, reader={"use_checkpoint": False})
     assert store.samples.sort_by("sample_id").equals(full.samples.sort_by("sample_id"))
     backend = open_backend(url)
     for key in checkpoint_keys(backend):  # every checkpoint, as a starting point, gives the same store
@@ -169,28 +169,28 @@ def test_filter_equals_full_scan_filtered(tmp_path: Path) -> None:
     r3store.compact(url)
     for step in range(4, 6):
         write_commits(url, step * 10, 2, step=step)
-    full = r3store.open_store(url, use_checkpoint=False)
+    full = r3store.open_store(url, reader={"use_checkpoint": False})
     for expr in [pc.field("step") == 2, pc.field("step") == 5, pc.field("step") >= 3,
                  pc.field("index") < 5, pc.field("sample_id") == "s100", pc.field("step") == 99]:
         want = filter_samples(full.samples, expr)
         for use in (True, False):
-            got = r3store.open_store(url, filter=expr, use_checkpoint=use)
+            got = r3store.open_store(url, reader={"filter": expr, "use_checkpoint": use})
             assert got.samples.column("sample_id").to_pylist() == want.column("sample_id").to_pylist(), (expr, use)
             assert got.sample_ids == want.column("sample_id").to_pylist()
-    store = r3store.open_store(url, filter=pc.field("step") == 5)
+    store = r3store.open_store(url, reader={"filter": pc.field("step") == 5})
     assert store.checkpoint is not None
     np.testing.assert_array_equal(store.get("s50"), routes(50))
     with pytest.raises(OptionError, match="filter"):
-        r3store.open_store(url, filter=pc.field("nope") == 1)
+        r3store.open_store(url, reader={"filter": pc.field("nope") == 1})
     with pytest.raises(OptionError, match="filter"):
-        r3store.open_store(url, filter="step == 1")  # type: ignore[arg-type]
+        r3store.open_store(url, reader={"filter": "step == 1"})  # type: ignore[arg-type]
 
 
 def test_refresh_picks_up_new_commits(tmp_path: Path) -> None:
     url = str(tmp_path / "store")
     write_commits(url, 0, 2, step=0)
     store = r3store.open_store(url)
-    step1 = r3store.open_store(url, filter=pc.field("step") == 1)  # nothing yet: a trainer waiting for step 1
+    step1 = r3store.open_store(url, reader={"filter": pc.field("step") == 1})  # nothing yet: a trainer waits for it
     assert len(store) == 4
     assert len(step1) == 0
     assert store.refresh() == 0
@@ -206,8 +206,9 @@ def test_refresh_picks_up_new_commits(tmp_path: Path) -> None:
     write_commits(url, 30, 1, step=3)
     assert store.refresh() == 4
     assert with_ckpt.refresh() == 2
-    assert store.sample_ids == with_ckpt.sample_ids == r3store.open_store(url, use_checkpoint=False).sample_ids
-    subset = r3store.open_reader(url, commits=store.commits[:1])
+    full = r3store.open_store(url, reader={"use_checkpoint": False})
+    assert store.sample_ids == with_ckpt.sample_ids == full.sample_ids
+    subset = r3store.open_store(url, reader={"commits": store.commits[:1]})
     with pytest.raises(OptionError, match="refresh"):
         subset.refresh()
 
@@ -249,7 +250,7 @@ def test_open_after_compact_on_s3_is_five_requests_plus_one_per_new_commit(
     gets = [r for r in log if r.method == "GET" and not r.is_listing and r.key.endswith(".parquet")]
     assert len(gets) == new
     s3_counter.reset()
-    full = r3store.open_store(s3_url, storage_options=s3_storage_options, use_checkpoint=False)
+    full = r3store.open_store(s3_url, storage_options=s3_storage_options, reader={"use_checkpoint": False})
     assert len(s3_counter.log) >= 12 + new  # without the checkpoint: one GET per table
     assert full.sample_ids == store.sample_ids
 
@@ -262,20 +263,20 @@ def test_validate_checks_checkpoints_against_the_tables(tmp_path: Path) -> None:
     write_commits(str(url), 0, 3)
     key = r3store.compact(url).key
     assert key is not None
-    report = validate(r3store.open_reader(url, on_duplicate="report"))
+    report = validate(r3store.open_store(url, reader={"on_duplicate": "report"}))
     assert not [f for f in report.findings if f.kind == "checkpoint"]
     # a sample table changed after compaction (resealed: its own checks pass): the checkpoint disagrees
     table = sorted((url / "index").rglob("*.parquet"))[0]
     table.write_bytes(reseal_table(table.read_bytes(), lambda t: t.set_column(
         t.schema.get_field_index("index"), "index", pc.add(t.column("index"), 1000))))
-    report = validate(r3store.open_reader(url, on_duplicate="report"))
+    report = validate(r3store.open_store(url, reader={"on_duplicate": "report"}))
     found = [f for f in report.findings if f.kind == "checkpoint"]
     assert len(found) == 1
     assert "'index'" in found[0].detail
     assert found[0].severity == "error"
     damage(url / key, "flip")
     with pytest.warns(CheckpointWarning):
-        store = r3store.open_reader(url, on_duplicate="report")
+        store = r3store.open_store(url, reader={"on_duplicate": "report"})
     found = [f for f in validate(store).findings if f.kind == "checkpoint"]
     assert len(found) == 1
     assert "checkpoint ignored" in found[0].detail
@@ -295,7 +296,7 @@ def test_gc_keeps_tables_and_the_newest_checkpoints(tmp_path: Path) -> None:
     store = r3store.open_store(url)
     assert store.checkpoint == keys[3]
     assert len(store) == 8
-    assert len(r3store.open_store(url, use_checkpoint=False)) == 8
+    assert len(r3store.open_store(url, reader={"use_checkpoint": False})) == 8
 
 
 @pytest.mark.s3

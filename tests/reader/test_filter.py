@@ -10,8 +10,9 @@ import pyarrow.compute as pc
 import pytest
 
 import r3store
+from r3store import open_store
 from r3store.errors import ObjectNotFoundError, OptionError, SampleNotFoundError
-from r3store.reader import filter_samples, open_reader
+from r3store.reader import filter_samples
 
 SPEC = r3store.ModelSpec(num_layers=3, num_experts=16, top_k=2, moe_layers=[1, 2])
 
@@ -26,7 +27,7 @@ def store(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray]]:
     rng = np.random.default_rng(0)
     written: dict[str, np.ndarray] = {}
     for w_i in range(3):
-        with r3store.RouteWriter(tmp_path, SPEC, writer_id=f"w{w_i}") as w:
+        with r3store.RouteWriter(tmp_path, SPEC, config={"writer_id": f"w{w_i}"}) as w:
             for j in range(2):
                 sid = f"w{w_i}-s{j}"
                 written[sid] = routes(rng, 5 + j)
@@ -41,10 +42,10 @@ def store(tmp_path: Path) -> tuple[Path, dict[str, np.ndarray]]:
 
 def test_a_reader_of_some_commits_sees_only_them(store: tuple[Path, dict[str, np.ndarray]]) -> None:
     path, written = store
-    full = open_reader(path, on_duplicate="report")
+    full = open_store(path, reader={"on_duplicate": "report"})
     assert full.commits == ["w0-00000", "w1-00000", "w2-00000"]
     assert not full.is_partial
-    part = open_reader(path, commits=("w2-00000", "w1-00000", "w1-00000"))
+    part = open_store(path, reader={"commits": ("w2-00000", "w1-00000", "w1-00000")})
     assert part.is_partial
     assert part.commits == ["w1-00000", "w2-00000"]
     assert sorted(part.sample_ids) == ["dup", "w1-s0", "w1-s1", "w2-s0", "w2-s1"]
@@ -59,27 +60,27 @@ def test_a_reader_of_some_commits_sees_only_them(store: tuple[Path, dict[str, np
 
 def test_duplicates_inside_the_subset_follow_the_store_rule(store: tuple[Path, dict[str, np.ndarray]]) -> None:
     path, written = store
-    part = open_reader(path, commits=["w0-00000", "w2-00000"], on_duplicate="first")
+    part = open_store(path, reader={"commits": ["w0-00000", "w2-00000"], "on_duplicate": "first"})
     assert part.duplicates == {"dup": ["w0-00000", "w2-00000"]}
     np.testing.assert_array_equal(part.get("dup"), written["dup@0"])
     with pytest.raises(r3store.errors.DuplicateSampleError, match="dup"):
-        open_reader(path, commits=["w0-00000", "w2-00000"])
+        open_store(path, reader={"commits": ["w0-00000", "w2-00000"]})
 
 
 @pytest.mark.parametrize("commits", [["../w0-00000"], ["w0-00000/x"], "w0-00000", [3], [".hidden"]])
 def test_bad_commit_names_are_refused(store: tuple[Path, dict[str, np.ndarray]], commits: object) -> None:
     with pytest.raises(OptionError, match="commits"):
-        open_reader(store[0], commits=commits)  # type: ignore[arg-type]
+        open_store(store[0], reader={"commits": commits})  # type: ignore[arg-type]
 
 
 def test_a_commit_without_sample_table_is_not_found(store: tuple[Path, dict[str, np.ndarray]]) -> None:
     with pytest.raises(ObjectNotFoundError, match="w9-00000"):
-        open_reader(store[0], commits=["w9-00000"])
-    assert len(open_reader(store[0], commits=[])) == 0
+        open_store(store[0], reader={"commits": ["w9-00000"]})
+    assert len(open_store(store[0], reader={"commits": []})) == 0
 
 
 def test_filter_samples_selects_rows_and_names_faults(store: tuple[Path, dict[str, np.ndarray]]) -> None:
-    samples = open_reader(store[0], on_duplicate="first").samples
+    samples = open_store(store[0], reader={"on_duplicate": "first"}).samples
     kept = filter_samples(samples, (pc.field("writer") == 1) | pc.field("sample_id").isin(["dup"]))
     assert sorted(kept.column("sample_id").to_pylist()) == ["dup", "w1-s0", "w1-s1"]
     assert kept.schema == samples.schema

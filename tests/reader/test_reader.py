@@ -113,13 +113,13 @@ def test_round_trip_property(case: dict) -> None:
         tmp = tempfile.TemporaryDirectory()
         url = tmp.name
     try:
-        with r3store.RouteWriter(url, spec, chunk_rows=case["chunk_rows"], layers_per_chunk=case["layers_per_chunk"],
-                                 object_bytes=case["object_bytes"]) as w:
+        config = {k: case[k] for k in ("chunk_rows", "layers_per_chunk", "object_bytes")}
+        with r3store.RouteWriter(url, spec, config) as w:
             for i, sid in enumerate(ids):
                 routes = with_dense(spec, data[sid]) if case["full_layers"][i] else data[sid]
                 kwargs = {"tokens": tokens[sid]} if case["with_tokens"][i] else {"num_tokens": case["lengths"][i]}
                 w.append(sid, routes, metadata=case["metadata"][i], **kwargs)
-        store = r3store.open_store(url, cache_bytes=int(rng.integers(1, 1 << 20)))
+        store = r3store.open_store(url, reader={"cache_bytes": int(rng.integers(1, 1 << 20))})
 
         assert len(store) == len(ids)
         assert store.sample_ids == ids
@@ -175,7 +175,7 @@ def small_store(tmp_path):
     rng = np.random.default_rng(7)
     data = {f"s{i}": uniform_routes(rng, n, SPEC.num_moe_layers, SPEC.num_experts, SPEC.top_k)
             for i, n in enumerate([5, 0, 17, 9, 33])}
-    with r3store.RouteWriter(tmp_path, SPEC, chunk_rows=4, layers_per_chunk=3, object_bytes=30) as w:
+    with r3store.RouteWriter(tmp_path, SPEC, config={"chunk_rows": 4, "layers_per_chunk": 3, "object_bytes": 30}) as w:
         for sid, r in data.items():
             w.append(sid, r, metadata={"step": int(sid[1:])})
     return tmp_path, data
@@ -238,7 +238,7 @@ def test_lookup_api(small_store) -> None:
 
 def test_tiny_cache_and_pickle(small_store) -> None:
     path, data = small_store
-    store = r3store.open_store(path, cache_bytes=1)
+    store = r3store.open_store(path, reader={"cache_bytes": 1})
     for _ in range(2):
         for sid, want in data.items():
             np.testing.assert_array_equal(store.get(sid), want)
@@ -254,7 +254,7 @@ def test_memory_url_round_trip(memory_url) -> None:
     rng = np.random.default_rng(3)
     spec = r3store.ModelSpec(num_layers=3, num_experts=1024, top_k=16)
     want = uniform_routes(rng, 70, 3, 1024, 16)
-    with r3store.RouteWriter(memory_url, spec, chunk_rows=8) as w:
+    with r3store.RouteWriter(memory_url, spec, config={"chunk_rows": 8}) as w:
         w.append("m", want)
     with r3store.open_store(memory_url) as store:
         np.testing.assert_array_equal(store.get("m"), want)
@@ -280,8 +280,8 @@ def _two_writers_commit_same_id(url: str) -> tuple[dict[str, np.ndarray], str, s
     second = uniform_routes(rng, 9, 4, 40, 3)
     other = uniform_routes(rng, 4, 4, 40, 3)
     # the later writer sorts first by name, so "earliest" must follow commit time, not names
-    wb = r3store.RouteWriter(url, SPEC, writer_id="zz-writer")
-    wa = r3store.RouteWriter(url, SPEC, writer_id="aa-writer")
+    wb = r3store.RouteWriter(url, SPEC, config={"writer_id": "zz-writer"})
+    wa = r3store.RouteWriter(url, SPEC, config={"writer_id": "aa-writer"})
     wb.append("x", first)
     wb.append("only-b", other)
     shard_b = wb.flush()
@@ -306,20 +306,20 @@ def test_duplicate_across_writers(backend, tmp_path, memory_url) -> None:
     assert info.value.sample_id == "x"
     assert info.value.commits == (shard_b, shard_a)
 
-    first = r3store.open_store(url, on_duplicate="first")
+    first = r3store.open_store(url, reader={"on_duplicate": "first"})
     assert first.sample_ids == ["x", "only-b"]
     np.testing.assert_array_equal(first.get("x"), data["x"])
     assert first.row("x")["commit"] == shard_b
     assert first.duplicates == {"x": [shard_b, shard_a]}
     assert first.samples.num_rows == 2
 
-    report = r3store.open_store(url, on_duplicate="report")
+    report = r3store.open_store(url, reader={"on_duplicate": "report"})
     assert report.duplicates == {"x": [shard_b, shard_a]}
     assert len(report) == 2
     np.testing.assert_array_equal(report.get("x"), data["x"])
 
     with pytest.raises(ValueError, match="on_duplicate"):
-        r3store.open_store(url, on_duplicate="last")  # type: ignore[arg-type]
+        r3store.open_store(url, reader={"on_duplicate": "last"})  # type: ignore[arg-type]
 
 
 def test_metadata_types_differing_between_writers(tmp_path) -> None:
@@ -328,7 +328,7 @@ def test_metadata_types_differing_between_writers(tmp_path) -> None:
     routes = uniform_routes(rng, 3, 4, 40, 3)
     for wid, meta in (("w1", {"label": 1, "score": 1, "flag": True}), ("w2", {"label": "one", "score": 0.5}),
                       ("w3", {"label": None, "flag": 2})):
-        with r3store.RouteWriter(tmp_path, SPEC, writer_id=wid) as w:
+        with r3store.RouteWriter(tmp_path, SPEC, config={"writer_id": wid}) as w:
             w.append(wid, routes, metadata=meta)
         time.sleep(0.002)
     store = r3store.open_store(tmp_path)
@@ -349,7 +349,7 @@ LAYOUT_SPEC = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2, moe_layer
 def _layout_store(root) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(5)
     source = {f"s{i}": uniform_routes(rng, n - 1, 3, 16, 2) for i, n in enumerate([9, 4, 13])}
-    with r3store.RouteWriter(root, LAYOUT_SPEC, chunk_rows=4) as w:
+    with r3store.RouteWriter(root, LAYOUT_SPEC, config={"chunk_rows": 4}) as w:
         for sid, routes in source.items():
             w.append(sid, routes)
     return source
@@ -357,7 +357,7 @@ def _layout_store(root) -> dict[str, np.ndarray]:
 
 def test_open_reader_is_the_read_core(tmp_path) -> None:
     source = _layout_store(tmp_path)
-    reader = r3store.open_reader(tmp_path)
+    reader = r3store.RouteReader.open(tmp_path)
     assert type(reader) is r3store.RouteReader
     assert not hasattr(reader, "assemble")
     assert reader.sample_ids == list(source)
@@ -374,7 +374,7 @@ def test_open_reader_is_the_read_core(tmp_path) -> None:
 
 def test_fork_has_its_own_cache_and_shares_the_catalogue(tmp_path) -> None:
     source = _layout_store(tmp_path)
-    reader = r3store.open_reader(tmp_path)
+    reader = r3store.open_store(tmp_path)
     reader.get("s0")
     fork = reader.fork(cache_bytes=1 << 10)
     assert fork.cache_bytes == 1 << 10
@@ -399,16 +399,17 @@ def test_assemble_returns_numpy_and_takes_options_whole(tmp_path) -> None:
     _layout_store(tmp_path)
     store = r3store.open_store(tmp_path)
     options = LayoutOptions(cp_size=2, cp_rank=1, tp_size=2)
-    by_keywords = store.assemble(["s0", "s2"], cp_size=2, cp_rank=1, tp_size=2, layers=[2])
+    by_keywords = store.assemble(["s0", "s2"], {"cp_size": 2, "cp_rank": 1, "tp_size": 2}, layers=[2])
     assert set(BATCH_KEYS) == set(by_keywords)
     assert isinstance(by_keywords["routes"], np.ndarray)
     for same in (store.assemble(["s0", "s2"], options, layers=[2]),
                  store.assemble(["s0", "s2"], options=options.to_dict(), layers=[2]),
-                 store.assemble(["s0", "s2"], {"cp_size": 2}, cp_rank=1, tp_size=2, layers=[2]),
-                 assemble(r3store.open_reader(tmp_path), ["s0", "s2"], options, layers=[2])):
+                 store.assemble(["s0", "s2"], {"cp_size": 2, "cp_rank": 1, "tp_size": 2}, layers=[2]),
+                 assemble(r3store.open_store(tmp_path), ["s0", "s2"], options, layers=[2])):
         for key in BATCH_KEYS:
             np.testing.assert_array_equal(np.asarray(same[key]), np.asarray(by_keywords[key]), err_msg=key)
-    with pytest.raises(r3store.errors.LayoutOptionError, match="cp_rank=0: given as a keyword and as 1"):
+    with pytest.warns(r3store.errors.R3StoreDeprecationWarning, match="cp_rank"), \
+            pytest.raises(r3store.errors.LayoutOptionError, match="cp_rank=0: given as a keyword and as 1"):
         store.assemble(["s0"], options, cp_rank=0)
     with pytest.raises(r3store.errors.OptionError, match="return_tensors"):
         store.assemble(["s0"], return_tensors="tf")  # type: ignore[arg-type]

@@ -29,7 +29,7 @@ def store(tmp_path: Path) -> r3store.RouteStore:
     rep[3, 1] = [5, 5]
     unstorable = routes_of(rng, 20)
     unstorable[3, 1] = [99, 5]  # >= 2**bits_per_id: cannot be bit-packed
-    with r3store.RouteWriter(tmp_path, SPEC, on_invalid="quarantine") as w:
+    with r3store.RouteWriter(tmp_path, SPEC, config={"on_invalid": "quarantine"}) as w:
         w.append("rep", rep)  # 21 tokens, stored as received
         w.append("unstorable", unstorable)  # 21 tokens, routes not storable
         w.append_sglang("not-base64", "!!", num_tokens=21)

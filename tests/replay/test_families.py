@@ -147,7 +147,8 @@ def test_replay_packed_batch_from_assemble(rollout: Rollout, return_tensors: str
 
 def test_replay_bshd_batch_from_assemble(rollout: Rollout) -> None:
     """A BSHD batch (right-padded rows) replays in a padded forward."""
-    batch = rollout.store.assemble(rollout.sample_ids, layout="bshd", tokens=rollout.tokens, return_tensors="pt")
+    batch = rollout.store.assemble(rollout.sample_ids, tokens=rollout.tokens, return_tensors="pt",
+                                   options={"layout": "bshd"})
     tokens = batch["tokens"]
     mask = (torch.arange(tokens.shape[1])[None] < batch["num_tokens"][:, None]).long()
     with torch.no_grad(), rollout.rr.replay(batch), rollout.rr.capture(attention_mask=mask) as replayed:

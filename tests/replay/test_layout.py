@@ -204,8 +204,9 @@ def test_batch_pad_rows_keep_live_routing(models: tuple[nn.Module, nn.Module], r
     with r3store.RouteWriter(str(tmp_path), rr.spec) as w:
         for i, (r, t) in enumerate(zip(routes, tokens, strict=True)):
             w.append(f"s{i}", r, tokens=t)
-    batch = r3store.open_store(str(tmp_path)).assemble([f"s{i}" for i in range(BATCH)], tokens=tokens,
-                                                       pad_policy=pad_policy, tp_size=8, return_tensors="np")
+    batch = r3store.open_store(str(tmp_path)).assemble([f"s{i}" for i in range(BATCH)],
+                                                       {"pad_policy": pad_policy, "tp_size": 8},
+                                                       tokens=tokens, return_tensors="np")
     assert len(batch["cu_seqlens"]) == BATCH + 2  # TP padding adds a final segment of pad rows
     probe = Probe(trainer, rr.router_names)
     try:

@@ -61,7 +61,7 @@ def test_caching_store_never_writes_outside_cache_dir(tmp_path: Path, s3_url: st
     cache = tmp_path / "cache"
     # the reader refuses the forged table at open ...
     with pytest.raises(FormatError, match="column 'array'"):
-        r3store.open_store(s3_url, storage_options=s3_storage_options, cache_dir=cache)
+        r3store.open_store(s3_url, storage_options=s3_storage_options, reader={"cache_dir": cache})
     # ... and the cache refuses the key itself (defense in depth)
     inner = open_backend(s3_url, s3_storage_options)
     assert bytes(inner.get(f"{evil}/zarr.json"))  # the object is there, at that literal key

@@ -55,8 +55,8 @@ def rows_of(index: int) -> int:
 def fifty(s3_url: str, s3_storage_options: dict[str, Any], s3_counter: S3Counter) -> dict[str, int]:
     """50 samples (100 to 443 rows) committed as one shard: one storage object of
     256-row x 1-layer inner chunks. Returns rows by sample id; the counter is zeroed."""
-    with r3store.RouteWriter(s3_url, SPEC, storage_options=s3_storage_options, chunk_rows=256,
-                             layers_per_chunk=1) as w:
+    with r3store.RouteWriter(s3_url, SPEC, storage_options=s3_storage_options,
+                             config={"chunk_rows": 256, "layers_per_chunk": 1}) as w:
         for i in range(NUM_SAMPLES):
             w.append(f"sample-{i:06d}", routes_for(i, rows_of(i)), metadata={"index": i})
     s3_counter.reset()
@@ -117,7 +117,7 @@ def test_open_is_manifest_listing_and_one_get_per_shard(fifty: dict[str, int], s
     assert sum(r.is_listing for r in log) == 2
     assert len(log) == 4
     s3_counter.reset()
-    r3store.open_store(s3_url, storage_options=s3_storage_options, use_checkpoint=False)
+    r3store.open_store(s3_url, storage_options=s3_storage_options, reader={"use_checkpoint": False})
     assert sum(r.is_listing for r in s3_counter.log) == 1
     assert len(s3_counter.log) == 3
 
@@ -244,7 +244,7 @@ def test_cache_dir_second_epoch_makes_no_route_or_index_requests(
     cache = tmp_path / "cache"
     plain = _batches(r3store.RouteDataset(s3_url, 4096, storage_options=s3_storage_options))
     s3_counter.reset()
-    ds = r3store.RouteDataset(s3_url, 4096, storage_options=s3_storage_options, cache_dir=cache)
+    ds = r3store.RouteDataset(s3_url, 4096, storage_options=s3_storage_options, reader={"cache_dir": cache})
     first = _batches(ds)
     route_gets = s3_counter.requests_for("store/routes/", "GET")
     assert [r.range for r in route_gets] == [None, None]  # zarr.json and the shard object, whole
@@ -258,7 +258,8 @@ def test_cache_dir_second_epoch_makes_no_route_or_index_requests(
 
     # a new run (new process, same cache folder): manifest and listing only
     s3_counter.reset()
-    third = _batches(r3store.RouteDataset(s3_url, 4096, storage_options=s3_storage_options, cache_dir=cache))
+    third = _batches(r3store.RouteDataset(s3_url, 4096, storage_options=s3_storage_options,
+                                          reader={"cache_dir": cache}))
     assert [r.key for r in s3_counter.log if not r.is_listing] == ["store/r3store.json"]
     assert s3_counter.requests_for("store/routes/") == []
     assert s3_counter.requests_for("store/index/") == []
@@ -277,7 +278,8 @@ def test_dataloader_workers_share_the_cache(fifty: dict[str, int], s3_url: str, 
                                             s3_counter: S3Counter, tmp_path: Path) -> None:
     """Forked workers re-create their s3fs client (fsspec's is not fork-safe) and fill
     one cache folder together."""
-    ds = r3store.RouteDataset(s3_url, 2048, storage_options=s3_storage_options, cache_dir=tmp_path / "cache")
+    ds = r3store.RouteDataset(s3_url, 2048, storage_options=s3_storage_options,
+                              reader={"cache_dir": tmp_path / "cache"})
     seen = []
     for batch in _batches(ds, num_workers=2):
         for sid, start, stop in zip(batch["sample_ids"], batch["cu_seqlens"][:-1], batch["cu_seqlens"][1:],

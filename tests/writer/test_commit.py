@@ -52,7 +52,7 @@ class FlakyBackend(LocalBackend):
 @pytest.mark.parametrize("bad_id", ["team/w1", ".hidden", "../../escaped", "w\x00x", "", "a" * 200])
 def test_writer_id_syntax_is_enforced(tmp_path: Path, bad_id: str) -> None:
     with pytest.raises(ValueError, match="writer_id"):
-        r3store.RouteWriter(tmp_path, SPEC, writer_id=bad_id)
+        r3store.RouteWriter(tmp_path, SPEC, config={"writer_id": bad_id})
     assert not any(tmp_path.iterdir())
 
 
@@ -86,8 +86,8 @@ def test_retry_after_an_ambiguous_commit_does_not_commit_twice(tmp_path: Path) -
 
 
 def test_two_writers_with_one_writer_id_never_share_a_shard(tmp_path: Path) -> None:
-    first = r3store.RouteWriter(tmp_path, SPEC, writer_id="rank0")
-    second = r3store.RouteWriter(tmp_path, SPEC, writer_id="rank0")
+    first = r3store.RouteWriter(tmp_path, SPEC, config={"writer_id": "rank0"})
+    second = r3store.RouteWriter(tmp_path, SPEC, config={"writer_id": "rank0"})
     first.append("a", routes(4))
     second.append("b", routes(4, 2))
     first.flush()
@@ -120,7 +120,7 @@ def test_input_that_parquet_cannot_hold_is_refused_at_append(tmp_path: Path, cas
 def test_quarantine_survives_garbage_num_tokens_and_ids(tmp_path: Path) -> None:
     bad = routes(3)
     bad[0, 0, 1] = bad[0, 0, 0]
-    with r3store.RouteWriter(tmp_path, SPEC, on_invalid="quarantine") as w:
+    with r3store.RouteWriter(tmp_path, SPEC, config={"on_invalid": "quarantine"}) as w:
         w.append("q", bad, num_tokens=2**70)
         with pytest.raises(RouteValidationError, match="sample_id"):
             w.append_sglang(12345, "!!notbase64")  # type: ignore[arg-type]
@@ -134,9 +134,10 @@ def test_quarantine_survives_garbage_num_tokens_and_ids(tmp_path: Path) -> None:
 
 def test_writer_never_writes_what_readers_refuse(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="chunk_rows x layers_per_chunk x top_k"):
-        r3store.RouteWriter(tmp_path, SPEC, chunk_rows=2**26)
+        r3store.RouteWriter(tmp_path, SPEC, config={"chunk_rows": 2**26})
     # one-row chunks: a shard object stays within the reader's index-size bound
-    with r3store.RouteWriter(tmp_path, SPEC, chunk_rows=1, layers_per_chunk=1, object_bytes=1 << 30) as w:
+    with r3store.RouteWriter(tmp_path, SPEC,
+                             config={"chunk_rows": 1, "layers_per_chunk": 1, "object_bytes": 1 << 30}) as w:
         w.append("a", routes(50))
     np.testing.assert_array_equal(r3store.open_store(tmp_path).get("a"), routes(50))
 

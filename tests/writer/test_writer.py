@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import math
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def test_flush_commits_and_makes_visible(backend, tmp_path, memory_url) -> None:
     url = str(tmp_path / "store") if backend == "local" else memory_url
     rng = np.random.default_rng(1)
     a, b, c = (uniform_routes(rng, n, 3, 48, 2) for n in (5, 7, 2))
-    w = r3store.RouteWriter(url, SPEC, writer_id="w1")
+    w = r3store.RouteWriter(url, SPEC, config={"writer_id": "w1"})
     assert w.flush() is None  # nothing buffered
     w.append("a", a)
     w.append("b", b)
@@ -113,7 +114,7 @@ def test_flush_commits_and_makes_visible(backend, tmp_path, memory_url) -> None:
 def test_buffer_bytes_triggers_automatic_flushes(tmp_path) -> None:
     rng = np.random.default_rng(2)
     data = {f"s{i}": uniform_routes(rng, 10, 3, 48, 2) for i in range(10)}  # 120 bytes buffered each
-    with r3store.RouteWriter(tmp_path, SPEC, buffer_bytes=300) as w:
+    with r3store.RouteWriter(tmp_path, SPEC, config={"buffer_bytes": 300}) as w:
         for i, (sid, r) in enumerate(data.items()):
             w.append(sid, r)
             if i == 1:
@@ -150,7 +151,7 @@ def test_torch_tensors_accepted(tmp_path) -> None:
     data = {f"t{i}": uniform_routes(rng, n, 3, 48, 2) for i, n in enumerate((6, 1, 9, 4))}
     full = np.zeros((9, 4, 2), dtype=np.int64)
     full[:, [0, 2, 3]] = data["t2"]
-    with r3store.RouteWriter(tmp_path, SPEC, chunk_rows=4) as w:
+    with r3store.RouteWriter(tmp_path, SPEC, config={"chunk_rows": 4}) as w:
         w.append("t0", torch.tensor(data["t0"]))  # int64
         w.append("t1", torch.tensor(data["t1"], dtype=torch.int16), tokens=torch.tensor([5, 6]))
         w.append("t2", torch.from_numpy(full).to(torch.int32))  # all decoder layers
@@ -177,14 +178,12 @@ def test_constructor_arguments(tmp_path) -> None:
         r3store.RouteWriter(tmp_path, {"num_layers": 1})  # type: ignore[arg-type]
     for name in ("buffer_bytes", "chunk_rows", "layers_per_chunk", "object_bytes"):
         with pytest.raises(OptionError, match=name):
-            r3store.RouteWriter(tmp_path, SPEC, **{name: 0})
-        with pytest.raises(OptionError, match=name):
             r3store.RouteWriter(tmp_path, SPEC, {name: 0})
     with pytest.raises(OptionError, match="on_invalid"):
-        r3store.RouteWriter(tmp_path, SPEC, on_invalid="drop")  # type: ignore[arg-type]
+        r3store.RouteWriter(tmp_path, SPEC, config={"on_invalid": "drop"})  # type: ignore[arg-type]
     with pytest.raises(OptionError, match="not a writer setting"):
         r3store.RouteWriter(tmp_path, SPEC, {"shard_rows": 5})
-    w = r3store.RouteWriter(tmp_path, SPEC, writer_id="mine")
+    w = r3store.RouteWriter(tmp_path, SPEC, config={"writer_id": "mine"})
     assert "mine" in repr(w)
     assert w.config.writer_id == "mine"
     assert w.config.layers_per_chunk == 3
@@ -195,18 +194,22 @@ def test_constructor_arguments(tmp_path) -> None:
 
 
 def test_writer_config_passed_whole(tmp_path) -> None:
-    """A WriterConfig (or its dict form) sets the writer whole; keywords merge into it."""
+    """A WriterConfig (or its dict form) sets the writer whole; (deprecated) keywords merge into it."""
     config = r3store.WriterConfig(chunk_rows=2, object_bytes=1, writer_id="cfg")
     routes = np.tile(np.array([0, 1]), (5, 3, 1))
     for i, how in enumerate([{"config": config}, {"config": config.to_dict()},
                              {"config": {"chunk_rows": 2}, "object_bytes": 1, "writer_id": "cfg"}]):
-        with r3store.RouteWriter(tmp_path / str(i), SPEC, **how) as w:
+        with warnings.catch_warnings():  # the third form: loose keywords, deprecated (tests/test_deprecated.py)
+            warnings.simplefilter("ignore", r3store.errors.R3StoreDeprecationWarning)
+            w = r3store.RouteWriter(tmp_path / str(i), SPEC, **how)
+        with w:
             w.append("a", routes)
         assert w.config == dataclasses.replace(config, layers_per_chunk=3)
         store = r3store.open_store(tmp_path / str(i))
         geometry = store.geometry_of(store.row("a")["array"])
         assert (geometry.chunk_rows, geometry.object_rows, w.commits) == (2, 2, ["cfg-00000"])
-    with pytest.raises(OptionError, match="chunk_rows=3: given as a keyword and as 2 in config"):
+    with pytest.warns(r3store.errors.R3StoreDeprecationWarning, match="chunk_rows"), \
+            pytest.raises(OptionError, match="chunk_rows=3: given as a keyword and as 2 in config"):
         r3store.RouteWriter(tmp_path / "x", SPEC, config, chunk_rows=3)
     with pytest.raises(WriterClosedError):
         w.append("late", np.zeros((0, 3, 2), dtype=np.int32))
@@ -217,11 +220,11 @@ def test_restarted_writer_with_same_id_does_not_overwrite(backend, tmp_path, mem
     url = str(tmp_path) if backend == "local" else memory_url
     rng = np.random.default_rng(6)
     first, second, third = (uniform_routes(rng, n, 3, 48, 2) for n in (5, 2, 7))
-    with r3store.RouteWriter(url, SPEC, writer_id="rank-0") as w:
+    with r3store.RouteWriter(url, SPEC, config={"writer_id": "rank-0"}) as w:
         w.append("a", first)
         w.flush()
         w.append("c", third)
-    with r3store.RouteWriter(url, SPEC, writer_id="rank-0") as w:  # e.g. a restarted worker
+    with r3store.RouteWriter(url, SPEC, config={"writer_id": "rank-0"}) as w:  # e.g. a restarted worker
         w.append("b", second)
     store = r3store.open_store(url)
     assert sorted(store.sample_ids) == ["a", "b", "c"]
@@ -253,7 +256,7 @@ def test_quarantine_keeps_bad_samples_flagged(tmp_path) -> None:
     full = np.zeros((6, 4, 2), dtype=np.int32)
     full[:, 1:] = good
 
-    with r3store.RouteWriter(tmp_path, QSPEC, on_invalid="quarantine") as w:
+    with r3store.RouteWriter(tmp_path, QSPEC, config={"on_invalid": "quarantine"}) as w:
         w.append("good-0", good, metadata={"step": 1})
         w.append("repeated", repeated, metadata={"step": 2})
         w.append("physical", physical)
@@ -457,7 +460,7 @@ CASES: list[Case] = [
 def seeded(tmp_path: Path, memory_url: str, request: pytest.FixtureRequest):
     """A writer that has committed GOOD (with int metadata ``step``), still open."""
     url = str(tmp_path / "store") if request.param == "local" else memory_url
-    w = r3store.RouteWriter(url, SPEC_5X40, chunk_rows=4)
+    w = r3store.RouteWriter(url, SPEC_5X40, config={"chunk_rows": 4})
     for i, (sid, routes) in enumerate(GOOD.items()):
         w.append(sid, routes, metadata={"step": i})
     assert w.flush() is not None

@@ -42,7 +42,7 @@ def test_turns_concatenate(backend, tmp_path, memory_url) -> None:
     url = str(tmp_path) if backend == "local" else memory_url
     rng = np.random.default_rng(0)
     t1, t2, t3 = random_routes(rng, 9), random_routes(rng, 0), random_routes(rng, 13)
-    with r3store.RouteWriter(url, SPEC, chunk_rows=4) as w:
+    with r3store.RouteWriter(url, SPEC, config={"chunk_rows": 4}) as w:
         w.append("conv", t1, start=0, final=False)
         w.append("conv", t2, start=9, final=False)
         w.append("conv", full_layers(t3), start=9, final=True, num_tokens=23, metadata={"turns": 3})
@@ -117,7 +117,7 @@ def test_reusing_open_id_is_not_a_duplicate_but_reusing_a_final_one_is(tmp_path)
 def test_open_samples_survive_flush(tmp_path) -> None:
     rng = np.random.default_rng(5)
     t1, t2, other = random_routes(rng, 6), random_routes(rng, 4), random_routes(rng, 3)
-    w = r3store.RouteWriter(tmp_path, SPEC, chunk_rows=4)
+    w = r3store.RouteWriter(tmp_path, SPEC, config={"chunk_rows": 4})
     w.append("mt", t1, final=False)
     assert w.flush() is None  # nothing completed yet
     w.append("other", other)
@@ -138,7 +138,7 @@ def test_auto_flush_keeps_open_samples(tmp_path) -> None:
     rng = np.random.default_rng(6)
     parts = [random_routes(rng, 5) for _ in range(4)]
     done = {f"d{i}": random_routes(rng, 5) for i in range(4)}
-    with r3store.RouteWriter(tmp_path, SPEC, buffer_bytes=100) as w:
+    with r3store.RouteWriter(tmp_path, SPEC, config={"buffer_bytes": 100}) as w:
         for i, part in enumerate(parts):
             w.append("mt", part, start=5 * i, final=i == 3)
             w.append(f"d{i}", done[f"d{i}"])
@@ -215,7 +215,7 @@ def test_sglang_start_len(tmp_path) -> None:
     payload1 = {"routed_experts": r3store.encode_sglang(full_layers(whole[: turn1_tokens - 1])), "e2e_latency": 0.1}
     s = turn1_tokens - 1  # routed_experts_start_len of the second request
     payload2 = {"meta_info": {"routed_experts": r3store.encode_sglang(full_layers(whole[s:]))}}
-    with r3store.RouteWriter(tmp_path, SPEC, chunk_rows=5) as w:
+    with r3store.RouteWriter(tmp_path, SPEC, config={"chunk_rows": 5}) as w:
         w.append_sglang("chat", payload1, final=False)
         with pytest.raises(ContinuationError, match=r"\[0, 11\)"):
             w.append_sglang("chat", payload2, start=s + 1, num_tokens=turn2_tokens)
@@ -261,7 +261,7 @@ def test_interleaved_turns_and_flushes(case, seed) -> None:
     parts = [[random_routes(rng, n) for n in t] for t in turns]
     done = [0] * len(turns)
     finals: list[str] = []
-    with r3store.RouteWriter(url, SPEC, buffer_bytes=buffer_bytes, chunk_rows=chunk_rows) as w:
+    with r3store.RouteWriter(url, SPEC, config={"buffer_bytes": buffer_bytes, "chunk_rows": chunk_rows}) as w:
         for kind, i in schedule:
             if kind == "flush":
                 w.flush()
