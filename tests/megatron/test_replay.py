@@ -328,7 +328,8 @@ def test_faults_raise_replay_errors_naming_the_layer(megatron_cpu: None, tmp_pat
             set_replay_routes(model, store.assemble(["a", "b"], layers=[1, 2]))
         assert info.value.layer == 3
         with pytest.raises(ReplayError, match="expert id -1, outside") as info:
-            set_replay_routes(model, store.assemble(["a", "b"], {"pad_policy": "fill", "fill_value": -1, "dtype": "int16"}))
+            filled = store.assemble(["a", "b"], {"pad_policy": "fill", "fill_value": -1, "dtype": "int16"})
+            set_replay_routes(model, filled)
         assert info.value.layer == 1
         with pytest.raises(ReplayError, match="top_k=1"):
             set_replay_routes(model, batch["routes"][..., :1], layers=[1, 2, 3])
