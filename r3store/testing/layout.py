@@ -224,7 +224,7 @@ class LayoutParity:
         tokens = [t - _OFFSET + 100 for t in _tokens(lengths)]  # any token ids; position p holds p + 100
         spec = r3store.ModelSpec(**_SPEC)
         ids = [f"s{i}" for i in range(len(lengths))]
-        with r3store.RouteWriter(tmp_path / "store", spec, chunk_rows=8) as writer:
+        with r3store.RouteWriter(tmp_path / "store", spec, config={"chunk_rows": 8}) as writer:
             for sid, r, t in zip(ids, routes, tokens, strict=True):
                 writer.append(sid, r.astype(np.int32), tokens=t)
         reader = r3store.open_store(tmp_path / "store")

@@ -372,7 +372,7 @@ def test_framework_and_ep_size_reach_store_assemble_and_route_dataset(tmp_path) 
 
     spec = r3store.ModelSpec(num_layers=2, num_experts=16, top_k=2)
     rng = np.random.default_rng(1)
-    with r3store.RouteWriter(tmp_path / "s", spec, chunk_rows=8) as writer:
+    with r3store.RouteWriter(tmp_path / "s", spec, config={"chunk_rows": 8}) as writer:
         for i, n in enumerate([9, 1, 30, 5, 17, 64]):
             writer.append(f"s{i}", np.argsort(rng.random((n - 1, 2, 16)), -1)[..., :2].astype(np.int32), num_tokens=n)
     opts = LayoutOptions(framework="verl", tp_size=2, tp_rank=1, cp_size=2, cp_rank=1, sequence_parallel=True,

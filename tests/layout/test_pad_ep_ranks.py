@@ -65,7 +65,7 @@ def test_batch_pad_rows_balance_ep_ranks(tmp_path, layout: str, ep_size: int) ->
     lengths = [5, 1, 17, 3, 9]
     routes = [np.argsort(rng.random((n - 1, 2, 64)), axis=-1)[..., :6].astype(np.int32) for n in lengths]
     ids = [f"s{i}" for i in range(len(lengths))]
-    with r3store.RouteWriter(tmp_path / "s", spec, chunk_rows=4) as writer:
+    with r3store.RouteWriter(tmp_path / "s", spec, config={"chunk_rows": 4}) as writer:
         for sid, r in zip(ids, routes, strict=True):
             writer.append(sid, r, num_tokens=len(r) + 1)
     reader = r3store.open_store(tmp_path / "s")
