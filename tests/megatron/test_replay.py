@@ -327,8 +327,8 @@ def test_faults_raise_replay_errors_naming_the_layer(megatron_cpu: None, tmp_pat
         with pytest.raises(ReplayError, match=r"holds decoder layers \[1, 2\]") as info:
             set_replay_routes(model, store.assemble(["a", "b"], layers=[1, 2]))
         assert info.value.layer == 3
+        filled = store.assemble(["a", "b"], {"pad_policy": "fill", "fill_value": -1, "dtype": "int16"})
         with pytest.raises(ReplayError, match="expert id -1, outside") as info:
-            filled = store.assemble(["a", "b"], {"pad_policy": "fill", "fill_value": -1, "dtype": "int16"})
             set_replay_routes(model, filled)
         assert info.value.layer == 1
         with pytest.raises(ReplayError, match="top_k=1"):
