@@ -27,6 +27,7 @@ builtin exception a caller would naturally catch, so ``except KeyError`` around
     │   ├── FormatVersionError                   a document has an unknown format version
     │   ├── ChecksumError                        a checksum does not match (or a frame is out of place)
     │   ├── SpecConflictError                    two objects of a store hold different ModelSpecs
+    │   ├── StoreIdentityError                   an object carries another store's identity (store_id)
     │   └── SampleTooLargeError                  a sample has more rows than the cap
     ├── CodecError (ValueError)                  a codec cannot encode its input or its config is bad
     │   └── UnknownCodecError                    no codec is registered under an id
@@ -80,6 +81,7 @@ __all__ = [
     "SpecError",
     "SpecMismatchError",
     "StorageError",
+    "StoreIdentityError",
     "UnknownCodecError",
     "WriterClosedError",
 ]
@@ -410,6 +412,24 @@ class ChecksumError(FormatError):
         self.chunk = tuple(chunk)
         where = f"chunk {self.chunk}: " if self.chunk else ""
         super().__init__(array, f"{where}{fault}")
+
+
+class StoreIdentityError(FormatError):
+    """An object names another store than the one it lies in: its ``store_id`` (format v3)
+    differs from the manifest's, e.g. a checkpoint or sample table copied from a forked store
+    or a restored backup whose commits have the same names (FORMAT.md section 12).
+
+    Attributes
+    ----------
+    expected, found : str or None
+        The manifest's ``store_id`` and the object's (None: it carries none).
+    """
+
+    def __init__(self, path: str, expected: str | None, found: str | None, what: str = "object") -> None:
+        self.expected = expected
+        self.found = found
+        super().__init__(path, f"{what} of another store: store_id {found!r}, the manifest's is {expected!r} "
+                               "(copied from a fork, a backup or another store with the same commit names)")
 
 
 class SpecConflictError(FormatError):

@@ -45,6 +45,7 @@ from r3store.errors import (
     OptionError,
     SpecConflictError,
     SpecError,
+    StoreIdentityError,
     UnknownCodecError,
 )
 from r3store.storage import Backend, ByteRange, SuffixByteRange
@@ -170,6 +171,9 @@ class ChunkReader:
         if self.manifest.version >= 2 and ours.get("format_version") != self.manifest.version:
             raise FormatError(path, f"attributes.r3store.format_version is {ours.get('format_version')!r} in a "
                                     f"format version {self.manifest.version} store")
+        if self.manifest.version >= 3 and ours.get("store_id") != self.manifest.store_id:
+            raise StoreIdentityError(path, self.manifest.store_id, str(ours.get("store_id"))[:64],
+                                     "route array document")
         try:
             found = ModelSpec.from_dict(ours.get("spec", {})).to_dict()
         except SpecError as exc:

@@ -50,7 +50,14 @@ from r3store._format import (
     zarr_group_json,
 )
 from r3store._spec import ModelSpec
-from r3store.errors import FormatVersionError, NotAStoreError, OptionError, SpecMismatchError, StorageError
+from r3store.errors import (
+    FormatVersionError,
+    NotAStoreError,
+    OptionError,
+    SpecMismatchError,
+    StorageError,
+    StoreIdentityError,
+)
 from r3store.storage import Backend
 from r3store.writer._buffer import Sample, materialize
 
@@ -128,6 +135,8 @@ class Committer:
         self.max_sample_rows = max_sample_rows or DEFAULT_MAX_SAMPLE_ROWS
         """The store's cap on rows per sample (known after :meth:`init_store`)."""
         self.clock = clock or (lambda: datetime.now(UTC))
+        self.store_id: str | None = None
+        """The store's identity (known after :meth:`init_store`)."""
         self._seq = 0
         self._pending: _Pending | None = None
 
@@ -156,6 +165,7 @@ class Committer:
                                      f"folder holds other files ({foreign[0]!r}, ...) and no r3store.json")
             self.backend.set_if_absent(MANIFEST_KEY, manifest_bytes(doc))
         manifest = self.check_spec()
+        self.store_id = manifest.store_id
         wanted = self.requested_max_sample_rows
         if wanted is not None and wanted != manifest.max_sample_rows:
             raise OptionError("max_sample_rows", wanted, f"the store at {self.backend.url} caps samples at "
@@ -185,6 +195,8 @@ class Committer:
                                            "new store)")
         if manifest.spec != self.spec:
             raise SpecMismatchError(self.backend.url, manifest.spec.to_dict(), self.spec.to_dict())
+        if self.store_id is not None and manifest.store_id != self.store_id:
+            raise StoreIdentityError(path, self.store_id, manifest.store_id, "manifest (the store was replaced)")
         return manifest
 
     # -- committing -------------------------------------------------------------------
@@ -219,7 +231,7 @@ class Committer:
             commit = f"{self.writer_id}-{self._seq:05d}"
             self._seq += 1
             attrs = {"r3store": {"commit": commit, "writer_id": self.writer_id, "spec": dict(self.spec.to_dict()),
-                                 "format_version": FORMAT_VERSION}}
+                                 "format_version": FORMAT_VERSION, "store_id": self.store_id}}
             doc = (json.dumps(geometry.to_zarr_json(attrs), indent=2) + "\n").encode()
             if self.backend.set_if_absent(f"{array_key(commit)}/zarr.json", doc):
                 break
@@ -276,7 +288,7 @@ class Committer:
                 **s.metadata,
             })
             start += s.rows
-        return write_table(rows, sorted(metadata_columns), json.dumps(self.spec.to_dict()))
+        return write_table(rows, sorted(metadata_columns), json.dumps(self.spec.to_dict()), store_id=self.store_id)
 
 
 def _encode_objects(geometry: ArrayGeometry, parts: Iterator[np.ndarray], commit: str) -> Iterator[bytes]:
