@@ -38,7 +38,8 @@ builtin exception a caller would naturally catch, so ``except KeyError`` around
 
     R3StoreWarning (UserWarning)
     ├── DiscardedSampleWarning                   open samples were dropped at close
-    └── CheckpointWarning                        a checkpoint was ignored (damaged, partial, foreign)
+    ├── CheckpointWarning                        a checkpoint was ignored (damaged, partial, foreign)
+    └── ClockSkewWarning                         a clock disagrees with the store's; a sample table was moved
 
 Errors keep the facts as attributes (``sample_id``, ``field``, ``path``, ...) and
 build their message from them.
@@ -53,6 +54,7 @@ __all__ = [
     "AlignmentError",
     "CheckpointWarning",
     "ChecksumError",
+    "ClockSkewWarning",
     "CodecError",
     "ContinuationError",
     "DiscardedSampleWarning",
@@ -562,6 +564,27 @@ class CheckpointWarning(R3StoreWarning):
         self.path = path
         self.fault = fault
         super().__init__(f"{path}: checkpoint ignored ({fault}); reading the sample tables instead")
+
+
+class ClockSkewWarning(R3StoreWarning):
+    """A writer's (or compaction's) clock is behind or ahead of the store's by more than
+    the 15-minute margin of FORMAT.md section 12.2. A writer that finds its sample table in
+    a bucket a checkpoint reader may skip writes the same table again in the bucket of the
+    store's time (one commit, two byte-identical tables) before it acknowledges the commit.
+
+    Attributes
+    ----------
+    path : str
+        The object whose store timestamp was compared.
+    skew_s : float
+        The local clock minus the store's, in seconds (negative: the local clock is behind).
+    """
+
+    def __init__(self, path: str, skew_s: float, action: str) -> None:
+        self.path = path
+        self.skew_s = skew_s
+        super().__init__(f"{path}: this clock is {abs(skew_s) / 60:.0f} min {'behind' if skew_s < 0 else 'ahead of'} "
+                         f"the store's; {action} (fix the clock: NTP)")
 
 
 def _short(value: Any) -> str:
