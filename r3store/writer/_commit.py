@@ -279,7 +279,7 @@ class Committer:
             moved = table_key(pending.commit, pending.bucket)
             warnings.warn(ClockSkewWarning(self.backend.path_of(key), skew,
                                            f"commit {pending.commit!r} also written to {moved} so that readers "
-                                           "using a checkpoint see it"), stacklevel=5)
+                                           "using a checkpoint see it"), stacklevel=6)
             key = moved
             self._put_table(key, pending)
         raise StorageError(self.backend.path_of(key), "the store's timestamps keep moving ahead of the table's "
