@@ -100,7 +100,7 @@ def test_show_defaults_to_eight_layers_and_rejects_empty_rows(tmp_path: Path) ->
     spec = r3store.ModelSpec(num_layers=12, num_experts=16, top_k=2)
     with r3store.RouteWriter(tmp_path, spec) as w:
         w.append("s", np.tile(np.array([1, 2]), (3, 12, 1)))
-    result = CliRunner().invoke(main, ["show", str(tmp_path), "s"])
+    result = CliRunner().invoke(main, ["show", str(tmp_path), "s"], env={"COLUMNS": "200"})  # 8 fit
     assert result.exit_code == 0 and "L7" in result.output and "L8" not in result.output
     assert "pick others with --layers" in result.output
     result = CliRunner().invoke(main, ["show", str(tmp_path), "s", "--rows", "10:5"])
