@@ -373,7 +373,15 @@ class NotAStoreError(R3StoreError, FileNotFoundError):
 
     def __init__(self, url: str, detail: str = "r3store.json not found") -> None:
         self.url = url
+        self.detail = detail
         super().__init__(f"{url} is not an r3store store: {detail}")
+
+    @classmethod
+    def missing_manifest(cls, backend: Any) -> NotAStoreError:
+        """The error for a store whose ``r3store.json`` is absent, naming a missing folder or
+        bucket (``backend.missing_root()``) when that is the fault."""
+        why = backend.missing_root() if hasattr(backend, "missing_root") else None
+        return cls(backend.url, f"{why} (no r3store.json)" if why else "r3store.json not found")
 
 
 class FormatError(R3StoreError, ValueError):

@@ -148,8 +148,8 @@ def parse_manifest(doc: Any, path: str) -> Manifest:
         writer = f"written by {by[:80]!r}" if isinstance(by, str) and by else "written by a newer release"
         raise FormatVersionError(
             path,
-            f"the store is of format version {version}, {writer}; this release (r3store {__version__}) reads "
-            f"format versions {', '.join(map(str, READ_VERSIONS))}: upgrade r3store "
+            f"the store is of format version {version}, {writer}, not readable by this release (r3store "
+            f"{__version__} reads format versions {', '.join(map(str, READ_VERSIONS))}): upgrade r3store "
             f"(pip install -U r3store) to read it",
         )
     if doc.get("format") != FORMAT_NAME or isinstance(version, bool) or version not in READ_VERSIONS:

@@ -135,7 +135,7 @@ def compact(url: str | os.PathLike[str] | Backend, *, storage_options: Mapping[s
     try:
         raw = backend.get(MANIFEST_KEY)
     except ObjectNotFoundError as exc:
-        raise NotAStoreError(backend.url) from exc
+        raise NotAStoreError.missing_manifest(backend) from exc
     path = backend.path_of(MANIFEST_KEY)
     manifest = parse_manifest(loads_document(raw, path), path)
     if manifest.version < 2:

@@ -118,7 +118,7 @@ class RouteReader:
         try:
             raw = backend.get(MANIFEST_KEY)
         except ObjectNotFoundError as exc:
-            raise NotAStoreError(backend.url) from exc
+            raise NotAStoreError.missing_manifest(backend) from exc
         path = backend.path_of(MANIFEST_KEY)
         manifest = parse_manifest(loads_document(raw, path), path)
         return cls(backend, manifest, on_duplicate=on_duplicate, cache_bytes=cache_bytes,
