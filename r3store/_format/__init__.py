@@ -1,4 +1,4 @@
-"""On-disk format (v2 written, v1 and v2 read): object keys, manifest, route arrays, sample tables
+"""On-disk format (v3 written, v1, v2 and v3 read): object keys, manifest, route arrays, sample tables
 (see ``schema/FORMAT.md``)."""
 
 from r3store._format._array import (
@@ -45,6 +45,7 @@ from r3store._format._manifest import (
     FORMAT_VERSION,
     MAX_ROWS,
     READ_VERSIONS,
+    STORE_ID,
     Manifest,
     load_schema,
     make_manifest,
@@ -84,6 +85,7 @@ __all__ = [
     "READ_VERSIONS",
     "RESERVED_COLUMNS",
     "ROUTES_PREFIX",
+    "STORE_ID",
     "array_key",
     "array_rows",
     "bucket_of",
