@@ -9,6 +9,7 @@ from r3store._format._array import (
     encode_object,
     position_tag,
     route_codec,
+    tag_prefix,
 )
 from r3store._format._checkpoint import (
     CHECKPOINT_PREFIX,
@@ -119,6 +120,7 @@ __all__ = [
     "table_digest",
     "table_key",
     "table_schema",
+    "tag_prefix",
     "token_hash",
     "watermark_of",
     "write_checkpoint",

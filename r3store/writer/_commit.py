@@ -53,6 +53,7 @@ from r3store._format import (
     parse_manifest,
     route_codec,
     table_key,
+    tag_prefix,
     watermark_of,
     write_table,
     zarr_group_json,
@@ -256,7 +257,7 @@ class Committer:
             raise StorageError(self.backend.path_of(doc_key), "holds another array document than this commit's "
                                                               "(writer ids must be unique)")
         parts = (materialize(p) for s in samples for p in s.parts)  # spilled parts read back one at a time
-        for i, blob in enumerate(_encode_objects(pending.geometry, parts, pending.commit)):
+        for i, blob in enumerate(_encode_objects(pending.geometry, parts, tag_prefix(pending.commit, self.store_id))):
             self.backend.set(f"{array}/{ArrayGeometry.object_key(i)}", blob)
         key = self._table_key(pending)
         self._put_table(key, pending)
