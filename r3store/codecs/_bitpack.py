@@ -40,6 +40,7 @@ __all__ = [
     "BitpackCodec",
     "MAX_DECODE_IDS",
     "MAX_ZERO_TAIL_IDS",
+    "check_zero_tail",
     "pack_bits",
     "pack_bits_reference",
     "unpack_bits",

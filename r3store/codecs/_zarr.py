@@ -18,7 +18,7 @@ import numpy as np
 from zarr.abc.codec import ArrayBytesCodec
 from zarr.core.common import parse_named_configuration
 
-from r3store.codecs._bitpack import _FRAME, MAGIC, BitpackCodec, check_zero_tail
+from r3store.codecs._bitpack import MAGIC, BitpackCodec, check_zero_tail
 from r3store.errors import FormatError
 
 if TYPE_CHECKING:
@@ -74,8 +74,8 @@ class ZarrBitpackCodec(ArrayBytesCodec):
         if len(data) >= 16 and bytes(data[:4]) == MAGIC:
             n_total, n_encoded = (int(v) for v in data[8:16].view("<u4"))
             if n_total != want:
-                raise FormatError(_FRAME, f"frame of another chunk size: out holds {want} ids, the frame {n_total} "
-                                          f"(chunk shape {tuple(chunk_spec.shape)})")
+                raise FormatError("r3store.bitpack frame", f"frame of another chunk size: out holds {want} ids, the "
+                                                           f"frame {n_total} (chunk shape {tuple(chunk_spec.shape)})")
             check_zero_tail(n_total, min(n_encoded, n_total), len(data))
         out = np.empty(chunk_spec.shape, dtype=chunk_spec.dtype.to_native_dtype())
         BitpackCodec(self.bits, self.frame_version).decode(chunk_bytes.as_numpy_array(), out=out)
