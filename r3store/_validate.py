@@ -38,6 +38,12 @@ def as_numpy(sample_id: str, field: str, value: Any) -> np.ndarray:
     """
     if type(value).__module__.startswith("torch"):
         value = value.detach().cpu().numpy()
+    if isinstance(value, Mapping):  # an engine response handed over whole: name that, not "dtype object"
+        keys = ", ".join(repr(k) for k in list(value)[:8]) or "none"
+        raise RouteShapeError(sample_id, field, f"is a {type(value).__name__} (keys {keys}), not an array: pass the "
+                                                "engine's routed experts (vLLM: r3store.decode_vllm(id, "
+                                                "output.routed_experts); SGLang: RouteWriter.append_sglang(id, "
+                                                "response))")
     try:
         return np.asarray(value)
     except (TypeError, ValueError) as exc:
@@ -169,9 +175,20 @@ def _fault_error(sample_id: str, routes: np.ndarray, spec: ModelSpec, fault: ker
     layer = fault.layer if all_layers else spec.moe_layers[fault.layer]
     if fault.kind == "repeat":
         hint = ""
-        if not ids.any():
-            hint = (f"; all zeros: is decoder layer {layer} dense (engines send dense layers as zero rows)? "
-                    "Then leave it out of ModelSpec(moe_layers=...)")
+        zero_rows = np.flatnonzero(~_moe_all(routes, spec, all_layers).any(axis=(1, 2)))
+        if not ids.any() and len(zero_rows) and fault.row in zero_rows:
+            first, last = (int(zero_rows[0]), int(zero_rows[-1])) if rows is None else \
+                (int(rows[zero_rows[0]]), int(rows[zero_rows[-1]]))
+            hint = (f"; row {row} is zeros in every MoE layer ({len(zero_rows)} such rows, {first}..{last}): rows "
+                    "the engine did not route (SGLang returns zero rows for prompt tokens it did not capture, e.g. "
+                    "from its prefix cache), not a dense layer; mark them -1 and pass allow_missing=True to store "
+                    "them as missing, or append only the captured rows (start=...)")
+        elif not ids.any() and not _moe_all(routes, spec, all_layers)[:, _moe_position(spec, layer)].any():
+            hint = (f"; all zeros in every row: is decoder layer {layer} dense (engines send dense layers as zero "
+                    "rows)? Then leave it out of ModelSpec(moe_layers=...)")
+        elif not ids.any():
+            hint = (f"; all zeros in this row of decoder layer {layer} only (other rows and layers hold ids): "
+                    "a failed capture of this row?")
         return ExpertIdError(sample_id, "routes", f"expert id repeated within row {row}, decoder layer {layer}: "
                                                   f"{ids.tolist()}{hint}")
     value = int(ids[fault.slot])
@@ -187,6 +204,16 @@ def _fault_error(sample_id: str, routes: np.ndarray, spec: ModelSpec, fault: ker
         hint = ""
     return ExpertIdError(sample_id, "routes",
                          f"expert id {value} at row {row}, decoder layer {layer} is {why}{hint}")
+
+
+def _moe_all(routes: np.ndarray, spec: ModelSpec, all_layers: bool) -> np.ndarray:
+    """The MoE layers of checked-shape routes (all decoder layers given, or MoE layers only)."""
+    return routes[:, list(spec.moe_layers)] if all_layers else routes
+
+
+def _moe_position(spec: ModelSpec, layer: int) -> int:
+    """Position of decoder layer ``layer`` among the MoE layers."""
+    return list(spec.moe_layers).index(layer)
 
 
 def check_row_count(sample_id: str, rows: int, num_tokens: int | None, tokens: np.ndarray | None) -> int:

@@ -27,6 +27,7 @@ builtin exception a caller would naturally catch, so ``except KeyError`` around
     │   ├── FormatVersionError                   a document has an unknown format version
     │   ├── ChecksumError                        a checksum does not match (or a frame is out of place)
     │   ├── SpecConflictError                    two objects of a store hold different ModelSpecs
+    │   ├── StoreIdentityError                   an object carries another store's identity (store_id)
     │   └── SampleTooLargeError                  a sample has more rows than the cap
     ├── CodecError (ValueError)                  a codec cannot encode its input or its config is bad
     │   └── UnknownCodecError                    no codec is registered under an id
@@ -38,6 +39,7 @@ builtin exception a caller would naturally catch, so ``except KeyError`` around
     R3StoreWarning (UserWarning)
     ├── DiscardedSampleWarning                   open samples were dropped at close
     ├── CheckpointWarning                        a checkpoint was ignored (damaged, partial, foreign)
+    ├── ClockSkewWarning                         a clock disagrees with the store's; a sample table was moved
     └── R3StoreDeprecationWarning (DeprecationWarning)  a deprecated name (the message names the release removing it)
 
 Errors keep the facts as attributes (``sample_id``, ``field``, ``path``, ...) and
@@ -53,6 +55,7 @@ __all__ = [
     "AlignmentError",
     "CheckpointWarning",
     "ChecksumError",
+    "ClockSkewWarning",
     "CodecError",
     "ContinuationError",
     "DiscardedSampleWarning",
@@ -82,6 +85,7 @@ __all__ = [
     "SpecError",
     "SpecMismatchError",
     "StorageError",
+    "StoreIdentityError",
     "UnknownCodecError",
     "WriterClosedError",
 ]
@@ -371,7 +375,15 @@ class NotAStoreError(R3StoreError, FileNotFoundError):
 
     def __init__(self, url: str, detail: str = "r3store.json not found") -> None:
         self.url = url
+        self.detail = detail
         super().__init__(f"{url} is not an r3store store: {detail}")
+
+    @classmethod
+    def missing_manifest(cls, backend: Any) -> NotAStoreError:
+        """The error for a store whose ``r3store.json`` is absent, naming a missing folder or
+        bucket (``backend.missing_root()``) when that is the fault."""
+        why = backend.missing_root() if hasattr(backend, "missing_root") else None
+        return cls(backend.url, f"{why} (no r3store.json)" if why else "r3store.json not found")
 
 
 class FormatError(R3StoreError, ValueError):
@@ -412,6 +424,24 @@ class ChecksumError(FormatError):
         self.chunk = tuple(chunk)
         where = f"chunk {self.chunk}: " if self.chunk else ""
         super().__init__(array, f"{where}{fault}")
+
+
+class StoreIdentityError(FormatError):
+    """An object names another store than the one it lies in: its ``store_id`` (format v3)
+    differs from the manifest's, e.g. a checkpoint or sample table copied from a forked store
+    or a restored backup whose commits have the same names (FORMAT.md section 12).
+
+    Attributes
+    ----------
+    expected, found : str or None
+        The manifest's ``store_id`` and the object's (None: it carries none).
+    """
+
+    def __init__(self, path: str, expected: str | None, found: str | None, what: str = "object") -> None:
+        self.expected = expected
+        self.found = found
+        super().__init__(path, f"{what} of another store: store_id {found!r}, the manifest's is {expected!r} "
+                               "(copied from a fork, a backup or another store with the same commit names)")
 
 
 class SpecConflictError(FormatError):
@@ -554,6 +584,27 @@ class CheckpointWarning(R3StoreWarning):
         self.path = path
         self.fault = fault
         super().__init__(f"{path}: checkpoint ignored ({fault}); reading the sample tables instead")
+
+
+class ClockSkewWarning(R3StoreWarning):
+    """A writer's (or compaction's) clock is behind or ahead of the store's by more than
+    the 15-minute margin of FORMAT.md section 12.2. A writer that finds its sample table in
+    a bucket a checkpoint reader may skip writes the same table again in the bucket of the
+    store's time (one commit, two byte-identical tables) before it acknowledges the commit.
+
+    Attributes
+    ----------
+    path : str
+        The object whose store timestamp was compared.
+    skew_s : float
+        The local clock minus the store's, in seconds (negative: the local clock is behind).
+    """
+
+    def __init__(self, path: str, skew_s: float, action: str) -> None:
+        self.path = path
+        self.skew_s = skew_s
+        super().__init__(f"{path}: this clock is {abs(skew_s) / 60:.0f} min {'behind' if skew_s < 0 else 'ahead of'} "
+                         f"the store's; {action} (fix the clock: NTP)")
 
 
 def _short(value: Any) -> str:

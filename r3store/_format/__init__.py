@@ -1,4 +1,4 @@
-"""On-disk format (v2 written, v1 and v2 read): object keys, manifest, route arrays, sample tables
+"""On-disk format (v3 written, v1, v2 and v3 read): object keys, manifest, route arrays, sample tables
 (see ``schema/FORMAT.md``)."""
 
 from r3store._format._array import (
@@ -10,6 +10,7 @@ from r3store._format._array import (
     encode_object,
     position_tag,
     route_codec,
+    tag_prefix,
 )
 from r3store._format._checkpoint import (
     CHECKPOINT_PREFIX,
@@ -46,6 +47,7 @@ from r3store._format._manifest import (
     FORMAT_VERSION,
     MAX_ROWS,
     READ_VERSIONS,
+    STORE_ID,
     Manifest,
     load_schema,
     make_manifest,
@@ -86,6 +88,7 @@ __all__ = [
     "READ_VERSIONS",
     "RESERVED_COLUMNS",
     "ROUTES_PREFIX",
+    "STORE_ID",
     "array_key",
     "array_rows",
     "bucket_of",
@@ -119,6 +122,7 @@ __all__ = [
     "table_digest",
     "table_key",
     "table_schema",
+    "tag_prefix",
     "token_hash",
     "watermark_of",
     "write_checkpoint",

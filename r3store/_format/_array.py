@@ -34,6 +34,7 @@ __all__ = [
     "decode_index",
     "encode_object",
     "position_tag",
+    "tag_prefix",
     "route_codec",
 ]
 
@@ -60,6 +61,18 @@ def route_codec(spec: ModelSpec, version: int = FORMAT_VERSION) -> dict[str, Any
     if version >= 2:
         config["frame_version"] = 2
     return config
+
+
+def tag_prefix(commit: str, store_id: str | None = None) -> str:
+    """What position tags of ``commit``'s frames start with: the commit name (format v2) or
+    ``"<store_id>/<commit>"`` (format v3: frames are bound to their store too, FORMAT.md 12.1).
+
+    Examples
+    --------
+    >>> tag_prefix("w-00000"), tag_prefix("w-00000", "5e1f0c3a9b7d4e2f8a6c1b0d3e5f7a9c")
+    ('w-00000', '5e1f0c3a9b7d4e2f8a6c1b0d3e5f7a9c/w-00000')
+    """
+    return commit if store_id is None else f"{store_id}/{commit}"
 
 
 def position_tag(commit: str, row_chunk: int, layer_chunk: int) -> int:
@@ -247,7 +260,8 @@ def encode_object(blocks: Iterator[np.ndarray], geometry: ArrayGeometry, *, comm
         producer may reuse its buffer.
     geometry : ArrayGeometry
     commit : str, optional
-        Bind each frame to its place in this commit's array (:func:`position_tag`; needs a
+        Bind each frame to its place in this commit's array (:func:`position_tag` of
+        :func:`tag_prefix`: the commit, in format v3 prefixed by the store id; needs a
         codec that supports :class:`r3store.codecs.SupportsBinding`, such as version-2
         bitpack). None: unbound frames.
     first_row_chunk : int

@@ -5,7 +5,9 @@ of the commits it covers, written create-if-absent by ``r3store compact``. The s
 tables stay the source of truth: a reader that ignores checkpoints (any format v2 reader)
 reads the same store. A checkpoint is checksummed like a sample table (page CRCs, a
 BLAKE2b-128 digest that also binds its ``r3store.checkpoint`` metadata) and its footer is
-checked before pyarrow reads it.
+checked before pyarrow reads it. In a format v3 store a checkpoint carries the store's
+identity (``store_id`` in ``r3store.checkpoint`` and ``r3store.store_id``, both bound by the
+digest): readers refuse a checkpoint of another store (FORMAT.md section 12).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from r3store._format._json import canonical_json, loads_document
 from r3store._format._keys import BUCKET_NAME, COMMIT_NAME, array_key, bucket_of, is_bucket
 from r3store._format._manifest import FORMAT_VERSION, MAX_ROWS
 from r3store._format._rows import check_texts
-from r3store._format._table import check_columns, read_parquet, table_schema
+from r3store._format._table import check_columns, check_identity, identity_of, read_parquet, table_schema
 from r3store._spec import ModelSpec
 from r3store.errors import ChecksumError, FormatError, SampleTooLargeError
 
@@ -91,9 +93,12 @@ class CheckpointInfo:
     """Bucket ``yyyymmddTHH``: a commit it does not cover has its table in this bucket or a newer one."""
     created_at: str
     """When the compaction listed ``index/`` (ISO 8601, UTC)."""
+    store_id: str | None = None
+    """The identity of the store it was written for (format v3; None in format v2)."""
 
 
-def write_checkpoint(table: pa.Table, spec_json: str, *, listed_at: datetime) -> bytes:
+def write_checkpoint(table: pa.Table, spec_json: str, *, listed_at: datetime, version: int = FORMAT_VERSION,
+                     store_id: str | None = None) -> bytes:
     """Serialise checked sample rows as a checkpoint (zstd, page CRCs, digest).
 
     Parameters
@@ -105,24 +110,35 @@ def write_checkpoint(table: pa.Table, spec_json: str, *, listed_at: datetime) ->
         The store's spec as JSON (``r3store.spec``).
     listed_at : datetime
         When the listing of ``index/`` that found the covered commits started.
+    version : int
+        The store's format version (2 or 3).
+    store_id : str, optional
+        The store's identity (format v3: required).
     """
-    meta = canonical_json({"version": CHECKPOINT_VERSION, "watermark": watermark_of(listed_at),
-                           "created_at": listed_at.astimezone(UTC).isoformat(timespec="seconds"),
-                           "commits": len(set(table.column("commit").to_pylist()))}).decode()
-    version = str(FORMAT_VERSION)
-    table = table.replace_schema_metadata({
-        b"r3store.version": version.encode(),
-        b"r3store.spec": spec_json.encode(),
-        b"r3store.checkpoint": meta.encode(),
-        b"r3store.digest": table_digest(table, version, spec_json, extra=(meta,)).encode(),
-    })
+    if version >= 3 and store_id is None:
+        raise FormatError("checkpoint", "a format v3 checkpoint needs the store's store_id")
+    doc: dict[str, object] = {"version": CHECKPOINT_VERSION, "watermark": watermark_of(listed_at),
+                              "created_at": listed_at.astimezone(UTC).isoformat(timespec="seconds"),
+                              "commits": len(set(table.column("commit").to_pylist()))}
+    if version >= 3:
+        doc["store_id"] = store_id
+    meta = canonical_json(doc).decode()
+    text = str(version)
+    kv = {b"r3store.version": text.encode(), b"r3store.spec": spec_json.encode(), b"r3store.checkpoint": meta.encode()}
+    extra: tuple[str, ...] = (meta,)
+    if version >= 3:
+        kv[b"r3store.store_id"] = str(store_id).encode()
+        extra = (meta, str(store_id))
+    kv[b"r3store.digest"] = table_digest(table, text, spec_json, extra=extra).encode()
+    table = table.replace_schema_metadata(kv)
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd", write_page_checksum=True)
     return sink.getvalue()
 
 
 def read_checkpoint(buf: bytes, path: str, *, spec: ModelSpec, spec_source: str = "r3store.json",
-                    max_sample_rows: int | None = None) -> tuple[pa.Table, CheckpointInfo]:
+                    max_sample_rows: int | None = None, version: int = FORMAT_VERSION,
+                    store_id: str | None = None) -> tuple[pa.Table, CheckpointInfo]:
     """Parse and check a checkpoint; return its rows and what it covers.
 
     Checked: the footer before pyarrow, the size caps, page CRCs, the digest (which binds
@@ -140,11 +156,13 @@ def read_checkpoint(buf: bytes, path: str, *, spec: ModelSpec, spec_source: str 
     ------
     r3store.errors.FormatError
         Malformed or over the caps; ChecksumError on a failed CRC or digest,
-        SpecConflictError, SampleTooLargeError as for sample tables.
+        SpecConflictError, SampleTooLargeError as for sample tables; StoreIdentityError
+        (format v3) when it was written for another store than ``store_id``.
     """
     table, meta = read_parquet(buf, path)
-    if meta.get("r3store.version", b"") != str(FORMAT_VERSION).encode():
-        raise FormatError(path, f"checkpoint of format version {meta.get('r3store.version', b'')!r}")
+    if meta.get("r3store.version", b"") != str(version).encode():
+        raise FormatError(path, f"checkpoint of format version {meta.get('r3store.version', b'')!r} in a format "
+                                f"version {version} store")
     raw = meta.get("r3store.checkpoint")
     if raw is None:
         raise FormatError(path, "no r3store.checkpoint metadata: not a checkpoint")
@@ -153,8 +171,8 @@ def read_checkpoint(buf: bytes, path: str, *, spec: ModelSpec, spec_source: str 
     except UnicodeDecodeError:
         raise FormatError(path, "r3store.checkpoint metadata is not UTF-8") from None
     stored = meta.get("r3store.digest", b"").decode(errors="replace")
-    computed = table_digest(table, str(FORMAT_VERSION), meta.get("r3store.spec", b"").decode(errors="replace"),
-                            path, extra=(text,))
+    computed = table_digest(table, str(version), meta.get("r3store.spec", b"").decode(errors="replace"),
+                            path, extra=(text, *identity_of(meta, version, path)))
     if stored != computed:
         raise ChecksumError(path, (), f"checkpoint digest {stored[:60]!r} does not match its content ({computed})")
     doc = loads_document(raw, f"{path} (r3store.checkpoint)")
@@ -164,13 +182,20 @@ def read_checkpoint(buf: bytes, path: str, *, spec: ModelSpec, spec_source: str 
             not is_int(count):
         raise FormatError(path, f"r3store.checkpoint metadata {text[:200]!r} is not a version "
                                 f"{CHECKPOINT_VERSION} checkpoint description")
-    check_columns(table, meta, path, version=FORMAT_VERSION, spec=spec, spec_source=spec_source)
+    named = doc.get("store_id")
+    if version >= 3 and named != identity_of(meta, version, path)[0]:
+        raise FormatError(path, f"r3store.checkpoint names store_id {named!r}, r3store.store_id says otherwise")
+    if version < 3 and named is not None:
+        raise FormatError(path, "a format v2 checkpoint names a store_id")
+    check_identity(meta, version, path, store_id, "checkpoint")
+    check_columns(table, meta, path, version=version, spec=spec, spec_source=spec_source)
     table = table.replace_schema_metadata(None)
     _check_rows(table, path, max_sample_rows)
     commits = frozenset(pc.unique(table.column("commit")).to_pylist())
     if len(commits) != count:
         raise FormatError(path, f"checkpoint says it covers {count} commits, its rows name {len(commits)}")
-    return table, CheckpointInfo(commits=commits, watermark=watermark, created_at=created)
+    return table, CheckpointInfo(commits=commits, watermark=watermark, created_at=created,
+                                 store_id=named if isinstance(named, str) else None)
 
 
 def _check_rows(table: pa.Table, path: str, max_sample_rows: int | None) -> None:

@@ -1,18 +1,23 @@
 """The store manifest ``r3store.json`` and the zarr group documents beside it.
 
-Format v2 manifest (``schema/FORMAT.md`` section 3)::
+Format v3 manifest (``schema/FORMAT.md`` sections 3 and 12)::
 
-    {"format": "r3store", "version": 2, "spec": {...}, "created_at": ..., "created_by": ...,
-     "limits": {"max_sample_rows": 4194304}, "checksum": "crc32c:<8 lowercase hex>"}
+    {"format": "r3store", "version": 3, "spec": {...}, "created_at": ..., "created_by": ...,
+     "limits": {"max_sample_rows": 4194304}, "store_id": "<32 lowercase hex>",
+     "checksum": "crc32c:<8 lowercase hex>"}
 
 ``checksum`` is the CRC-32C of the canonical JSON of the document without it
-(:func:`r3store._format.canonical_json`). Format v1 manifests have neither ``limits`` nor
-``checksum``; readers take the default cap for them.
+(:func:`r3store._format.canonical_json`). ``store_id`` (format v3) is the store's identity,
+drawn at random when the store is created; sample tables, route arrays and checkpoints of
+the store carry it. Format v2 manifests have no ``store_id``; format v1 manifests have
+neither ``limits`` nor ``checksum`` either; readers take the default cap for them.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
@@ -34,6 +39,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MAX_ROWS",
     "READ_VERSIONS",
+    "STORE_ID",
     "Manifest",
     "load_schema",
     "make_manifest",
@@ -44,10 +50,12 @@ __all__ = [
 ]
 
 FORMAT_NAME = "r3store"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """The version writers create."""
-READ_VERSIONS = (1, 2)
+READ_VERSIONS = (1, 2, 3)
 """The versions readers read."""
+STORE_ID = re.compile(r"[0-9a-f]{32}")
+"""Syntax of a store identity (format v3 manifest ``store_id``): 32 lowercase hex digits (a UUID4's hex)."""
 DEFAULT_MAX_SAMPLE_ROWS = 1 << 22
 """Default cap on the rows of one sample (``limits.max_sample_rows``; also the cap of v1 stores)."""
 
@@ -77,6 +85,8 @@ class Manifest:
     """The ModelSpec every route array follows."""
     max_sample_rows: int
     """Cap on the rows of one sample (``limits.max_sample_rows``; the default for v1 stores)."""
+    store_id: str | None = None
+    """The store's identity (format v3: 32 lowercase hex digits, fixed at creation); None for v1 and v2 stores."""
 
 
 def manifest_checksum(doc: dict[str, Any]) -> str:
@@ -91,8 +101,13 @@ def manifest_checksum(doc: dict[str, Any]) -> str:
     return f"crc32c:{google_crc32c.value(canonical_json(body)):08x}"
 
 
-def make_manifest(spec: ModelSpec, *, max_sample_rows: int = DEFAULT_MAX_SAMPLE_ROWS) -> dict[str, Any]:
-    """The manifest document (format v2, checksummed) of a new store."""
+def make_manifest(spec: ModelSpec, *, max_sample_rows: int = DEFAULT_MAX_SAMPLE_ROWS,
+                  store_id: str | None = None) -> dict[str, Any]:
+    """The manifest document (format v3, checksummed) of a new store.
+
+    ``store_id`` (default: a fresh random UUID4 as 32 lowercase hex digits) is the store's
+    identity, fixed here once: everything of the store that names commits carries it.
+    """
     doc: dict[str, Any] = {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
@@ -100,6 +115,7 @@ def make_manifest(spec: ModelSpec, *, max_sample_rows: int = DEFAULT_MAX_SAMPLE_
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "created_by": f"r3store {__version__}",
         "limits": {"max_sample_rows": max_sample_rows},
+        "store_id": uuid.uuid4().hex if store_id is None else store_id,
     }
     doc["checksum"] = manifest_checksum(doc)
     return doc
@@ -125,6 +141,15 @@ def parse_manifest(doc: Any, path: str) -> Manifest:
     if not isinstance(doc, dict):
         raise FormatError(path, "manifest is not a JSON object")
     version = doc.get("version")
+    if doc.get("format") == FORMAT_NAME and is_int(version) and version > FORMAT_VERSION:
+        by = doc.get("created_by")
+        writer = f"written by {by[:80]!r}" if isinstance(by, str) and by else "written by a newer release"
+        raise FormatVersionError(
+            path,
+            f"the store is of format version {version}, {writer}, not readable by this release (r3store "
+            f"{__version__} reads format versions {', '.join(map(str, READ_VERSIONS))}): upgrade r3store "
+            f"(pip install -U r3store) to read it",
+        )
     if doc.get("format") != FORMAT_NAME or not is_int(version) or version not in READ_VERSIONS:
         raise FormatVersionError(
             path,
@@ -145,7 +170,8 @@ def parse_manifest(doc: Any, path: str) -> Manifest:
         raise FormatError(path, f"manifest spec is invalid: {exc}") from exc
     limits = doc.get("limits", {})
     return Manifest(version=version, spec=spec,
-                    max_sample_rows=limits.get("max_sample_rows", DEFAULT_MAX_SAMPLE_ROWS))
+                    max_sample_rows=limits.get("max_sample_rows", DEFAULT_MAX_SAMPLE_ROWS),
+                    store_id=doc.get("store_id"))
 
 
 def zarr_group_json(attributes: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -2,9 +2,10 @@
 
 Format v2 tables (``index/<bucket>/<commit>.parquet``) carry Parquet page CRCs and, in their
 key-value metadata, ``r3store.version = "2"``, ``r3store.spec`` and ``r3store.digest``
-(:func:`r3store._format.table_digest`). Format v1 tables (``index/<commit>.parquet``) name
-the commit column ``shard`` and have no checksums; readers expose both with the v2 columns
-(:func:`read_table`).
+(:func:`r3store._format.table_digest`). Format v3 tables are v2 tables with
+``r3store.version = "3"`` and ``r3store.store_id`` (the manifest's), bound by the digest.
+Format v1 tables (``index/<commit>.parquet``) name the commit column ``shard`` and have no
+checksums; readers expose all with the v2 columns (:func:`read_table`).
 """
 
 from __future__ import annotations
@@ -23,10 +24,17 @@ import pyarrow.parquet as pq
 from r3store._format._digest import table_digest
 from r3store._format._footer import Footer, read_footer
 from r3store._format._json import loads_document
-from r3store._format._manifest import FORMAT_VERSION, load_schema
+from r3store._format._manifest import FORMAT_VERSION, STORE_ID, load_schema
 from r3store._format._rows import check_rows
 from r3store._spec import ModelSpec
-from r3store.errors import ChecksumError, FormatError, FormatVersionError, SpecConflictError, SpecError
+from r3store.errors import (
+    ChecksumError,
+    FormatError,
+    FormatVersionError,
+    SpecConflictError,
+    SpecError,
+    StoreIdentityError,
+)
 
 __all__ = [
     "MAX_TABLE_BYTES",
@@ -35,6 +43,8 @@ __all__ = [
     "RESERVED_COLUMNS",
     "array_rows",
     "check_columns",
+    "check_identity",
+    "identity_of",
     "read_parquet",
     "read_table",
     "table_schema",
@@ -92,8 +102,9 @@ def token_hash(tokens: Sequence[int] | np.ndarray) -> str:
     return hashlib.blake2b(arr.astype("<i8").tobytes(), digest_size=16).hexdigest()
 
 
-def write_table(rows: list[dict[str, Any]], metadata_columns: Sequence[str], spec_json: str) -> bytes:
-    """Serialise sample rows to a format v2 Parquet sample table (zstd, page CRCs, digest).
+def write_table(rows: list[dict[str, Any]], metadata_columns: Sequence[str], spec_json: str,
+                store_id: str | None = None) -> bytes:
+    """Serialise sample rows to a format v3 Parquet sample table (zstd, page CRCs, digest).
 
     Parameters
     ----------
@@ -103,6 +114,9 @@ def write_table(rows: list[dict[str, Any]], metadata_columns: Sequence[str], spe
         User metadata columns, in the order to write them.
     spec_json : str
         The store's spec as JSON (``r3store.spec``).
+    store_id : str, optional
+        The store's identity (``r3store.store_id``, bound by the digest); required by
+        format v3 readers.
     """
     base = table_schema()
     columns = {name: [row[name] for row in rows] for name in base.names}
@@ -110,11 +124,13 @@ def write_table(rows: list[dict[str, Any]], metadata_columns: Sequence[str], spe
     for name in metadata_columns:
         table = table.append_column(name, pa.array([row.get(name) for row in rows]))
     version = str(FORMAT_VERSION)
-    table = table.replace_schema_metadata({
-        b"r3store.version": version.encode(),
-        b"r3store.spec": spec_json.encode(),
-        b"r3store.digest": table_digest(table, version, spec_json).encode(),
-    })
+    meta = {b"r3store.version": version.encode(), b"r3store.spec": spec_json.encode()}
+    extra: tuple[str, ...] = ()
+    if store_id is not None:
+        meta[b"r3store.store_id"] = store_id.encode()
+        extra = (store_id,)
+    meta[b"r3store.digest"] = table_digest(table, version, spec_json, extra=extra).encode()
+    table = table.replace_schema_metadata(meta)
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd", write_page_checksum=True)
     return sink.getvalue()
@@ -122,7 +138,7 @@ def write_table(rows: list[dict[str, Any]], metadata_columns: Sequence[str], spe
 
 def read_table(buf: bytes, path: str, commit: str | None = None, *, version: int = FORMAT_VERSION,
                spec: ModelSpec | None = None, spec_source: str = "r3store.json",
-               max_sample_rows: int | None = None) -> pa.Table:
+               max_sample_rows: int | None = None, store_id: str | None = None) -> pa.Table:
     """Parse and check one commit's sample table; return it with the format v2 columns.
 
     Parameters
@@ -142,6 +158,8 @@ def read_table(buf: bytes, path: str, commit: str | None = None, *, version: int
         Where ``spec`` comes from, for messages.
     max_sample_rows : int, optional
         Refuse a sample of more rows (checked with ``commit``).
+    store_id : str, optional
+        The manifest's ``store_id`` (format v3): the table's ``r3store.store_id`` must equal it.
 
     Returns
     -------
@@ -165,13 +183,16 @@ def read_table(buf: bytes, path: str, commit: str | None = None, *, version: int
         A sample has more than ``max_sample_rows`` rows.
     r3store.errors.FormatVersionError
         Written by another format version than the store's.
+    r3store.errors.StoreIdentityError
+        (Format v3) the table's ``r3store.store_id`` is not ``store_id``: a table of another store.
     """
     table, meta = read_parquet(buf, path)
     found = meta.get("r3store.version", b"").decode(errors="replace")
     if found != str(version):
         raise FormatVersionError(path, f"sample table format version {found!r} in a format version {version} store")
     if version >= 2:
-        _check_digest(table, meta, found, path)
+        _check_digest(table, meta, found, path, extra=identity_of(meta, version, path))
+        check_identity(meta, version, path, store_id, "sample table")
     check_columns(table, meta, path, version=version, spec=spec, spec_source=spec_source)
     if commit is not None:
         required = [f.name for f in table_schema(version) if not f.nullable]
@@ -226,14 +247,45 @@ def _check_utf8(table: pa.Table, path: str) -> None:
                 raise FormatError(path, f"column {field.name!r} holds a string that is not valid UTF-8") from None
 
 
-def _check_digest(table: pa.Table, meta: dict[str, bytes], version: str, path: str) -> None:
+def identity_of(meta: dict[str, bytes], version: int | str, path: str) -> tuple[str, ...]:
+    """``(store_id,)`` from a format v3 table's or checkpoint's ``r3store.store_id`` metadata
+    (what the digest binds after the spec); ``()`` for format v2.
+
+    Raises
+    ------
+    r3store.errors.FormatError
+        A format v3 object without a well-formed ``r3store.store_id``.
+    """
+    if int(version) < 3:
+        return ()
+    raw = meta.get("r3store.store_id")
+    text = raw.decode("ascii", errors="replace") if raw is not None else None
+    if text is None or not STORE_ID.fullmatch(text):
+        raise FormatError(path, f"r3store.store_id metadata {text!r} is not a store identity (32 lowercase hex)")
+    return (text,)
+
+
+def check_identity(meta: dict[str, bytes], version: int | str, path: str, store_id: str | None, what: str) -> None:
+    """A format v3 object's ``r3store.store_id`` equals the manifest's ``store_id`` (when given).
+
+    Raises
+    ------
+    r3store.errors.StoreIdentityError
+    """
+    found = identity_of(meta, version, path)
+    if found and store_id is not None and found[0] != store_id:
+        raise StoreIdentityError(path, store_id, found[0], what)
+
+
+def _check_digest(table: pa.Table, meta: dict[str, bytes], version: str, path: str,
+                  extra: tuple[str, ...] = ()) -> None:
     stored = meta.get("r3store.digest", b"").decode(errors="replace")
     spec = meta.get("r3store.spec", b"")
     try:
         spec_text = spec.decode("utf-8")
     except UnicodeDecodeError:
         raise FormatError(path, "r3store.spec metadata is not UTF-8") from None
-    computed = table_digest(table, version, spec_text, path)
+    computed = table_digest(table, version, spec_text, path, extra=extra)
     if stored != computed:
         raise ChecksumError(path, (), f"sample table digest {stored[:60]!r} does not match its content ({computed})")
 

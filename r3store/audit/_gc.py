@@ -81,7 +81,7 @@ def collect_garbage(
     """
     backend = open_backend(url, storage_options)
     if not backend.exists(MANIFEST_KEY):
-        raise NotAStoreError(backend.url)
+        raise NotAStoreError.missing_manifest(backend)
     now = time.time()
     committed = set(committed_commits(backend))
     listing = backend.list_info("")

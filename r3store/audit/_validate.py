@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from r3store._checks import parse_int
-from r3store._format import ArrayGeometry, array_key, parse_ranges
+from r3store._format import INDEX_PREFIX, ArrayGeometry, array_key, parse_ranges, parse_table_key
 from r3store._spec import ModelSpec
 from r3store._validate import repeated_ids
 from r3store.audit._findings import KINDS, Finding, RowRuns, ValidationReport, format_rows, make_finding
@@ -49,7 +49,7 @@ from r3store.audit._scan import (
     select_samples,
 )
 from r3store.errors import ChecksumError, FormatError, ObjectNotFoundError, UnknownCodecError
-from r3store.reader import RouteReader, checkpoint_keys, load_checkpoint, read_all_rows
+from r3store.reader import RouteReader, checkpoint_keys, load_checkpoint, read_all_rows, table_keys
 
 __all__ = ["plan_validate", "validate"]
 
@@ -349,6 +349,9 @@ def _checkpoint_findings(store: RouteReader) -> list[Finding]:
     tables = read_all_rows(store.backend, store.manifest)  # from the sample tables, not a checkpoint
     by_commit = tables.sort_by([("commit", "ascending"), ("row_start", "ascending")])
     commits = set(by_commit.column("commit").to_pylist())
+    newest_bucket = {commit: max((parse_table_key(k) or (None, ""))[0] or "" for k in found)
+                     for commit, found in table_keys(store.backend.list_prefix(INDEX_PREFIX), store.manifest.version,
+                                                     store.backend.path_of).items()}
     out = []
     for key in keys:
         with warnings.catch_warnings(record=True) as caught:
@@ -362,6 +365,14 @@ def _checkpoint_findings(store: RouteReader) -> list[Finding]:
         if absent:
             out.append(make_finding("checkpoint", array=key, detail=f"covers {len(absent)} commit(s) with no sample "
                                                                    f"table, e.g. {absent[0]!r}"))
+            continue
+        hidden = sorted(c for c, bucket in newest_bucket.items()
+                        if c not in loaded.info.commits and bucket < loaded.info.watermark)
+        if hidden:
+            out.append(make_finding("checkpoint", array=key, detail=(
+                f"{len(hidden)} committed commit(s) lie only in buckets older than its watermark "
+                f"{loaded.info.watermark} and are not covered, e.g. {hidden[0]!r}: readers using it do not see "
+                "them (a writer whose clock was behind the store's, FORMAT.md section 12.2)")))
             continue
         mine = loaded.table.sort_by([("commit", "ascending"), ("row_start", "ascending")])
         theirs = by_commit.filter(pc.is_in(by_commit.column("commit"),

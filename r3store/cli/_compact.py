@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import echo_json, handle_errors, parse_storage_options, storage_option_flag
 
 __all__ = ["compact"]
 
@@ -26,7 +24,7 @@ def compact(url: str, as_json: bool, storage_options: tuple[str, ...]) -> None:
 
     result = compact_store(url, storage_options=parse_storage_options(storage_options))
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        echo_json(result.to_dict())
     elif result.key is None:
         click.echo("no commits: nothing to compact")
     elif not result.written:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 import click
 from rich.table import Table
 from rich.text import Text
 
-from r3store.cli._options import handle_errors, make_console, parse_storage_options, storage_option_flag
+from r3store.cli._options import echo_json, handle_errors, make_console, parse_storage_options, storage_option_flag
 
 __all__ = ["gc", "parse_duration"]
 
@@ -48,8 +47,7 @@ def gc(url: str, older_than: str, delete: bool, as_json: bool, storage_options: 
     else:
         found = [item for item in everything if item.age_s >= threshold]
     if as_json:
-        click.echo(json.dumps({"deleted": delete, "leftovers": [f.to_dict() for f in found],
-                               "kept_younger": len(younger)}, indent=2))
+        echo_json({"deleted": delete, "leftovers": [f.to_dict() for f in found], "kept_younger": len(younger)})
         return
     console = make_console()
     if found:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
@@ -10,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from r3store.cli._options import handle_errors, make_console, parse_storage_options, storage_option_flag
+from r3store.cli._options import echo_json, handle_errors, make_console, parse_storage_options, storage_option_flag
 
 __all__ = ["inspect", "render_summary"]
 
@@ -76,6 +75,6 @@ def inspect(url: str, as_json: bool, cache_dir: str | None, storage_options: tup
                              reader={"on_duplicate": "report", "cache_dir": cache_dir})
     summary = summarize(store)
     if as_json:
-        click.echo(json.dumps(summary, indent=2))
+        echo_json(summary)
     else:
         render_summary(summary, make_console())

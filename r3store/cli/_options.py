@@ -10,16 +10,60 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 from rich.console import Console
+from rich.segment import Segment
 from rich.text import Text
 
 from r3store.errors import R3StoreError
 
-__all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_OK", "error_line", "exit_on_error", "handle_errors", "make_console",
-           "parse_storage_options", "storage_option_flag", "styled"]
+__all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_OK", "SafeConsole", "echo_json", "error_line", "exit_on_error",
+           "handle_errors", "json_text", "make_console", "parse_storage_options", "printable", "storage_option_flag",
+           "styled"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+
+def printable(text: str, *, keep: str = "") -> str:
+    """The one escaping rule for user data the CLI prints (ids, metadata, reasons, messages).
+
+    Every character that Python does not call printable (``str.isprintable``: C0 and C1
+    control characters such as ESC ``\\x1b`` and CSI ``\\x9b``, DEL, line and paragraph
+    separators, format characters such as the bidirectional override ``\\u202e``) is
+    written as its Python escape (``\\x1b``, ``\\u202e``, ``\\n``), as ``repr`` writes
+    it; every other character is kept. Characters in ``keep`` (the layout's own line
+    breaks) are kept too. No byte of user data can then move the cursor, retitle or clear a
+    terminal, or reorder what follows it.
+
+    Examples
+    --------
+    >>> printable("ok\\x1b]0;pwned\\x07 \\u202eevil")
+    'ok\\\\x1b]0;pwned\\\\x07 \\\\u202eevil'
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
+def json_text(doc: Any) -> str:
+    """``doc`` as indented JSON with every non-ASCII and control character escaped (``\\uXXXX``):
+    what every ``--json`` prints (DEL, which JSON leaves raw, is escaped too)."""
+    return json.dumps(doc, indent=2, ensure_ascii=True).replace("\x7f", "\\u007f")
+
+
+def echo_json(doc: Any) -> None:
+    """Print ``doc`` as JSON (:func:`json_text`)."""
+    click.echo(json_text(doc))
+
+
+class SafeConsole(Console):
+    """A rich console that applies :func:`printable` to every text it renders (not to the
+    style codes rich adds itself), so no command can print a raw control character of user
+    data, whichever string or table it builds."""
+
+    def _render_buffer(self, buffer: Any) -> str:
+        safe = (s if s.control else Segment(printable(s.text, keep="\n"), s.style, s.control) for s in buffer)
+        return super()._render_buffer(safe)
 
 
 def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -53,14 +97,15 @@ def storage_option_flag(func: F) -> F:
 
 
 def make_console(*, stderr: bool = False) -> Console:
-    """A rich console that never reads markup in what it prints.
+    """A rich console that never reads markup in what it prints, and escapes control characters.
 
     Sample ids, URLs, commit names, reasons and exception texts (botocore's contain
     ``[/:]``) are data: printed verbatim, never as rich markup (``[bold]x`` stays
     ``[bold]x``, ``[/]`` cannot raise ``MarkupError``). Styles are given as
-    :class:`rich.text.Text` spans (:func:`styled`) instead.
+    :class:`rich.text.Text` spans (:func:`styled`) instead. Control characters are
+    escaped (:class:`SafeConsole`, :func:`printable`).
     """
-    return Console(stderr=stderr, markup=False, highlight=False)
+    return SafeConsole(stderr=stderr, markup=False, highlight=False)
 
 
 def styled(*parts: str | tuple[str, str]) -> Text:

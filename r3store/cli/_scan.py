@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -81,7 +80,10 @@ def on_ray(address: str, description: str, enabled: bool, scan: Callable[[Any, A
 
 
 def echo_json(doc: Any) -> None:
-    click.echo(json.dumps(doc, indent=2))
+    """Print ``doc`` as JSON, control and non-ASCII characters escaped (the CLI's one rule)."""
+    from r3store.cli._options import echo_json as echo
+
+    echo(doc)
 
 
 class MissingExtra(click.ClickException):

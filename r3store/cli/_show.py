@@ -10,14 +10,22 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from r3store.cli._options import handle_errors, make_console, parse_storage_options, storage_option_flag, styled
+from r3store.cli._options import (
+    handle_errors,
+    make_console,
+    parse_storage_options,
+    printable,
+    storage_option_flag,
+    styled,
+)
 from r3store.cli._scan import echo_json
 from r3store.errors import OptionError
 
-__all__ = ["render_show", "show"]
+__all__ = ["layers_that_fit", "render_show", "show"]
 
 MAX_TABLE_LAYERS = 8
-"""Layers shown in the table when --layers is not given (wider tables are unreadable)."""
+"""Layers shown in the table when --layers is not given and the terminal is wide enough for more
+(wider tables are unreadable); fewer when fewer fit (:func:`layers_that_fit`)."""
 
 
 def _span(start: int, stop: int) -> str:
@@ -43,13 +51,30 @@ def _cell_width(console: Console, num_layers: int, row_digits: int) -> int:
     return max(6, (console.width - borders) // max(1, num_layers) - 3)
 
 
+def layers_that_fit(width: int, *, num_experts: int, top_k: int, row_digits: int) -> int:
+    """How many layer columns fit ``width`` characters with each cell's top-k ids on one line
+    (at least 1, at most :data:`MAX_TABLE_LAYERS`).
+
+    Examples
+    --------
+    >>> layers_that_fit(80, num_experts=128, top_k=8, row_digits=3)  # "127,127,...": 31 characters a cell
+    2
+    >>> [layers_that_fit(w, num_experts=64, top_k=6, row_digits=4) for w in (80, 240)]
+    [3, 8]
+    """
+    cell = max(6, top_k * (len(str(max(num_experts - 1, 0))) + 1) - 1)
+    borders = 1 + (row_digits + 3)
+    return max(1, min(MAX_TABLE_LAYERS, (width - borders) // (cell + 3)))
+
+
 def render_show(result: dict[str, Any], console: Console) -> None:
     """Print a :func:`r3store.audit.show` result: rows x layers, each cell the top-k ids.
 
-    Cells break after commas to fit the console width; a number is never split.
+    Cells break after commas to fit the console width; a number is never split. The sample
+    id and the quarantine reason are escaped (:func:`r3store.cli._options.printable`).
     """
-    flag = ", quarantined: " + (result["reason"] or "") if result["quarantined"] else ""
-    title = (f"{result['sample_id']}: {result['num_tokens']:,} tokens, {result['num_rows']:,} rows{flag}; "
+    flag = ", quarantined: " + printable(result["reason"] or "") if result["quarantined"] else ""
+    title = (f"{printable(result['sample_id'])}: {result['num_tokens']:,} tokens, {result['num_rows']:,} rows{flag}; "
              f"rows {result['row_start']}-{result['row_stop'] - 1}, "
              f"top-{result['top_k']} of {result['num_experts']} experts")
     if result["missing_rows"]:
@@ -90,8 +115,8 @@ def _parse(value: str | None, parser: Any, hint: str) -> Any:
 @click.argument("url")
 @click.argument("sample_id")
 @click.option("--layers", default=None, metavar="LIST",
-              help=f"Decoder layers, e.g. '2,3,10-12' (default: the first {MAX_TABLE_LAYERS} MoE layers in the "
-                   "table, every MoE layer with --json).")
+              help=f"Decoder layers, e.g. '2,3,10-12' (default: as many of the first MoE layers as fit the "
+                   f"terminal, up to {MAX_TABLE_LAYERS}, in the table; every MoE layer with --json).")
 @click.option("--rows", default=None, metavar="A:B",
               help="Rows within the sample, counted from 0, e.g. '0:64' (default: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print the ids as JSON (schema/cli-show.schema.json).")
@@ -101,8 +126,8 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
          storage_options: tuple[str, ...]) -> None:
     """Show the expert ids of SAMPLE_ID in the store at URL: rows x layers, each cell the top-k ids.
 
-    The table shows the first 8 MoE layers unless --layers names others (--json
-    gives every MoE layer); cells break after commas to fit the terminal. Quarantined
+    The table shows as many of the first MoE layers as fit the terminal with each cell's
+    ids on one line (up to 8) unless --layers names others (--json gives every MoE layer). Quarantined
     samples are shown too. Cells with ids >= num_experts are red, cells repeating an id
     yellow.
     """
@@ -115,8 +140,10 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
     store = RouteReader.open(url, storage_options=parse_storage_options(storage_options),
                              reader={"on_duplicate": "first"})
     console = make_console()
-    if chosen is None and not as_json and store.spec.num_moe_layers > MAX_TABLE_LAYERS:
-        chosen = list(store.spec.moe_layers[:MAX_TABLE_LAYERS])
+    fit = layers_that_fit(console.width, num_experts=store.spec.num_experts, top_k=store.spec.top_k,
+                          row_digits=6)  # rows up to 999,999
+    if chosen is None and not as_json and store.spec.num_moe_layers > fit:
+        chosen = list(store.spec.moe_layers[:fit])
         console.print(f"showing MoE layers {chosen[0]}..{chosen[-1]} of {store.spec.num_moe_layers}; "
                       "pick others with --layers (--json shows all)", highlight=False)
     try:

@@ -39,6 +39,8 @@ from r3store.errors import ChecksumError, CodecError, FormatError
 __all__ = [
     "BitpackCodec",
     "MAX_DECODE_IDS",
+    "MAX_ZERO_TAIL_IDS",
+    "check_zero_tail",
     "pack_bits",
     "pack_bits_reference",
     "unpack_bits",
@@ -54,7 +56,30 @@ MAX_BITS = 16
 MAX_DECODE_IDS = 1 << 26
 """Most ids :meth:`BitpackCodec.decode` allocates on its own (a frame of more decodes only
 into an ``out`` of its size): a forged header cannot ask for more memory (256 MiB of int32)."""
+MAX_ZERO_TAIL_IDS = 1 << 18
+"""Most zero ids past its payload (``n_total - n_encoded``) a frame may declare when
+:meth:`BitpackCodec.decode` allocates (no ``out``) and through the zarr entry point. With
+``n_encoded <= 8 * len(frame)`` this bounds the allocation by its input: at most
+``4 * (8 * len(frame) + MAX_ZERO_TAIL_IDS)`` bytes (32 bytes per frame byte plus 1 MiB),
+so a 24-byte frame cannot ask for 256 MiB. Writers trim trailing zero ids only in the last
+chunk of an array, whose zero tail is shorter than one chunk (128 x 4 x 8 = 4,096 ids by
+default; 131,072 at r3store 0.2's 4,096-row chunks); store reads decode into ``out``
+buffers sized from the checked array geometry and are not limited by it."""
 _FRAME = "r3store.bitpack frame"
+
+
+def check_zero_tail(n_total: int, n_encoded: int, nbytes: int) -> None:
+    """Refuse a frame of ``nbytes`` whose ids past the payload exceed :data:`MAX_ZERO_TAIL_IDS`
+    (what bounds decoding by its input).
+
+    Raises
+    ------
+    r3store.errors.FormatError
+    """
+    if n_total - n_encoded > MAX_ZERO_TAIL_IDS:
+        raise FormatError(_FRAME, f"a frame of {nbytes:,} bytes declares {n_total:,} ids, {n_total - n_encoded:,} of "
+                                  f"them zeros past its payload: more than the {MAX_ZERO_TAIL_IDS:,} decode allocates "
+                                  "for a frame on its own (pass out= of the chunk's size)")
 
 
 def _codec_error(name: str, value: object, fault: str) -> CodecError:
@@ -233,7 +258,9 @@ class BitpackCodec(Codec):
             ``tag``.
         r3store.errors.FormatError
             Not a valid frame; ``out`` has the wrong size; or, without ``out``, the frame
-            declares more than :data:`MAX_DECODE_IDS` ids.
+            declares more than :data:`MAX_DECODE_IDS` ids or more than
+            :data:`MAX_ZERO_TAIL_IDS` zero ids past its payload (decoding allocates at most
+            32 bytes per frame byte plus 1 MiB; pass ``out`` for larger zero tails).
         """
         data = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf.view(np.uint8).reshape(-1)
         if out is not None and (not isinstance(out, np.ndarray) or out.dtype.kind not in "iu"
@@ -252,6 +279,7 @@ class BitpackCodec(Codec):
             if n_total > MAX_DECODE_IDS:
                 raise FormatError(_FRAME, f"header declares {n_total:,} ids, more than the "
                                           f"{MAX_DECODE_IDS:,} decode allocates without out")
+            check_zero_tail(n_total, n_encoded, len(data))
             out = np.empty(n_total, dtype=np.int32)
         elif out.size != n_total:
             raise FormatError(_FRAME, f"out holds {out.size} ids, the frame {n_total}")

@@ -10,6 +10,7 @@ checked against their place (r3store's own reader checks them).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,8 @@ import numpy as np
 from zarr.abc.codec import ArrayBytesCodec
 from zarr.core.common import parse_named_configuration
 
-from r3store.codecs._bitpack import BitpackCodec
+from r3store.codecs._bitpack import MAGIC, BitpackCodec, check_zero_tail
+from r3store.errors import FormatError
 
 if TYPE_CHECKING:
     from typing import Self
@@ -65,7 +67,16 @@ class ZarrBitpackCodec(ArrayBytesCodec):
             raise TypeError(f"{BitpackCodec.codec_id} needs an integer data type, got {dtype}")
 
     async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
-        # into an array of the chunk's shape: a header declaring more ids is refused, not allocated
+        # the header is checked against the chunk's shape before anything is allocated: a frame
+        # of another size, or one asking for more zeros than MAX_ZERO_TAIL_IDS, is refused
+        data = chunk_bytes.as_numpy_array().view(np.uint8).reshape(-1)
+        want = math.prod(chunk_spec.shape)
+        if len(data) >= 16 and bytes(data[:4]) == MAGIC:
+            n_total, n_encoded = (int(v) for v in data[8:16].view("<u4"))
+            if n_total != want:
+                raise FormatError("r3store.bitpack frame", f"frame of another chunk size: out holds {want} ids, the "
+                                                           f"frame {n_total} (chunk shape {tuple(chunk_spec.shape)})")
+            check_zero_tail(n_total, min(n_encoded, n_total), len(data))
         out = np.empty(chunk_spec.shape, dtype=chunk_spec.dtype.to_native_dtype())
         BitpackCodec(self.bits, self.frame_version).decode(chunk_bytes.as_numpy_array(), out=out)
         return chunk_spec.prototype.nd_buffer.from_numpy_array(out)

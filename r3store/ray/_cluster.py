@@ -43,11 +43,35 @@ def r3store_errors() -> Iterator[None]:
     ``FormatError``, ...), chained to Ray's wrapper, so callers catch it as in one process."""
     try:
         yield
-    except ray.exceptions.RayTaskError as exc:
-        cause = getattr(exc, "cause", None)
-        if isinstance(cause, R3StoreError):
+    except R3StoreError as exc:
+        if isinstance(exc, ray.exceptions.RayTaskError):  # Ray's dual class: the original, not the wrapper
+            cause = _r3store_cause(exc)
+            if cause is not None:
+                raise cause from exc
+        raise
+    except Exception as exc:  # Ray Data may wrap the task's error in its own exceptions
+        cause = _r3store_cause(exc)
+        if cause is not None:
             raise cause from exc
         raise
+
+
+def _r3store_cause(exc: BaseException) -> R3StoreError | None:
+    """The r3store error a (possibly wrapped) Ray task error carries, if any: the ``cause`` of a
+    ``RayTaskError`` (the exception the task raised, deserialized), searched along ``__cause__``."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        cause = getattr(current, "cause", None)
+        if isinstance(cause, R3StoreError) and not isinstance(cause, ray.exceptions.RayTaskError):
+            return cause
+        if isinstance(cause, BaseException) and cause is not current:
+            found = _r3store_cause(cause) if id(cause) not in seen else None
+            if found is not None:
+                return found
+        current = current.__cause__
+    return None
 
 
 def object_store_bytes(value: Any) -> int:

@@ -32,6 +32,7 @@ from r3store._checks import config_fields, merge_config, parse_choice
 from r3store._deprecated import warn
 from r3store._spec import ModelSpec
 from r3store.errors import OptionError
+from r3store.ray._cluster import r3store_errors
 from r3store.reader import RouteReader, committed_commits
 from r3store.storage import Backend, open_backend
 from r3store.writer import RouteWriter, WriterConfig, WriterConfigDict
@@ -380,9 +381,10 @@ def write_routes(
         ``write_id`` was used before.
     r3store.errors.SpecMismatchError, r3store.errors.NotAStoreError
         As :class:`r3store.RouteWriter` (before any task runs).
-    Exception
-        A task's error (e.g. a ``RouteValidationError`` naming the sample) as Ray Data
-        raises it; the commits made before it stay (each whole and readable).
+    r3store.errors.R3StoreError
+        A task's error (e.g. an ``ExpertIdError`` naming the sample) as the class it was
+        raised as (unwrapped from Ray's ``RayTaskError``); the commits made before it stay
+        (each whole and readable). Other task errors as Ray Data raises them.
 
     Examples
     --------
@@ -395,6 +397,8 @@ def write_routes(
     settings, cols = _sink_settings(config, columns, dict(deprecated))
     sink = RouteDatasink(url, spec, config=settings, columns=cols, storage_options=storage_options,
                          write_id=write_id)
-    ds.write_datasink(sink, concurrency=concurrency, ray_remote_args=dict(ray_remote_args or {}))
+    sink.on_write_start()  # on the driver, before Ray runs anything: a reused write_id, a spec mismatch
+    with r3store_errors():  # a task's error reaches the caller as the r3store error it was
+        ds.write_datasink(sink, concurrency=concurrency, ray_remote_args=dict(ray_remote_args or {}))
     assert sink.summary is not None, "on_write_complete sets the summary"
     return sink.summary

@@ -206,9 +206,9 @@ def load_checkpoint(backend: Backend, manifest: Manifest, *, max_sample_rows: in
     Warns
     -----
     r3store.errors.CheckpointWarning
-        For each checkpoint skipped: damaged, partial, of another spec, or deleted while
-        being read. The next older one is tried; with none left the caller reads the
-        sample tables.
+        For each checkpoint skipped: damaged, partial, of another spec, of another store
+        (format v3: its ``store_id`` differs from the manifest's), or deleted while being read.
+        The next older one is tried; with none left the caller reads the sample tables.
     """
     if manifest.version < 2:
         return None
@@ -217,7 +217,8 @@ def load_checkpoint(backend: Backend, manifest: Manifest, *, max_sample_rows: in
         path = backend.path_of(key)
         try:
             table, info = read_checkpoint(bytes(backend.get(key)), path, spec=manifest.spec,
-                                          spec_source=backend.path_of(MANIFEST_KEY), max_sample_rows=cap)
+                                          spec_source=backend.path_of(MANIFEST_KEY), max_sample_rows=cap,
+                                          version=manifest.version, store_id=manifest.store_id)
         except (FormatError, ObjectNotFoundError) as exc:
             fault = exc.fault if isinstance(exc, FormatError) else "deleted while being read"
             warnings.warn(CheckpointWarning(path, fault), stacklevel=3)
@@ -407,7 +408,7 @@ class SampleCatalog:
                                                               f"differs from {keys[0]}")
             table = read_table(blob, backend.path_of(keys[0]), commit, version=self.manifest.version,
                                spec=self.manifest.spec, spec_source=backend.path_of(MANIFEST_KEY),
-                               max_sample_rows=self.max_sample_rows)
+                               max_sample_rows=self.max_sample_rows, store_id=self.manifest.store_id)
             self.array_rows[array_key(commit)] = array_rows(table)
             tables.append(self._narrow(table))
         return tables

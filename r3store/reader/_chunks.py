@@ -36,6 +36,7 @@ from r3store._format import (
     loads_document,
     position_tag,
     route_codec,
+    tag_prefix,
 )
 from r3store._spec import ModelSpec
 from r3store.codecs import BitpackCodec, Codec, SupportsBinding, SupportsFrameSize, get_codec, kernels
@@ -46,6 +47,7 @@ from r3store.errors import (
     OptionError,
     SpecConflictError,
     SpecError,
+    StoreIdentityError,
     UnknownCodecError,
 )
 from r3store.storage import Backend, ByteRange, SuffixByteRange
@@ -169,6 +171,9 @@ class ChunkReader:
         if self.manifest.version >= 2 and ours.get("format_version") != self.manifest.version:
             raise FormatError(path, f"attributes.r3store.format_version is {ours.get('format_version')!r} in a "
                                     f"format version {self.manifest.version} store")
+        if self.manifest.version >= 3 and ours.get("store_id") != self.manifest.store_id:
+            raise StoreIdentityError(path, self.manifest.store_id, str(ours.get("store_id"))[:64],
+                                     "route array document")
         try:
             found = ModelSpec.from_dict(ours.get("spec", {})).to_dict()
         except SpecError as exc:
@@ -413,10 +418,10 @@ class ChunkReader:
         size, output row, output layer, row chunk and layer chunk. A frame that fails is
         decoded again alone, which names its fault."""
         assert out is not None
-        commit = array.removeprefix(ROUTES_PREFIX)
+        prefix = self._tag_prefix(array.removeprefix(ROUTES_PREFIX))
         failed = kernels.decode_frames(blob, cols[0], cols[1], cast(BitpackCodec, codec).bits, out, cols[2], cols[3],
                                        chunk_rows=geometry.chunk_rows, layers_per_chunk=geometry.layers_per_chunk,
-                                       tag_prefix=commit if bound else None, row_chunks=cols[4], layer_chunks=cols[5])
+                                       tag_prefix=prefix if bound else None, row_chunks=cols[4], layer_chunks=cols[5])
         if failed < 0:
             return
         rel, nbytes, _, _, c, b = (int(v) for v in cols[:, failed])
@@ -455,7 +460,7 @@ class ChunkReader:
         if len(frame) != nbytes:
             raise FormatError(key, f"storage object ends before chunk {(c, b, 0)} does (its index gives it "
                                    f"bytes [{offset}, {offset + nbytes}))")
-        tag = position_tag(array.removeprefix(ROUTES_PREFIX), c, b) if bound else None
+        tag = position_tag(self._tag_prefix(array.removeprefix(ROUTES_PREFIX)), c, b) if bound else None
         try:
             return _decode(codec, frame, shape, array, (c, b, 0), tag, dest)
         except ChecksumError as exc:
@@ -554,9 +559,14 @@ class ChunkReader:
         candidates = itertools.chain(((own, c, b) for c, b in places), ((o, *chunk) for o in others),
                                      ((o, c, b) for o in others for c, b in places))
         for commit, c, b in itertools.islice(candidates, MAX_PLACE_SEARCH):
-            if position_tag(commit, c, b) == tag:
+            if position_tag(self._tag_prefix(commit), c, b) == tag:
                 return f"frame belongs to chunk {(c, b, 0)} of {ROUTES_PREFIX}{commit}, not to this one"
-        return f"frame carries position tag {tag:#010x}: it was written for another place"
+        where = " (or another store)" if self.manifest.store_id is not None else ""
+        return f"frame carries position tag {tag:#010x}: it was written for another place{where}"
+
+    def _tag_prefix(self, commit: str) -> str:
+        """Position tags of ``commit``'s frames hash this, then ``/<row chunk>/<layer chunk>``."""
+        return tag_prefix(commit, self.manifest.store_id if self.manifest.version >= 3 else None)
 
     def _remember(self, array: str, c: int, b: int, chunk: np.ndarray) -> None:
         self._chunks[(array, c, b)] = chunk

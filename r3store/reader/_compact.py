@@ -24,11 +24,11 @@ from r3store._format import (
     watermark_of,
     write_checkpoint,
 )
-from r3store.errors import FormatVersionError, NotAStoreError, ObjectNotFoundError
+from r3store.errors import FormatVersionError, NotAStoreError, ObjectNotFoundError, StorageError
 from r3store.reader._catalog import SampleCatalog
 from r3store.storage import Backend, open_backend
 
-__all__ = ["CompactResult", "compact"]
+__all__ = ["CompactResult", "compact", "store_time"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,21 @@ class CompactResult:
                 "nbytes": self.nbytes, "watermark": self.watermark}
 
 
+def store_time(backend: Backend) -> datetime | None:
+    """The store's current time: the timestamp the storage gives a temporary object written now
+    (``index/.clock-<random>``, ignored by readers and deleted at once); None if it gives none."""
+    key = f"index/.clock-{uuid.uuid4().hex}"
+    try:
+        backend.set(key, b"")
+        try:
+            mtime = backend.info(key).mtime
+        finally:
+            backend.delete(key)
+    except (StorageError, NotImplementedError):
+        return None
+    return None if mtime is None or mtime <= 0 else datetime.fromtimestamp(mtime, UTC)
+
+
 def compact(url: str | os.PathLike[str] | Backend, *, storage_options: Mapping[str, Any] | None = None,
             clock: Any = None) -> CompactResult:
     """Write a checkpoint of every sample committed so far (FORMAT.md section 11).
@@ -75,7 +90,10 @@ def compact(url: str | os.PathLike[str] | Backend, *, storage_options: Mapping[s
     storage_options : mapping, optional
         Passed to fsspec.
     clock : callable, optional
-        Returns the current UTC datetime (tests).
+        Returns the current UTC datetime (tests). The checkpoint's time is the earlier of it
+        and the store's own time (the timestamp the storage gives a probe object written just
+        before the listing, FORMAT.md section 12.2), so a clock ahead of the store's cannot
+        put the watermark past a table that lands after the listing.
 
     Returns
     -------
@@ -117,13 +135,13 @@ def compact(url: str | os.PathLike[str] | Backend, *, storage_options: Mapping[s
     try:
         raw = backend.get(MANIFEST_KEY)
     except ObjectNotFoundError as exc:
-        raise NotAStoreError(backend.url) from exc
+        raise NotAStoreError.missing_manifest(backend) from exc
     path = backend.path_of(MANIFEST_KEY)
     manifest = parse_manifest(loads_document(raw, path), path)
     if manifest.version < 2:
         raise FormatVersionError(path, f"format version {manifest.version} stores are read-only; checkpoints need "
                                        "format version 2 (write new rollouts to a new store)")
-    listed_at = now()  # before the listing: a table missing from it lands after this time
+    listed_at = min(now(), store_time(backend) or now())  # before the listing: a table missing from it lands later
     catalog = SampleCatalog(backend, manifest, on_duplicate="report")
     rows = catalog.all_rows
     commits = len(catalog.commits)
@@ -132,7 +150,8 @@ def compact(url: str | os.PathLike[str] | Backend, *, storage_options: Mapping[s
                              nbytes=0, watermark=catalog.watermark)
     if not commits:
         return CompactResult(key=None, written=False, commits=0, samples=0, nbytes=0, watermark=None)
-    blob = write_checkpoint(rows, json.dumps(manifest.spec.to_dict()), listed_at=listed_at)
+    blob = write_checkpoint(rows, json.dumps(manifest.spec.to_dict()), listed_at=listed_at,
+                            version=manifest.version, store_id=manifest.store_id)
     key = checkpoint_key(commits, uuid.uuid4().hex)
     backend.set_if_absent(key, blob)  # a fresh random name: never taken
     return CompactResult(key=key, written=True, commits=commits, samples=rows.num_rows, nbytes=len(blob),

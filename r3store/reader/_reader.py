@@ -127,7 +127,7 @@ class RouteReader:
         try:
             raw = backend.get(MANIFEST_KEY)
         except ObjectNotFoundError as exc:
-            raise NotAStoreError(backend.url) from exc
+            raise NotAStoreError.missing_manifest(backend) from exc
         path = backend.path_of(MANIFEST_KEY)
         manifest = parse_manifest(loads_document(raw, path), path)
         return cls(backend, manifest, reader=options)

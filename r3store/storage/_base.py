@@ -90,6 +90,12 @@ class Backend(ABC):
         """Human-readable location of ``key`` for messages."""
         return f"{self.url}/{key}"
 
+    def missing_root(self) -> str | None:
+        """Why the store's root cannot hold a store at all (a folder or bucket that does not
+        exist), for the message of a missing manifest; None when it exists or cannot be told.
+        Backends override it; the base cannot tell."""
+        return None
+
     @abstractmethod
     def get(self, key: str, byte_range: ByteRange | SuffixByteRange | None = None) -> bytes | memoryview:
         """Read an object, or a byte range of it.

@@ -211,6 +211,9 @@ class CachingBackend(Backend):
     def info(self, key: str) -> ObjectInfo:
         return self.inner.info(key)
 
+    def missing_root(self) -> str | None:
+        return self.inner.missing_root()
+
     def close(self) -> None:
         self.inner.close()
         self.local.close()

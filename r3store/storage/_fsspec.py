@@ -240,6 +240,22 @@ class FsspecBackend(Backend):
                 sizes[rel] = ObjectInfo(size=int(info.get("size") or 0), mtime=_mtime(info))
         return dict(sorted(sizes.items()))
 
+    def missing_root(self) -> str | None:
+        """For object stores (``s3://``, ``gs://``, ...): the bucket of the URL does not exist."""
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        if protocol in ("file", "local", "memory"):
+            return None
+        bucket = self.fs._strip_protocol(self.root).split("/", 1)[0]
+        try:
+            self.fs.invalidate_cache(bucket)
+            exists = self.fs.exists(bucket)
+        except Exception:  # noqa: BLE001 - a message helper: anything it cannot tell is "unknown"
+            return None
+        if exists:
+            return None
+        hint = " (S3 NoSuchBucket)" if protocol in ("s3", "s3a") else ""
+        return f"the bucket {bucket!r} does not exist{hint}: create it first, or check the URL and endpoint"
+
     def info(self, key: str) -> ObjectInfo:
         with map_storage_errors(self.path_of(key)):
             info = self._fresh_info(self._path(key))

@@ -120,6 +120,11 @@ class LocalBackend(Backend):
                 self._files.popitem(last=False)  # closed when no read holds it any more
         return handle
 
+    def missing_root(self) -> str | None:
+        if self.root.is_dir():
+            return None
+        return f"the folder {str(self.root)!r} does not exist" if not self.root.exists() else "it is not a folder"
+
     def get(self, key: str, byte_range: ByteRange | SuffixByteRange | None = None) -> bytes | memoryview:
         with map_storage_errors(self.path_of(key)):
             if byte_range is None:

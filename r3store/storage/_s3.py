@@ -19,24 +19,30 @@ from typing import Any
 from r3store._checks import is_int
 from r3store.errors import StorageError
 
-__all__ = ["S3_CONFIG_DEFAULTS", "S3FS_RETRIES_DEFAULT", "s3_options"]
+__all__ = ["S3FS_RETRIES_DEFAULT", "S3_CONFIG_DEFAULTS", "S3_STALL_BOUND_S", "s3_options"]
 
 S3_CONFIG_DEFAULTS: dict[str, Any] = {
     "connect_timeout": 5,
-    "read_timeout": 10,
+    "read_timeout": 5,
     "retries": {"total_max_attempts": 3, "mode": "standard"},
 }
 """botocore ``Config`` defaults r3store sets for S3 (``config_kwargs``; each key given by the
-user wins, and each key of a ``retries`` mapping): 5 s to connect, 10 s without a byte of a
-response (a stalled response), 3 attempts per request in all (``total_max_attempts``) in botocore's standard retry mode
-(5xx, throttling, dropped connections, timeouts)."""
+user wins, and each key of a ``retries`` mapping): 5 s to connect, 5 s without a byte of a
+response (a stalled response), 3 attempts per request in all (``total_max_attempts``) in
+botocore's standard retry mode (5xx, throttling, dropped connections, timeouts)."""
 
 S3FS_RETRIES_DEFAULT = 2
 """Attempts of s3fs's own retry loop around botocore's (``storage_options["retries"]``; s3fs's
-default is 5). s3fs runs that loop twice over (around the request and around the read of its
-body), so a read of an object whose every response stalls fails after at most ``2 x 2 x 3``
-attempts of 10 s: about two minutes (125 s measured against the loopback server), where it
-blocked forever before. Lower ``read_timeout`` or ``retries`` for a tighter bound."""
+default is 5). s3fs runs that loop twice over (around the request, and around the read of its
+body, which botocore does not retry: a connection that breaks mid-body is retried here), so a
+read whose every response stalls makes ``2 x 2 x 3 = 12`` attempts of ``read_timeout``."""
+
+S3_STALL_BOUND_S = S3FS_RETRIES_DEFAULT ** 2 * S3_CONFIG_DEFAULTS["retries"]["total_max_attempts"] * \
+    S3_CONFIG_DEFAULTS["read_timeout"]
+"""Seconds after which a read whose every response stalls fails with the defaults, s3fs's short
+back-off sleeps aside: ``2 x 2 x 3`` attempts of 5 s = 60 s (it was 120 s with a 10 s read
+timeout, and unbounded before). Tighten it with ``config_kwargs={"read_timeout": ...}`` or
+``retries``; a larger ``read_timeout`` suits links slower than 5 s to the first byte."""
 
 _BOOL = ("anon", "use_ssl", "requester_pays", "version_aware", "cache_regions", "asynchronous",
          "default_fill_cache", "fixed_upload_size", "skip_instance_cache", "use_listings_cache")

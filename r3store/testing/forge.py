@@ -37,7 +37,7 @@ __all__ = ["reseal_manifest", "reseal_table", "rewrite_table"]
 
 
 def reseal_table(data: bytes, edit: Callable[[pa.Table], pa.Table] | None = None) -> bytes:
-    """A sample table's bytes after ``edit``, with its format v2 digest recomputed (v1: unchanged).
+    """A sample table's bytes after ``edit``, with its format v2/v3 digest recomputed (v1: unchanged).
 
     Parameters
     ----------
@@ -57,9 +57,11 @@ def reseal_table(data: bytes, edit: Callable[[pa.Table], pa.Table] | None = None
     if edit is not None:
         table = edit(table)
     version = meta.get(b"r3store.version", b"").decode()
-    if version == "2":
+    if version in ("2", "3"):
         spec = meta.get(b"r3store.spec", b"").decode()
-        meta[b"r3store.digest"] = table_digest(table.replace_schema_metadata(None), version, spec).encode()
+        extra = (meta[b"r3store.store_id"].decode(),) if version == "3" and b"r3store.store_id" in meta else ()
+        meta[b"r3store.digest"] = table_digest(table.replace_schema_metadata(None), version, spec,
+                                               extra=extra).encode()
     table = table.replace_schema_metadata(meta)
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd", write_page_checksum=True)

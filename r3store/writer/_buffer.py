@@ -177,6 +177,9 @@ class SampleBuffer:
         try:
             self._check_versioned(sample, version)
             missing = find_missing_rows(sample_id, arr, self.spec) if allow_missing else None
+            if final and arr.ndim and not len(arr) and not sample.rows and num_tokens is None and tokens is None:
+                raise RowCountError(sample_id, "routes", f"has 0 rows: no routes to store ({NO_ROUTES_HINT}); a "
+                                                         "1-token sample has none: pass num_tokens=1 to store one")
             moe = check_routes(sample_id, arr, self.spec, missing=missing, allow_missing=allow_missing)
             self._check_cap(sample, len(moe))
             toks = check_tokens(sample_id, tokens) if final else None

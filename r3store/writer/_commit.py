@@ -14,12 +14,19 @@ answer was lost.
 key (found: the commit is done) and otherwise writes under the current hour. So a table that
 lands at time ``t`` has a bucket no older than the hour of ``t - 15 min`` (what
 checkpoints rely on).
+
+The writer's clock may be wrong. Before it acknowledges a commit the writer reads the
+store's timestamp of the table it wrote (file mtime, S3 ``LastModified``) and, when the
+table's bucket is older than the hour of that time less 15 minutes (a checkpoint taken just
+before it landed would not list that bucket), writes the same bytes again under the bucket
+of the store's time (FORMAT.md section 12.2), with a :class:`r3store.errors.ClockSkewWarning`.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -46,11 +53,21 @@ from r3store._format import (
     parse_manifest,
     route_codec,
     table_key,
+    tag_prefix,
+    watermark_of,
     write_table,
     zarr_group_json,
 )
 from r3store._spec import ModelSpec
-from r3store.errors import FormatVersionError, NotAStoreError, OptionError, SpecMismatchError, StorageError
+from r3store.errors import (
+    ClockSkewWarning,
+    FormatVersionError,
+    NotAStoreError,
+    OptionError,
+    SpecMismatchError,
+    StorageError,
+    StoreIdentityError,
+)
 from r3store.storage import Backend
 from r3store.writer._buffer import Sample, materialize
 
@@ -100,7 +117,8 @@ class Committer:
         The cap on rows per sample written into a new store's manifest (None: the
         default); an existing store's cap must equal it when given.
     clock : callable, optional
-        Returns the current UTC time (tests move it to exercise bucket changes).
+        Returns the current UTC time (:attr:`r3store.WriterConfig.clock`; tests move it to
+        exercise bucket changes and clock skew).
 
     Raises
     ------
@@ -128,6 +146,8 @@ class Committer:
         self.max_sample_rows = max_sample_rows or DEFAULT_MAX_SAMPLE_ROWS
         """The store's cap on rows per sample (known after :meth:`init_store`)."""
         self.clock = clock or (lambda: datetime.now(UTC))
+        self.store_id: str | None = None
+        """The store's identity (known after :meth:`init_store`)."""
         self._seq = 0
         self._pending: _Pending | None = None
 
@@ -156,6 +176,7 @@ class Committer:
                                      f"folder holds other files ({foreign[0]!r}, ...) and no r3store.json")
             self.backend.set_if_absent(MANIFEST_KEY, manifest_bytes(doc))
         manifest = self.check_spec()
+        self.store_id = manifest.store_id
         wanted = self.requested_max_sample_rows
         if wanted is not None and wanted != manifest.max_sample_rows:
             raise OptionError("max_sample_rows", wanted, f"the store at {self.backend.url} caps samples at "
@@ -185,6 +206,8 @@ class Committer:
                                            "new store)")
         if manifest.spec != self.spec:
             raise SpecMismatchError(self.backend.url, manifest.spec.to_dict(), self.spec.to_dict())
+        if self.store_id is not None and manifest.store_id != self.store_id:
+            raise StoreIdentityError(path, self.store_id, manifest.store_id, "manifest (the store was replaced)")
         return manifest
 
     # -- committing -------------------------------------------------------------------
@@ -219,7 +242,7 @@ class Committer:
             commit = f"{self.writer_id}-{self._seq:05d}"
             self._seq += 1
             attrs = {"r3store": {"commit": commit, "writer_id": self.writer_id, "spec": dict(self.spec.to_dict()),
-                                 "format_version": FORMAT_VERSION}}
+                                 "format_version": FORMAT_VERSION, "store_id": self.store_id}}
             doc = (json.dumps(geometry.to_zarr_json(attrs), indent=2) + "\n").encode()
             if self.backend.set_if_absent(f"{array_key(commit)}/zarr.json", doc):
                 break
@@ -234,12 +257,34 @@ class Committer:
             raise StorageError(self.backend.path_of(doc_key), "holds another array document than this commit's "
                                                               "(writer ids must be unique)")
         parts = (materialize(p) for s in samples for p in s.parts)  # spilled parts read back one at a time
-        for i, blob in enumerate(_encode_objects(pending.geometry, parts, pending.commit)):
+        for i, blob in enumerate(_encode_objects(pending.geometry, parts, tag_prefix(pending.commit, self.store_id))):
             self.backend.set(f"{array}/{ArrayGeometry.object_key(i)}", blob)
         key = self._table_key(pending)
+        self._put_table(key, pending)
+        self._ensure_visible(key, pending)
+
+    def _put_table(self, key: str, pending: _Pending) -> None:
         if not self.backend.set_if_absent(key, pending.table) and bytes(self.backend.get(key)) != pending.table:
             raise StorageError(self.backend.path_of(key),
                                "another writer committed this commit name (writer ids must be unique)")
+
+    def _ensure_visible(self, key: str, pending: _Pending) -> None:
+        """FORMAT.md 12.2: the table's bucket is no older than the hour of its store timestamp
+        less 15 minutes, else the same bytes go again under the bucket of the store's time."""
+        for _ in range(3):
+            landed = _store_time(self.backend, key)
+            if landed is None or pending.bucket is None or pending.bucket >= watermark_of(landed):
+                return
+            skew = (self.clock() - landed).total_seconds()
+            pending.bucket, pending.first_try = bucket_of(landed), self.clock()
+            moved = table_key(pending.commit, pending.bucket)
+            warnings.warn(ClockSkewWarning(self.backend.path_of(key), skew,
+                                           f"commit {pending.commit!r} also written to {moved} so that readers "
+                                           "using a checkpoint see it"), stacklevel=6)
+            key = moved
+            self._put_table(key, pending)
+        raise StorageError(self.backend.path_of(key), "the store's timestamps keep moving ahead of the table's "
+                                                      "bucket; commit not acknowledged")
 
     def _table_key(self, pending: _Pending) -> str:
         """Where the sample table goes on this attempt (see the module docstring)."""
@@ -276,7 +321,18 @@ class Committer:
                 **s.metadata,
             })
             start += s.rows
-        return write_table(rows, sorted(metadata_columns), json.dumps(self.spec.to_dict()))
+        return write_table(rows, sorted(metadata_columns), json.dumps(self.spec.to_dict()), store_id=self.store_id)
+
+
+def _store_time(backend: Backend, key: str) -> datetime | None:
+    """The store's timestamp of ``key`` (file mtime, S3 ``LastModified``), or None if unknown."""
+    try:
+        mtime = backend.info(key).mtime
+    except (StorageError, NotImplementedError):
+        return None
+    if mtime is None or mtime <= 0:
+        return None
+    return datetime.fromtimestamp(mtime, UTC)
 
 
 def _encode_objects(geometry: ArrayGeometry, parts: Iterator[np.ndarray], commit: str) -> Iterator[bytes]:

@@ -264,8 +264,10 @@ def decode_vllm(sample_id: str, payload: Any) -> np.ndarray:
 
     Parameters
     ----------
-    payload : ndarray, torch tensor, or str/bytes
-        A numpy array ``[seq_len - 1, L, top_k]`` of any integer dtype (int16, uint8,
+    payload : ndarray, torch tensor, str/bytes, or an output carrying ``routed_experts``
+        A vLLM ``CompletionOutput`` or a response dict is read through its
+        ``routed_experts`` (absent or None: an error saying capture is off). A numpy
+        array ``[seq_len - 1, L, top_k]`` of any integer dtype (int16, uint8,
         uint16 or int32 depending on the vLLM version), or over HTTP a base64 ``.npy``
         blob whose header carries dtype and shape. ``.npy`` is read with
         ``allow_pickle=False``: an object array is rejected, never unpickled; a header
@@ -279,11 +281,21 @@ def decode_vllm(sample_id: str, payload: Any) -> np.ndarray:
     Raises
     ------
     r3store.errors.PayloadDecodeError
-        ``payload`` is None (the engine returned no routes), not a base64 ``.npy`` blob,
+        ``payload`` is None or an output without routed experts (the engine returned no
+        routes), not a base64 ``.npy`` blob,
         or a blob that cannot be read safely.
     """
     if payload is None:
         raise PayloadDecodeError(sample_id, "routed_experts", f"is None: {NO_ROUTES_HINT}")
+    if isinstance(payload, Mapping) or hasattr(payload, "routed_experts"):  # a whole output / response
+        inner = payload.get("routed_experts") if isinstance(payload, Mapping) else payload.routed_experts
+        if inner is None:
+            keys = ", ".join(repr(k) for k in list(payload)[:8]) if isinstance(payload, Mapping) else ""
+            what = f"a {type(payload).__name__}" + (f" (keys {keys or 'none'})" if isinstance(payload, Mapping) else "")
+            raise PayloadDecodeError(sample_id, "routed_experts",
+                                     f"is missing: {what} without routed experts; is routed-expert capture enabled "
+                                     "in vLLM (the engine's option to return routed experts, and the request's)?")
+        return decode_vllm(sample_id, inner)
     if isinstance(payload, str | bytes | bytearray | memoryview):
         try:
             raw = base64.b64decode(payload, validate=True)

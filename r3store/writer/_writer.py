@@ -118,7 +118,7 @@ class RouteWriter:
                                     chunk_rows=self.config.chunk_rows,
                                     layers_per_chunk=self.config.layers_per_chunk or 1,
                                     object_bytes=self.config.object_bytes,
-                                    max_sample_rows=self.config.max_sample_rows)
+                                    max_sample_rows=self.config.max_sample_rows, clock=self.config.clock)
         self.backend = self._committer.backend
         self._closed = False
         self.commits: list[str] = []
@@ -164,7 +164,9 @@ class RouteWriter:
             Global expert ids, shape ``(rows, num_layers, top_k)`` (all decoder layers,
             dense layers as zero rows, as SGLang sends them) or ``(rows, num_moe_layers,
             top_k)``. Row ``t`` holds the experts chosen for input position ``start + t``.
-            Only MoE layers are stored.
+            Only MoE layers are stored. A sample of 0 rows (all its calls gave none) is
+            refused as "no routes", as :meth:`append_sglang` refuses an empty payload, unless
+            ``num_tokens=1`` (or one token) says it is a 1-token sample.
         num_tokens : int, optional
             Tokens of the whole sample; the sample must have ``num_tokens - 1`` rows in
             all. Defaults to ``len(tokens)``, else rows + 1. Given with the final call.

@@ -481,8 +481,8 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     routes = np.tile(np.array([[0, 1], [2, 3], [4, 5]], np.int32), (5, 1, 1))
     routes[2] = -1
     with r3store.RouteWriter(path, SPEC_3X8, config={"chunk_rows": 2}) as writer:
-        writer.append("empty", np.zeros((0, 3, 2), np.int32))
-        writer.append("empty2", np.zeros((0, 3, 2), np.int32))
+        writer.append("empty", np.zeros((0, 3, 2), np.int32), num_tokens=1)
+        writer.append("empty2", np.zeros((0, 3, 2), np.int32), num_tokens=1)
         writer.append("five", routes, allow_missing=True)
     return path
 

@@ -108,7 +108,7 @@ def test_show_defaults_to_eight_layers_and_rejects_empty_rows(tmp_path: Path) ->
     spec = r3store.ModelSpec(num_layers=12, num_experts=16, top_k=2)
     with r3store.RouteWriter(tmp_path, spec) as w:
         w.append("s", np.tile(np.array([1, 2]), (3, 12, 1)))
-    result = CliRunner().invoke(main, ["show", str(tmp_path), "s"])
+    result = CliRunner().invoke(main, ["show", str(tmp_path), "s"], env={"COLUMNS": "200"})  # 8 fit
     assert result.exit_code == 0
     assert "L7" in result.output
     assert "L8" not in result.output

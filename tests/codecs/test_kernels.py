@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 import r3store
 from r3store import decode_sglang, encode_sglang
+from r3store._format import MANIFEST_KEY, make_manifest, manifest_bytes
 from r3store._validate import check_routes
 from r3store.codecs import (
     BitpackCodec,
@@ -437,6 +438,8 @@ def test_writer_stores_identical_bytes_on_every_implementation(tmp_path: Path) -
     for name in IMPLEMENTATIONS:
         with kernels.use(name):
             where = tmp_path / name
+            where.mkdir()  # one store identity for all: format 3 frame tags include it
+            (where / MANIFEST_KEY).write_bytes(manifest_bytes(make_manifest(spec, store_id="0" * 32)))
             with r3store.RouteWriter(where, spec, config={"writer_id": "w"}) as writer:
                 writer.append_sglang("a", encode_sglang(routes), num_tokens=701)
                 writer.append("b", routes[:333, 1:], num_tokens=334)

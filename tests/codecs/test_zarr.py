@@ -38,11 +38,11 @@ def build_store(url: str) -> dict[str, np.ndarray]:
             w.append(f"a{i}", data[f"a{i}"])
         w.flush()
         data["zero"] = random_routes(rng, 0)
-        w.append("zero", data["zero"])  # an array with 0 rows
+        w.append("zero", data["zero"], num_tokens=1)  # an array with 0 rows (a 1-token sample says so)
         w.flush()
         for i, n in enumerate([5, 0, 77]):
             data[f"b{i}"] = random_routes(rng, n)
-            w.append(f"b{i}", data[f"b{i}"])
+            w.append(f"b{i}", data[f"b{i}"], num_tokens=n + 1)  # b1: 0 rows, a 1-token sample
     with r3store.RouteWriter(url, SPEC,
         config={"chunk_rows": 64, "layers_per_chunk": 8, "buffer_bytes": 3000, "writer_id": "wb"}) as w:
         for i, n in enumerate([100, 13, 51, 2, 90]):
@@ -150,7 +150,7 @@ def test_zarr_json_documents_are_valid_zarr_v3(tmp_path: Path) -> None:
         assert sharding["name"] == "sharding_indexed"
         assert sharding["configuration"]["codecs"] == [{"name": "r3store.bitpack",
                                                         "configuration": {"bits": 7, "frame_version": 2}}]
-        assert doc["attributes"]["r3store"]["format_version"] == 2
+        assert doc["attributes"]["r3store"]["format_version"] == 3
         assert doc["attributes"]["r3store"]["commit"] == meta.parent.name
         outer = doc["chunk_grid"]["configuration"]["chunk_shape"]
         inner = sharding["configuration"]["chunk_shape"]

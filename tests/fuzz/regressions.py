@@ -36,7 +36,9 @@ def build() -> dict[str, dict[str, bytes]]:
     out: dict[str, dict[str, bytes]] = {}
 
     # item 9: a frame with a valid CRC declaring 2**32 - 1 ids (16 GiB of int32 decoded)
-    out["codec"] = {"item9-frame-declares-16gib": bytes([6]) + _frame(7, 2**32 - 1, 0, b"")}
+    out["codec"] = {"item9-frame-declares-16gib": bytes([6]) + _frame(7, 2**32 - 1, 0, b""),
+                    # issue 22 item 4: 24 bytes asking for 256 MiB (within MAX_DECODE_IDS)
+                    "issue22-24-byte-frame-asks-256mib": bytes([6]) + _frame(7, 2**26 - 1, 0, b"")}
 
     # item 7: .npy headers numpy parses with tokenize/ast; a header claiming 10**12 rows
     def npy(header: str) -> bytes:
@@ -116,7 +118,72 @@ def build() -> dict[str, dict[str, bytes]]:
             t.schema.get_field_index("num_rows"), "num_rows", pa.array([2**39, *rows[1:]], pa.int64()))),
         "item4-ids-swapped-not-resealed": _swap_ids_keep_digest(table, ids),
     }
+    out["checkpoint"] = _checkpoint_inputs()
     return out
+
+
+def foreign_checkpoint(store_id: str | None = None) -> bytes:
+    """Issue 22 item 1: the checkpoint of another store whose commit has the golden v3 store's
+    name (``golden-v3-a-00000``, an explicit writer id) and other rows: a fork, a backup, a copy."""
+    import shutil
+    import tempfile
+
+    import r3store
+    from r3store._format import MANIFEST_KEY, make_manifest, manifest_bytes
+    from tests.fuzz.targets import CHECKPOINT_STORE, GOLDEN
+
+    golden = r3store.open_store(GOLDEN[CHECKPOINT_STORE][0], use_checkpoint=False)
+    root = Path(tempfile.mkdtemp(prefix="r3-foreign-"))
+    try:
+        (root / MANIFEST_KEY).write_bytes(manifest_bytes(make_manifest(golden.spec, store_id=store_id)))
+        rng = np.random.default_rng(11)
+        with r3store.RouteWriter(root, golden.spec, writer_id="golden-v3-a") as w:
+            for sid in ("a1", "a0"):  # the same ids in another order, other routes
+                rows = 30
+                routes = np.stack([np.stack([rng.permutation(32)[:2] for _ in range(3)]) for _ in range(rows)])
+                w.append(sid, routes.astype(np.int32), metadata={"step": 9})
+        key = r3store.compact(root).key
+        assert key is not None
+        return (root / key).read_bytes()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _checkpoint_inputs() -> dict[str, bytes]:
+    import io
+
+    import pyarrow.parquet as pq
+
+    from r3store._format import table_digest
+    from tests.fuzz.targets import CHECKPOINT_STORE, base_objects, checkpoint_key
+
+    blob = base_objects(CHECKPOINT_STORE)[checkpoint_key()]
+
+    def reseal(edit_meta: dict[bytes, bytes]) -> bytes:
+        t = pq.read_table(io.BytesIO(blob))
+        meta = {**dict(t.schema.metadata or {}), **edit_meta}
+        extra = (meta[b"r3store.checkpoint"].decode(),) + \
+            ((meta[b"r3store.store_id"].decode(),) if meta[b"r3store.version"] == b"3" else ())
+        meta[b"r3store.digest"] = table_digest(t.replace_schema_metadata(None), meta[b"r3store.version"].decode(),
+                                               meta[b"r3store.spec"].decode(), extra=extra).encode()
+        sink = io.BytesIO()
+        pq.write_table(t.replace_schema_metadata(meta), sink, compression="zstd", write_page_checksum=True)
+        return sink.getvalue()
+
+    t = pq.read_table(io.BytesIO(blob))
+    info = json.loads(t.schema.metadata[b"r3store.checkpoint"])
+    other = "0" * 32
+    forged = json.dumps({**info, "store_id": other}, sort_keys=True, separators=(",", ":")).encode()
+    as_v2 = json.dumps({k: v for k, v in info.items() if k != "store_id"}, sort_keys=True,
+                       separators=(",", ":")).encode()
+    return {
+        "issue22-foreign-checkpoint-same-commit-names": foreign_checkpoint(),
+        "issue22-store-id-edited-and-resealed": reseal({b"r3store.store_id": other.encode(),
+                                                        b"r3store.checkpoint": forged}),
+        "issue22-store-id-disagrees-inside": reseal({b"r3store.store_id": other.encode()}),
+        "issue22-v2-checkpoint-in-a-v3-store": reseal({b"r3store.version": b"2", b"r3store.checkpoint": as_v2}),
+        "truncated-footer": blob[:-9],
+    }
 
 
 def _swap_ids_keep_digest(table: bytes, ids: list[str]) -> bytes:

@@ -24,6 +24,12 @@ ingest
     vLLM ``.npy`` blob, vLLM base64 text, SGLang response or ``meta_info`` dict as JSON),
     the rest is the payload. Decoded routes that come
     back are checked as a writer checks them (``check_routes``).
+checkpoint
+    The checkpoint of the golden format v3 store ``tests/fixtures/stores/v3-ckpt`` (it covers
+    the first of two commits; the store has a fixed identity, missing rows, policy versions,
+    metadata, a quarantined and a 0-row sample), replaced by the input, checked like the
+    store targets below against ``expected-v3-ckpt.npz``: a checkpoint that passes its
+    checks must serve exactly the rows of the sample tables it stands for.
 manifest, zarr_json, sample_table, shard_index
     The golden store ``tests/fixtures/stores/v2-odd`` (missing rows, a quarantined and a
     0-row sample, 10 storage objects, 9-bit ids) with one object replaced by the input:
@@ -117,6 +123,9 @@ def _reference_frame(frame: bytes, bits: int) -> tuple[list[int], int] | None:
 
 MAX_DECODE_IDS = 1 << 26
 """``r3store.codecs.bitpack.MAX_DECODE_IDS`` as documented: the most ids decode allocates itself."""
+MAX_ZERO_TAIL_IDS = 1 << 18
+"""``MAX_ZERO_TAIL_IDS`` as documented: the most zero ids past its payload a frame may declare
+when decode allocates (so decoding is bounded by the frame's size)."""
 
 
 @cache
@@ -148,9 +157,9 @@ def run_codec(data: bytes) -> str:
         raise Failure("native and numpy decoders return different ids")
     if frame[4:5] == b"\x02":
         ref = _reference_frame(frame, bits)
-        if ref is not None and ref[1] > MAX_DECODE_IDS:  # documented: decode allocates no more on its own
-            if native_err is None:
-                raise Failure(f"decode allocated {ref[1]:,} ids, more than MAX_DECODE_IDS")
+        if ref is not None and (ref[1] > MAX_DECODE_IDS or ref[1] - len(ref[0]) > MAX_ZERO_TAIL_IDS):
+            if native_err is None:  # documented: decode allocates no more on its own
+                raise Failure(f"decode of a {len(frame)}-byte frame allocated {ref[1]:,} ids, past its bound")
         elif (ref is None) != (native is None):
             raise Failure(f"r3store {'accepts' if native is not None else 'refuses'} a frame the FORMAT.md "
                           f"reference decoder {'refuses' if ref is None else 'accepts'} ({native_err})")
@@ -236,8 +245,8 @@ class MemoryBackend(Backend):
 
     supports_writes = False
 
-    def __init__(self, objects: dict[str, bytes]) -> None:
-        super().__init__("fuzz://v2-odd")
+    def __init__(self, objects: dict[str, bytes], name: str = STORE_NAME) -> None:
+        super().__init__(f"fuzz://{name}")
         self._objects = objects
 
     def _blob(self, key: str) -> bytes:
@@ -270,28 +279,35 @@ class MemoryBackend(Backend):
         return ObjectInfo(size=len(self._blob(key)), mtime=0.0)
 
 
-@cache
-def base_objects() -> dict[str, bytes]:
-    return {p.relative_to(STORE).as_posix(): p.read_bytes() for p in sorted(STORE.rglob("*")) if p.is_file()}
+GOLDEN = {STORE_NAME: (STORE, "expected-v2.npz", QUARANTINED),
+          "v3-ckpt": (FIXTURES / "stores" / "v3-ckpt", "expected-v3-ckpt.npz", frozenset({"bad"}))}
+"""The golden stores the store targets start from: folder, expected routes, quarantined ids."""
 
 
 @cache
-def expected() -> dict[str, np.ndarray]:
-    with np.load(FIXTURES / "stores" / "expected-v2.npz", allow_pickle=False) as npz:
-        return {k.partition("__")[2]: npz[k] for k in npz.files if k.startswith(STORE_NAME + "__")}
+def base_objects(name: str = STORE_NAME) -> dict[str, bytes]:
+    root = GOLDEN[name][0]
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @cache
-def expected_batch() -> dict[str, Any]:
-    store = r3store.open_store(MemoryBackend(dict(base_objects())))
+def expected(name: str = STORE_NAME) -> dict[str, np.ndarray]:
+    with np.load(FIXTURES / "stores" / GOLDEN[name][1], allow_pickle=False) as npz:
+        return {k.partition("__")[2]: npz[k] for k in npz.files if k.startswith(name + "__")}
+
+
+@cache
+def expected_batch(name: str = STORE_NAME) -> dict[str, Any]:
+    store = r3store.open_store(MemoryBackend(dict(base_objects(name)), name))
     return store.assemble(sorted(store.sample_ids))
 
 
 @cache
-def expected_rows() -> dict[str, dict[str, Any]]:
+def expected_rows(name: str = STORE_NAME) -> dict[str, dict[str, Any]]:
     """Each sample's sample-table row (ids, counts, commit, quarantine, missing rows, policy spans, ...)."""
-    store = r3store.open_store(MemoryBackend(dict(base_objects())))
-    return {sid: store.row(sid, include_quarantined=sid in QUARANTINED) for sid in expected()}
+    store = r3store.open_store(MemoryBackend(dict(base_objects(name)), name), use_checkpoint=False)
+    quarantined = GOLDEN[name][2]
+    return {sid: store.row(sid, include_quarantined=sid in quarantined) for sid in expected(name)}
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -300,32 +316,34 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def check_store(objects: dict[str, bytes]) -> str:
-    """Open ``objects`` as a store and compare everything it serves with the source."""
-    store, err = _call(lambda: r3store.open_store(MemoryBackend(objects)))
+def check_store(objects: dict[str, bytes], name: str = STORE_NAME) -> str:
+    """Open ``objects`` as a store and compare everything it serves with the source (the golden
+    store ``name``); the sample-table rows are compared with those read from its tables."""
+    quarantined = GOLDEN[name][2]
+    store, err = _call(lambda: r3store.open_store(MemoryBackend(objects, name)))
     if err is not None:
         return outcome(err)
-    source = expected()
+    source = expected(name)
     listed, err = _call(lambda: sorted(store.sample_ids))
     if err is not None:
         return outcome(err)
-    if listed != sorted(set(source) - QUARANTINED):
+    if listed != sorted(set(source) - quarantined):
         raise Failure(f"listing differs from the source: {listed}")
     first: BaseException | None = None
     for sid, routes in source.items():
-        got, err = _call(lambda sid=sid: store.get(sid, include_quarantined=sid in QUARANTINED))
+        got, err = _call(lambda sid=sid: store.get(sid, include_quarantined=sid in quarantined))
         if err is not None:
             first = first or err
             continue
         if not _same(got, routes):
             raise Failure(f"sample {sid!r}: routes differ from the source without an error")
-        row, err = _call(lambda sid=sid: store.row(sid, include_quarantined=sid in QUARANTINED))
-        if err is None and row != expected_rows()[sid]:
+        row, err = _call(lambda sid=sid: store.row(sid, include_quarantined=sid in quarantined))
+        if err is None and row != expected_rows(name)[sid]:
             raise Failure(f"sample {sid!r}: its sample-table row differs from the source without an error: {row}")
     batch, err = _call(lambda: store.assemble(listed))
     if err is not None:
         return outcome(first or err)
-    want = expected_batch()
+    want = expected_batch(name)
     for key in want:
         if not _same(batch.get(key), want[key]):
             raise Failure(f"assemble: {key!r} differs from the source's batch without an error")
@@ -381,6 +399,31 @@ BINARY_TOKENS = (b"\x00" * 4, b"\xff" * 4, b"\xff" * 8, b"\x00" * 8, b"\x7f\xff\
                  struct.pack("<Q", 1 << 40), struct.pack("<I", 1 << 31), b"PAR1", b"R3BP")
 
 
+CHECKPOINT_STORE = "v3-ckpt"
+
+
+def checkpoint_key() -> str:
+    """The key of the golden v3 store's checkpoint."""
+    return next(k for k in base_objects(CHECKPOINT_STORE) if k.endswith(".checkpoint"))
+
+
+def run_checkpoint(data: bytes) -> str:
+    """The golden v3 store with its checkpoint replaced by ``data``: refused (a warning, then the
+    sample tables) or read back exactly; a CheckpointWarning is a refusal, not a failure."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = check_store({**base_objects(CHECKPOINT_STORE), checkpoint_key(): bytes(data)}, CHECKPOINT_STORE)
+    skipped = [w for w in caught if issubclass(w.category, r3store.errors.CheckpointWarning)]
+    others = [w for w in caught if not issubclass(w.category, r3store.errors.CheckpointWarning)]
+    if others:
+        raise Failure(f"unexpected warning {others[0].category.__name__}: {others[0].message}")
+    if skipped and result == "ok":
+        return "CheckpointWarning: " + outcome(Exception(str(skipped[0].message).partition("(")[2]))
+    return result
+
+
 def _table_key() -> str:
     return next(k for k in base_objects() if k.endswith(".parquet"))
 
@@ -416,5 +459,7 @@ TARGETS: dict[str, Target] = {
     "shard_index": Target("shard_index", run_shard_index, shard_index_seeds, BINARY_TOKENS),
     "sample_table": Target("sample_table", lambda d: check_store({**base_objects(), _table_key(): bytes(d)}),
                            lambda: [base_objects()[_table_key()]], BINARY_TOKENS),
+    "checkpoint": Target("checkpoint", run_checkpoint, lambda: [base_objects(CHECKPOINT_STORE)[checkpoint_key()]],
+                         (*BINARY_TOKENS, b'"store_id"', b'"watermark"', b"r3store.store_id", b"r3store.checkpoint")),
     SELFTEST: Target(SELFTEST, lambda d: _call(lambda: _selftest(d))[0] or "ok", lambda: [b"ok"]),
 }

@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:
 
 from tests.fuzz import engine  # noqa: E402
 
-TARGETS = ["codec", "ingest", "manifest", "zarr_json", "shard_index", "sample_table"]
+TARGETS = ["codec", "ingest", "manifest", "zarr_json", "shard_index", "sample_table", "checkpoint"]
 SECONDS = 3.0
 MIN_RUNS = 40  # inputs per short run whatever the machine's load (start-up is not counted)
 

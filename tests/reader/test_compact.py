@@ -156,7 +156,7 @@ def test_checkpoint_of_another_spec_is_ignored(tmp_path: Path) -> None:
     key = r3store.compact(other).key
     assert key is not None
     (url / key).write_bytes((other / key).read_bytes())
-    with pytest.warns(CheckpointWarning, match="ModelSpec"):
+    with pytest.warns(CheckpointWarning, match="ModelSpec|of another store"):  # format v3: the identity differs too
         store = r3store.open_store(url)
     assert store.sample_ids == ["s0", "s1", "s2", "s3"]
 

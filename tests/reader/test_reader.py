@@ -177,7 +177,7 @@ def small_store(tmp_path):
             for i, n in enumerate([5, 0, 17, 9, 33])}
     with r3store.RouteWriter(tmp_path, SPEC, config={"chunk_rows": 4, "layers_per_chunk": 3, "object_bytes": 30}) as w:
         for sid, r in data.items():
-            w.append(sid, r, metadata={"step": int(sid[1:])})
+            w.append(sid, r, num_tokens=len(r) + 1, metadata={"step": int(sid[1:])})  # 0 rows: say 1 token
     return tmp_path, data
 
 

@@ -551,7 +551,7 @@ def test_good_s3_storage_options_still_work(s3_url: str, s3_storage_options: dic
     backend = open_backend(s3_url, options)
     assert isinstance(backend, FsspecBackend)
     assert backend.fs.retries == 3
-    assert backend.fs.config_kwargs == {"connect_timeout": 5, "read_timeout": 10, "max_pool_connections": 20,
+    assert backend.fs.config_kwargs == {"connect_timeout": 5, "read_timeout": 5, "max_pool_connections": 20,
                                         "retries": {"max_attempts": 4, "mode": "standard"}}
     assert options["config_kwargs"] == {"max_pool_connections": 20, "retries": {"max_attempts": 4}}  # not changed
     np.testing.assert_array_equal(r3store.open_store(s3_url, storage_options=options).get("a"), ROUTES)
@@ -562,7 +562,7 @@ def test_s3_defaults_bound_every_request(s3_url: str, s3_storage_options: dict[s
     """Item 18: no timeout was set (botocore's 60 s read timeout x legacy 5 attempts x s3fs's 5)."""
     backend = open_backend(s3_url, {**s3_storage_options, "skip_instance_cache": True})
     assert isinstance(backend, FsspecBackend)
-    assert backend.fs.config_kwargs == {"connect_timeout": 5, "read_timeout": 10,
+    assert backend.fs.config_kwargs == {"connect_timeout": 5, "read_timeout": 5,
                                         "retries": {"total_max_attempts": 3, "mode": "standard"}}
     assert backend.fs.retries == 2
     forked = pickle.loads(pickle.dumps(backend))  # as in a DataLoader worker: the filesystem is re-created

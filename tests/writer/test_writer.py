@@ -61,7 +61,7 @@ def test_stored_size_is_log2_bits_per_id(tmp_path, num_layers, num_experts, top_
         for i, n in enumerate(lengths):
             routes = uniform_routes(rng, n - 1, spec.num_moe_layers, num_experts, top_k)
             ids += routes.size
-            w.append(f"s{i}", routes)
+            w.append(f"s{i}", routes, num_tokens=n)  # a 1-token sample (0 rows) says so
     assert sum(lengths) - len(lengths) >= 16_000
     ideal = ids * math.ceil(math.log2(num_experts)) / 8
     stored, objects = route_object_bytes(tmp_path)
