@@ -30,7 +30,7 @@ def _routes(rows: int, seed: int) -> np.ndarray:
 def stores(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     a, b = tmp_path_factory.mktemp("a"), tmp_path_factory.mktemp("b")
     for root, shift in ((a, 0), (b, 1)):
-        with r3store.RouteWriter(root, SPEC, on_invalid="quarantine") as w:
+        with r3store.RouteWriter(root, SPEC, config={"on_invalid": "quarantine"}) as w:
             for i, sid in enumerate(HOSTILE):
                 w.append(sid, _routes(5, i + shift), metadata={"note": f"\x1b[31m{sid}", "step": i})
             bad = _routes(4, 99)

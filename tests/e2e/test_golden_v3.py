@@ -30,7 +30,7 @@ def _expected() -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("use_checkpoint", [True, False])
 def test_v3_store_reads_bit_identically(use_checkpoint: bool) -> None:
-    store = r3store.open_store(STORE, use_checkpoint=use_checkpoint)
+    store = r3store.open_store(STORE, reader={"use_checkpoint": use_checkpoint})
     assert store.format_version == 3
     assert (store.checkpoint is not None) == use_checkpoint
     expected = _expected()

@@ -41,7 +41,7 @@ CLOCK_OFFSETS = (-3 * 3600, -2 * 3600, -3600, -20 * 60, -16 * 60, -5 * 60, 0, 5 
 def _fork_objects() -> dict[str, bytes]:
     """A store with the golden store's spec and commit names (explicit writer ids, the same
     sample ids in another order, other routes), compacted after its first commit, as bytes."""
-    golden = r3store.open_store(GOLDEN[CHECKPOINT_STORE][0], use_checkpoint=False)
+    golden = r3store.open_store(GOLDEN[CHECKPOINT_STORE][0], reader={"use_checkpoint": False})
     root = Path(tempfile.mkdtemp(prefix="r3-fork-"))
     try:
         (root / MANIFEST_KEY).write_bytes(manifest_bytes(make_manifest(golden.spec)))
@@ -118,7 +118,7 @@ def _sweep_one(writer_skew: int, compact_skew: int) -> None:
             with r3store.RouteWriter(root, spec, clock(writer_skew)) as w:
                 w.append("after", _routes(4, 2))
         for use_checkpoint in (True, False):
-            store = r3store.open_store(root, use_checkpoint=use_checkpoint)
+            store = r3store.open_store(root, reader={"use_checkpoint": use_checkpoint})
             if sorted(store.sample_ids) != ["after", "before"]:
                 raise Failure(f"writer clock {writer_skew:+d} s, compaction clock {compact_skew:+d} s: "
                               f"{'checkpoint' if use_checkpoint else 'listing'} reader sees {store.sample_ids}")

@@ -305,7 +305,7 @@ def expected_batch(name: str = STORE_NAME) -> dict[str, Any]:
 @cache
 def expected_rows(name: str = STORE_NAME) -> dict[str, dict[str, Any]]:
     """Each sample's sample-table row (ids, counts, commit, quarantine, missing rows, policy spans, ...)."""
-    store = r3store.open_store(MemoryBackend(dict(base_objects(name)), name), use_checkpoint=False)
+    store = r3store.open_store(MemoryBackend(dict(base_objects(name)), name), reader={"use_checkpoint": False})
     quarantined = GOLDEN[name][2]
     return {sid: store.row(sid, include_quarantined=sid in quarantined) for sid in expected(name)}
 

@@ -29,7 +29,7 @@ def _routes(seed: int, rows: int = 6) -> np.ndarray:
 def _write(root: Path, commits: list[list[tuple[str, int]]]) -> None:
     """One commit per list entry, writer ids ``w0``, ``w1``, ... (explicit: the same names in every store)."""
     for c, samples in enumerate(commits):
-        with r3store.RouteWriter(root, SPEC, writer_id=f"w{c}") as w:
+        with r3store.RouteWriter(root, SPEC, config={"writer_id": f"w{c}"}) as w:
             for sid, rows in samples:
                 w.append(sid, _routes(hash(sid) % 1000 + rows, rows), metadata={"origin": root.name})
 
@@ -41,7 +41,7 @@ def test_a_checkpoint_of_another_store_with_the_same_commit_names_is_refused(tmp
     key = r3store.compact(other).key
     assert key is not None
     (mine / key).write_bytes((other / key).read_bytes())  # claims 3 commits: newer than anything of mine
-    truth = r3store.open_store(mine, use_checkpoint=False)
+    truth = r3store.open_store(mine, reader={"use_checkpoint": False})
     with pytest.warns(CheckpointWarning, match="of another store"):
         store = r3store.open_store(mine)
     assert store.checkpoint is None

@@ -18,7 +18,7 @@ SPEC = r3store.ModelSpec(num_layers=2, num_experts=16, top_k=2)
 def _write(root: Path, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     routes = np.stack([np.stack([rng.permutation(16)[:2] for _ in range(2)]) for _ in range(9)]).astype(np.int32)
-    with r3store.RouteWriter(root, SPEC, writer_id="w") as w:
+    with r3store.RouteWriter(root, SPEC, config={"writer_id": "w"}) as w:
         w.append("s", routes)
     return routes
 

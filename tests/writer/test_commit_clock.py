@@ -46,7 +46,7 @@ def test_a_writer_two_hours_behind_is_seen_by_checkpoint_readers(tmp_path: Path)
     assert store.checkpoint is not None
     assert sorted(store.sample_ids) == ["early", "late"]  # store order follows committed_at (the writer's clock)
     np.testing.assert_array_equal(store.get("late"), _routes(5, 1))
-    assert sorted(r3store.open_store(tmp_path, use_checkpoint=False).sample_ids) == ["early", "late"]
+    assert sorted(r3store.open_store(tmp_path, reader={"use_checkpoint": False}).sample_ids) == ["early", "late"]
     tables = sorted(p.parent.name for p in (tmp_path / "index").rglob(f"{writer.commits[0]}.parquet"))
     assert len(tables) == 2  # the writer's bucket and the store time's: byte-identical, counted once
     assert validate(store).counts == {}
