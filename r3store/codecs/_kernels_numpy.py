@@ -1,6 +1,6 @@
 """numpy twins of the compiled kernels: the reference, and the fallback where none is built.
 
-Each function here computes exactly what its namesake in ``_kernels.c`` computes; the
+Each function here computes exactly what its namesake in the C extension (``csrc/*.c``) computes; the
 test suite checks both agree (and agree with the plain-Python references in
 :mod:`r3store.codecs._bitpack`). :mod:`r3store.codecs.kernels` chooses between them.
 """
