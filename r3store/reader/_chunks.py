@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
+import cachetools
 import numpy as np
 
 from r3store._checks import parse_int
@@ -50,6 +50,8 @@ from r3store.errors import (
 from r3store.storage import Backend, ByteRange, SuffixByteRange
 
 __all__ = ["ChunkReader", "merge_ranges"]
+
+K = TypeVar("K")
 
 MISSING = 2**64 - 1
 """Index entry of a chunk that is not stored (past the end of the array)."""
@@ -121,13 +123,19 @@ class ChunkReader:
         self.manifest = manifest
         self.spec: ModelSpec = manifest.spec
         self.array_rows = array_rows
-        self.cache_bytes = parse_int("cache_bytes", cache_bytes, minimum=0)
         self._geometries: dict[str, tuple[ArrayGeometry, Codec]] = {}
-        self._indexes: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
-        self._index_bytes = 0
-        self._chunks: OrderedDict[tuple[str, int, int], np.ndarray] = OrderedDict()
-        self._cached = 0
+        self._indexes: ByteLRU[tuple[str, int]] = ByteLRU(INDEX_CACHE_BYTES)
+        self._chunks: ByteLRU[tuple[str, int, int]] = ByteLRU(parse_int("cache_bytes", cache_bytes, minimum=0))
         self._prefetched: dict[str, bytes] = {}
+
+    @property
+    def cache_bytes(self) -> int:
+        """Budget for decoded chunks kept in memory (settable: the chunks kept are kept while they fit)."""
+        return int(self._chunks.maxsize)
+
+    @cache_bytes.setter
+    def cache_bytes(self, value: int) -> None:
+        self._chunks = self._chunks.resized(parse_int("cache_bytes", value, minimum=0))
 
     # -- geometry ---------------------------------------------------------------------
 
@@ -475,7 +483,6 @@ class ChunkReader:
             if hit is None:
                 missing.append((c, b))
             else:
-                self._chunks.move_to_end((array, c, b))
                 got[(c, b)] = hit
         if missing:
             got.update(self._fetch_object(array, geometry, codec, obj, missing))
@@ -518,20 +525,11 @@ class ChunkReader:
             raw = self.backend.get(key, SuffixByteRange(geometry.index_nbytes))
             index = decode_index(raw, geometry, array, obj).copy()
             self._keep_index((array, obj), index)
-        else:
-            self._indexes.move_to_end((array, obj))
         return index
 
     def _keep_index(self, key: tuple[str, int], index: np.ndarray) -> None:
-        """Cache a verified object index, dropping the least recently used past ``INDEX_CACHE_BYTES``."""
-        old = self._indexes.pop(key, None)
-        if old is not None:
-            self._index_bytes -= old.nbytes
+        """Cache a verified object index (least recently used dropped past ``INDEX_CACHE_BYTES``)."""
         self._indexes[key] = index
-        self._index_bytes += index.nbytes
-        while self._index_bytes > INDEX_CACHE_BYTES and len(self._indexes) > 1:  # least recently used first
-            _, dropped = self._indexes.popitem(last=False)
-            self._index_bytes -= dropped.nbytes
 
     def _fetch_object(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int,
                       keys: list[Chunk]) -> dict[Chunk, np.ndarray]:
@@ -561,10 +559,6 @@ class ChunkReader:
 
     def _remember(self, array: str, c: int, b: int, chunk: np.ndarray) -> None:
         self._chunks[(array, c, b)] = chunk
-        self._cached += chunk.nbytes
-        while self._cached > self.cache_bytes and len(self._chunks) > 1:
-            _, old = self._chunks.popitem(last=False)
-            self._cached -= old.nbytes
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -573,22 +567,50 @@ class ChunkReader:
         self._chunks.clear()
         self._indexes.clear()
         self._prefetched.clear()
-        self._cached = self._index_bytes = 0
 
     def fork(self, backend: Backend, *, cache_bytes: int | None = None) -> ChunkReader:
         """A reader for another thread: same arrays and parsed geometries, own caches, ``backend``."""
         clone = copy.copy(self)
         clone.backend = backend
-        clone.cache_bytes = self.cache_bytes if cache_bytes is None else cache_bytes
         clone._geometries = dict(self._geometries)
-        clone._indexes, clone._chunks, clone._cached, clone._index_bytes = OrderedDict(), OrderedDict(), 0, 0
+        clone._indexes = ByteLRU(INDEX_CACHE_BYTES)
+        clone._chunks = ByteLRU(self.cache_bytes if cache_bytes is None else parse_int("cache_bytes", cache_bytes,
+                                                                                        minimum=0))
         clone._prefetched = {}
         return clone
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_chunks=OrderedDict(), _cached=0, _indexes=OrderedDict(), _index_bytes=0, _prefetched={})
+        state.update(_chunks=ByteLRU(self.cache_bytes), _indexes=ByteLRU(INDEX_CACHE_BYTES), _prefetched={})
         return state
+
+
+class ByteLRU(cachetools.LRUCache[K, np.ndarray], Generic[K]):
+    """Arrays kept least-recently-used first out, bounded by their total ``nbytes``.
+
+    ``cachetools.LRUCache`` sized by ``getsizeof=nbytes``; an array larger than the whole
+    budget is simply not kept (a budget of 0 keeps nothing). Not thread-safe.
+    """
+
+    def __init__(self, maxbytes: int) -> None:
+        super().__init__(maxsize=maxbytes, getsizeof=_nbytes)
+
+    def __setitem__(self, key: K, value: np.ndarray) -> None:
+        try:
+            super().__setitem__(key, value)
+        except ValueError:  # larger than the budget: not kept
+            self.pop(key, None)
+
+    def resized(self, maxbytes: int) -> ByteLRU[K]:
+        """A cache of another budget holding this one's arrays while they fit."""
+        other: ByteLRU[K] = ByteLRU(maxbytes)
+        for key, value in list(self.items()):
+            other[key] = value
+        return other
+
+
+def _nbytes(value: np.ndarray) -> int:
+    return int(value.nbytes)
 
 
 def _build_codec(config: dict[str, Any], path: str) -> Codec:

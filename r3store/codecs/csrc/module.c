@@ -7,9 +7,9 @@
  *   dense layers all zero), fused with the conversion to the writer's uint16 buffer:
  *   checks.c;
  * - a row gather (rows of a (rows, layers, top_k) array by an int64 index, -1 = pad row)
- *   with dtype conversion: gather.c;
- * - a strict base64 decoder (the canonical subset of RFC 4648; anything else is left
- *   to binascii): base64.c.
+ *   with dtype conversion: gather.c.
+ *
+ * (base64 is pybase64's, from r3store.codecs.kernels.)
  *
  * This file chooses the kernels by the CPU at import and holds the method table; r3k.h
  * describes the layout of the sources.
@@ -82,8 +82,6 @@ static PyMethodDef methods[] = {
     {"check_routes", py_check_routes, METH_VARARGS, check_routes_doc},
     {"gather_rows", py_gather_rows, METH_VARARGS, gather_rows_doc},
     {"decode_frames", py_decode_frames, METH_VARARGS, decode_frames_doc},
-    {"b64decode", py_b64decode, METH_VARARGS, b64decode_doc},
-    {"b64_decoded_size", py_b64size, METH_VARARGS, b64size_doc},
     {"crc32c", py_crc32c, METH_VARARGS, crc32c_doc},
     {"simd", py_simd, METH_NOARGS, simd_doc},
     {"set_simd", py_set_simd, METH_VARARGS, set_simd_doc},
@@ -93,13 +91,12 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_kernels",
-    "Compiled kernels of r3store (bit-packing, frames, route checks, row gather, base64).", -1, methods,
+    "Compiled kernels of r3store (bit-packing, frames, route checks, row gather).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     crc_init_tables();
-    b64_init();
 #ifdef R3_X86
     __builtin_cpu_init();
     use_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2");

@@ -10,7 +10,6 @@
  *   unpack.c   bit unpacking into 1-, 2-, 4-byte words (AVX2), unpack()
  *   frames.c   r3store.bitpack frames: encode_frame(), check_frame(), decode_frames()
  *   checks.c   route validation for writers (AVX2 fast path), check_routes()
- *   base64.c   strict base64 decoding, b64decode(), b64_decoded_size()
  *   gather.c   row gather with pad rows, gather_rows()
  *   module.c   CPU feature choice, simd()/set_simd()/cpu_features(), the method table
  *
@@ -120,12 +119,6 @@ void unpack_contig(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, ch
 void unpack_to_buffer(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, Py_buffer *out, int otype);
 
 /* ---------------------------------------------------------------------------------
- * base64 (base64.c)
- * --------------------------------------------------------------------------------- */
-
-void b64_init(void);
-
-/* ---------------------------------------------------------------------------------
  * the Python functions (module.c lists them)
  * --------------------------------------------------------------------------------- */
 
@@ -140,8 +133,6 @@ R3_PYFUNC(check_frame)
 R3_PYFUNC(decode_frames)
 R3_PYFUNC(check_routes)
 R3_PYFUNC(gather_rows)
-R3_PYFUNC(b64decode)
-R3_PYFUNC(b64size)
 R3_PYFUNC(crc32c)
 
 #undef R3_PYFUNC
