@@ -147,7 +147,8 @@ class BitpackCodec(Codec):
     The byte layout is given in this module's docstring and in ``schema/FORMAT.md``.
     CRC-32C is the checksum zarr's ``crc32c`` codec uses. The codec supports position
     binding (:class:`r3store.codecs.SupportsBinding`): ``encode(ids, tag=t)`` writes a
-    version-2 frame bound to ``t``, ``decode(buf, tag=t)`` refuses a frame bound elsewhere.
+    version-2 frame bound to ``t``, ``decode(buf, tag=t)`` refuses a frame bound elsewhere;
+    and batch decoding (:class:`r3store.codecs.SupportsBatchDecode`): :meth:`decode_frames`.
 
     Examples
     --------
@@ -260,6 +261,21 @@ class BitpackCodec(Codec):
         else:
             kernels.unpack_into(data[header:], n_encoded, self.bits, out)
         return out
+
+    def decode_frames(self, blob: bytes | memoryview | np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                      out: np.ndarray, rows: np.ndarray, layers: np.ndarray, *, chunk_rows: int,
+                      layers_per_chunk: int, tag_prefix: str | None = None, row_chunks: np.ndarray | None = None,
+                      layer_chunks: np.ndarray | None = None) -> int:
+        """Check and decode a run of frames into their places in ``out``
+        (:class:`r3store.codecs.SupportsBatchDecode`): one :func:`r3store.codecs.kernels.decode_frames`
+        call (C, GIL released, where the kernels are built), frames of version 1 or 2.
+
+        Returns -1 when every frame decoded, else the index of the first that failed a
+        check (:meth:`decode` of that frame names the fault).
+        """
+        return kernels.decode_frames(blob, starts, lengths, self.bits, out, rows, layers, chunk_rows=chunk_rows,
+                                     layers_per_chunk=layers_per_chunk, tag_prefix=tag_prefix,
+                                     row_chunks=row_chunks, layer_chunks=layer_chunks)
 
     @staticmethod
     def frame_size(buf: bytes | memoryview | np.ndarray) -> int:

@@ -37,7 +37,7 @@ from r3store._format import (
     route_codec,
 )
 from r3store._spec import ModelSpec
-from r3store.codecs import BitpackCodec, Codec, SupportsBinding, SupportsFrameSize, get_codec, kernels
+from r3store.codecs import Codec, SupportsBatchDecode, SupportsBinding, SupportsFrameSize, get_codec
 from r3store.errors import (
     ChecksumError,
     CodecError,
@@ -208,18 +208,7 @@ class ChunkReader:
             raise OptionError("out", f"<array of shape {out.shape}>", f"must have shape {shape}")
         if stop <= start or not len(positions):
             return out
-        pos = np.asarray(positions)
-        lpc, cr, per_object = geometry.layers_per_chunk, geometry.chunk_rows, geometry.row_chunks_per_object
-        by_chunk = {int(b): _as_slices(np.flatnonzero(pos // lpc == b), pos, b * lpc) for b in np.unique(pos // lpc)}
-        first, last = start // cr, (stop - 1) // cr
-        for obj in range(first // per_object, last // per_object + 1):
-            row_chunks = range(max(first, obj * per_object), min(last, (obj + 1) * per_object - 1) + 1)
-            chunks = self._fetch(array, geometry, codec, obj, [(c, b) for c in row_chunks for b in by_chunk])
-            for c in row_chunks:
-                lo, hi = max(start, c * cr), min(stop, (c + 1) * cr)
-                for b, (dst, src) in by_chunk.items():
-                    out[lo - start : hi - start, dst] = chunks[(c, b)][lo - c * cr : hi - c * cr, src]
-        return out
+        return self._read(array, geometry, codec, [(start, stop, 0)], positions, out, remember=True)
 
     def read_runs(self, array: str, runs: Sequence[tuple[int, int, int]], positions: Sequence[int],
                   out: np.ndarray) -> np.ndarray:
@@ -271,6 +260,14 @@ class ChunkReader:
                                   f"rows [{start}, {stop}) beyond the array's {geometry.rows} rows")
         if not len(positions):
             return out
+        return self._read(array, geometry, codec, runs, positions, out, remember=False)
+
+    def _read(self, array: str, geometry: ArrayGeometry, codec: Codec, runs: Sequence[tuple[int, int, int]],
+              positions: Sequence[int], out: np.ndarray, *, remember: bool) -> np.ndarray:
+        """The runs (checked) into ``out``: whole chunks decoded in place, by one batch call per
+        fetched range for a :class:`~r3store.codecs.SupportsBatchDecode` codec; the others decoded
+        one by one and copied (and cached with ``remember``: the first and last chunks of a
+        sample, which its neighbours share)."""
         pos = np.asarray(positions)
         lpc, cr, per_object = geometry.layers_per_chunk, geometry.chunk_rows, geometry.row_chunks_per_object
         by_chunk = {int(b): _as_slices(np.flatnonzero(pos // lpc == b), pos, b * lpc) for b in np.unique(pos // lpc)}
@@ -298,8 +295,7 @@ class ChunkReader:
             for lo, hi, o in pieces[c]:
                 out[o : o + hi - lo, dst] = chunk[lo - c * cr : hi - c * cr, src]
 
-        fast = (type(codec) is BitpackCodec and kernels.native_module() is not None and out.flags.c_contiguous
-                and out.dtype.itemsize <= 4)
+        fast = _batch_decodes(codec) and _batch_target(out)
         layer_place = np.array([by_chunk[b][0].start if b in whole else -1 for b in sorted(by_chunk)],  # type: ignore[union-attr]
                                dtype=np.int64)
         chunks = sorted(pieces)
@@ -308,22 +304,24 @@ class ChunkReader:
             row_place = np.array([pieces[c][0][2] if len(pieces[c]) == 1 and pieces[c][0][:2] == (c * cr, (c + 1) * cr)
                                   else -1 for c in row_chunks], dtype=np.int64)
             if fast and self._read_object_fast(array, geometry, codec, obj, row_chunks, sorted(by_chunk), row_place,
-                                               layer_place, copy, out):
+                                               layer_place, copy, out, remember):
                 continue
             wanted = [(c, b) for c in row_chunks for b in by_chunk]
             for (c, b), chunk in self._stream_object(array, geometry, codec, obj, wanted, into, out):
                 if chunk is not None:  # else decoded in place
                     copy(c, b, chunk)
+                    if remember:
+                        self._remember(array, c, b, chunk)
         return out
 
     def _read_object_fast(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int, row_chunks: list[int],
                           layer_chunks: list[int], row_place: np.ndarray, layer_place: np.ndarray,
-                          copy: Callable[[int, int, np.ndarray], None], out: np.ndarray) -> bool:
+                          copy: Callable[[int, int, np.ndarray], None], out: np.ndarray, remember: bool) -> bool:
         """The frames of ``row_chunks`` x ``layer_chunks`` of one storage object, vectorised: index
         entries looked up, ranges merged and whole chunks decoded in place by one kernel call
         per fetched range; the others (a run's partial first and last chunks) one by one.
         ``row_place``/``layer_place``: per row chunk and layer chunk, the output row or layer
-        it decodes in place to, or -1.
+        it decodes in place to, or -1. ``remember``: cache the chunks decoded one by one.
         False, having read nothing, when an index entry is unusual (a chunk past the array's
         end, a bad entry): the caller's general path handles (or names) it."""
         index = self.object_index(array, geometry, obj)
@@ -347,7 +345,7 @@ class ChunkReader:
         rows_at = row_place[np.searchsorted(np.asarray(row_chunks), rc)]
         layers_at = layer_place[np.searchsorted(np.asarray(layer_chunks), lc)]
         direct = (rows_at >= 0) & (layers_at >= 0)  # decoded in place: whole rows and whole layers
-        bound = self.manifest.version >= 2 and isinstance(codec, SupportsBinding)
+        bound = self.manifest.version >= 2 and _has(codec, SupportsBinding)
         for r, blob in enumerate(blobs):
             sel = direct & (which == r)
             if sel.any():
@@ -358,6 +356,8 @@ class ChunkReader:
                 chunk = self._decode_frame(codec, geometry, array, key, blob, int(offsets[f] - starts[r]),
                                            int(nbytes[f]), int(offsets[f]), (c, b), bound)
                 copy(c, b, chunk)
+                if remember:
+                    self._remember(array, c, b, chunk)
         return True
 
     def _stream_object(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int, wanted: list[Chunk],
@@ -367,9 +367,8 @@ class ChunkReader:
         fetched in coalesced ranges and decoded as they are consumed (not cached).
 
         ``into``: the place in ``out`` (row, layer) a fetched chunk decodes into, or None;
-        such chunks are yielded as ``None``. With the compiled kernels and the bitpack codec
-        they are checked and decoded in one :func:`r3store.codecs.kernels.decode_frames`
-        call per fetched range, else one by one.
+        such chunks are yielded as ``None``. A :class:`~r3store.codecs.SupportsBatchDecode`
+        codec checks and decodes them in one call per fetched range, others one by one.
         """
         missing = []
         for chunk_key in wanted:
@@ -389,9 +388,8 @@ class ChunkReader:
         stops = np.maximum.reduceat(stored[:, 1], heads) if len(heads) else stored[:0, 1]
         ranges = [(int(a), int(b)) for a, b in zip(stored[heads, 0], stops, strict=True)]
         blobs = self.backend.get_ranges(key, [ByteRange(s, e) for s, e in ranges]) if ranges else []
-        bound = self.manifest.version >= 2 and isinstance(codec, SupportsBinding)
-        batched = (into is not None and out is not None and type(codec) is BitpackCodec
-                   and kernels.native_module() is not None and out.flags.c_contiguous and out.dtype.itemsize <= 4)
+        bound = self.manifest.version >= 2 and _has(codec, SupportsBinding)
+        batched = into is not None and out is not None and _batch_decodes(codec) and _batch_target(out)
         batches: dict[int, list[tuple[int, int, int, int, int, int]]] = {}  # range -> frames decoded in one call
         r = 0
         for offset, nbytes, c, b in spans:
@@ -423,9 +421,10 @@ class ChunkReader:
         decoded again alone, which names its fault."""
         assert out is not None
         commit = array.removeprefix(ROUTES_PREFIX)
-        failed = kernels.decode_frames(blob, cols[0], cols[1], cast(BitpackCodec, codec).bits, out, cols[2], cols[3],
-                                       chunk_rows=geometry.chunk_rows, layers_per_chunk=geometry.layers_per_chunk,
-                                       tag_prefix=commit if bound else None, row_chunks=cols[4], layer_chunks=cols[5])
+        failed = cast(SupportsBatchDecode, codec).decode_frames(
+            blob, cols[0], cols[1], out, cols[2], cols[3], chunk_rows=geometry.chunk_rows,
+            layers_per_chunk=geometry.layers_per_chunk, tag_prefix=commit if bound else None, row_chunks=cols[4],
+            layer_chunks=cols[5])
         if failed < 0:
             return
         rel, nbytes, _, _, c, b = (int(v) for v in cols[:, failed])
@@ -473,21 +472,6 @@ class ChunkReader:
             raise ChecksumError(array, (c, b, 0), self._misplaced(codec.frame_tag(frame), geometry, array,
                                                                   (c, b))) from exc
 
-    def _fetch(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int,
-               wanted: list[Chunk]) -> dict[Chunk, np.ndarray]:
-        """Decoded chunks of one storage object, from the cache or storage."""
-        got: dict[Chunk, np.ndarray] = {}
-        missing = []
-        for c, b in wanted:
-            hit = self._chunks.get((array, c, b))
-            if hit is None:
-                missing.append((c, b))
-            else:
-                got[(c, b)] = hit
-        if missing:
-            got.update(self._fetch_object(array, geometry, codec, obj, missing))
-        return got
-
     def prefetch(self, objects: Mapping[str, Sequence[int]], *, threads: int = 16) -> None:
         """Fetch, concurrently, the array documents and object indexes a read of ``objects``
         (route array -> storage object numbers) will need and are not cached yet: one round of
@@ -530,16 +514,6 @@ class ChunkReader:
     def _keep_index(self, key: tuple[str, int], index: np.ndarray) -> None:
         """Cache a verified object index (least recently used dropped past ``INDEX_CACHE_BYTES``)."""
         self._indexes[key] = index
-
-    def _fetch_object(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int,
-                      keys: list[Chunk]) -> dict[Chunk, np.ndarray]:
-        """Read (coalescing adjacent frames into one range), verify, decode and cache chunks."""
-        got: dict[Chunk, np.ndarray] = {}
-        for (c, b), chunk in self._stream_object(array, geometry, codec, obj, keys):
-            assert chunk is not None  # no destination given: every chunk is yielded decoded
-            got[(c, b)] = chunk
-            self._remember(array, c, b, chunk)
-        return got
 
     def _misplaced(self, tag: int, geometry: ArrayGeometry, array: str, chunk: Chunk) -> str:
         """Where a frame carrying ``tag`` belongs, when that is a place of this store: another chunk
@@ -633,15 +607,6 @@ def _decode(codec: Codec, frame: memoryview, shape: tuple[int, int, int], array:
     of that shape); faults name the array and chunk. ``tag``: the position the frame must be
     bound to (a binding codec's)."""
     size = shape[0] * shape[1] * shape[2]
-    native = kernels.native_module()
-    if native is not None and type(codec) is BitpackCodec:  # the hot path: per-frame overhead counts at small chunks
-        data = np.frombuffer(frame, dtype=np.uint8)
-        status, n_total, n_encoded, header, found = native.check_frame(data, codec.bits)
-        if not status and n_total == size and (tag is None or found == tag):
-            dest = np.empty(shape, dtype=np.int32) if out is None else out
-            native.unpack(data, header, n_encoded, codec.bits, dest)
-            return dest
-        # else the codec's own decode below names the fault
     try:
         declared = cast(SupportsFrameSize, codec).frame_size(frame) if _sizes_frames(codec) else size
         if declared != size:  # before decode allocates
@@ -661,16 +626,32 @@ def _decode(codec: Codec, frame: memoryview, shape: tuple[int, int, int], array:
         raise FormatError(f"{array} chunk {chunk}", fault) from exc
 
 
-_SIZES_FRAMES: dict[type, bool] = {}
+_ABILITIES: dict[tuple[type, type], bool] = {}
+
+
+def _has(codec: Codec, ability: type) -> bool:
+    """``isinstance(codec, ability)`` for a runtime Protocol, remembered per class (the check is
+    slow, and the readers ask it per frame or per object)."""
+    key = (type(codec), ability)
+    known = _ABILITIES.get(key)
+    if known is None:
+        known = _ABILITIES[key] = isinstance(codec, ability)
+    return known
 
 
 def _sizes_frames(codec: Codec) -> bool:
-    """``isinstance(codec, SupportsFrameSize)``, remembered per class (a runtime Protocol check is
-    slow, and it runs once per frame)."""
-    known = _SIZES_FRAMES.get(type(codec))
-    if known is None:
-        known = _SIZES_FRAMES[type(codec)] = isinstance(codec, SupportsFrameSize)
-    return known
+    """``isinstance(codec, SupportsFrameSize)``, remembered per class."""
+    return _has(codec, SupportsFrameSize)
+
+
+def _batch_decodes(codec: Codec) -> bool:
+    """``isinstance(codec, SupportsBatchDecode)``, remembered per class."""
+    return _has(codec, SupportsBatchDecode)
+
+
+def _batch_target(out: np.ndarray) -> bool:
+    """Whether ``out`` is a buffer :meth:`SupportsBatchDecode.decode_frames` writes into."""
+    return bool(out.flags.c_contiguous and out.flags.writeable and out.dtype.kind in "iu" and out.dtype.itemsize <= 4)
 
 
 def _as_slices(dst: np.ndarray, pos: np.ndarray, first: int) -> tuple[slice | np.ndarray, slice | np.ndarray]:
