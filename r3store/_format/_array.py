@@ -240,8 +240,8 @@ def encode_object(blocks: Iterator[np.ndarray], geometry: ArrayGeometry, *, comm
     blocks : iterator of ndarray of integer dtype, shape (<= chunk_rows, num_moe_layers, top_k)
         Consecutive row blocks; up to ``geometry.row_chunks_per_object`` of them are
         consumed. Only the last block of the array may be short. Values are ids the
-        codec can hold. Each block is encoded before the next is requested, so the
-        producer may reuse its buffer.
+        codec can hold (the writer has checked them). Each block is encoded before the
+        next is requested, so the producer may reuse its buffer.
     geometry : ArrayGeometry
     commit : str, optional
         Bind each frame to its place in this commit's array (:func:`position_tag`; needs a
@@ -258,6 +258,8 @@ def encode_object(blocks: Iterator[np.ndarray], geometry: ArrayGeometry, *, comm
         CRC-32C. Inner chunks past the end of the array are marked missing.
     """
     codec = get_codec(geometry.codec)
+    bind = commit is not None and isinstance(codec, SupportsBinding)  # once per object: a Protocol check is slow
+    prefix = google_crc32c.value(f"{commit}/".encode()) if bind else 0
     lpc, cr = geometry.layers_per_chunk, geometry.chunk_rows
     index = np.full((geometry.row_chunks_per_object, geometry.layer_chunks, 2), EMPTY, dtype="<u8")
     parts: list[bytes] = []
@@ -273,8 +275,9 @@ def encode_object(blocks: Iterator[np.ndarray], geometry: ArrayGeometry, *, comm
                 padded[...] = 0
                 padded[: part.shape[0], : part.shape[1]] = part
                 part = padded
-            if commit is not None and isinstance(codec, SupportsBinding):
-                frame = codec.encode(part, tag=position_tag(commit, first_row_chunk + a, b))  # type: ignore[call-arg]
+            if bind:  # position_tag(commit, row chunk, b), from the commit's CRC state
+                tag = google_crc32c.extend(prefix, f"{first_row_chunk + a}/{b}".encode())
+                frame = codec.encode(part, tag=tag)  # type: ignore[call-arg]
             else:
                 frame = codec.encode(part)
             index[a, b] = (offset, len(frame))
