@@ -53,6 +53,7 @@ from r3store.codecs._kernels_numpy import (
     gather_rows_numpy,
     pack_bits_numpy,
     repeated_ids,
+    route_stats_numpy,
     unpack_into_numpy,
 )
 from r3store.errors import CodecError
@@ -84,6 +85,7 @@ __all__ = [
     "native_module",
     "pack_bits",
     "repeated_ids",
+    "route_stats",
     "unpack_bits",
     "unpack_into",
     "use",
@@ -486,6 +488,55 @@ def gather_rows(src: np.ndarray, index: np.ndarray, out: np.ndarray, *, fill_val
                                        int(num_experts or 0), int(pad_start)))
     except IndexError as exc:
         raise CodecError(_KERNELS, str(exc)) from exc
+
+
+def route_stats(routes: np.ndarray, hist: np.ndarray | None = None,
+                mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The audit's per-cell statistics of routes in one pass: top id, repeats, id histogram.
+
+    ``validate``'s checks (:mod:`r3store.audit`): which (row, layer) cells hold an id twice
+    (what :func:`repeated_ids` computes), their largest id (ids out of range, all-zero
+    layers), and how often each id occurs per layer.
+
+    Parameters
+    ----------
+    routes : ndarray of integer dtype, shape (rows, layers, top_k), any memory layout
+    hist : ndarray of int64, shape (layers, nbins), C-contiguous, writable, optional
+        Incremented by the number of times each id in ``[0, nbins)`` occurs in a counted
+        cell, per layer (ids outside are not counted).
+    mask : ndarray of bool, shape (rows, layers), optional
+        The cells counted in ``hist`` (default: every cell).
+
+    Returns
+    -------
+    top : ndarray of int64, shape (rows, layers)
+        The largest id of each cell (0 when ``top_k`` is 0).
+    repeated : ndarray of bool, shape (rows, layers)
+        Whether the cell holds an id more than once.
+
+    Raises
+    ------
+    r3store.errors.CodecError
+        ``routes`` is not a 3-D integer array, or ``hist``/``mask`` do not fit it.
+    """
+    if not isinstance(routes, np.ndarray) or routes.ndim != 3 or routes.dtype.kind not in "iu":
+        raise CodecError(_KERNELS, "routes must be a 3-D integer ndarray (rows, layers, top_k)")
+    cells = routes.shape[:2]
+    if hist is not None and not (isinstance(hist, np.ndarray) and hist.dtype == np.int64 and hist.ndim == 2
+                                 and hist.shape[0] == routes.shape[1] and hist.flags.c_contiguous
+                                 and hist.flags.writeable):
+        raise CodecError(_KERNELS, f"hist must be a writable C-contiguous int64 array of shape ({routes.shape[1]}, "
+                                   "nbins)")
+    if mask is not None:
+        if not isinstance(mask, np.ndarray) or mask.shape != cells or mask.dtype != np.bool_:
+            raise CodecError(_KERNELS, f"mask must be a bool array of shape {cells}")
+        mask = np.ascontiguousarray(mask)
+    if _native is None or not routes.dtype.isnative:
+        return route_stats_numpy(routes, hist, mask)
+    top = np.empty(cells, np.int64)
+    repeated = np.empty(cells, np.bool_)
+    _native.route_stats(routes, top, repeated.view(np.uint8), hist, mask)
+    return top, repeated
 
 
 def decode_frames(blob: npt.ArrayLike | bytes | memoryview, starts: np.ndarray, lengths: np.ndarray, bits: int,

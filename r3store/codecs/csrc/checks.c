@@ -230,3 +230,176 @@ PyObject *py_check_routes(PyObject *self, PyObject *args) {
     if (f.repeat) return Py_BuildValue("(innn)", 3, f.repeat_pos[0], f.repeat_pos[1], f.repeat_pos[2]);
     Py_RETURN_NONE;
 }
+
+/* ---------------------------------------------------------------------------------
+ * route statistics for audits (validate): per (row, layer) the top id and whether an
+ * id repeats, and a per-layer histogram of the ids of the cells a mask keeps
+ * --------------------------------------------------------------------------------- */
+
+typedef void (*stats_fn)(const char *base, const Py_ssize_t *shape, const Py_ssize_t *strides, int64_t *top,
+                         uint8_t *repeated, int64_t *hist, Py_ssize_t nbins, const uint8_t *mask, int64_t *v);
+
+/* v: scratch of top_k int64. Repeats: pairwise compares up to 32 ids, else a sorted copy. */
+#define DEF_STATS(TN, T, WIDE)                                                                     \
+    static void stats_##TN(const char *base, const Py_ssize_t *shape, const Py_ssize_t *strides,   \
+                           int64_t *top, uint8_t *repeated, int64_t *hist, Py_ssize_t nbins,       \
+                           const uint8_t *mask, int64_t *v) {                                       \
+        const Py_ssize_t R = shape[0], L = shape[1], K = shape[2];                                 \
+        const Py_ssize_t s0 = strides[0], s1 = strides[1], s2 = strides[2];                        \
+        Py_ssize_t r, l, i, j;                                                                     \
+        T x;                                                                                       \
+        for (r = 0; r < R; r++) {                                                                  \
+            for (l = 0; l < L; l++) {                                                              \
+                const char *p = base + r * s0 + l * s1;                                            \
+                const Py_ssize_t cell = r * L + l;                                                 \
+                int64_t m = INT64_MIN;                                                             \
+                int rep = 0;                                                                       \
+                for (i = 0; i < K; i++) {                                                          \
+                    memcpy(&x, p + i * s2, sizeof(T));                                             \
+                    v[i] = (int64_t)(WIDE)x;                                                       \
+                    m = v[i] > m ? v[i] : m;                                                       \
+                }                                                                                  \
+                if (K <= 32) {                                                                     \
+                    for (i = 0; i < K - 1 && !rep; i++) {                                          \
+                        for (j = i + 1; j < K; j++) {                                              \
+                            rep |= v[i] == v[j];                                                   \
+                        }                                                                          \
+                    }                                                                              \
+                }                                                                                  \
+                if (hist && (!mask || mask[cell])) {                                               \
+                    int64_t *h = hist + l * nbins;                                                 \
+                    for (i = 0; i < K; i++) {                                                      \
+                        if (v[i] >= 0 && v[i] < nbins) {                                           \
+                            h[v[i]]++;                                                             \
+                        }                                                                          \
+                    }                                                                              \
+                }                                                                                  \
+                if (K > 32) {                                                                      \
+                    qsort(v, (size_t)K, sizeof(int64_t), cmp_i64);                                 \
+                    for (i = 1; i < K && !rep; i++) {                                              \
+                        rep = v[i] == v[i - 1];                                                    \
+                    }                                                                              \
+                }                                                                                  \
+                top[cell] = K ? m : 0;                                                             \
+                repeated[cell] = (uint8_t)rep;                                                     \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+static int cmp_i64(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+DEF_STATS(u8, uint8_t, uint64_t)
+DEF_STATS(i8, int8_t, int64_t)
+DEF_STATS(u16, uint16_t, uint64_t)
+DEF_STATS(i16, int16_t, int64_t)
+DEF_STATS(u32, uint32_t, uint64_t)
+DEF_STATS(i32, int32_t, int64_t)
+DEF_STATS(u64, uint64_t, uint64_t)
+DEF_STATS(i64, int64_t, int64_t)
+
+static const stats_fn stats_table[T_COUNT] = {stats_u8, stats_i8, stats_u16, stats_i16,
+                                              stats_u32, stats_i32, stats_u64, stats_i64};
+
+R3_DOC(route_stats_doc, "route_stats(routes, top, repeated, hist, mask) -> None\n\n"
+"Per (row, layer) of routes (rows, layers, top_k), any integer type and strides: top[row,\n"
+"layer] = the largest id (as int64; 0 when top_k is 0) and repeated[row, layer] = 1 when an\n"
+"id appears twice, else 0. top: C-contiguous int64 (rows, layers); repeated: C-contiguous\n"
+"bytes (rows * layers). hist: None or a C-contiguous int64 array (layers, nbins) to which\n"
+"every id in [0, nbins) of a cell is counted, when mask (None, or rows * layers bytes) is\n"
+"non-zero for the cell.");
+
+static int get_c_buffer(PyObject *obj, Py_buffer *v, Py_ssize_t nbytes, int i64, const char *what) {
+    if (PyObject_GetBuffer(obj, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        return -1;
+    }
+    if ((i64 && buffer_type(v) != T_I64) || (nbytes >= 0 && v->len != nbytes)) {
+        PyErr_Format(PyExc_ValueError, "route_stats: %s must be a C-contiguous %s buffer of %zd bytes", what,
+                     i64 ? "int64" : "byte", nbytes);
+        PyBuffer_Release(v);
+        return -1;
+    }
+    return 0;
+}
+
+PyObject *py_route_stats(PyObject *self, PyObject *args) {
+    PyObject *routes_obj, *top_obj, *rep_obj, *hist_obj, *mask_obj;
+    Py_buffer routes, top, rep, hist, mask;
+    int has_hist, has_mask, ok = 1;
+    if (!PyArg_ParseTuple(args, "OOOOO", &routes_obj, &top_obj, &rep_obj, &hist_obj, &mask_obj)) {
+        return NULL;
+    }
+    if (get_int_buffer(routes_obj, &routes, 0, "routes") < 0) {
+        return NULL;
+    }
+    if (routes.ndim != 3) {
+        PyBuffer_Release(&routes);
+        PyErr_SetString(PyExc_ValueError, "routes must have 3 dimensions");
+        return NULL;
+    }
+    const Py_ssize_t R = routes.shape[0], L = routes.shape[1], K = routes.shape[2];
+    has_hist = hist_obj != Py_None;
+    has_mask = mask_obj != Py_None;
+    if (get_c_buffer(top_obj, &top, R * L * 8, 1, "top") < 0) {
+        PyBuffer_Release(&routes);
+        return NULL;
+    }
+    if (get_c_buffer(rep_obj, &rep, R * L, 0, "repeated") < 0) {
+        PyBuffer_Release(&routes);
+        PyBuffer_Release(&top);
+        return NULL;
+    }
+    if (has_hist && get_c_buffer(hist_obj, &hist, -1, 1, "hist") < 0) {
+        ok = 0;
+    } else if (has_hist && (hist.ndim != 2 || hist.shape[0] != L)) {
+        PyErr_SetString(PyExc_ValueError, "route_stats: hist must have shape (layers, nbins)");
+        PyBuffer_Release(&hist);
+        ok = 0;
+    }
+    if (ok && has_mask && PyObject_GetBuffer(mask_obj, &mask, PyBUF_SIMPLE) < 0) {
+        if (has_hist) PyBuffer_Release(&hist);
+        ok = 0;
+    } else if (ok && has_mask && mask.len != R * L) {
+        PyErr_SetString(PyExc_ValueError, "route_stats: mask must hold one byte per (row, layer)");
+        PyBuffer_Release(&mask);
+        if (has_hist) PyBuffer_Release(&hist);
+        ok = 0;
+    }
+    int64_t *scratch = NULL;
+    if (ok && !(scratch = (int64_t *)malloc((size_t)(K ? K : 1) * sizeof(int64_t)))) {
+        PyErr_NoMemory();
+        if (has_mask) PyBuffer_Release(&mask);
+        if (has_hist) PyBuffer_Release(&hist);
+        ok = 0;
+    }
+    if (ok) {
+        Py_ssize_t strides[3];
+        int i;
+        for (i = 0; i < 3; i++) {
+            strides[i] = routes.strides ? routes.strides[i] : 0;
+        }
+        if (!routes.strides) {
+            strides[2] = routes.itemsize;
+            strides[1] = strides[2] * K;
+            strides[0] = strides[1] * L;
+        }
+        const int type = buffer_type(&routes);
+        Py_BEGIN_ALLOW_THREADS
+        stats_table[type]((const char *)routes.buf, routes.shape, strides, (int64_t *)top.buf, (uint8_t *)rep.buf,
+                          has_hist ? (int64_t *)hist.buf : NULL, has_hist ? hist.shape[1] : 0,
+                          has_mask ? (const uint8_t *)mask.buf : NULL, scratch);
+        Py_END_ALLOW_THREADS
+        free(scratch);
+        if (has_mask) PyBuffer_Release(&mask);
+        if (has_hist) PyBuffer_Release(&hist);
+    }
+    PyBuffer_Release(&routes);
+    PyBuffer_Release(&top);
+    PyBuffer_Release(&rep);
+    if (!ok) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}

@@ -80,6 +80,7 @@ static PyMethodDef methods[] = {
     {"encode_frame", py_encode_frame, METH_VARARGS, encode_frame_doc},
     {"check_frame", py_check_frame, METH_VARARGS, check_frame_doc},
     {"check_routes", py_check_routes, METH_VARARGS, check_routes_doc},
+    {"route_stats", py_route_stats, METH_VARARGS, route_stats_doc},
     {"gather_rows", py_gather_rows, METH_VARARGS, gather_rows_doc},
     {"decode_frames", py_decode_frames, METH_VARARGS, decode_frames_doc},
     {"crc32c", py_crc32c, METH_VARARGS, crc32c_doc},

@@ -9,7 +9,8 @@
  *   pack.c     bit packing (widths 1..16, AVX2 for <= 14 bits), pack()
  *   unpack.c   bit unpacking into 1-, 2-, 4-byte words (AVX2), unpack()
  *   frames.c   r3store.bitpack frames: encode_frame(), check_frame(), decode_frames()
- *   checks.c   route validation for writers (AVX2 fast path), check_routes()
+ *   checks.c   route validation for writers (AVX2 fast path), check_routes(); audit
+ *              statistics (top id, repeats, id histogram), route_stats()
  *   gather.c   row gather with pad rows, gather_rows()
  *   module.c   CPU feature choice, simd()/set_simd()/cpu_features(), the method table
  *
@@ -132,6 +133,7 @@ R3_PYFUNC(encode_frame)
 R3_PYFUNC(check_frame)
 R3_PYFUNC(decode_frames)
 R3_PYFUNC(check_routes)
+R3_PYFUNC(route_stats)
 R3_PYFUNC(gather_rows)
 R3_PYFUNC(crc32c)
 
