@@ -32,8 +32,10 @@ def _python(routes: np.ndarray, nbins: int, mask: np.ndarray | None) -> tuple[np
 
 def _both(routes: np.ndarray, nbins: int, mask: np.ndarray | None) -> None:
     expected = _python(routes, nbins, mask)
-    for impl in ("numpy", "native"):
-        if impl == "native" and kernels.native_module() is None:
+    for impl in ("numpy", "native", "native-avx2"):
+        if impl != "numpy" and kernels.native_module() is None:
+            continue
+        if impl == "native-avx2" and not kernels.native_module().cpu_features()["avx2"]:
             continue
         with kernels.use(impl):
             hist = np.zeros((routes.shape[1], nbins), np.int64)
@@ -90,3 +92,24 @@ def test_route_stats_refuses_what_does_not_fit() -> None:
         kernels.route_stats(routes, np.zeros((3, 8), np.int32))
     with pytest.raises(CodecError, match="mask"):
         kernels.route_stats(routes, None, np.zeros((2, 4), bool))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "uint32"])
+def test_route_stats_every_pair_of_slots_and_extreme_ids(dtype: str) -> None:
+    """The vector path of 32-bit ids, top_k 8: a repeat in each of the 28 slot pairs, extreme ids."""
+    rows = []
+    for i in range(8):
+        for j in range(i + 1, 8):
+            row = np.arange(10, 18)
+            row[j] = row[i]
+            rows.append(row)
+    info = np.iinfo(dtype)
+    rows += [np.array([info.max, info.min, 0, 1, 2, 3, 4, 5]), np.array([info.min] * 2 + list(range(6))),
+             np.arange(8)[::-1]]
+    routes = np.array(rows).astype(dtype).reshape(-1, 1, 8)
+    routes = np.concatenate([routes, routes], axis=1)  # two layers, contiguous (layer, 8) blocks
+    mask = np.zeros(routes.shape[:2], bool)
+    mask[::3] = True
+    _both(routes, 16, None)
+    _both(routes, 16, mask)
+    _both(routes[::2], 16, None)  # strided rows: still contiguous (layer, 8) blocks

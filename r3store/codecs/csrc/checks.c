@@ -303,6 +303,56 @@ DEF_STATS(i64, int64_t, int64_t)
 static const stats_fn stats_table[T_COUNT] = {stats_u8, stats_i8, stats_u16, stats_i16,
                                               stats_u32, stats_i32, stats_u64, stats_i64};
 
+#ifdef R3_X86
+/*
+ * The common case of route_stats in one vector per (row, layer): 32-bit ids, top_k = 8,
+ * each (layer, 8) block contiguous. Repeats: compares against the 4 rotations that pair
+ * every two slots; the top id: a max reduction. The histogram stays scalar.
+ */
+R3_TARGET_AVX2 static void stats_i32_k8_avx2(const char *base, Py_ssize_t R, Py_ssize_t L, Py_ssize_t s0,
+                                             int is_signed, int64_t *top, uint8_t *repeated, int64_t *hist,
+                                             Py_ssize_t nbins, const uint8_t *mask) {
+    const __m256i rot1 = _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 0);
+    const __m256i rot2 = _mm256_setr_epi32(2, 3, 4, 5, 6, 7, 0, 1);
+    const __m256i rot3 = _mm256_setr_epi32(3, 4, 5, 6, 7, 0, 1, 2);
+    const __m256i rot4 = _mm256_setr_epi32(4, 5, 6, 7, 0, 1, 2, 3);
+    Py_ssize_t r, l;
+    int i;
+    for (r = 0; r < R; r++) {
+        const char *row = base + r * s0;
+        for (l = 0; l < L; l++) {
+            const Py_ssize_t cell = r * L + l;
+            const char *p = row + l * 32;
+            const __m256i x = _mm256_loadu_si256((const __m256i *)p);
+            __m256i eq = _mm256_cmpeq_epi32(x, _mm256_permutevar8x32_epi32(x, rot1));
+            eq = _mm256_or_si256(eq, _mm256_cmpeq_epi32(x, _mm256_permutevar8x32_epi32(x, rot2)));
+            eq = _mm256_or_si256(eq, _mm256_cmpeq_epi32(x, _mm256_permutevar8x32_epi32(x, rot3)));
+            eq = _mm256_or_si256(eq, _mm256_cmpeq_epi32(x, _mm256_permutevar8x32_epi32(x, rot4)));
+            repeated[cell] = (uint8_t)!_mm256_testz_si256(eq, eq);
+            __m256i m = is_signed ? _mm256_max_epi32(x, _mm256_permutevar8x32_epi32(x, rot4))
+                                  : _mm256_max_epu32(x, _mm256_permutevar8x32_epi32(x, rot4));
+            m = is_signed ? _mm256_max_epi32(m, _mm256_permutevar8x32_epi32(m, rot2))
+                          : _mm256_max_epu32(m, _mm256_permutevar8x32_epi32(m, rot2));
+            m = is_signed ? _mm256_max_epi32(m, _mm256_permutevar8x32_epi32(m, rot1))
+                          : _mm256_max_epu32(m, _mm256_permutevar8x32_epi32(m, rot1));
+            const int32_t lane = _mm256_cvtsi256_si32(m);
+            top[cell] = is_signed ? (int64_t)lane : (int64_t)(uint32_t)lane;
+            if (hist && (!mask || mask[cell])) {
+                int64_t *h = hist + l * nbins;
+                int32_t w[8];
+                memcpy(w, p, sizeof w);
+                for (i = 0; i < 8; i++) {
+                    const int64_t v = is_signed ? (int64_t)w[i] : (int64_t)(uint32_t)w[i];
+                    if (v >= 0 && v < nbins) {
+                        h[v]++;
+                    }
+                }
+            }
+        }
+    }
+}
+#endif
+
 R3_DOC(route_stats_doc, "route_stats(routes, top, repeated, hist, mask) -> None\n\n"
 "Per (row, layer) of routes (rows, layers, top_k), any integer type and strides: top[row,\n"
 "layer] = the largest id (as int64; 0 when top_k is 0) and repeated[row, layer] = 1 when an\n"
@@ -386,7 +436,17 @@ PyObject *py_route_stats(PyObject *self, PyObject *args) {
             strides[0] = strides[1] * L;
         }
         const int type = buffer_type(&routes);
+        int done = 0;
         Py_BEGIN_ALLOW_THREADS
+#ifdef R3_X86
+        if (use_avx2 && (type == T_I32 || type == T_U32) && K == 8 && strides[2] == 4 && strides[1] == 32) {
+            stats_i32_k8_avx2((const char *)routes.buf, R, L, strides[0], type == T_I32, (int64_t *)top.buf,
+                              (uint8_t *)rep.buf, has_hist ? (int64_t *)hist.buf : NULL, has_hist ? hist.shape[1] : 0,
+                              has_mask ? (const uint8_t *)mask.buf : NULL);
+            done = 1;
+        }
+#endif
+        if (!done)
         stats_table[type]((const char *)routes.buf, routes.shape, strides, (int64_t *)top.buf, (uint8_t *)rep.buf,
                           has_hist ? (int64_t *)hist.buf : NULL, has_hist ? hist.shape[1] : 0,
                           has_mask ? (const uint8_t *)mask.buf : NULL, scratch);
