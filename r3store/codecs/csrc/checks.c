@@ -260,7 +260,7 @@ typedef void (*stats_fn)(const char *base, const Py_ssize_t *shape, const Py_ssi
                     m = v[i] > m ? v[i] : m;                                                       \
                 }                                                                                  \
                 if (K <= 32) {                                                                     \
-                    for (i = 0; i < K - 1 && !rep; i++) {                                          \
+                    for (i = 0; i < K - 1; i++) { /* no early exit: branch-free compares */      \
                         for (j = i + 1; j < K; j++) {                                              \
                             rep |= v[i] == v[j];                                                   \
                         }                                                                          \
