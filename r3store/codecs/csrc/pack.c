@@ -134,6 +134,14 @@ typedef uint64_t (*stage_fn)(const char *p, Py_ssize_t n, Py_ssize_t s, uint16_t
         uint64_t acc = 0;                                                                       \
         Py_ssize_t i;                                                                           \
         T x;                                                                                    \
+        if (s == (Py_ssize_t)sizeof(T)) { /* a contiguous run: a loop the compiler vectorises */ \
+            for (i = 0; i < n; i++) {                                                           \
+                memcpy(&x, p + i * (Py_ssize_t)sizeof(T), sizeof(T));                           \
+                acc |= (uint64_t)(WIDE)x;                                                       \
+                dst[i] = (uint16_t)x;                                                           \
+            }                                                                                   \
+            return acc;                                                                         \
+        }                                                                                       \
         for (i = 0; i < n; i++) {                                                               \
             memcpy(&x, p + i * s, sizeof(T));                                                   \
             acc |= (uint64_t)(WIDE)x;                                                           \
