@@ -15,14 +15,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import google_crc32c
 import numpy as np
 
 from r3store._format._manifest import FORMAT_VERSION, MAX_ROWS
 from r3store._spec import ModelSpec
-from r3store.codecs import BitpackCodec, SupportsBinding, get_codec
+from r3store.codecs import BitpackCodec, SupportsBatchEncode, SupportsBinding, get_codec
 from r3store.errors import ChecksumError, FormatError
 
 __all__ = [
@@ -262,13 +262,23 @@ def encode_object(blocks: Iterator[np.ndarray], geometry: ArrayGeometry, *, comm
     prefix = google_crc32c.value(f"{commit}/".encode()) if bind else 0
     lpc, cr = geometry.layers_per_chunk, geometry.chunk_rows
     index = np.full((geometry.row_chunks_per_object, geometry.layer_chunks, 2), EMPTY, dtype="<u8")
-    parts: list[bytes] = []
+    parts: list[bytes | memoryview] = []
     offset = 0
     padded = np.zeros((cr, lpc, geometry.top_k), dtype=np.uint16)
+    batch = isinstance(codec, SupportsBatchEncode) and geometry.num_moe_layers % lpc == 0
     for a in range(geometry.row_chunks_per_object):
         rows = next(blocks, None)
         if rows is None:
             break
+        if batch and rows.shape[0] == cr:  # every frame of the block in one call
+            tags = [google_crc32c.extend(prefix, f"{first_row_chunk + a}/{b}".encode()) if bind else 0
+                    for b in range(geometry.layer_chunks)]
+            frames, sizes = cast(SupportsBatchEncode, codec).encode_chunks(rows, lpc, tags)
+            for b, size in enumerate(sizes):
+                index[a, b] = (offset, size)
+                offset += size
+            parts.append(frames)
+            continue
         for b in range(geometry.layer_chunks):
             part = rows[:, b * lpc : (b + 1) * lpc]
             if part.shape != padded.shape:

@@ -18,7 +18,9 @@ represent, and, for codecs that bind frames to their position
 (:class:`r3store.codecs.SupportsBinding`; override :meth:`CodecTests.can_bind`), that a frame
 bound elsewhere is refused, and, for codecs that batch-decode
 (:class:`r3store.codecs.SupportsBatchDecode`), that a run of frames decodes into its places
-as frame-by-frame decoding would, and stops at the first frame failing a check.
+as frame-by-frame decoding would, and stops at the first frame failing a check; for
+codecs that batch-encode (:class:`r3store.codecs.SupportsBatchEncode`), that the frames are
+byte for byte those of :meth:`~r3store.codecs.Codec.encode`.
 Golden-fixture helpers (:func:`ensure_golden`, :func:`check_golden`) pin encoded bytes on disk.
 """
 
@@ -32,7 +34,7 @@ import numpy as np
 import pytest
 
 from r3store._format import position_tag
-from r3store.codecs import Codec, SupportsBatchDecode, SupportsBinding, get_codec
+from r3store.codecs import Codec, SupportsBatchDecode, SupportsBatchEncode, SupportsBinding, get_codec
 from r3store.errors import ChecksumError, CodecError, FormatError
 
 __all__ = ["CodecTests", "EDGE_SIZES", "ID_PATTERNS", "check_golden", "ensure_golden", "make_ids"]
@@ -345,6 +347,30 @@ class CodecTests:
         assert codec.decode_frames(blob, out=out, **kwargs) == 2
         np.testing.assert_array_equal(out[:2], expected[:2])  # frames 0 and 1 decoded
         assert (out[2:] == 7).all()  # frames 2 and 3 untouched
+
+    @pytest.mark.parametrize("layout", ["contiguous", "strided rows", "uint16", "zero tail"])
+    def test_batch_encode_is_frame_by_frame_encode(self, codec: Codec, layout: str) -> None:
+        if not isinstance(codec, SupportsBatchEncode):
+            pytest.skip("codec does not batch-encode")
+        bound = self.id_bound(codec)
+        block = make_ids("random", 2 * 5 * 6 * 3, bound, seed=22).reshape(10, 6, 3)
+        if layout == "strided rows":
+            block = block[::2]
+        elif layout == "uint16" and bound <= 1 << 16:
+            block = block.astype(np.uint16)
+        elif layout == "zero tail":
+            block[3:, 4:] = 0
+        tags = [position_tag("c9", 4, b) for b in range(3)] if self.can_bind(codec) else [0, 0, 0]
+        frames, sizes = codec.encode_chunks(block, 2, tags)
+        parts = [block[:, 2 * b : 2 * b + 2] for b in range(3)]
+        expected = [codec.encode(part, tag=tag) if tag else codec.encode(part)  # type: ignore[call-arg]
+                    for part, tag in zip(parts, tags, strict=True)]
+        assert sizes == [len(f) for f in expected]
+        assert bytes(frames) == b"".join(expected)
+        bad = block.astype(np.int64)
+        bad[-1, 3, 1] = bound
+        with pytest.raises(CodecError):
+            codec.encode_chunks(bad, 2, tags)
 
     # -- unrepresentable input ------------------------------------------------------
 

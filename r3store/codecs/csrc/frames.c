@@ -118,6 +118,111 @@ PyObject *py_encode_frame(PyObject *self, PyObject *args) {
     return frame;
 }
 
+R3_DOC(encode_frames_doc, "encode_frames(src, bits, version, layers_per_chunk, tags, out, lengths) -> int\n\n"
+"The frames of one row block of a route array in one call: src (rows, layers, top_k), any\n"
+"integer type and strides, layers a multiple of layers_per_chunk; frame b holds layers\n"
+"[b * layers_per_chunk, (b + 1) * layers_per_chunk) and is what encode_frame(src[:, those\n"
+"layers], bits, version, tags[b]) returns. tags: C-contiguous int64, one per frame (0 for\n"
+"version 1). The frames are written back to back into the writable bytes out (room for\n"
+"each frame untrimmed) and their sizes into lengths (C-contiguous int64, one per frame).\n"
+"Returns the bytes written, or -1 when an id lies outside [0, 2**bits) (the caller\n"
+"encodes frame by frame to report which).");
+
+PyObject *py_encode_frames(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *tags_obj, *out_obj, *len_obj;
+    int bits, version;
+    Py_ssize_t lpc;
+    Py_buffer src, tags, out, lens;
+    if (!PyArg_ParseTuple(args, "OiinOOO", &src_obj, &bits, &version, &lpc, &tags_obj, &out_obj, &len_obj)
+        || check_bits(bits) < 0) {
+        return NULL;
+    }
+    if (version != 1 && version != 2) {
+        PyErr_Format(PyExc_ValueError, "encode_frames: version must be 1 or 2, got %d", version);
+        return NULL;
+    }
+    if (get_int_buffer(src_obj, &src, 0, "src") < 0) {
+        return NULL;
+    }
+    if (get_i64_array(tags_obj, &tags, "tags") < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_SIMPLE | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&tags);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(len_obj, &lens, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&tags);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    const int hdr = frame_header_size(version);
+    const Py_ssize_t nf = tags.len / 8;
+    const char *fault = NULL;
+    Py_ssize_t n = 0, f, total = 0;
+    const int64_t *tg = (const int64_t *)tags.buf;
+    if (src.ndim != 3 || lpc < 1 || src.shape[1] % lpc || src.shape[1] / lpc != nf || buffer_type(&lens) != T_I64
+        || lens.len != nf * 8) {
+        fault = "encode_frames: src must be (rows, layers, top_k) with layers = len(tags) * layers_per_chunk, "
+                "lengths an int64 array of len(tags)";
+    } else {
+        n = src.shape[0] * lpc * src.shape[2];
+        if ((uint64_t)n > 0xFFFFFFFFu || out.len < nf * (hdr + packed_nbytes(n, bits))) {
+            fault = "encode_frames: out has no room for every frame (or a frame of 2**32 ids or more)";
+        }
+        for (f = 0; !fault && f < nf; f++) {
+            if (tg[f] < 0 || tg[f] > 0xFFFFFFFFll || (version == 1 && tg[f])) {
+                fault = "encode_frames: tags must be u32 (0 for version 1)";
+            }
+        }
+    }
+    if (fault) {
+        PyErr_SetString(PyExc_ValueError, fault);
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&tags);
+        PyBuffer_Release(&out);
+        PyBuffer_Release(&lens);
+        return NULL;
+    }
+    const int type = buffer_type(&src);
+    int64_t *ln = (int64_t *)lens.buf;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (f = 0; f < nf && !bad; f++) {
+        Py_ssize_t shape[3] = {src.shape[0], lpc, src.shape[2]}, used;
+        Py_buffer view = src;
+        view.buf = (char *)src.buf + f * lpc * src.strides[1];
+        view.shape = shape;
+        view.len = n * src.itemsize;
+        uint8_t *d = (uint8_t *)out.buf + total;
+        const uint64_t acc = pack_buffer(&view, type, bits, d + hdr, &used);
+        if (!fits(acc, bits)) {
+            bad = 1;
+            break;
+        }
+        const Py_ssize_t plen = packed_nbytes(used, bits); /* trailing zero ids trimmed */
+        memcpy(d, "R3BP", 4);
+        d[4] = (uint8_t)version;
+        d[5] = (uint8_t)bits;
+        d[6] = d[7] = 0;
+        put_u32(d + 8, (uint32_t)n);
+        put_u32(d + 12, (uint32_t)used);
+        if (version == 2) put_u32(d + 16, (uint32_t)tg[f]);
+        put_u32(d + hdr - 4, crc32c_extend(crc32c_extend(0, d, (size_t)hdr - 4), d + hdr, (size_t)plen));
+        ln[f] = hdr + plen;
+        total += hdr + plen;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&tags);
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&lens);
+    return PyLong_FromSsize_t(bad ? -1 : total);
+}
+
 R3_DOC(check_frame_doc, "check_frame(buf, bits) -> (status, n_total, n_encoded, header, tag)\n\n"
 "Verify an r3store.bitpack frame of version 1 or 2 (magic, version, CRC-32C, bits, sizes,\n"
 "reserved and padding bits). status 0: valid; otherwise the number of the first failed\n"

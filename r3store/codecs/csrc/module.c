@@ -78,6 +78,7 @@ static PyMethodDef methods[] = {
     {"pack", py_pack, METH_VARARGS, pack_doc},
     {"unpack", py_unpack, METH_VARARGS, unpack_doc},
     {"encode_frame", py_encode_frame, METH_VARARGS, encode_frame_doc},
+    {"encode_frames", py_encode_frames, METH_VARARGS, encode_frames_doc},
     {"check_frame", py_check_frame, METH_VARARGS, check_frame_doc},
     {"check_routes", py_check_routes, METH_VARARGS, check_routes_doc},
     {"route_stats", py_route_stats, METH_VARARGS, route_stats_doc},

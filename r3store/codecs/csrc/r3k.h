@@ -8,7 +8,7 @@
  *   crc32c.c   CRC-32C (table and SSE4.2), crc32c()
  *   pack.c     bit packing (widths 1..16, AVX2 for <= 14 bits), pack()
  *   unpack.c   bit unpacking into 1-, 2-, 4-byte words (AVX2), unpack()
- *   frames.c   r3store.bitpack frames: encode_frame(), check_frame(), decode_frames()
+ *   frames.c   r3store.bitpack frames: encode_frame(), encode_frames(), check_frame(), decode_frames()
  *   checks.c   route validation for writers (AVX2 fast path), check_routes(); audit
  *              statistics (top id, repeats, id histogram), route_stats()
  *   gather.c   row gather with pad rows, gather_rows()
@@ -130,6 +130,7 @@ void unpack_to_buffer(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits,
 R3_PYFUNC(pack)
 R3_PYFUNC(unpack)
 R3_PYFUNC(encode_frame)
+R3_PYFUNC(encode_frames)
 R3_PYFUNC(check_frame)
 R3_PYFUNC(decode_frames)
 R3_PYFUNC(check_routes)
