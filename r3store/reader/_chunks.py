@@ -319,7 +319,8 @@ class ChunkReader:
                           copy: Callable[[int, int, np.ndarray], None], out: np.ndarray, remember: bool) -> bool:
         """The frames of ``row_chunks`` x ``layer_chunks`` of one storage object, vectorised: index
         entries looked up, ranges merged and whole chunks decoded in place by one kernel call
-        per fetched range; the others (a run's partial first and last chunks) one by one.
+        per fetched range; the others (a run's partial first and last chunks) by one more call per
+        range into a scratch of whole chunks, then copied.
         ``row_place``/``layer_place``: per row chunk and layer chunk, the output row or layer
         it decodes in place to, or -1. ``remember``: cache the chunks decoded one by one.
         False, having read nothing, when an index entry is unusual (a chunk past the array's
@@ -351,13 +352,22 @@ class ChunkReader:
             if sel.any():
                 cols = np.stack([offsets[sel] - starts[r], nbytes[sel], rows_at[sel], layers_at[sel], rc[sel], lc[sel]])
                 self._decode_batch(codec, geometry, array, key, blob, int(starts[r]), cols, bound, out)
-            for f in np.flatnonzero(~direct & (which == r)).tolist():
+            rest = np.flatnonzero(~direct & (which == r))
+            if not len(rest):
+                continue
+            # the chunks a run only partly covers (a sample's first and last, a CP rank's pieces):
+            # decoded by one batch call into a scratch of whole chunks, then copied
+            cr = geometry.chunk_rows
+            scratch = np.empty((len(rest) * cr, geometry.layers_per_chunk, geometry.top_k), dtype=np.int32)
+            cols = np.stack([offsets[rest] - starts[r], nbytes[rest], np.arange(len(rest), dtype=np.int64) * cr,
+                             np.zeros(len(rest), dtype=np.int64), rc[rest], lc[rest]])
+            self._decode_batch(codec, geometry, array, key, blob, int(starts[r]), cols, bound, scratch)
+            for i, f in enumerate(rest.tolist()):
                 c, b = int(rc[f]), int(lc[f])
-                chunk = self._decode_frame(codec, geometry, array, key, blob, int(offsets[f] - starts[r]),
-                                           int(nbytes[f]), int(offsets[f]), (c, b), bound)
+                chunk = scratch[i * cr : (i + 1) * cr]
                 copy(c, b, chunk)
                 if remember:
-                    self._remember(array, c, b, chunk)
+                    self._remember(array, c, b, chunk.copy())
         return True
 
     def _stream_object(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int, wanted: list[Chunk],
