@@ -344,6 +344,17 @@ PyObject *py_decode_frames(PyObject *self, PyObject *args) {
                     break;
                 }
             }
+            if (osize == 4 && width % 8 == 0 && (Py_ssize_t)ne == n_total) {
+                /* every row of the chunk is byte-aligned in the payload: unpacked straight into out */
+                const uint8_t *pl = d + hdr;
+                const Py_ssize_t plen = (Py_ssize_t)ln[f] - hdr, row_bytes = width / 8 * bits;
+                uint32_t *o0 = (uint32_t *)(base + ((rw[f] * L + ly[f]) * K) * osize);
+                Py_ssize_t r = unpack_rows4(pl, plen, chunk_rows, width / 8, bits, o0, L * K);
+                for (; r < chunk_rows; r++) {
+                    unpack_contig(pl + r * row_bytes, plen - r * row_bytes, width, bits, (char *)(o0 + r * L * K), 4);
+                }
+                continue;
+            }
             unpack_contig(d + hdr, (Py_ssize_t)ln[f] - hdr, (Py_ssize_t)ne, bits, (char *)stage, 4);
             memset(stage + ne, 0, (size_t)(n_total - (Py_ssize_t)ne) * 4);
             for (Py_ssize_t r = 0; r < chunk_rows; r++) {

@@ -106,6 +106,59 @@ R3_TARGET_AVX2 static Py_ssize_t unpack_avx2(const uint8_t *p, Py_ssize_t groups
 }
 #endif
 
+#ifdef R3_X86
+/* unpack_rows4 with AVX2: the shuffle set up once, then gpr groups per row. */
+R3_TARGET_AVX2 static Py_ssize_t unpack_rows4_avx2(const uint8_t *p, Py_ssize_t plen, Py_ssize_t rows, Py_ssize_t gpr,
+                                                   int bits, uint32_t *out, Py_ssize_t stride) {
+    int8_t shuf[32];
+    int32_t shifts[8];
+    int i, k;
+    for (i = 0; i < 8; i++) {
+        const int first = (i * bits) >> 3;
+        shifts[i] = (i * bits) & 7;
+        for (k = 0; k < 4; k++) {
+            const int b = first + k;
+            shuf[(i / 4) * 16 + (i % 4) * 4 + k] = (int8_t)(b < 16 ? b : 0x80);
+        }
+    }
+    const __m256i vshuf = _mm256_loadu_si256((const __m256i *)shuf);
+    const __m256i vshift = _mm256_loadu_si256((const __m256i *)shifts);
+    const __m256i mask = _mm256_set1_epi32((1 << bits) - 1);
+    const Py_ssize_t row_bytes = gpr * bits;
+    Py_ssize_t r, g;
+    for (r = 0; r < rows; r++) {
+        const uint8_t *q = p + r * row_bytes;
+        if ((r + 1) * row_bytes - bits + 16 > plen) { /* the row's last 16-byte read would leave the payload */
+            break;
+        }
+        uint32_t *o = out + r * stride;
+        for (g = 0; g < gpr; g++, q += bits, o += 8) {
+            const __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q));
+            _mm256_storeu_si256((__m256i *)o, _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(x, vshuf), vshift),
+                                                               mask));
+        }
+    }
+    return r;
+}
+#endif
+
+/*
+ * Unpack `rows` rows of gpr * 8 ids each (byte-aligned: each row is gpr * bits bytes) from p
+ * (plen bytes) into 4-byte words, row r at out + r * stride. Returns the rows done: all of
+ * them, or fewer near the payload's end or without AVX2 (the caller unpacks the rest with
+ * unpack_contig, row by row).
+ */
+Py_ssize_t unpack_rows4(const uint8_t *p, Py_ssize_t plen, Py_ssize_t rows, Py_ssize_t gpr, int bits, uint32_t *out,
+                        Py_ssize_t stride) {
+#ifdef R3_X86
+    if (use_avx2) {
+        return unpack_rows4_avx2(p, plen, rows, gpr, bits, out, stride);
+    }
+#endif
+    (void)p; (void)plen; (void)rows; (void)gpr; (void)bits; (void)out; (void)stride;
+    return 0;
+}
+
 /*
  * Unpack n ids from p (plen bytes, at least packed_nbytes(n, bits)) into out, a
  * contiguous array of 1-, 2- or 4-byte words (values are truncated to the word).
