@@ -6,7 +6,15 @@ of a pipeline stage), once through ``LocalBackend`` and once through a subclass 
 ranges from ``mmap`` views as r3store 0.2 did, in the same run, page cache warm for both.
 The chunk cache is off so every call reads and verifies its frames.
 
-usage: python benchmarks/bench_local_reads.py [--quick] [--samples N] [--tokens T] [--repeats R]
+With ``--paths`` it measures instead issue 21's single-process paths against baselines in
+the same run, in CPU time (``time.process_time``, median of ``--repeats``), on one sample of
+``--tokens`` tokens of the same shape (default 32,768): ``get`` vs ``np.load`` of the same
+int32 ``.npy`` (target <= 1.5x), ``assemble`` THD CP=1 vs the same ``np.load`` (<= 1.2x),
+``validate`` vs reading every route back with ``get`` (<= 2.5x), and the writer
+(``append`` + ``flush``, the commit, of the int32 array to an open store) vs ``np.save`` of
+it to a file (<= 2.0x).
+
+usage: python benchmarks/bench_local_reads.py [--quick] [--samples N] [--tokens T] [--repeats R] [--paths]
 """
 
 from __future__ import annotations
@@ -15,11 +23,16 @@ import argparse
 import mmap
 import os
 import shutil
+import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 import r3store
+from r3store.audit import validate
 from r3store.storage import ByteRange, LocalBackend, SuffixByteRange
 from r3store.testing.synthetic import qwen3_30b_a3b_spec, synthetic_routes
 
@@ -64,13 +77,76 @@ def timed(store: r3store.RouteStore, ids: list[str], repeats: int) -> tuple[floa
     return whole, sliced
 
 
+def cpu_median(fn: Callable[[], object], repeats: int) -> float:
+    """Median CPU seconds of ``fn()`` over ``repeats`` calls (after one untimed call)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        fn()
+        times.append(time.process_time() - t0)
+    return statistics.median(times)
+
+
+def paths(tokens: int, repeats: int) -> None:
+    """Issue 21's targets: get, assemble CP=1, validate and the writer against their baselines."""
+    spec = qwen3_30b_a3b_spec()
+    routes = synthetic_routes(num_tokens=tokens, num_layers=spec.num_moe_layers, num_experts=spec.num_experts,
+                              top_k=spec.top_k, seed=0).astype(np.int32)
+    folder = Path(tempfile.mkdtemp(prefix="r3-paths-"))
+    try:
+        np.save(folder / "a.npy", routes)
+        counter = iter(range(1 << 30))
+        with r3store.RouteWriter(folder / "written", spec, writer_id="w") as writer:
+
+            def write() -> None:  # one sample appended and committed (its own commit) to an open store
+                writer.append(f"s{next(counter)}", routes)
+                writer.flush()
+
+            write_cpu = cpu_median(write, repeats)
+        save_cpu = cpu_median(lambda: np.save(folder / "b.npy", routes), repeats)
+        with r3store.RouteWriter(folder / "store", spec, writer_id="r") as w:
+            w.append("before", routes[:100])  # the sample starts mid-chunk, as most do
+            w.append("a", routes)
+        store = r3store.open_store(folder / "store", cache_bytes=0)
+        assert (store.get("a") == routes).all()
+        load = cpu_median(lambda: np.load(folder / "a.npy"), repeats)
+        get = cpu_median(lambda: store.get("a"), repeats)
+        assemble = cpu_median(lambda: store.assemble(["a"], layout="thd"), repeats)
+        read_all = cpu_median(lambda: [store.get(s) for s in store.sample_ids], repeats)
+        report = validate(store)
+        assert report.ok, report.findings
+        validate_cpu = cpu_median(lambda: validate(store), repeats)
+        rows = [
+            ("get", get, "np.load", load, 1.5),
+            ("assemble THD CP=1", assemble, "np.load", load, 1.2),
+            ("validate", validate_cpu, "get of every sample", read_all, 2.5),
+            ("append + commit", write_cpu, "np.save", save_cpu, 2.0),
+        ]
+        mb = routes.nbytes / 1e6
+        print(f"one sample of {tokens} tokens, 48 layers x top-8 of 128 experts ({mb:.0f} MB of int32), "
+              f"CPU time, median of {repeats}, kernels {r3store.codecs.kernels.implementation()}")
+        print(f"{'path':<20} {'ms':>8} {'baseline':<22} {'ms':>8} {'ratio':>7} {'target':>8}")
+        for name, ours, base_name, base, target in rows:
+            verdict = "met" if ours / base <= target else "missed"
+            print(f"{name:<20} {ours * 1e3:>8.1f} {base_name:<22} {base * 1e3:>8.1f} {ours / base:>6.2f}x "
+                  f"<= {target}x {verdict}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="8 samples, 1 repeat")
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--paths", action="store_true", help="issue 21's targets (get, assemble, validate, writer)")
     args = parser.parse_args()
+    if args.paths:
+        tokens = 8192 if args.quick else (args.tokens if args.tokens != 4096 else 32768)
+        paths(tokens, 3 if args.quick else max(args.repeats, 5))
+        return
     samples, repeats = (8, 1) if args.quick else (args.samples, args.repeats)
     spec = qwen3_30b_a3b_spec()
     base = synthetic_routes(num_tokens=args.tokens, num_layers=spec.num_moe_layers, num_experts=spec.num_experts,

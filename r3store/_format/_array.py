@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import google_crc32c
 import numpy as np
@@ -23,7 +23,7 @@ import numpy as np
 from r3store._checks import is_int
 from r3store._format._manifest import FORMAT_VERSION, MAX_ROWS
 from r3store._spec import ModelSpec
-from r3store.codecs import BitpackCodec, SupportsBinding, get_codec
+from r3store.codecs import BitpackCodec, SupportsBatchEncode, SupportsBinding, get_codec
 from r3store.errors import ChecksumError, FormatError
 
 __all__ = [
@@ -256,8 +256,8 @@ def encode_object(blocks: Iterator[np.ndarray], geometry: ArrayGeometry, *, comm
     blocks : iterator of ndarray of integer dtype, shape (<= chunk_rows, num_moe_layers, top_k)
         Consecutive row blocks; up to ``geometry.row_chunks_per_object`` of them are
         consumed. Only the last block of the array may be short. Values are ids the
-        codec can hold. Each block is encoded before the next is requested, so the
-        producer may reuse its buffer.
+        codec can hold (the writer has checked them). Each block is encoded before the
+        next is requested, so the producer may reuse its buffer.
     geometry : ArrayGeometry
     commit : str, optional
         Bind each frame to its place in this commit's array (:func:`position_tag` of
@@ -275,23 +275,36 @@ def encode_object(blocks: Iterator[np.ndarray], geometry: ArrayGeometry, *, comm
         CRC-32C. Inner chunks past the end of the array are marked missing.
     """
     codec = get_codec(geometry.codec)
+    bind = commit is not None and isinstance(codec, SupportsBinding)  # once per object: a Protocol check is slow
+    prefix = google_crc32c.value(f"{commit}/".encode()) if bind else 0
     lpc, cr = geometry.layers_per_chunk, geometry.chunk_rows
     index = np.full((geometry.row_chunks_per_object, geometry.layer_chunks, 2), EMPTY, dtype="<u8")
-    parts: list[bytes] = []
+    parts: list[bytes | memoryview] = []
     offset = 0
     padded = np.zeros((cr, lpc, geometry.top_k), dtype=np.uint16)
+    batch = isinstance(codec, SupportsBatchEncode) and geometry.num_moe_layers % lpc == 0
     for a in range(geometry.row_chunks_per_object):
         rows = next(blocks, None)
         if rows is None:
             break
+        if batch and rows.shape[0] == cr:  # every frame of the block in one call
+            tags = [google_crc32c.extend(prefix, f"{first_row_chunk + a}/{b}".encode()) if bind else 0
+                    for b in range(geometry.layer_chunks)]
+            frames, sizes = cast(SupportsBatchEncode, codec).encode_chunks(rows, lpc, tags)
+            for b, size in enumerate(sizes):
+                index[a, b] = (offset, size)
+                offset += size
+            parts.append(frames)
+            continue
         for b in range(geometry.layer_chunks):
             part = rows[:, b * lpc : (b + 1) * lpc]
             if part.shape != padded.shape:
                 padded[...] = 0
                 padded[: part.shape[0], : part.shape[1]] = part
                 part = padded
-            if commit is not None and isinstance(codec, SupportsBinding):
-                frame = codec.encode(part, tag=position_tag(commit, first_row_chunk + a, b))  # type: ignore[call-arg]
+            if bind:  # position_tag(commit, row chunk, b), from the commit's CRC state
+                tag = google_crc32c.extend(prefix, f"{first_row_chunk + a}/{b}".encode())
+                frame = codec.encode(part, tag=tag)  # type: ignore[call-arg]
             else:
                 frame = codec.encode(part)
             index[a, b] = (offset, len(frame))

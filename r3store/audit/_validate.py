@@ -36,7 +36,6 @@ import pyarrow.compute as pc
 from r3store._checks import parse_int
 from r3store._format import INDEX_PREFIX, ArrayGeometry, array_key, parse_ranges, parse_table_key
 from r3store._spec import ModelSpec
-from r3store._validate import repeated_ids
 from r3store.audit._findings import KINDS, Finding, RowRuns, ValidationReport, format_rows, make_finding
 from r3store.audit._physical import ALPHA, physical_id_test
 from r3store.audit._scan import (
@@ -48,6 +47,7 @@ from r3store.audit._scan import (
     run_plan,
     select_samples,
 )
+from r3store.codecs.kernels import route_stats
 from r3store.errors import ChecksumError, FormatError, ObjectNotFoundError, UnknownCodecError
 from r3store.reader import RouteReader, checkpoint_keys, load_checkpoint, read_all_rows, table_keys
 
@@ -534,41 +534,42 @@ class _SampleScanner:
         self.array = array
         self.next = 0
         self.min_zero_rows = zero_layer_min_rows(spec.num_experts, spec.top_k)
-        nbins = 1 << spec.bits_per_id
-        self.offsets = (np.arange(spec.num_moe_layers, dtype=np.int64) * nbins)[None, :, None]
 
     def feed(self, lo: int, x: np.ndarray, valid: np.ndarray | None) -> None:
         """Check rows ``[lo, lo + len(x))``; ``valid`` masks unreadable (row, layer) cells."""
         hi = lo + len(x)
         if self.next >= len(self.samples) or self.samples[self.next].start >= hi:
             return
-        top = x.max(axis=-1)  # (rows, layers); ids are >= 0, so top == 0 means all zeros
-        ok = np.ones(top.shape, bool) if valid is None else valid.copy()
+        ok = np.ones((len(x), x.shape[1]), bool) if valid is None else valid.copy()
         masked = False
         i = bisect.bisect_right(self.missing_ends, lo)  # rows the engine did not capture hold zeros: skip them
         while i < len(self.missing) and self.missing[i][0] < hi:
             a, b = self.missing[i]
             ok[max(a, lo) - lo : min(b, hi) - lo] = False
             masked, i = True, i + 1
-        repeated = repeated_ids(x) & ok
-        out_of_range = (top >= self.spec.num_experts) & ok
         in_sample = np.zeros(len(x), bool)
+        i = self.next
+        while i < len(self.samples) and self.samples[i].start < hi:
+            s = self.samples[i]
+            in_sample[max(lo, s.start) - lo : min(hi, s.stop) - lo] = True
+            i += 1
+        counted = None if valid is None and not masked and in_sample.all() else ok & in_sample[:, None]
+        # one pass in C: per (row, layer) the top id (ids are >= 0, so top == 0 means all zeros) and
+        # whether an id repeats; the ids of the counted cells go to the histogram
+        top, repeated = route_stats(x, self.res.hist, counted)
+        repeated &= ok
+        out_of_range = (top >= self.spec.num_experts) & ok
         i = self.next
         while i < len(self.samples) and self.samples[i].start < hi:
             s = self.samples[i]
             a, b = max(lo, s.start), min(hi, s.stop)
             sl = slice(a - lo, b - lo)
-            in_sample[sl] = True
             self._update(s, a - s.start, top[sl], repeated[sl], out_of_range[sl], ok[sl])
             if s.stop <= hi:
                 self._finish(s)
                 if i == self.next:
                     self.next += 1
             i += 1
-        ids = x.astype(np.int64) + self.offsets
-        if valid is not None or masked or not in_sample.all():
-            ids = ids[ok & in_sample[:, None]]
-        self.res.hist += np.bincount(ids.ravel(), minlength=self.res.hist.size).reshape(self.res.hist.shape)
 
     @staticmethod
     def _update(s: _Sample, row0: int, top: np.ndarray, repeated: np.ndarray, out_of_range: np.ndarray,

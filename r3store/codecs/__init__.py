@@ -1,12 +1,18 @@
 """Codecs: expert ids to bytes and back.
 
 The contract lives in :class:`Codec` (optional abilities: :class:`SupportsFrameSize`,
-:class:`SupportsBinding`);
+:class:`SupportsBinding`, :class:`SupportsBatchDecode`, :class:`SupportsBatchEncode`);
 codecs are looked up by id with :func:`get_codec` (built-in ``r3store.bitpack``, then the
 ``r3store.codecs`` entry-point group).
 """
 
-from r3store.codecs._abc import Codec, SupportsBinding, SupportsFrameSize
+from r3store.codecs._abc import (
+    Codec,
+    SupportsBatchDecode,
+    SupportsBatchEncode,
+    SupportsBinding,
+    SupportsFrameSize,
+)
 from r3store.codecs._bitpack import (
     BitpackCodec,
     pack_bits,
@@ -20,6 +26,8 @@ __all__ = [
     "BitpackCodec",
     "Codec",
     "ENTRY_POINT_GROUP",
+    "SupportsBatchDecode",
+    "SupportsBatchEncode",
     "SupportsBinding",
     "SupportsFrameSize",
     "get_codec",

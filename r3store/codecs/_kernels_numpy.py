@@ -1,6 +1,6 @@
 """numpy twins of the compiled kernels: the reference, and the fallback where none is built.
 
-Each function here computes exactly what its namesake in ``_kernels.c`` computes; the
+Each function here computes exactly what its namesake in the C extension (``csrc/*.c``) computes; the
 test suite checks both agree (and agree with the plain-Python references in
 :mod:`r3store.codecs._bitpack`). :mod:`r3store.codecs.kernels` chooses between them.
 """
@@ -27,6 +27,7 @@ __all__ = [
     "gather_rows_numpy",
     "pack_bits_numpy",
     "repeated_ids",
+    "route_stats_numpy",
     "unpack_bits_numpy",
     "unpack_into_numpy",
 ]
@@ -298,6 +299,22 @@ def decode_frames_numpy(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarra
         unpack_into_numpy(frame[check.header :], check.n_encoded, bits, stage)
         out[r : r + chunk_rows, la : la + layers_per_chunk] = stage.reshape(chunk_rows, layers_per_chunk, -1)
     return -1
+
+
+def route_stats_numpy(routes: np.ndarray, hist: np.ndarray | None,
+                      mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """numpy twin of :func:`r3store.codecs.kernels.route_stats`."""
+    wide = routes.astype(np.int64)
+    top = wide.max(axis=-1) if routes.shape[-1] else np.zeros(routes.shape[:-1], np.int64)
+    repeated = repeated_ids(wide)
+    if hist is not None:
+        nbins = hist.shape[1]
+        keep = (wide >= 0) & (wide < nbins)
+        if mask is not None:
+            keep &= mask.astype(bool)[..., None]
+        cells = (np.arange(routes.shape[1], dtype=np.int64)[None, :, None] * nbins + wide)[keep]
+        hist += np.bincount(cells, minlength=hist.size).reshape(hist.shape)
+    return top, repeated
 
 
 def b64decode_numpy(text: str | bytes | bytearray | memoryview) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Hot loops of r3store, compiled where possible: bit-packing, route checks, row gather, base64.
+"""Hot loops of r3store, compiled where possible: bit-packing, route checks, row gather; base64.
 
 Each function runs the C extension ``r3store.codecs._kernels`` when it was built, and
 its numpy twin (:mod:`r3store.codecs._kernels_numpy`, the reference) otherwise. Both
@@ -29,6 +29,7 @@ array([ 3, 63,  0, 17], dtype=uint8)
 
 from __future__ import annotations
 
+import binascii
 import importlib
 import os
 from collections.abc import Iterator, Sequence
@@ -53,9 +54,16 @@ from r3store.codecs._kernels_numpy import (
     gather_rows_numpy,
     pack_bits_numpy,
     repeated_ids,
+    route_stats_numpy,
     unpack_into_numpy,
 )
 from r3store.errors import CodecError
+
+_pybase64: ModuleType | None
+try:
+    import pybase64 as _pybase64
+except ImportError:  # pragma: no cover - a dependency; the standard library decodes without it
+    _pybase64 = None
 
 __all__ = [
     "DISABLE_ENV",
@@ -78,6 +86,7 @@ __all__ = [
     "native_module",
     "pack_bits",
     "repeated_ids",
+    "route_stats",
     "unpack_bits",
     "unpack_into",
     "use",
@@ -482,6 +491,55 @@ def gather_rows(src: np.ndarray, index: np.ndarray, out: np.ndarray, *, fill_val
         raise CodecError(_KERNELS, str(exc)) from exc
 
 
+def route_stats(routes: np.ndarray, hist: np.ndarray | None = None,
+                mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The audit's per-cell statistics of routes in one pass: top id, repeats, id histogram.
+
+    ``validate``'s checks (:mod:`r3store.audit`): which (row, layer) cells hold an id twice
+    (what :func:`repeated_ids` computes), their largest id (ids out of range, all-zero
+    layers), and how often each id occurs per layer.
+
+    Parameters
+    ----------
+    routes : ndarray of integer dtype, shape (rows, layers, top_k), any memory layout
+    hist : ndarray of int64, shape (layers, nbins), C-contiguous, writable, optional
+        Incremented by the number of times each id in ``[0, nbins)`` occurs in a counted
+        cell, per layer (ids outside are not counted).
+    mask : ndarray of bool, shape (rows, layers), optional
+        The cells counted in ``hist`` (default: every cell).
+
+    Returns
+    -------
+    top : ndarray of int64, shape (rows, layers)
+        The largest id of each cell (0 when ``top_k`` is 0).
+    repeated : ndarray of bool, shape (rows, layers)
+        Whether the cell holds an id more than once.
+
+    Raises
+    ------
+    r3store.errors.CodecError
+        ``routes`` is not a 3-D integer array, or ``hist``/``mask`` do not fit it.
+    """
+    if not isinstance(routes, np.ndarray) or routes.ndim != 3 or routes.dtype.kind not in "iu":
+        raise CodecError(_KERNELS, "routes must be a 3-D integer ndarray (rows, layers, top_k)")
+    cells = routes.shape[:2]
+    if hist is not None and not (isinstance(hist, np.ndarray) and hist.dtype == np.int64 and hist.ndim == 2
+                                 and hist.shape[0] == routes.shape[1] and hist.flags.c_contiguous
+                                 and hist.flags.writeable):
+        raise CodecError(_KERNELS, f"hist must be a writable C-contiguous int64 array of shape ({routes.shape[1]}, "
+                                   "nbins)")
+    if mask is not None:
+        if not isinstance(mask, np.ndarray) or mask.shape != cells or mask.dtype != np.bool_:
+            raise CodecError(_KERNELS, f"mask must be a bool array of shape {cells}")
+        mask = np.ascontiguousarray(mask)
+    if _native is None or not routes.dtype.isnative:
+        return route_stats_numpy(routes, hist, mask)
+    top = np.empty(cells, np.int64)
+    repeated = np.empty(cells, np.bool_)
+    _native.route_stats(routes, top, repeated.view(np.uint8), hist, mask)
+    return top, repeated
+
+
 def decode_frames(blob: npt.ArrayLike | bytes | memoryview, starts: np.ndarray, lengths: np.ndarray, bits: int,
                   out: np.ndarray, rows: np.ndarray, layers: np.ndarray, *, chunk_rows: int, layers_per_chunk: int,
                   tag_prefix: str | None = None, row_chunks: np.ndarray | None = None,
@@ -565,7 +623,7 @@ def b64decode(text: str | bytes | bytearray | memoryview) -> np.ndarray:
     Returns
     -------
     ndarray of uint8, shape (decoded bytes,)
-        Writable, freshly allocated (aligned for any dtype view).
+        Writable, freshly allocated.
 
     Raises
     ------
@@ -576,14 +634,15 @@ def b64decode(text: str | bytes | bytearray | memoryview) -> np.ndarray:
 
     Notes
     -----
-    The compiled decoder handles canonical input (the only kind base64 encoders
-    produce); anything else goes to :func:`base64.b64decode`, so the result and the error
-    are always the standard library's.
+    Decoded by ``pybase64.b64decode_as_bytearray(text, validate=True)`` (SIMD on every
+    CPU) when pybase64 is installed; input it refuses, and every input without it, goes to
+    :func:`base64.b64decode`, so the result and the error are always the standard
+    library's (pybase64 is stricter: it refuses padding past the last quantum, which the
+    standard library ignores).
     """
-    if _native is not None:
-        size = _native.b64_decoded_size(text)
-        if size >= 0:
-            out = np.empty(size, dtype=np.uint8)
-            if _native.b64decode(text, out) == size:
-                return out
+    if _pybase64 is not None:
+        try:
+            return np.frombuffer(_pybase64.b64decode_as_bytearray(text, validate=True), dtype=np.uint8)
+        except (binascii.Error, ValueError, TypeError):
+            pass  # the standard library gives the verdict, and its message
     return b64decode_numpy(text)

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
+import cachetools
 import numpy as np
 
 from r3store._checks import parse_int
@@ -39,7 +39,7 @@ from r3store._format import (
     tag_prefix,
 )
 from r3store._spec import ModelSpec
-from r3store.codecs import BitpackCodec, Codec, SupportsBinding, SupportsFrameSize, get_codec, kernels
+from r3store.codecs import Codec, SupportsBatchDecode, SupportsBinding, SupportsFrameSize, get_codec
 from r3store.errors import (
     ChecksumError,
     CodecError,
@@ -53,6 +53,8 @@ from r3store.errors import (
 from r3store.storage import Backend, ByteRange, SuffixByteRange
 
 __all__ = ["ChunkReader", "merge_ranges"]
+
+K = TypeVar("K")
 
 INDEX_CACHE_BYTES = 64 << 20
 """Verified storage-object indexes kept per reader (least recently used dropped first): an
@@ -122,13 +124,19 @@ class ChunkReader:
         self.manifest = manifest
         self.spec: ModelSpec = manifest.spec
         self.array_rows = array_rows
-        self.cache_bytes = parse_int("cache_bytes", cache_bytes, minimum=0)
         self._geometries: dict[str, tuple[ArrayGeometry, Codec]] = {}
-        self._indexes: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
-        self._index_bytes = 0
-        self._chunks: OrderedDict[tuple[str, int, int], np.ndarray] = OrderedDict()
-        self._cached = 0
+        self._indexes: ByteLRU[tuple[str, int]] = ByteLRU(INDEX_CACHE_BYTES)
+        self._chunks: ByteLRU[tuple[str, int, int]] = ByteLRU(parse_int("cache_bytes", cache_bytes, minimum=0))
         self._prefetched: dict[str, bytes] = {}
+
+    @property
+    def cache_bytes(self) -> int:
+        """Budget for decoded chunks kept in memory (settable: the chunks kept are kept while they fit)."""
+        return int(self._chunks.maxsize)
+
+    @cache_bytes.setter
+    def cache_bytes(self, value: int) -> None:
+        self._chunks = self._chunks.resized(parse_int("cache_bytes", value, minimum=0))
 
     # -- geometry ---------------------------------------------------------------------
 
@@ -204,18 +212,7 @@ class ChunkReader:
             raise OptionError("out", f"<array of shape {out.shape}>", f"must have shape {shape}")
         if stop <= start or not len(positions):
             return out
-        pos = np.asarray(positions)
-        lpc, cr, per_object = geometry.layers_per_chunk, geometry.chunk_rows, geometry.row_chunks_per_object
-        by_chunk = {int(b): _as_slices(np.flatnonzero(pos // lpc == b), pos, b * lpc) for b in np.unique(pos // lpc)}
-        first, last = start // cr, (stop - 1) // cr
-        for obj in range(first // per_object, last // per_object + 1):
-            row_chunks = range(max(first, obj * per_object), min(last, (obj + 1) * per_object - 1) + 1)
-            chunks = self._fetch(array, geometry, codec, obj, [(c, b) for c in row_chunks for b in by_chunk])
-            for c in row_chunks:
-                lo, hi = max(start, c * cr), min(stop, (c + 1) * cr)
-                for b, (dst, src) in by_chunk.items():
-                    out[lo - start : hi - start, dst] = chunks[(c, b)][lo - c * cr : hi - c * cr, src]
-        return out
+        return self._read(array, geometry, codec, [(start, stop, 0)], positions, out, remember=True)
 
     def read_runs(self, array: str, runs: Sequence[tuple[int, int, int]], positions: Sequence[int],
                   out: np.ndarray) -> np.ndarray:
@@ -267,6 +264,14 @@ class ChunkReader:
                                   f"rows [{start}, {stop}) beyond the array's {geometry.rows} rows")
         if not len(positions):
             return out
+        return self._read(array, geometry, codec, runs, positions, out, remember=False)
+
+    def _read(self, array: str, geometry: ArrayGeometry, codec: Codec, runs: Sequence[tuple[int, int, int]],
+              positions: Sequence[int], out: np.ndarray, *, remember: bool) -> np.ndarray:
+        """The runs (checked) into ``out``: whole chunks decoded in place, by one batch call per
+        fetched range for a :class:`~r3store.codecs.SupportsBatchDecode` codec; the others decoded
+        one by one and copied (and cached with ``remember``: the first and last chunks of a
+        sample, which its neighbours share)."""
         pos = np.asarray(positions)
         lpc, cr, per_object = geometry.layers_per_chunk, geometry.chunk_rows, geometry.row_chunks_per_object
         by_chunk = {int(b): _as_slices(np.flatnonzero(pos // lpc == b), pos, b * lpc) for b in np.unique(pos // lpc)}
@@ -294,8 +299,7 @@ class ChunkReader:
             for lo, hi, o in pieces[c]:
                 out[o : o + hi - lo, dst] = chunk[lo - c * cr : hi - c * cr, src]
 
-        fast = (type(codec) is BitpackCodec and kernels.native_module() is not None and out.flags.c_contiguous
-                and out.dtype.itemsize <= 4)
+        fast = _batch_decodes(codec) and _batch_target(out)
         layer_place = np.array([by_chunk[b][0].start if b in whole else -1 for b in sorted(by_chunk)],  # type: ignore[union-attr]
                                dtype=np.int64)
         chunks = sorted(pieces)
@@ -304,22 +308,25 @@ class ChunkReader:
             row_place = np.array([pieces[c][0][2] if len(pieces[c]) == 1 and pieces[c][0][:2] == (c * cr, (c + 1) * cr)
                                   else -1 for c in row_chunks], dtype=np.int64)
             if fast and self._read_object_fast(array, geometry, codec, obj, row_chunks, sorted(by_chunk), row_place,
-                                               layer_place, copy, out):
+                                               layer_place, copy, out, remember):
                 continue
             wanted = [(c, b) for c in row_chunks for b in by_chunk]
             for (c, b), chunk in self._stream_object(array, geometry, codec, obj, wanted, into, out):
                 if chunk is not None:  # else decoded in place
                     copy(c, b, chunk)
+                    if remember:
+                        self._remember(array, c, b, chunk)
         return out
 
     def _read_object_fast(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int, row_chunks: list[int],
                           layer_chunks: list[int], row_place: np.ndarray, layer_place: np.ndarray,
-                          copy: Callable[[int, int, np.ndarray], None], out: np.ndarray) -> bool:
+                          copy: Callable[[int, int, np.ndarray], None], out: np.ndarray, remember: bool) -> bool:
         """The frames of ``row_chunks`` x ``layer_chunks`` of one storage object, vectorised: index
         entries looked up, ranges merged and whole chunks decoded in place by one kernel call
-        per fetched range; the others (a run's partial first and last chunks) one by one.
+        per fetched range; the others (a run's partial first and last chunks) by one more call per
+        range into a scratch of whole chunks, then copied.
         ``row_place``/``layer_place``: per row chunk and layer chunk, the output row or layer
-        it decodes in place to, or -1.
+        it decodes in place to, or -1. ``remember``: cache the chunks decoded one by one.
         False, having read nothing, when an index entry is unusual (a chunk past the array's
         end, a bad entry): the caller's general path handles (or names) it."""
         index = self.object_index(array, geometry, obj)
@@ -343,17 +350,28 @@ class ChunkReader:
         rows_at = row_place[np.searchsorted(np.asarray(row_chunks), rc)]
         layers_at = layer_place[np.searchsorted(np.asarray(layer_chunks), lc)]
         direct = (rows_at >= 0) & (layers_at >= 0)  # decoded in place: whole rows and whole layers
-        bound = self.manifest.version >= 2 and isinstance(codec, SupportsBinding)
+        bound = self.manifest.version >= 2 and _has(codec, SupportsBinding)
         for r, blob in enumerate(blobs):
             sel = direct & (which == r)
             if sel.any():
                 cols = np.stack([offsets[sel] - starts[r], nbytes[sel], rows_at[sel], layers_at[sel], rc[sel], lc[sel]])
                 self._decode_batch(codec, geometry, array, key, blob, int(starts[r]), cols, bound, out)
-            for f in np.flatnonzero(~direct & (which == r)).tolist():
+            rest = np.flatnonzero(~direct & (which == r))
+            if not len(rest):
+                continue
+            # the chunks a run only partly covers (a sample's first and last, a CP rank's pieces):
+            # decoded by one batch call into a scratch of whole chunks, then copied
+            cr = geometry.chunk_rows
+            scratch = np.empty((len(rest) * cr, geometry.layers_per_chunk, geometry.top_k), dtype=np.int32)
+            cols = np.stack([offsets[rest] - starts[r], nbytes[rest], np.arange(len(rest), dtype=np.int64) * cr,
+                             np.zeros(len(rest), dtype=np.int64), rc[rest], lc[rest]])
+            self._decode_batch(codec, geometry, array, key, blob, int(starts[r]), cols, bound, scratch)
+            for i, f in enumerate(rest.tolist()):
                 c, b = int(rc[f]), int(lc[f])
-                chunk = self._decode_frame(codec, geometry, array, key, blob, int(offsets[f] - starts[r]),
-                                           int(nbytes[f]), int(offsets[f]), (c, b), bound)
+                chunk = scratch[i * cr : (i + 1) * cr]
                 copy(c, b, chunk)
+                if remember:
+                    self._remember(array, c, b, chunk.copy())
         return True
 
     def _stream_object(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int, wanted: list[Chunk],
@@ -363,9 +381,8 @@ class ChunkReader:
         fetched in coalesced ranges and decoded as they are consumed (not cached).
 
         ``into``: the place in ``out`` (row, layer) a fetched chunk decodes into, or None;
-        such chunks are yielded as ``None``. With the compiled kernels and the bitpack codec
-        they are checked and decoded in one :func:`r3store.codecs.kernels.decode_frames`
-        call per fetched range, else one by one.
+        such chunks are yielded as ``None``. A :class:`~r3store.codecs.SupportsBatchDecode`
+        codec checks and decodes them in one call per fetched range, others one by one.
         """
         missing = []
         for chunk_key in wanted:
@@ -385,9 +402,8 @@ class ChunkReader:
         stops = np.maximum.reduceat(stored[:, 1], heads) if len(heads) else stored[:0, 1]
         ranges = [(int(a), int(b)) for a, b in zip(stored[heads, 0], stops, strict=True)]
         blobs = self.backend.get_ranges(key, [ByteRange(s, e) for s, e in ranges]) if ranges else []
-        bound = self.manifest.version >= 2 and isinstance(codec, SupportsBinding)
-        batched = (into is not None and out is not None and type(codec) is BitpackCodec
-                   and kernels.native_module() is not None and out.flags.c_contiguous and out.dtype.itemsize <= 4)
+        bound = self.manifest.version >= 2 and _has(codec, SupportsBinding)
+        batched = into is not None and out is not None and _batch_decodes(codec) and _batch_target(out)
         batches: dict[int, list[tuple[int, int, int, int, int, int]]] = {}  # range -> frames decoded in one call
         r = 0
         for offset, nbytes, c, b in spans:
@@ -419,9 +435,10 @@ class ChunkReader:
         decoded again alone, which names its fault."""
         assert out is not None
         prefix = self._tag_prefix(array.removeprefix(ROUTES_PREFIX))
-        failed = kernels.decode_frames(blob, cols[0], cols[1], cast(BitpackCodec, codec).bits, out, cols[2], cols[3],
-                                       chunk_rows=geometry.chunk_rows, layers_per_chunk=geometry.layers_per_chunk,
-                                       tag_prefix=prefix if bound else None, row_chunks=cols[4], layer_chunks=cols[5])
+        failed = cast(SupportsBatchDecode, codec).decode_frames(
+            blob, cols[0], cols[1], out, cols[2], cols[3], chunk_rows=geometry.chunk_rows,
+            layers_per_chunk=geometry.layers_per_chunk, tag_prefix=prefix if bound else None, row_chunks=cols[4],
+            layer_chunks=cols[5])
         if failed < 0:
             return
         rel, nbytes, _, _, c, b = (int(v) for v in cols[:, failed])
@@ -469,22 +486,6 @@ class ChunkReader:
             raise ChecksumError(array, (c, b, 0), self._misplaced(codec.frame_tag(frame), geometry, array,
                                                                   (c, b))) from exc
 
-    def _fetch(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int,
-               wanted: list[Chunk]) -> dict[Chunk, np.ndarray]:
-        """Decoded chunks of one storage object, from the cache or storage."""
-        got: dict[Chunk, np.ndarray] = {}
-        missing = []
-        for c, b in wanted:
-            hit = self._chunks.get((array, c, b))
-            if hit is None:
-                missing.append((c, b))
-            else:
-                self._chunks.move_to_end((array, c, b))
-                got[(c, b)] = hit
-        if missing:
-            got.update(self._fetch_object(array, geometry, codec, obj, missing))
-        return got
-
     def prefetch(self, objects: Mapping[str, Sequence[int]], *, threads: int = 16) -> None:
         """Fetch, concurrently, the array documents and object indexes a read of ``objects``
         (route array -> storage object numbers) will need and are not cached yet: one round of
@@ -522,30 +523,11 @@ class ChunkReader:
             raw = self.backend.get(key, SuffixByteRange(geometry.index_nbytes))
             index = decode_index(raw, geometry, array, obj).copy()
             self._keep_index((array, obj), index)
-        else:
-            self._indexes.move_to_end((array, obj))
         return index
 
     def _keep_index(self, key: tuple[str, int], index: np.ndarray) -> None:
-        """Cache a verified object index, dropping the least recently used past ``INDEX_CACHE_BYTES``."""
-        old = self._indexes.pop(key, None)
-        if old is not None:
-            self._index_bytes -= old.nbytes
+        """Cache a verified object index (least recently used dropped past ``INDEX_CACHE_BYTES``)."""
         self._indexes[key] = index
-        self._index_bytes += index.nbytes
-        while self._index_bytes > INDEX_CACHE_BYTES and len(self._indexes) > 1:  # least recently used first
-            _, dropped = self._indexes.popitem(last=False)
-            self._index_bytes -= dropped.nbytes
-
-    def _fetch_object(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int,
-                      keys: list[Chunk]) -> dict[Chunk, np.ndarray]:
-        """Read (coalescing adjacent frames into one range), verify, decode and cache chunks."""
-        got: dict[Chunk, np.ndarray] = {}
-        for (c, b), chunk in self._stream_object(array, geometry, codec, obj, keys):
-            assert chunk is not None  # no destination given: every chunk is yielded decoded
-            got[(c, b)] = chunk
-            self._remember(array, c, b, chunk)
-        return got
 
     def _misplaced(self, tag: int, geometry: ArrayGeometry, array: str, chunk: Chunk) -> str:
         """Where a frame carrying ``tag`` belongs, when that is a place of this store: another chunk
@@ -570,10 +552,6 @@ class ChunkReader:
 
     def _remember(self, array: str, c: int, b: int, chunk: np.ndarray) -> None:
         self._chunks[(array, c, b)] = chunk
-        self._cached += chunk.nbytes
-        while self._cached > self.cache_bytes and len(self._chunks) > 1:
-            _, old = self._chunks.popitem(last=False)
-            self._cached -= old.nbytes
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -582,22 +560,50 @@ class ChunkReader:
         self._chunks.clear()
         self._indexes.clear()
         self._prefetched.clear()
-        self._cached = self._index_bytes = 0
 
     def fork(self, backend: Backend, *, cache_bytes: int | None = None) -> ChunkReader:
         """A reader for another thread: same arrays and parsed geometries, own caches, ``backend``."""
         clone = copy.copy(self)
         clone.backend = backend
-        clone.cache_bytes = self.cache_bytes if cache_bytes is None else cache_bytes
         clone._geometries = dict(self._geometries)
-        clone._indexes, clone._chunks, clone._cached, clone._index_bytes = OrderedDict(), OrderedDict(), 0, 0
+        clone._indexes = ByteLRU(INDEX_CACHE_BYTES)
+        clone._chunks = ByteLRU(self.cache_bytes if cache_bytes is None else parse_int("cache_bytes", cache_bytes,
+                                                                                        minimum=0))
         clone._prefetched = {}
         return clone
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_chunks=OrderedDict(), _cached=0, _indexes=OrderedDict(), _index_bytes=0, _prefetched={})
+        state.update(_chunks=ByteLRU(self.cache_bytes), _indexes=ByteLRU(INDEX_CACHE_BYTES), _prefetched={})
         return state
+
+
+class ByteLRU(cachetools.LRUCache[K, np.ndarray], Generic[K]):
+    """Arrays kept least-recently-used first out, bounded by their total ``nbytes``.
+
+    ``cachetools.LRUCache`` sized by ``getsizeof=nbytes``; an array larger than the whole
+    budget is simply not kept (a budget of 0 keeps nothing). Not thread-safe.
+    """
+
+    def __init__(self, maxbytes: int) -> None:
+        super().__init__(maxsize=maxbytes, getsizeof=_nbytes)
+
+    def __setitem__(self, key: K, value: np.ndarray) -> None:
+        try:
+            super().__setitem__(key, value)
+        except ValueError:  # larger than the budget: not kept
+            self.pop(key, None)
+
+    def resized(self, maxbytes: int) -> ByteLRU[K]:
+        """A cache of another budget holding this one's arrays while they fit."""
+        other: ByteLRU[K] = ByteLRU(maxbytes)
+        for key, value in list(self.items()):
+            other[key] = value
+        return other
+
+
+def _nbytes(value: np.ndarray) -> int:
+    return int(value.nbytes)
 
 
 def _build_codec(config: dict[str, Any], path: str) -> Codec:
@@ -620,15 +626,6 @@ def _decode(codec: Codec, frame: memoryview, shape: tuple[int, int, int], array:
     of that shape); faults name the array and chunk. ``tag``: the position the frame must be
     bound to (a binding codec's)."""
     size = shape[0] * shape[1] * shape[2]
-    native = kernels.native_module()
-    if native is not None and type(codec) is BitpackCodec:  # the hot path: per-frame overhead counts at small chunks
-        data = np.frombuffer(frame, dtype=np.uint8)
-        status, n_total, n_encoded, header, found = native.check_frame(data, codec.bits)
-        if not status and n_total == size and (tag is None or found == tag):
-            dest = np.empty(shape, dtype=np.int32) if out is None else out
-            native.unpack(data, header, n_encoded, codec.bits, dest)
-            return dest
-        # else the codec's own decode below names the fault
     try:
         declared = cast(SupportsFrameSize, codec).frame_size(frame) if _sizes_frames(codec) else size
         if declared != size:  # before decode allocates
@@ -648,16 +645,32 @@ def _decode(codec: Codec, frame: memoryview, shape: tuple[int, int, int], array:
         raise FormatError(f"{array} chunk {chunk}", fault) from exc
 
 
-_SIZES_FRAMES: dict[type, bool] = {}
+_ABILITIES: dict[tuple[type, type], bool] = {}
+
+
+def _has(codec: Codec, ability: type) -> bool:
+    """``isinstance(codec, ability)`` for a runtime Protocol, remembered per class (the check is
+    slow, and the readers ask it per frame or per object)."""
+    key = (type(codec), ability)
+    known = _ABILITIES.get(key)
+    if known is None:
+        known = _ABILITIES[key] = isinstance(codec, ability)
+    return known
 
 
 def _sizes_frames(codec: Codec) -> bool:
-    """``isinstance(codec, SupportsFrameSize)``, remembered per class (a runtime Protocol check is
-    slow, and it runs once per frame)."""
-    known = _SIZES_FRAMES.get(type(codec))
-    if known is None:
-        known = _SIZES_FRAMES[type(codec)] = isinstance(codec, SupportsFrameSize)
-    return known
+    """``isinstance(codec, SupportsFrameSize)``, remembered per class."""
+    return _has(codec, SupportsFrameSize)
+
+
+def _batch_decodes(codec: Codec) -> bool:
+    """``isinstance(codec, SupportsBatchDecode)``, remembered per class."""
+    return _has(codec, SupportsBatchDecode)
+
+
+def _batch_target(out: np.ndarray) -> bool:
+    """Whether ``out`` is a buffer :meth:`SupportsBatchDecode.decode_frames` writes into."""
+    return bool(out.flags.c_contiguous and out.flags.writeable and out.dtype.kind in "iu" and out.dtype.itemsize <= 4)
 
 
 def _as_slices(dst: np.ndarray, pos: np.ndarray, first: int) -> tuple[slice | np.ndarray, slice | np.ndarray]:

@@ -16,8 +16,12 @@ trip through :func:`r3store.codecs.get_codec`, ``repr``, decoding into ``out``, 
 immutability, corruption and truncation detection, rejection of ids the codec cannot
 represent, and, for codecs that bind frames to their position
 (:class:`r3store.codecs.SupportsBinding`; override :meth:`CodecTests.can_bind`), that a frame
-bound elsewhere is refused. Golden-fixture helpers (:func:`ensure_golden`,
-:func:`check_golden`) pin encoded bytes on disk.
+bound elsewhere is refused, and, for codecs that batch-decode
+(:class:`r3store.codecs.SupportsBatchDecode`), that a run of frames decodes into its places
+as frame-by-frame decoding would, and stops at the first frame failing a check; for
+codecs that batch-encode (:class:`r3store.codecs.SupportsBatchEncode`), that the frames are
+byte for byte those of :meth:`~r3store.codecs.Codec.encode`.
+Golden-fixture helpers (:func:`ensure_golden`, :func:`check_golden`) pin encoded bytes on disk.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from r3store.codecs import Codec, SupportsBinding, get_codec
+from r3store._format import position_tag
+from r3store.codecs import Codec, SupportsBatchDecode, SupportsBatchEncode, SupportsBinding, get_codec
 from r3store.errors import ChecksumError, CodecError, FormatError
 
 __all__ = ["CodecTests", "EDGE_SIZES", "ID_PATTERNS", "check_golden", "ensure_golden", "make_ids"]
@@ -275,6 +280,97 @@ class CodecTests:
         assert codec.frame_tag(unbound) == 0  # type: ignore[attr-defined]
         with pytest.raises(ChecksumError):
             codec.decode(unbound, tag=tag)  # type: ignore[call-arg]
+
+    # -- batch decode ---------------------------------------------------------------
+
+    def _batch(self, codec: Codec, bind: bool) -> tuple[bytes, list[int], np.ndarray, dict[str, Any]]:
+        """Four frames of (2 rows, 3 layers, top_k 4) chunks, back to back with a gap, for an
+        out of (4, 6, 4): the blob, each frame's start, the expected out, and the arguments."""
+        bound = self.id_bound(codec)
+        expected = make_ids("random", 4 * 6 * 4, bound, seed=21).reshape(4, 6, 4)
+        expected[3, 3:] = 0  # a zero tail
+        blob, starts, cols = b"", [], []
+        for f, (rc, lc) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+            ids = expected[2 * rc : 2 * rc + 2, 3 * lc : 3 * lc + 3]
+            frame = codec.encode(ids, tag=position_tag("c1", rc, lc)) if bind else codec.encode(ids)  # type: ignore[call-arg]
+            blob += b"\xa5" * (f % 2)  # frames need not touch
+            starts.append(len(blob))
+            blob += frame
+            cols.append((len(frame), 2 * rc, 3 * lc, rc, lc))
+        arrays = np.array(cols, dtype=np.int64).T
+        kwargs: dict[str, Any] = {
+            "starts": np.array(starts, dtype=np.int64), "lengths": arrays[0], "rows": arrays[1], "layers": arrays[2],
+            "chunk_rows": 2, "layers_per_chunk": 3, "tag_prefix": "c1" if bind else None,
+            "row_chunks": arrays[3], "layer_chunks": arrays[4]}
+        return blob, starts, expected, kwargs
+
+    @pytest.mark.parametrize("dtype", ["int32", "uint16", "int16"])
+    def test_batch_decode_matches_frame_by_frame(self, codec: Codec, dtype: str) -> None:
+        if not isinstance(codec, SupportsBatchDecode):
+            pytest.skip("codec does not batch-decode")
+        if np.iinfo(dtype).max < self.id_bound(codec) - 1:
+            pytest.skip(f"{dtype} cannot hold every id")
+        for bind in (False, True) if self.can_bind(codec) else (False,):
+            blob, _, expected, kwargs = self._batch(codec, bind)
+            out = np.full((4, 6, 4), 7, dtype=dtype)
+            assert codec.decode_frames(blob, out=out, **kwargs) == -1
+            np.testing.assert_array_equal(out, expected)
+            out = np.full((4, 6, 4), 7, dtype=dtype)  # a numpy view of the bytes works the same
+            assert codec.decode_frames(np.frombuffer(blob, np.uint8), out=out, **kwargs) == -1
+            np.testing.assert_array_equal(out, expected)
+
+    @pytest.mark.parametrize("fault", ["corrupt", "short", "out of blob", "out of out", "tag"])
+    def test_batch_decode_stops_at_the_first_bad_frame(self, codec: Codec, fault: str) -> None:
+        if not isinstance(codec, SupportsBatchDecode):
+            pytest.skip("codec does not batch-decode")
+        bind = fault == "tag"
+        if bind and not self.can_bind(codec):
+            pytest.skip("codec does not bind frames to a position")
+        if fault == "corrupt" and not self.detects_corruption:
+            pytest.skip("codec has no checksum")
+        blob, starts, expected, kwargs = self._batch(codec, bind)
+        if fault == "corrupt":
+            blob = _flipped(blob, starts[2] + kwargs["lengths"][2] - 1, 0x10)
+        elif fault == "short":
+            kwargs["lengths"] = kwargs["lengths"].copy()
+            kwargs["lengths"][2] -= 1
+        elif fault == "out of blob":
+            kwargs["starts"] = kwargs["starts"].copy()
+            kwargs["starts"][2] = len(blob)
+        elif fault == "out of out":
+            kwargs["rows"] = kwargs["rows"].copy()
+            kwargs["rows"][2] = 3
+        else:
+            kwargs["layer_chunks"] = kwargs["layer_chunks"].copy()
+            kwargs["layer_chunks"][2] = 5  # bound to another place than the one it is read for
+        out = np.full((4, 6, 4), 7, dtype=np.int32)
+        assert codec.decode_frames(blob, out=out, **kwargs) == 2
+        np.testing.assert_array_equal(out[:2], expected[:2])  # frames 0 and 1 decoded
+        assert (out[2:] == 7).all()  # frames 2 and 3 untouched
+
+    @pytest.mark.parametrize("layout", ["contiguous", "strided rows", "uint16", "zero tail"])
+    def test_batch_encode_is_frame_by_frame_encode(self, codec: Codec, layout: str) -> None:
+        if not isinstance(codec, SupportsBatchEncode):
+            pytest.skip("codec does not batch-encode")
+        bound = self.id_bound(codec)
+        block = make_ids("random", 2 * 5 * 6 * 3, bound, seed=22).reshape(10, 6, 3)
+        if layout == "strided rows":
+            block = block[::2]
+        elif layout == "uint16" and bound <= 1 << 16:
+            block = block.astype(np.uint16)
+        elif layout == "zero tail":
+            block[3:, 4:] = 0
+        tags = [position_tag("c9", 4, b) for b in range(3)] if self.can_bind(codec) else [0, 0, 0]
+        frames, sizes = codec.encode_chunks(block, 2, tags)
+        parts = [block[:, 2 * b : 2 * b + 2] for b in range(3)]
+        expected = [codec.encode(part, tag=tag) if tag else codec.encode(part)  # type: ignore[call-arg]
+                    for part, tag in zip(parts, tags, strict=True)]
+        assert sizes == [len(f) for f in expected]
+        assert bytes(frames) == b"".join(expected)
+        bad = block.astype(np.int64)
+        bad[-1, 3, 1] = bound
+        with pytest.raises(CodecError):
+            codec.encode_chunks(bad, 2, tags)
 
     # -- unrepresentable input ------------------------------------------------------
 

@@ -346,10 +346,15 @@ def _encode_objects(geometry: ArrayGeometry, parts: Iterator[np.ndarray], commit
 def _row_blocks(parts: Iterator[np.ndarray], geometry: ArrayGeometry) -> Iterator[np.ndarray]:
     """Re-cut a stream of per-sample arrays into blocks of ``chunk_rows`` rows."""
     block = np.zeros((geometry.chunk_rows, geometry.num_moe_layers, geometry.top_k), dtype=np.uint16)
+    cr = geometry.chunk_rows
     fill = 0
     for part in parts:
         i = 0
         while i < len(part):
+            if not fill and len(part) - i >= cr:  # a whole chunk inside one part: a view, not a copy
+                yield part[i : i + cr]
+                i += cr
+                continue
             take = min(geometry.chunk_rows - fill, len(part) - i)
             block[fill : fill + take] = part[i : i + take]
             fill, i = fill + take, i + take

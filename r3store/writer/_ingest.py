@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import ast
 import base64
 import binascii
 import io
 import math
-import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
 import numpy as np
+import numpy.lib.format as npy_format
 
 from r3store._checks import is_int
 from r3store._spec import ModelSpec
@@ -298,40 +299,43 @@ def decode_vllm(sample_id: str, payload: Any) -> np.ndarray:
         return decode_vllm(sample_id, inner)
     if isinstance(payload, str | bytes | bytearray | memoryview):
         try:
-            raw = base64.b64decode(payload, validate=True)
-            _check_npy_header(sample_id, raw)
-            decoded: np.ndarray = np.load(io.BytesIO(raw), allow_pickle=False)
-            return decoded
-        except PayloadDecodeError:
-            raise
-        except (binascii.Error, ValueError, OSError, EOFError) as exc:
+            raw = kernels.b64decode(payload)  # a fresh writable uint8 array, as base64.b64decode(validate=True)
+        except (binascii.Error, ValueError) as exc:
             raise PayloadDecodeError(sample_id, "routed_experts", f"is not a base64 .npy blob: {exc}") from exc
+        return _read_npy(sample_id, raw)
     return as_numpy(sample_id, "routed_experts", payload)
 
 
 _NPY_MAGIC = b"\x93NUMPY"
-_NPY_ENTRY = re.compile(
-    r"\s*'(descr|fortran_order|shape)'\s*:\s*"
-    r"('[<>|=]?[iu][1248]'|True|False|\(\s*(?:\d{1,19}\s*,\s*){0,31}(?:\d{1,19}\s*)?\))"
-    r"\s*(,|(?=\}))"
-)
-"""One entry of a ``.npy`` header dict: only the three keys numpy writes, an integer dtype,
-a bool, or a tuple of at most 32 non-negative integers (the whitelist: nothing else is parsed)."""
+_NPY_MAX_HEADER = 65535
+"""Longest ``.npy`` header read (what format 1.0's 2-byte length can say; numpy writes ~120 bytes)."""
+_NPY_MAX_DIMS = 32
+_NPY_WRITES = "an integer dtype, fortran_order True or False, a shape of at most 32 non-negative ints"
 
 
-def _check_npy_header(sample_id: str, raw: bytes) -> None:
-    """Check a ``.npy`` header (format 1.0 or 2.0) against the bytes that follow it.
+def _read_npy(sample_id: str, raw: np.ndarray) -> np.ndarray:
+    """The array of a ``.npy`` blob (format 1.0 or 2.0), checked before it is read.
 
-    The header (a Python dict literal, see ``numpy.lib.format``) is parsed here with a
-    whitelist, never by Python's parser: ``{'descr': <integer dtype>, 'fortran_order':
-    True|False, 'shape': (<ints>)}``, keys in any order, each once, spaces and a trailing
-    comma allowed, then spaces and a newline. numpy's own reader (``np.load``) then sees
-    only headers it parses the same way.
+    The header is read by ``numpy.lib.format`` (:func:`~numpy.lib.format.read_magic`,
+    :func:`~numpy.lib.format.read_array_header_1_0` / ``_2_0`` with ``max_header_size``,
+    ``ast.literal_eval`` underneath: no pickle, no code), after r3store's own checks of its
+    framing: magic, version, a length within the blob, ASCII, a dict literal ending in a
+    newline, valid Python syntax (so numpy never falls back to its tokenize-based reader
+    for Python-2 headers). Its entries must then be what numpy writes for an integer array
+    (``descr`` an integer dtype, ``fortran_order`` a bool, ``shape`` a tuple of at most 32
+    non-negative ints), and the shape must fit in the bytes that follow, before anything
+    is allocated.
+
+    Returns
+    -------
+    ndarray, the blob's dtype and shape
+        A view of ``raw`` (writable; C or Fortran order as the header says), as
+        ``np.load(..., allow_pickle=False)`` would return it.
 
     Raises
     ------
     r3store.errors.PayloadDecodeError
-        Not a ``.npy`` blob, another format version, a header outside the whitelist (an
+        Not a ``.npy`` blob, another format version, a header numpy does not write (an
         object or other non-integer dtype included), or a shape needing more bytes than
         follow the header.
     """
@@ -339,43 +343,48 @@ def _check_npy_header(sample_id: str, raw: bytes) -> None:
     def bad(fault: str) -> PayloadDecodeError:
         return PayloadDecodeError(sample_id, "routed_experts", fault)
 
-    if raw[:6] != _NPY_MAGIC or len(raw) < 10:
-        raise bad(f"is not a .npy blob (it starts with {bytes(raw[:8])!r}, not {_NPY_MAGIC!r})")
-    version = (raw[6], raw[7])
+    head = raw[:8].tobytes()
+    if head[:6] != _NPY_MAGIC or len(raw) < 10:
+        raise bad(f"is not a .npy blob (it starts with {head!r}, not {_NPY_MAGIC!r})")
+    version = (int(raw[6]), int(raw[7]))
     if version not in ((1, 0), (2, 0)):
         raise bad(f".npy format version {version} is not read (1.0, 2.0)")
-    size_bytes = 2 if version == (1, 0) else 4
-    start = 8 + size_bytes
+    start = 10 if version == (1, 0) else 12
     if len(raw) < start:
         raise bad(f".npy blob of {len(raw)} bytes ends inside its header length")
-    length = int.from_bytes(raw[8:start], "little")
-    if length > 65535 or start + length > len(raw):
+    length = int.from_bytes(raw[8:start].tobytes(), "little")
+    if length > _NPY_MAX_HEADER or start + length > len(raw):
         raise bad(f".npy header claims {length:,} bytes, {len(raw) - start:,} follow")
     try:
-        text = bytes(raw[start : start + length]).decode("ascii")
+        text = raw[start : start + length].tobytes().decode("ascii")
     except UnicodeDecodeError:
         raise bad(".npy header is not ASCII") from None
     body = text.rstrip(" \n")
     if not (body.startswith("{") and body.endswith("}")) or not text.endswith("\n"):
         raise bad(".npy header is not a dict literal ending in a newline")
-    found: dict[str, str] = {}
-    pos, inner = 1, body[:-1]
-    while inner[pos:].strip():
-        match = _NPY_ENTRY.match(body, pos)
-        if match is None or match.group(1) in found:
-            raise bad(f".npy header is not of the form numpy writes: {body[:120]!r}")
-        found[match.group(1)] = match.group(2)
-        pos = match.end()
-    if body[pos:].strip() != "}" or len(found) != 3:
-        raise bad(f".npy header is not of the form numpy writes: {body[:120]!r}")
-    kinds = {"descr": found["descr"][0] == "'", "fortran_order": found["fortran_order"] in ("True", "False"),
-             "shape": found["shape"][0] == "("}
-    for key, ok in kinds.items():
-        if not ok:
-            raise bad(f".npy header entry {key!r} is {found[key][:40]!r}, not of the form numpy writes")
-    dtype = np.dtype(found["descr"].strip("'"))
-    shape = tuple(int(v) for v in found["shape"].strip("()").replace(",", " ").split())
+    try:  # numpy would retry a header that is not valid syntax with Python 2's tokenize rules
+        ast.parse(body, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise bad(f".npy header is not of the form numpy writes ({_NPY_WRITES}): {body[:120]!r} "
+                  f"({type(exc).__name__})") from None
+    fp = io.BytesIO(raw[: start + length].tobytes())
+    try:
+        found = npy_format.read_magic(fp)
+        reader = npy_format.read_array_header_1_0 if found == (1, 0) else npy_format.read_array_header_2_0
+        shape, fortran_order, dtype = reader(fp, max_header_size=_NPY_MAX_HEADER)
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError, MemoryError, OverflowError) as exc:
+        raise bad(f".npy header is not of the form numpy writes ({_NPY_WRITES}): {exc!s:.200}") from None
+    if (dtype.kind not in "iu" or dtype.itemsize not in (1, 2, 4, 8) or dtype.fields is not None
+            or dtype.subdtype is not None):
+        raise bad(f".npy header entry 'descr' is {str(dtype)[:40]!r}, not of the form numpy writes ({_NPY_WRITES})")
+    if len(shape) > _NPY_MAX_DIMS or any(type(n) is not int or not 0 <= n < 1 << 63 for n in shape):
+        raise bad(f".npy header entry 'shape' is {str(shape)[:40]!r}, not of the form numpy writes "
+                  f"({_NPY_WRITES})")
     need, have = math.prod(shape) * dtype.itemsize, len(raw) - start - length
     if need > have:
         fault = f".npy header claims shape {shape} of {dtype} ({need:,} bytes), only {have:,} bytes follow"
         raise bad(fault)
+    data = raw[start + length : start + length + need].view(dtype)
+    if fortran_order:
+        return data.reshape(shape[::-1]).transpose()
+    return data.reshape(shape)

@@ -1,0 +1,465 @@
+/*
+ * checks.c: route validation for writers (ids in [0, num_experts), no id twice in a row,
+ * dense layers all zero), fused with the conversion to the writer's uint16 buffer: check_routes().
+ */
+#include "r3k.h"
+
+/* ---------------------------------------------------------------------------------
+ * route validation (writers)
+ * --------------------------------------------------------------------------------- */
+
+typedef struct {
+    int dense, range, repeat; /* found? */
+    Py_ssize_t dense_pos[3], range_pos[3], repeat_pos[3];
+} faults_t;
+
+typedef int (*check_fn)(const char *base, const Py_ssize_t *shape, const Py_ssize_t *strides,
+                        const uint8_t *kind, int has_dense, uint64_t num_experts, uint16_t *out,
+                        uint64_t *bitmap, faults_t *f);
+
+/*
+ * One pass in C order over (row, layer). Records the first fault of each kind; a dense
+ * fault ends the scan (it is reported first), a range fault ends the MoE checks.
+ */
+#define DEF_CHECK(TN, T, WIDE)                                                                  \
+    static int check_##TN(const char *base, const Py_ssize_t *shape, const Py_ssize_t *strides, \
+                          const uint8_t *kind, int has_dense, uint64_t num_experts, uint16_t *out, \
+                          uint64_t *bitmap, faults_t *f) {                                      \
+        const Py_ssize_t R = shape[0], L = shape[1], K = shape[2];                              \
+        const Py_ssize_t s0 = strides[0], s1 = strides[1], s2 = strides[2];                     \
+        Py_ssize_t r, l, k;                                                                     \
+        T x;                                                                                    \
+        for (r = 0; r < R; r++) {                                                               \
+            for (l = 0; l < L; l++) {                                                           \
+                const char *p = base + r * s0 + l * s1;                                         \
+                if (!kind[l]) {                                                                 \
+                    for (k = 0; k < K; k++) {                                                   \
+                        memcpy(&x, p + k * s2, sizeof(T));                                      \
+                        if (x) {                                                                \
+                            f->dense = 1;                                                       \
+                            f->dense_pos[0] = r; f->dense_pos[1] = l; f->dense_pos[2] = k;      \
+                            return 0;                                                           \
+                        }                                                                       \
+                    }                                                                           \
+                    continue;                                                                   \
+                }                                                                               \
+                if (f->range) {                                                                 \
+                    continue;                                                                   \
+                }                                                                               \
+                uint64_t dup = 0;                                                               \
+                for (k = 0; k < K; k++) {                                                       \
+                    memcpy(&x, p + k * s2, sizeof(T));                                          \
+                    const uint64_t v = (uint64_t)(WIDE)x;                                       \
+                    if (v >= num_experts) {                                                     \
+                        f->range = 1;                                                           \
+                        f->range_pos[0] = r; f->range_pos[1] = l; f->range_pos[2] = k;          \
+                        break;                                                                  \
+                    }                                                                           \
+                    const uint64_t bit = (uint64_t)1 << (v & 63), word = bitmap[v >> 6];        \
+                    dup |= word & bit;                                                          \
+                    bitmap[v >> 6] = word | bit;                                                \
+                    if (out) {                                                                  \
+                        *out++ = (uint16_t)v;                                                   \
+                    }                                                                           \
+                }                                                                               \
+                const Py_ssize_t done = k;                                                      \
+                for (k = 0; k < done; k++) {                                                    \
+                    memcpy(&x, p + k * s2, sizeof(T));                                          \
+                    bitmap[(uint64_t)(WIDE)x >> 6] = 0;                                         \
+                }                                                                               \
+                if (f->range) {                                                                 \
+                    if (!has_dense) {                                                           \
+                        return 0;                                                               \
+                    }                                                                           \
+                    continue;                                                                   \
+                }                                                                               \
+                if (dup && !f->repeat) {                                                        \
+                    f->repeat = 1;                                                              \
+                    f->repeat_pos[0] = r; f->repeat_pos[1] = l; f->repeat_pos[2] = 0;          \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        return 0;                                                                               \
+    }
+
+DEF_CHECK(u8, uint8_t, uint64_t)
+DEF_CHECK(i8, int8_t, int64_t)
+DEF_CHECK(u16, uint16_t, uint64_t)
+DEF_CHECK(i16, int16_t, int64_t)
+DEF_CHECK(u32, uint32_t, uint64_t)
+DEF_CHECK(i32, int32_t, int64_t)
+DEF_CHECK(u64, uint64_t, uint64_t)
+DEF_CHECK(i64, int64_t, int64_t)
+
+static const check_fn check_table[T_COUNT] = {check_u8, check_i8, check_u16, check_i16,
+                                              check_u32, check_i32, check_u64, check_i64};
+
+#ifdef R3_X86
+/*
+ * The common case in one vector per (row, layer): 32-bit ids, top_k = 8, each row's
+ * (layers, 8) block contiguous. Range: unsigned max against num_experts - 1 (a negative
+ * id is a huge unsigned one); repeats: compares against the 4 rotations that pair every
+ * two slots. Returns 1 when every check passed (out filled), 0 at the first fault (the
+ * caller reruns the scalar checker, which locates it).
+ */
+R3_TARGET_AVX2 static int check_i32_k8_avx2(const char *base, Py_ssize_t R, Py_ssize_t L, Py_ssize_t s0,
+                                            const uint8_t *kind, uint64_t num_experts, uint16_t *out) {
+    const __m256i lim = _mm256_set1_epi32((int32_t)(uint32_t)(num_experts - 1));
+    const __m256i rot1 = _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 0);
+    const __m256i rot2 = _mm256_setr_epi32(2, 3, 4, 5, 6, 7, 0, 1);
+    const __m256i rot3 = _mm256_setr_epi32(3, 4, 5, 6, 7, 0, 1, 2);
+    const __m256i rot4 = _mm256_setr_epi32(4, 5, 6, 7, 0, 1, 2, 3);
+    Py_ssize_t r, l;
+    for (r = 0; r < R; r++) {
+        const char *row = base + r * s0;
+        __m256i bad = _mm256_setzero_si256();
+        for (l = 0; l < L; l++) {
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(row + l * 32));
+            if (!kind[l]) {
+                bad = _mm256_or_si256(bad, x);
+                continue;
+            }
+            const __m256i in = _mm256_cmpeq_epi32(_mm256_max_epu32(x, lim), lim);
+            __m256i eq = _mm256_cmpeq_epi32(x, _mm256_permutevar8x32_epi32(x, rot1));
+            eq = _mm256_or_si256(eq, _mm256_cmpeq_epi32(x, _mm256_permutevar8x32_epi32(x, rot2)));
+            eq = _mm256_or_si256(eq, _mm256_cmpeq_epi32(x, _mm256_permutevar8x32_epi32(x, rot3)));
+            eq = _mm256_or_si256(eq, _mm256_cmpeq_epi32(x, _mm256_permutevar8x32_epi32(x, rot4)));
+            bad = _mm256_or_si256(bad, _mm256_or_si256(eq, _mm256_xor_si256(in, _mm256_set1_epi32(-1))));
+            if (out) {
+                const __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(x, x), 0x08);
+                _mm_storeu_si128((__m128i *)out, _mm256_castsi256_si128(w));
+                out += 8;
+            }
+        }
+        if (!_mm256_testz_si256(bad, bad)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+#endif
+
+R3_DOC(check_routes_doc, "check_routes(routes, kinds, num_experts, out) -> None | (fault, row, layer, slot)\n\n"
+"Validate routes (rows, layers, top_k) of any integer type and strides. kinds: bytes, one\n"
+"per layer, 0 for a dense layer (all ids must be 0), 1 for an MoE layer (ids in\n"
+"[0, num_experts), none twice in a row). out: None or a C-contiguous uint16 array\n"
+"(rows, MoE layers, top_k) that receives the MoE ids. Returns None, or the first fault\n"
+"in the order dense, range, repeat: 1 dense id not 0, 2 id out of range, 3 id repeated\n"
+"(slot 0), each at its first position in C order.");
+
+PyObject *py_check_routes(PyObject *self, PyObject *args) {
+    PyObject *routes_obj, *kinds_obj, *out_obj;
+    unsigned long long num_experts;
+    Py_buffer routes, kinds, out;
+    int has_out, has_dense = 0;
+    Py_ssize_t i, n_moe = 0;
+    if (!PyArg_ParseTuple(args, "OOKO", &routes_obj, &kinds_obj, &num_experts, &out_obj)) {
+        return NULL;
+    }
+    if (get_int_buffer(routes_obj, &routes, 0, "routes") < 0) {
+        return NULL;
+    }
+    if (routes.ndim != 3) {
+        PyBuffer_Release(&routes);
+        PyErr_SetString(PyExc_ValueError, "routes must have 3 dimensions");
+        return NULL;
+    }
+    if (get_bytes_buffer(kinds_obj, &kinds) < 0) {
+        PyBuffer_Release(&routes);
+        return NULL;
+    }
+    const uint8_t *kind = (const uint8_t *)kinds.buf;
+    for (i = 0; i < kinds.len; i++) {
+        n_moe += kind[i] != 0;
+        has_dense |= kind[i] == 0;
+    }
+    has_out = out_obj != Py_None;
+    if (has_out && PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&routes);
+        PyBuffer_Release(&kinds);
+        return NULL;
+    }
+    if (kinds.len != routes.shape[1] || num_experts == 0 ||
+        (has_out && (buffer_type(&out) != T_U16 ||
+                     out.len != (Py_ssize_t)sizeof(uint16_t) * routes.shape[0] * n_moe * routes.shape[2]))) {
+        PyErr_SetString(PyExc_ValueError, "check_routes: kinds must have one byte per layer, num_experts >= 1, "
+                        "out a C-contiguous uint16 array (rows, MoE layers, top_k)");
+        PyBuffer_Release(&routes);
+        PyBuffer_Release(&kinds);
+        if (has_out) PyBuffer_Release(&out);
+        return NULL;
+    }
+    uint64_t *bitmap = calloc((size_t)((num_experts + 63) / 64), sizeof(uint64_t));
+    if (!bitmap) {
+        PyBuffer_Release(&routes);
+        PyBuffer_Release(&kinds);
+        if (has_out) PyBuffer_Release(&out);
+        return PyErr_NoMemory();
+    }
+    faults_t f;
+    memset(&f, 0, sizeof f);
+    Py_ssize_t strides[3];
+    for (i = 0; i < 3; i++) {
+        strides[i] = routes.strides ? routes.strides[i] : 0;
+    }
+    if (!routes.strides) {
+        strides[2] = routes.itemsize;
+        strides[1] = strides[2] * routes.shape[2];
+        strides[0] = strides[1] * routes.shape[1];
+    }
+    int type = buffer_type(&routes), done = 0;
+    Py_BEGIN_ALLOW_THREADS
+#ifdef R3_X86
+    if (use_avx2 && (type == T_I32 || type == T_U32) && routes.shape[2] == 8 && strides[2] == 4 &&
+        strides[1] == 32 && num_experts <= 0x80000000u) {
+        done = check_i32_k8_avx2((const char *)routes.buf, routes.shape[0], routes.shape[1], strides[0], kind,
+                                 (uint64_t)num_experts, has_out ? (uint16_t *)out.buf : NULL);
+    }
+#endif
+    if (!done) {
+        check_table[type]((const char *)routes.buf, routes.shape, strides, kind, has_dense, (uint64_t)num_experts,
+                          has_out ? (uint16_t *)out.buf : NULL, bitmap, &f);
+    }
+    Py_END_ALLOW_THREADS
+    free(bitmap);
+    PyBuffer_Release(&routes);
+    PyBuffer_Release(&kinds);
+    if (has_out) PyBuffer_Release(&out);
+    if (f.dense) return Py_BuildValue("(innn)", 1, f.dense_pos[0], f.dense_pos[1], f.dense_pos[2]);
+    if (f.range) return Py_BuildValue("(innn)", 2, f.range_pos[0], f.range_pos[1], f.range_pos[2]);
+    if (f.repeat) return Py_BuildValue("(innn)", 3, f.repeat_pos[0], f.repeat_pos[1], f.repeat_pos[2]);
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------------------------
+ * route statistics for audits (validate): per (row, layer) the top id and whether an
+ * id repeats, and a per-layer histogram of the ids of the cells a mask keeps
+ * --------------------------------------------------------------------------------- */
+
+typedef void (*stats_fn)(const char *base, const Py_ssize_t *shape, const Py_ssize_t *strides, int64_t *top,
+                         uint8_t *repeated, int64_t *hist, Py_ssize_t nbins, const uint8_t *mask, int64_t *v);
+
+/* v: scratch of top_k int64. Repeats: pairwise compares up to 32 ids, else a sorted copy. */
+#define DEF_STATS(TN, T, WIDE)                                                                     \
+    static void stats_##TN(const char *base, const Py_ssize_t *shape, const Py_ssize_t *strides,   \
+                           int64_t *top, uint8_t *repeated, int64_t *hist, Py_ssize_t nbins,       \
+                           const uint8_t *mask, int64_t *v) {                                       \
+        const Py_ssize_t R = shape[0], L = shape[1], K = shape[2];                                 \
+        const Py_ssize_t s0 = strides[0], s1 = strides[1], s2 = strides[2];                        \
+        Py_ssize_t r, l, i, j;                                                                     \
+        T x;                                                                                       \
+        for (r = 0; r < R; r++) {                                                                  \
+            for (l = 0; l < L; l++) {                                                              \
+                const char *p = base + r * s0 + l * s1;                                            \
+                const Py_ssize_t cell = r * L + l;                                                 \
+                int64_t m = INT64_MIN;                                                             \
+                int rep = 0;                                                                       \
+                for (i = 0; i < K; i++) {                                                          \
+                    memcpy(&x, p + i * s2, sizeof(T));                                             \
+                    v[i] = (int64_t)(WIDE)x;                                                       \
+                    m = v[i] > m ? v[i] : m;                                                       \
+                }                                                                                  \
+                if (K <= 32) {                                                                     \
+                    for (i = 0; i < K - 1; i++) { /* no early exit: branch-free compares */      \
+                        for (j = i + 1; j < K; j++) {                                              \
+                            rep |= v[i] == v[j];                                                   \
+                        }                                                                          \
+                    }                                                                              \
+                }                                                                                  \
+                if (hist && (!mask || mask[cell])) {                                               \
+                    int64_t *h = hist + l * nbins;                                                 \
+                    for (i = 0; i < K; i++) {                                                      \
+                        if (v[i] >= 0 && v[i] < nbins) {                                           \
+                            h[v[i]]++;                                                             \
+                        }                                                                          \
+                    }                                                                              \
+                }                                                                                  \
+                if (K > 32) {                                                                      \
+                    qsort(v, (size_t)K, sizeof(int64_t), cmp_i64);                                 \
+                    for (i = 1; i < K && !rep; i++) {                                              \
+                        rep = v[i] == v[i - 1];                                                    \
+                    }                                                                              \
+                }                                                                                  \
+                top[cell] = K ? m : 0;                                                             \
+                repeated[cell] = (uint8_t)rep;                                                     \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+static int cmp_i64(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+DEF_STATS(u8, uint8_t, uint64_t)
+DEF_STATS(i8, int8_t, int64_t)
+DEF_STATS(u16, uint16_t, uint64_t)
+DEF_STATS(i16, int16_t, int64_t)
+DEF_STATS(u32, uint32_t, uint64_t)
+DEF_STATS(i32, int32_t, int64_t)
+DEF_STATS(u64, uint64_t, uint64_t)
+DEF_STATS(i64, int64_t, int64_t)
+
+static const stats_fn stats_table[T_COUNT] = {stats_u8, stats_i8, stats_u16, stats_i16,
+                                              stats_u32, stats_i32, stats_u64, stats_i64};
+
+#ifdef R3_X86
+/*
+ * The common case of route_stats in one vector per (row, layer): 32-bit ids, top_k = 8,
+ * each (layer, 8) block contiguous. Repeats: compares against the 4 rotations that pair
+ * every two slots; the top id: a max reduction. The histogram stays scalar.
+ */
+R3_TARGET_AVX2 static void stats_i32_k8_avx2(const char *base, Py_ssize_t R, Py_ssize_t L, Py_ssize_t s0,
+                                             int is_signed, int64_t *top, uint8_t *repeated, int64_t *hist,
+                                             Py_ssize_t nbins, const uint8_t *mask) {
+    const __m256i rot1 = _mm256_setr_epi32(1, 2, 3, 4, 5, 6, 7, 0);
+    const __m256i rot2 = _mm256_setr_epi32(2, 3, 4, 5, 6, 7, 0, 1);
+    const __m256i rot3 = _mm256_setr_epi32(3, 4, 5, 6, 7, 0, 1, 2);
+    const __m256i rot4 = _mm256_setr_epi32(4, 5, 6, 7, 0, 1, 2, 3);
+    Py_ssize_t r, l;
+    int i;
+    for (r = 0; r < R; r++) {
+        const char *row = base + r * s0;
+        for (l = 0; l < L; l++) {
+            const Py_ssize_t cell = r * L + l;
+            const char *p = row + l * 32;
+            const __m256i x = _mm256_loadu_si256((const __m256i *)p);
+            __m256i eq = _mm256_cmpeq_epi32(x, _mm256_permutevar8x32_epi32(x, rot1));
+            eq = _mm256_or_si256(eq, _mm256_cmpeq_epi32(x, _mm256_permutevar8x32_epi32(x, rot2)));
+            eq = _mm256_or_si256(eq, _mm256_cmpeq_epi32(x, _mm256_permutevar8x32_epi32(x, rot3)));
+            eq = _mm256_or_si256(eq, _mm256_cmpeq_epi32(x, _mm256_permutevar8x32_epi32(x, rot4)));
+            repeated[cell] = (uint8_t)!_mm256_testz_si256(eq, eq);
+            __m256i m = is_signed ? _mm256_max_epi32(x, _mm256_permutevar8x32_epi32(x, rot4))
+                                  : _mm256_max_epu32(x, _mm256_permutevar8x32_epi32(x, rot4));
+            m = is_signed ? _mm256_max_epi32(m, _mm256_permutevar8x32_epi32(m, rot2))
+                          : _mm256_max_epu32(m, _mm256_permutevar8x32_epi32(m, rot2));
+            m = is_signed ? _mm256_max_epi32(m, _mm256_permutevar8x32_epi32(m, rot1))
+                          : _mm256_max_epu32(m, _mm256_permutevar8x32_epi32(m, rot1));
+            const int32_t lane = _mm256_cvtsi256_si32(m);
+            top[cell] = is_signed ? (int64_t)lane : (int64_t)(uint32_t)lane;
+            if (hist && (!mask || mask[cell])) {
+                int64_t *h = hist + l * nbins;
+                int32_t w[8];
+                memcpy(w, p, sizeof w);
+                for (i = 0; i < 8; i++) {
+                    const int64_t v = is_signed ? (int64_t)w[i] : (int64_t)(uint32_t)w[i];
+                    if (v >= 0 && v < nbins) {
+                        h[v]++;
+                    }
+                }
+            }
+        }
+    }
+}
+#endif
+
+R3_DOC(route_stats_doc, "route_stats(routes, top, repeated, hist, mask) -> None\n\n"
+"Per (row, layer) of routes (rows, layers, top_k), any integer type and strides: top[row,\n"
+"layer] = the largest id (as int64; 0 when top_k is 0) and repeated[row, layer] = 1 when an\n"
+"id appears twice, else 0. top: C-contiguous int64 (rows, layers); repeated: C-contiguous\n"
+"bytes (rows * layers). hist: None or a C-contiguous int64 array (layers, nbins) to which\n"
+"every id in [0, nbins) of a cell is counted, when mask (None, or rows * layers bytes) is\n"
+"non-zero for the cell.");
+
+static int get_c_buffer(PyObject *obj, Py_buffer *v, Py_ssize_t nbytes, int i64, const char *what) {
+    if (PyObject_GetBuffer(obj, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        return -1;
+    }
+    if ((i64 && buffer_type(v) != T_I64) || (nbytes >= 0 && v->len != nbytes)) {
+        PyErr_Format(PyExc_ValueError, "route_stats: %s must be a C-contiguous %s buffer of %zd bytes", what,
+                     i64 ? "int64" : "byte", nbytes);
+        PyBuffer_Release(v);
+        return -1;
+    }
+    return 0;
+}
+
+PyObject *py_route_stats(PyObject *self, PyObject *args) {
+    PyObject *routes_obj, *top_obj, *rep_obj, *hist_obj, *mask_obj;
+    Py_buffer routes, top, rep, hist, mask;
+    int has_hist, has_mask, ok = 1;
+    if (!PyArg_ParseTuple(args, "OOOOO", &routes_obj, &top_obj, &rep_obj, &hist_obj, &mask_obj)) {
+        return NULL;
+    }
+    if (get_int_buffer(routes_obj, &routes, 0, "routes") < 0) {
+        return NULL;
+    }
+    if (routes.ndim != 3) {
+        PyBuffer_Release(&routes);
+        PyErr_SetString(PyExc_ValueError, "routes must have 3 dimensions");
+        return NULL;
+    }
+    const Py_ssize_t R = routes.shape[0], L = routes.shape[1], K = routes.shape[2];
+    has_hist = hist_obj != Py_None;
+    has_mask = mask_obj != Py_None;
+    if (get_c_buffer(top_obj, &top, R * L * 8, 1, "top") < 0) {
+        PyBuffer_Release(&routes);
+        return NULL;
+    }
+    if (get_c_buffer(rep_obj, &rep, R * L, 0, "repeated") < 0) {
+        PyBuffer_Release(&routes);
+        PyBuffer_Release(&top);
+        return NULL;
+    }
+    if (has_hist && get_c_buffer(hist_obj, &hist, -1, 1, "hist") < 0) {
+        ok = 0;
+    } else if (has_hist && (hist.ndim != 2 || hist.shape[0] != L)) {
+        PyErr_SetString(PyExc_ValueError, "route_stats: hist must have shape (layers, nbins)");
+        PyBuffer_Release(&hist);
+        ok = 0;
+    }
+    if (ok && has_mask && PyObject_GetBuffer(mask_obj, &mask, PyBUF_SIMPLE) < 0) {
+        if (has_hist) PyBuffer_Release(&hist);
+        ok = 0;
+    } else if (ok && has_mask && mask.len != R * L) {
+        PyErr_SetString(PyExc_ValueError, "route_stats: mask must hold one byte per (row, layer)");
+        PyBuffer_Release(&mask);
+        if (has_hist) PyBuffer_Release(&hist);
+        ok = 0;
+    }
+    int64_t *scratch = NULL;
+    if (ok && !(scratch = (int64_t *)malloc((size_t)(K ? K : 1) * sizeof(int64_t)))) {
+        PyErr_NoMemory();
+        if (has_mask) PyBuffer_Release(&mask);
+        if (has_hist) PyBuffer_Release(&hist);
+        ok = 0;
+    }
+    if (ok) {
+        Py_ssize_t strides[3];
+        int i;
+        for (i = 0; i < 3; i++) {
+            strides[i] = routes.strides ? routes.strides[i] : 0;
+        }
+        if (!routes.strides) {
+            strides[2] = routes.itemsize;
+            strides[1] = strides[2] * K;
+            strides[0] = strides[1] * L;
+        }
+        const int type = buffer_type(&routes);
+        int done = 0;
+        Py_BEGIN_ALLOW_THREADS
+#ifdef R3_X86
+        if (use_avx2 && (type == T_I32 || type == T_U32) && K == 8 && strides[2] == 4 && strides[1] == 32) {
+            stats_i32_k8_avx2((const char *)routes.buf, R, L, strides[0], type == T_I32, (int64_t *)top.buf,
+                              (uint8_t *)rep.buf, has_hist ? (int64_t *)hist.buf : NULL, has_hist ? hist.shape[1] : 0,
+                              has_mask ? (const uint8_t *)mask.buf : NULL);
+            done = 1;
+        }
+#endif
+        if (!done)
+        stats_table[type]((const char *)routes.buf, routes.shape, strides, (int64_t *)top.buf, (uint8_t *)rep.buf,
+                          has_hist ? (int64_t *)hist.buf : NULL, has_hist ? hist.shape[1] : 0,
+                          has_mask ? (const uint8_t *)mask.buf : NULL, scratch);
+        Py_END_ALLOW_THREADS
+        free(scratch);
+        if (has_mask) PyBuffer_Release(&mask);
+        if (has_hist) PyBuffer_Release(&hist);
+    }
+    PyBuffer_Release(&routes);
+    PyBuffer_Release(&top);
+    PyBuffer_Release(&rep);
+    if (!ok) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}

@@ -1,0 +1,107 @@
+/*
+ * gather.c: a row gather (rows of a (rows, layers, top_k) array by an int64 index, -1 = pad
+ * row) with dtype conversion: gather_rows().
+ */
+#include "r3k.h"
+
+R3_DOC(gather_rows_doc, "gather_rows(src, index, out, fill_value, num_experts, pad_start) -> pad_rows\n\n"
+"out[i] = src[index[i]] for index[i] >= 0, converted to out's integer type. src: (rows,\n"
+"layers, top_k), any integer type and strides; index: C-contiguous int64; out:\n"
+"C-contiguous (len(index), layers, top_k). A row with index -1 is a pad row: every id is\n"
+"fill_value when num_experts is 0, else pad row p (counted from pad_start) holds\n"
+"(p * top_k + j) % num_experts in slot j of every layer. Returns the pad rows written.");
+
+PyObject *py_gather_rows(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *index_obj, *out_obj;
+    long long fill;
+    unsigned long long num_experts, pad_start;
+    Py_buffer src, index, out;
+    if (!PyArg_ParseTuple(args, "OOOLKK", &src_obj, &index_obj, &out_obj, &fill, &num_experts, &pad_start)) {
+        return NULL;
+    }
+    if (get_int_buffer(src_obj, &src, 0, "src") < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(index_obj, &index, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&index);
+        return NULL;
+    }
+    const Py_ssize_t n = index.len / 8;
+    int otype = buffer_type(&out);
+    const char *fault = NULL;
+    if (src.ndim != 3 || buffer_type(&index) != T_I64) {
+        fault = "src must be 3-D and index int64";
+    } else if (otype < 0 || out.len != n * src.shape[1] * src.shape[2] * out.itemsize) {
+        fault = "out must be an integer array of shape (len(index), layers, top_k)";
+    }
+    const int64_t *idx = (const int64_t *)index.buf;
+    Py_ssize_t i;
+    for (i = 0; !fault && i < n; i++) {
+        if (idx[i] < -1 || idx[i] >= src.shape[0]) {
+            fault = "index holds a row outside [-1, rows)";
+        }
+    }
+    if (fault) {
+        PyErr_SetString(PyExc_IndexError, fault);
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&index);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    const Py_ssize_t L = src.shape[1], K = src.shape[2], osz = out.itemsize;
+    const Py_ssize_t s0 = src.strides[0], s1 = src.strides[1], s2 = src.strides[2];
+    const int stype = buffer_type(&src);
+    const int row_contig = s2 == src.itemsize && s1 == K * src.itemsize;
+    uint64_t pads = 0;
+    char *o = (char *)out.buf;
+    int64_t *padrow = NULL;
+    if (num_experts && !(padrow = malloc((size_t)(K ? K : 1) * sizeof(int64_t)))) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&index);
+        PyBuffer_Release(&out);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (i = 0; i < n; i++, o += L * K * osz) {
+        if (idx[i] >= 0) {
+            const char *s = (const char *)src.buf + idx[i] * s0;
+            if (row_contig && stype == otype) {
+                memcpy(o, s, (size_t)(L * K * osz));
+            } else if (row_contig) {
+                conv_table[stype][otype](s, src.itemsize, o, L * K);
+            } else {
+                Py_ssize_t l;
+                for (l = 0; l < L; l++) {
+                    conv_table[stype][otype](s + l * s1, s2, o + l * K * osz, K);
+                }
+            }
+            continue;
+        }
+        Py_ssize_t l, j;
+        if (padrow) {
+            const uint64_t p = pad_start + pads;
+            for (j = 0; j < K; j++) {
+                padrow[j] = (int64_t)((p * (uint64_t)K + (uint64_t)j) % num_experts);
+            }
+            for (l = 0; l < L; l++) {
+                conv_table[T_I64][otype]((const char *)padrow, 8, o + l * K * osz, K);
+            }
+        } else {
+            for (j = 0; j < L * K; j++) {
+                conv_table[T_I64][otype]((const char *)&fill, 8, o + j * osz, 1);
+            }
+        }
+        pads++;
+    }
+    free(padrow);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&index);
+    PyBuffer_Release(&out);
+    return PyLong_FromUnsignedLongLong(pads);
+}

@@ -1,0 +1,51 @@
+"""encode_object: frames bound to their place, the binding decided once per object."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from r3store._format import ArrayGeometry, decode_index, encode_object, position_tag
+from r3store.codecs import BitpackCodec, SupportsBinding
+
+
+def _geometry(frame_version: int) -> ArrayGeometry:
+    codec = {"id": "r3store.bitpack", "bits": 5} | ({"frame_version": 2} if frame_version == 2 else {})
+    return ArrayGeometry.for_rows(37, num_moe_layers=5, top_k=3, codec=codec, chunk_rows=4, layers_per_chunk=2,
+                                  object_rows=12)
+
+
+@pytest.mark.parametrize("first_row_chunk", [0, 3, 1234])
+def test_every_frame_carries_the_tag_of_its_place(first_row_chunk: int) -> None:
+    geometry = _geometry(2)
+    rng = np.random.default_rng(0)
+    blocks = [rng.integers(0, 32, (4, 5, 3)).astype(np.uint16) for _ in range(3)]
+    blob = encode_object(iter(blocks), geometry, commit="w-00007", first_row_chunk=first_row_chunk)
+    index = decode_index(blob[-geometry.index_nbytes :], geometry, "routes/w-00007", 0)
+    codec = BitpackCodec(5, frame_version=2)
+    for a in range(3):
+        for b in range(geometry.layer_chunks):
+            offset, nbytes = (int(v) for v in index[a, b])
+            frame = blob[offset : offset + nbytes]
+            tag = position_tag("w-00007", first_row_chunk + a, b)
+            assert codec.frame_tag(frame) == tag
+            got = codec.decode(frame, tag=tag).reshape(4, 2, 3)
+            want = np.zeros((4, 2, 3), np.uint16)
+            part = blocks[a][:, 2 * b : 2 * b + 2]
+            want[:, : part.shape[1]] = part
+            np.testing.assert_array_equal(got, want)
+
+
+def test_capabilities_are_checked_once_per_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    check = type(SupportsBinding).__instancecheck__
+
+    def counting(cls: type, obj: object) -> bool:
+        if cls is SupportsBinding:
+            calls.append(obj)
+        return bool(check(cls, obj))
+
+    monkeypatch.setattr(type(SupportsBinding), "__instancecheck__", counting)
+    blocks = [np.zeros((4, 5, 3), np.uint16)] * 3
+    encode_object(iter(blocks), _geometry(2), commit="w-00007")
+    assert len(calls) == 1  # not once per frame (9 frames)
