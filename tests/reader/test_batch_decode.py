@@ -56,7 +56,7 @@ class Batching(FrameByFrame):
 def store(tmp_path: Path) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(7)
     source = {f"s{i}": uniform_routes(rng, n, 6, 32, 4) for i, n in enumerate([37, 64, 5, 90])}
-    with r3store.RouteWriter(tmp_path, SPEC, chunk_rows=8, layers_per_chunk=2) as writer:
+    with r3store.RouteWriter(tmp_path, SPEC, config={"chunk_rows": 8, "layers_per_chunk": 2}) as writer:
         for sid, routes in source.items():
             writer.append(sid, routes)
     return source
@@ -72,7 +72,7 @@ def _reader_with(monkeypatch: pytest.MonkeyPatch, root: Path, kind: type[FrameBy
         return codec
 
     monkeypatch.setattr(_chunks, "_build_codec", wrapped)
-    return r3store.open_reader(root), made
+    return r3store.open_store(root), made
 
 
 def test_abilities_are_protocols_not_classes() -> None:
@@ -116,7 +116,7 @@ def test_get_decodes_whole_chunks_in_one_call_per_range(monkeypatch: pytest.Monk
 
 def test_a_bad_frame_in_a_batch_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                          store: dict[str, np.ndarray]) -> None:
-    reader = r3store.open_reader(tmp_path)
+    reader = r3store.open_store(tmp_path)
     array = reader.row("s1")["array"]
     geometry = reader.geometry_of(array)
     index = reader._chunks.object_index(array, geometry, 0)
@@ -126,4 +126,4 @@ def test_a_bad_frame_in_a_batch_is_named(monkeypatch: pytest.MonkeyPatch, tmp_pa
     blob[offset + nbytes - 1] ^= 0x01
     path.write_bytes(bytes(blob))
     with pytest.raises(ChecksumError, match=r"\(8, 1, 0\)"):
-        r3store.open_reader(tmp_path).get("s1")
+        r3store.open_store(tmp_path).get("s1")
