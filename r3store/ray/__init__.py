@@ -3,7 +3,7 @@
 Needs ``pip install 'r3store[ray]'``; ``import r3store`` never imports this package (nor ray).
 
 * :func:`read_routes` / :class:`RouteDatasource`: a store as a ``ray.data.Dataset``, one
-  row per sample (``sample_id``, ``routes`` as a ragged int32 tensor column,
+  row per sample (``sample_id``, ``routes`` as a ragged uint8 (uint16 past 256 experts) tensor column,
   ``num_tokens``, metadata), one read task per group of commits;
 * :func:`write_routes` / :class:`RouteDatasink`: a dataset of routes (arrays or SGLang
   payloads) into a store, each write task one :class:`r3store.RouteWriter`; a task that
