@@ -258,7 +258,12 @@ def write_routes(
 ) -> WriteSummary:
     """Write a Ray Dataset of routes into a store; each write task is one :class:`r3store.RouteWriter`.
 
-    One row per sample. Every row goes through the writer's checks (a bad sample raises
+    One row per sample. Ray Data bundles the dataset's blocks into write tasks of at least
+    ``config.buffer_bytes`` of input (256 MiB by default; on a Ray without byte bundling,
+    :data:`ROWS_PER_WRITE` rows), so a task commits about one writer buffer's worth of
+    rows: its writer commits when the buffer fills and once at the end of the task
+    (small blocks, such as ``from_items``'s one row each, are not one commit each).
+    Every row goes through the writer's checks (a bad sample raises
     :class:`r3store.errors.RouteValidationError` naming it, or is quarantined with
     ``on_invalid="quarantine"``); each task commits its own commits, so tasks need no
     coordination; a task Ray retries after its worker died skips the samples its

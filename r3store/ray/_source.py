@@ -141,8 +141,8 @@ class RouteDatasource(Datasource):
                 objects = row_start[rows] // per_object[array]
                 bounds = np.flatnonzero(np.diff(objects)) + 1  # where a new object's samples begin
                 groups = np.split(parts[0], bounds)
-                parts = [np.concatenate(g) for g in np.array_split(np.arange(len(groups)), min(wanted, len(groups)))
-                         for g in [[groups[k] for k in g]]]
+                cuts = np.array_split(np.arange(len(groups)), min(wanted, len(groups)))  # whole objects per part
+                parts = [np.concatenate([groups[k] for k in cut]) for cut in cuts]
             for part in parts:
                 nbytes = int(num_rows[part].sum()) * self.row_bytes
                 pieces.append(_Piece(self.commit_of[array], tuple(int(i) for i in part), nbytes))
