@@ -23,12 +23,13 @@ except ImportError as _exc:
 from r3store.ray._audit import diff, run_plan, stats, validate
 from r3store.ray._cluster import connect, object_store_bytes
 from r3store.ray._sink import RouteDatasink, WriteSummary, write_routes
-from r3store.ray._source import RouteDatasource, read_routes
+from r3store.ray._source import RouteDatasource, block_dtype, read_routes
 
 __all__ = [
     "RouteDatasink",
     "RouteDatasource",
     "WriteSummary",
+    "block_dtype",
     "connect",
     "diff",
     "object_store_bytes",

@@ -22,7 +22,7 @@ from r3store.testing.ray_cluster import pickle_by_value
 
 ray = pytest.importorskip("ray")
 import r3store.ray as r3ray  # noqa: E402 - after the importorskip
-from r3store.ray._source import block_dtype  # noqa: E402
+from r3store.ray import block_dtype  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
 pickle_by_value(__name__)
