@@ -15,6 +15,11 @@ Needs ``pip install 'r3store[ray]'``; ``import r3store`` never imports this pack
   value costs in the object store (the hand-off: send sample ids, not routes).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 try:
     import ray as _ray  # noqa: F401  (the extra's presence, checked before the modules that need it)
 except ImportError as _exc:
@@ -22,8 +27,10 @@ except ImportError as _exc:
 
 from r3store.ray._audit import diff, run_plan, stats, validate
 from r3store.ray._cluster import connect, object_store_bytes
-from r3store.ray._sink import RouteDatasink, WriteSummary, write_routes
-from r3store.ray._source import RouteDatasource, block_dtype, read_routes
+
+if TYPE_CHECKING:
+    from r3store.ray._sink import RouteDatasink, WriteSummary, write_routes
+    from r3store.ray._source import RouteDatasource, block_dtype, read_routes
 
 __all__ = [
     "RouteDatasink",
@@ -39,3 +46,18 @@ __all__ = [
     "validate",
     "write_routes",
 ]
+
+# The source and the sink need ray.data (about 4 s to import): loaded on first use, so that
+# the audits' tasks (and `r3store validate --ray`) start without it.
+_LAZY = {"RouteDatasink": "_sink", "WriteSummary": "_sink", "write_routes": "_sink",
+         "RouteDatasource": "_source", "block_dtype": "_source", "read_routes": "_source"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
