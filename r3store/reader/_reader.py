@@ -215,7 +215,7 @@ class RouteReader:
 
     def __len__(self) -> int:
         """Committed, non-quarantined samples."""
-        return len(self._catalog.visible)
+        return self._catalog.num_visible
 
     def __contains__(self, sample_id: object) -> bool:
         return sample_id in self._catalog
