@@ -338,7 +338,7 @@ class SampleCatalog:
         self.on_duplicate = on_duplicate
         self.filter = filter
         self.max_sample_rows = manifest.max_sample_rows if max_sample_rows is None else max_sample_rows
-        self.commits: list[str] = []
+        self._commits: list[str] | None = []
         self.complete = commits is None
         self.array_rows: dict[str, int] = {}
         self.checkpoint: str | None = None
@@ -346,7 +346,8 @@ class SampleCatalog:
         self._watermark: str | None = None
         self.covered: frozenset[str] = frozenset()
         """The commits the checkpoint covers (empty without one)."""
-        self._known: set[str] = set()
+        self._preloaded: frozenset[str] = frozenset()  # the commits of the preloaded rows
+        self._read: set[str] = set()  # the commits whose sample tables were read
         wanted = None if commits is None else _parse_commits(commits)
         self._buckets: list[str] | None = None
         if preloaded is None and wanted is None and use_checkpoint and manifest.version >= 2:
@@ -365,6 +366,15 @@ class SampleCatalog:
     def all_rows(self) -> pa.Table:
         """Every loaded row (passing the filter), duplicates included, in store order."""
         return self._rows
+
+    @property
+    def commits(self) -> list[str]:
+        """The committed commits loaded (those asked for, with ``commits``), in name order
+        (sorted on first use)."""
+        commits = self._commits
+        if commits is None:
+            commits = self._commits = sorted(self._read.union(self._preloaded))
+        return commits
 
     @property
     def watermark(self) -> str | None:
@@ -431,8 +441,7 @@ class SampleCatalog:
         if preloaded is not None:
             self._note_preloaded(preloaded)
         tables += self._read_tables(backend, todo)
-        self._known = set(todo) | set(covered)
-        self.commits = sorted(self._known)
+        self._preloaded, self._read, self._commits = covered, set(todo), None
         return self._merge(tables)
 
     def _merge(self, tables: list[pa.Table]) -> pa.Table:
@@ -478,15 +487,16 @@ class SampleCatalog:
             raise OptionError("commits", f"{len(self.commits)} commits",
                               "a reader opened on some commits only cannot refresh; open the whole store")
         by_commit = self._table_keys(backend, None)
-        todo = {commit: keys for commit, keys in by_commit.items() if commit not in self._known}
+        todo = {commit: keys for commit, keys in by_commit.items()
+                if commit not in self._preloaded and commit not in self._read}
         if not todo:
             return 0
         before = len(self.visible)
         rows = self._merge([self._rows, *self._read_tables(backend, todo)])
         samples, duplicates = _dedupe(rows, self.on_duplicate)
         self._rows, self.samples, self.duplicates = rows, samples, duplicates
-        self._known |= set(todo)
-        self.commits = sorted(self._known)
+        self._read |= set(todo)
+        self._commits = None
         self._build_lookup()
         return len(self.visible) - before
 
@@ -671,7 +681,7 @@ def _clashing_metadata_as_strings(tables: list[pa.Table]) -> list[pa.Table]:
 
 def _dedupe(table: pa.Table, on_duplicate: OnDuplicate) -> tuple[pa.Table, dict[str, list[str]]]:
     """Keep one row per sample id: the earliest commit, preferring a non-quarantined one."""
-    if pc.count_distinct(table.column("sample_id")).as_py() == table.num_rows:
+    if len(pc.unique(table.column("sample_id"))) == table.num_rows:
         return table, {}  # no id twice (the usual case), found without a Python loop
     ids = table.column("sample_id").to_pylist()
     commits = table.column("commit").to_pylist()
