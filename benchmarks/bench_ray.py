@@ -14,7 +14,8 @@
    int32 routes in it; and the bytes of the routes in the store (written once, read by
    each trainer rank that needs them), measured on one sample written for real.
 
-usage: python benchmarks/bench_ray.py [--quick] [--commits N] [--samples-per-commit S] [--tokens T]
+usage: python benchmarks/bench_ray.py [--quick] [--read-only] [--crossover C ...] [--commits N]
+                                      [--samples-per-commit S] [--tokens T]
                                       [--repeats R] [--workers W] [--step-samples B] [--step-tokens T]
 """
 
@@ -144,6 +145,78 @@ def bench_validate(args: argparse.Namespace, console: Console, tmp: str) -> None
                   "here.")
 
 
+def bench_read_routes(args: argparse.Namespace, console: Console, tmp: str) -> None:
+    """``read_routes`` on the cluster against the same reads in this process (``get`` of every sample)."""
+    path = os.path.join(tmp, "store")
+    if not os.path.exists(path):
+        make_store(path, args.commits, args.samples_per_commit, args.tokens)
+    reader = r3store.open_reader(path)
+    ids = list(reader.sample_ids)
+
+    def own() -> int:
+        with r3store.open_reader(path) as r:
+            return sum(r.get(sid).nbytes for sid in ids)
+
+    t_get, int32_bytes = best_of(args.repeats, own)
+    ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    try:
+        rows = []
+        for blocks in (args.workers, args.workers * 4):
+            def read(blocks: int = blocks) -> Any:
+                return r3ray.read_routes(path, override_num_blocks=blocks).materialize()
+
+            read()  # warm the workers
+            t_ray, ds = best_of(args.repeats, read)
+            carried = sum(ray.get(ref).column("routes").nbytes for ref in ds.to_arrow_refs())
+            rows.append((blocks, ds.num_blocks(), t_ray, carried))
+    finally:
+        ray.shutdown()
+    table = Table(title=f"read_routes: {len(ids)} samples, {int32_bytes / MB:,.1f} MB as int32 "
+                        f"(block dtype {r3ray.block_dtype(reader.spec.num_experts)})", title_justify="left")
+    for name in ("run", "seconds (best)", "vs get in one process (target <= 1.5x)",
+                 "routes bytes in blocks", "vs int32 (target <= 0.5x)"):
+        table.add_column(name, justify="right" if name != "run" else "left")
+    table.add_row("get of every sample, one process", f"{t_get:.2f}", "1.00x", f"{int32_bytes / MB:,.1f} MB", "1.00x")
+    for asked, made, t_ray, carried in rows:
+        table.add_row(f"read_routes, {asked} tasks asked, {made} blocks, {args.workers} workers", f"{t_ray:.2f}",
+                      f"{t_ray / t_get:.2f}x", f"{carried / MB:,.1f} MB", f"{carried / int32_bytes:.3f}x")
+    console.print(table)
+
+
+def bench_crossover(args: argparse.Namespace, console: Console, tmp: str) -> None:
+    """``validate`` in one process vs ``--ray`` on stores of growing size: where Ray starts to win,
+    on a warm cluster and counting a cold start (a new local cluster, as ``r3store validate --ray``
+    without an address makes)."""
+    t0 = time.perf_counter()
+    ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    t_init = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ray.get([ray.remote(lambda: __import__("r3store.ray._audit")).remote() for _ in range(args.workers)])
+    t_workers = time.perf_counter() - t0  # workers started, r3store imported
+    table = Table(title=f"validate, one process vs --ray ({args.workers} workers, default tasks)", title_justify="left")
+    for name in ("store", "int32 MB", "stored MB", "one process s", "--ray s (warm)", "warm speed-up",
+                 "with cold start"):
+        table.add_column(name, justify="right")
+    try:
+        for commits in args.crossover:
+            path = os.path.join(tmp, f"cross-{commits}")
+            samples, int32_bytes, stored = make_store(path, commits, args.samples_per_commit, args.tokens)
+            t_local, _ = best_of(args.repeats, lambda path=path: validate(r3store.open_reader(path,
+                                                                                            on_duplicate="report")))
+            r3ray.validate(path)
+            t_ray, _ = best_of(args.repeats, lambda path=path: r3ray.validate(path))
+            cold = t_ray + t_init + t_workers
+            table.add_row(f"{samples} samples", f"{int32_bytes / MB:,.0f}", f"{stored / MB:,.0f}", f"{t_local:.2f}",
+                          f"{t_ray:.2f}", f"{t_local / t_ray:.2f}x", f"{t_local / cold:.2f}x")
+            shutil.rmtree(path, ignore_errors=True)
+    finally:
+        ray.shutdown()
+    console.print(table)
+    console.print(f"Cold start: ray.init {t_init:.1f} s + first task on each worker (r3store imported) "
+                  f"{t_workers:.1f} s; 'with cold start' adds both to the --ray time.")
+
+
 def bench_handoff(args: argparse.Namespace, console: Console, tmp: str) -> None:
     spec = qwen3_30b_a3b_spec()
     n, rows = args.step_samples, args.step_tokens - 1
@@ -178,6 +251,9 @@ def bench_handoff(args: argparse.Namespace, console: Console, tmp: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smaller store, 1 repeat")
+    parser.add_argument("--read-only", action="store_true", help="only the read_routes part")
+    parser.add_argument("--crossover", type=int, nargs="*", metavar="COMMITS",
+                        help="only validate vs --ray on stores of these many commits (e.g. 2 8 32)")
     parser.add_argument("--commits", type=int, default=16)
     parser.add_argument("--samples-per-commit", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=4096, help="longest sample (samples are T/2..T tokens)")
@@ -195,8 +271,14 @@ def main() -> None:
                   f"{r3store.codecs.kernels.IMPLEMENTATION}")
     tmp = tempfile.mkdtemp(prefix="r3store-bench-ray-")
     try:
-        bench_validate(args, console, tmp)
-        bench_handoff(args, console, tmp)
+        if args.crossover:
+            bench_crossover(args, console, tmp)
+            return
+        if not args.read_only:
+            bench_validate(args, console, tmp)
+        bench_read_routes(args, console, tmp)
+        if not args.read_only:
+            bench_handoff(args, console, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -3,7 +3,7 @@
 Needs ``pip install 'r3store[ray]'``; ``import r3store`` never imports this package (nor ray).
 
 * :func:`read_routes` / :class:`RouteDatasource`: a store as a ``ray.data.Dataset``, one
-  row per sample (``sample_id``, ``routes`` as a ragged int32 tensor column,
+  row per sample (``sample_id``, ``routes`` as a ragged uint8 (uint16 past 256 experts) tensor column,
   ``num_tokens``, metadata), one read task per group of commits;
 * :func:`write_routes` / :class:`RouteDatasink`: a dataset of routes (arrays or SGLang
   payloads) into a store, each write task one :class:`r3store.RouteWriter`; a task that
@@ -15,6 +15,11 @@ Needs ``pip install 'r3store[ray]'``; ``import r3store`` never imports this pack
   value costs in the object store (the hand-off: send sample ids, not routes).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 try:
     import ray as _ray  # noqa: F401  (the extra's presence, checked before the modules that need it)
 except ImportError as _exc:
@@ -22,8 +27,10 @@ except ImportError as _exc:
 
 from r3store.ray._audit import diff, run_plan, stats, validate
 from r3store.ray._cluster import connect, object_store_bytes
-from r3store.ray._sink import RouteColumns, RouteColumnsDict, RouteDatasink, WriteSummary, write_routes
-from r3store.ray._source import RouteDatasource, read_routes
+
+if TYPE_CHECKING:
+    from r3store.ray._sink import RouteColumns, RouteColumnsDict, RouteDatasink, WriteSummary, write_routes
+    from r3store.ray._source import RouteDatasource, block_dtype, read_routes
 
 __all__ = [
     "RouteColumns",
@@ -31,6 +38,7 @@ __all__ = [
     "RouteDatasink",
     "RouteDatasource",
     "WriteSummary",
+    "block_dtype",
     "connect",
     "diff",
     "object_store_bytes",
@@ -40,3 +48,19 @@ __all__ = [
     "validate",
     "write_routes",
 ]
+
+# The source and the sink need ray.data (about 4 s to import): loaded on first use, so that
+# the audits' tasks (and `r3store validate --ray`) start without it.
+_LAZY = {"RouteColumns": "_sink", "RouteColumnsDict": "_sink", "RouteDatasink": "_sink", "WriteSummary": "_sink",
+         "write_routes": "_sink",
+         "RouteDatasource": "_source", "block_dtype": "_source", "read_routes": "_source"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+

@@ -39,6 +39,11 @@ from r3store.writer import RouteWriter, WriterConfig, WriterConfigDict
 
 __all__ = ["RouteColumns", "RouteColumnsDict", "RouteDatasink", "WriteSummary", "write_routes"]
 
+ROWS_PER_WRITE = 256
+"""Rows bundled into one write task where Ray Data cannot bundle by bytes."""
+
+_BYTES_BUNDLING = hasattr(Datasink, "min_bytes_per_write")
+
 Payload = Literal["array", "sglang"]
 PAYLOADS = ("array", "sglang")
 
@@ -208,6 +213,21 @@ class RouteDatasink(Datasink[dict[str, Any]]):
     def get_name(self) -> str:
         return "WriteRoutes"
 
+    # -- how Ray Data cuts the rows into write tasks --------------------------------------
+
+    @property
+    def min_bytes_per_write(self) -> int | None:
+        """Blocks are bundled into write tasks of at least the writer's ``buffer_bytes`` of
+        input (Ray >= 2.50), so each task commits about one writer buffer's worth of rows
+        instead of one commit per block (40 samples from ``ray.data.from_items`` are one
+        commit, not 40)."""
+        return self.config.buffer_bytes if _BYTES_BUNDLING else None
+
+    @property
+    def min_rows_per_write(self) -> int | None:
+        """On a Ray without byte bundling: at least :data:`ROWS_PER_WRITE` rows per write task."""
+        return None if _BYTES_BUNDLING else ROWS_PER_WRITE
+
     # -- driver side ------------------------------------------------------------------
 
     def on_write_start(self, schema: pa.Schema | None = None) -> None:
@@ -332,7 +352,12 @@ def write_routes(
 ) -> WriteSummary:
     """Write a Ray Dataset of routes into a store; each write task is one :class:`r3store.RouteWriter`.
 
-    One row per sample. Every row goes through the writer's checks (a bad sample raises
+    One row per sample. Ray Data bundles the dataset's blocks into write tasks of at least
+    ``config.buffer_bytes`` of input (256 MiB by default; on a Ray without byte bundling,
+    :data:`ROWS_PER_WRITE` rows), so a task commits about one writer buffer's worth of
+    rows: its writer commits when the buffer fills and once at the end of the task
+    (small blocks, such as ``from_items``'s one row each, are not one commit each).
+    Every row goes through the writer's checks (a bad sample raises
     :class:`r3store.errors.RouteValidationError` naming it, or is quarantined with
     ``on_invalid="quarantine"``); each task commits its own commits, so tasks need no
     coordination; a task Ray retries after its worker died skips the samples its

@@ -20,13 +20,26 @@ from r3store._format import RESERVED_COLUMNS, array_key
 from r3store.errors import OptionError
 from r3store.reader import OnDuplicate, RouteReader, filter_samples
 
-__all__ = ["RouteDatasource", "read_routes"]
+__all__ = ["RouteDatasource", "block_dtype", "read_routes"]
 
 BLOCK_BYTES = 64 << 20
-"""A read task yields a block once its routes reach this many bytes (int32)."""
+"""A read task yields a block once its routes reach this many bytes (in the block's dtype)."""
 
 _ALWAYS = ("sample_id", "num_tokens")
 _LOCATION = ["array", "row_start", "num_rows"]
+
+
+def block_dtype(num_experts: int) -> np.dtype[Any]:
+    """The dtype of :func:`read_routes`'s ``routes`` column: the narrowest unsigned integer
+    holding every expert id ``0 .. num_experts - 1`` (uint8 up to 256 experts, uint16 up to
+    65,536, the format's limit).
+
+    Examples
+    --------
+    >>> block_dtype(128), block_dtype(256), block_dtype(257)
+    (dtype('uint8'), dtype('uint8'), dtype('uint16'))
+    """
+    return np.dtype(np.uint8) if num_experts <= 1 << 8 else np.dtype(np.uint16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +90,8 @@ class RouteDatasource(Datasource):
         self.columns = _output_columns(table, columns)
         self.table = table.select(list(dict.fromkeys([*_ALWAYS, *self.columns, *_LOCATION])))
         self.commit_of = {array_key(commit): commit for commit in reader.commits}
-        self.row_bytes = len(self.positions) * self.spec.top_k * 4
+        self.dtype = block_dtype(self.spec.num_experts)
+        self.row_bytes = len(self.positions) * self.spec.top_k * self.dtype.itemsize
 
     def __repr__(self) -> str:
         return f"RouteDatasource({self.url!r}, samples={self.table.num_rows}, layers={list(self.layers)})"
@@ -90,7 +104,7 @@ class RouteDatasource(Datasource):
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                        data_context: Any = None) -> list[ReadTask]:
-        """One task per group of commits (a large commit's samples may be split over tasks)."""
+        """One task per group of commits (a large commit's storage objects may be split over tasks)."""
         groups = _group(self._pieces(max(1, parallelism)), max(1, parallelism))
         tasks = []
         for group in groups:
@@ -98,7 +112,7 @@ class RouteDatasource(Datasource):
             commits = sorted({piece.commit for piece in group})
             meta = _metadata(len(rows), sum(p.nbytes for p in group))
             read = _ReadGroup(self.url, self.storage_options, commits, self.table.take(pa.array(rows, pa.int64())),
-                              self.positions, self.columns)
+                              self.positions, self.columns, self.dtype)
             kwargs: dict[str, Any] = {}
             if per_task_row_limit is not None and "per_task_row_limit" in _READ_TASK_ARGS:
                 kwargs["per_task_row_limit"] = per_task_row_limit
@@ -106,23 +120,44 @@ class RouteDatasource(Datasource):
         return tasks
 
     def _pieces(self, parallelism: int) -> list[_Piece]:
-        """The samples of each route array, cut so that there are about ``parallelism`` pieces
-        when the store has fewer (large) commits than that."""
+        """The samples of each route array; when the store has fewer route arrays than
+        ``parallelism``, an array's samples are cut, in proportion to its rows, at storage
+        object boundaries (a sample goes with the object holding its first row), so that
+        no two tasks decode the same object except for a sample that straddles two."""
         arrays = self.table.column("array").to_pylist()
-        num_rows = self.table.column("num_rows").to_numpy()
+        num_rows = self.table.column("num_rows").to_numpy(zero_copy_only=False)
+        row_start = self.table.column("row_start").fill_null(0).to_numpy(zero_copy_only=False)
         by_array: dict[str, list[int]] = {}
         for i, array in enumerate(arrays):
             by_array.setdefault(array, []).append(i)
         total = max(1, int(num_rows.sum()))
+        cut = len(by_array) < parallelism  # few commits: split them by storage objects
+        per_object = self._rows_per_object([a for a in by_array if a is not None]) if cut else {}
         pieces = []
         for array, rows in by_array.items():
-            cuts = 1
-            if len(by_array) < parallelism:  # few commits: split them by samples, in proportion to their rows
-                cuts = max(1, min(len(rows), round(parallelism * int(num_rows[rows].sum()) / total)))
-            for part in np.array_split(np.asarray(rows), cuts):
+            parts: list[np.ndarray] = [np.asarray(rows, dtype=np.int64)]
+            if array in per_object:
+                wanted = max(1, round(parallelism * int(num_rows[rows].sum()) / total))
+                objects = row_start[rows] // per_object[array]
+                bounds = np.flatnonzero(np.diff(objects)) + 1  # where a new object's samples begin
+                groups = np.split(parts[0], bounds)
+                cuts = np.array_split(np.arange(len(groups)), min(wanted, len(groups)))  # whole objects per part
+                parts = [np.concatenate([groups[k] for k in cut]) for cut in cuts]
+            for part in parts:
                 nbytes = int(num_rows[part].sum()) * self.row_bytes
                 pieces.append(_Piece(self.commit_of[array], tuple(int(i) for i in part), nbytes))
         return pieces
+
+    def _rows_per_object(self, arrays: list[str]) -> dict[str, int]:
+        """Rows each storage object of these route arrays holds (read from their array documents)."""
+        commits = [self.commit_of[a] for a in arrays]
+        with RouteReader.open(self.url, storage_options=self.storage_options,
+                              reader={"commits": commits, "on_duplicate": "report"}) as reader:
+            out = {}
+            for array in arrays:
+                geometry = reader.geometry_of(array, partial=True)
+                out[array] = max(1, geometry.row_chunks_per_object * geometry.chunk_rows)
+            return out
 
 
 _READ_TASK_ARGS = set(inspect.signature(ReadTask.__init__).parameters)
@@ -167,36 +202,53 @@ def _group(pieces: list[_Piece], parallelism: int) -> list[list[_Piece]]:
 
 
 class _ReadGroup:
-    """The read function of one task: open a reader of the task's commits, read each sample."""
+    """The read function of one task: open a reader of the task's commits, decode the
+    task's samples of each route array in one batched read per block."""
 
     def __init__(self, url: str, storage_options: dict[str, Any], commits: list[str], table: pa.Table,
-                 positions: tuple[int, ...], columns: list[str]) -> None:
+                 positions: tuple[int, ...], columns: list[str], dtype: np.dtype[Any]) -> None:
         self.url = url
         self.storage_options = storage_options
         self.commits = commits
         self.table = table
         self.positions = positions
         self.columns = columns
+        self.dtype = dtype
 
     def __call__(self) -> Iterator[pa.Table]:
         reader = RouteReader.open(self.url, storage_options=self.storage_options,
                                   reader={"commits": self.commits, "on_duplicate": "report"})
-        loc = self.table.select(_LOCATION).to_pydict()
+        arrays = self.table.column("array").to_pylist()
+        starts = self.table.column("row_start").fill_null(0).to_numpy(zero_copy_only=False)
+        counts = self.table.column("num_rows").to_numpy(zero_copy_only=False)
+        shape = (len(self.positions), reader.spec.top_k)
+        row_bytes = int(np.prod(shape)) * self.dtype.itemsize
         checked: set[str] = set()
         routes: list[np.ndarray] = []
-        first, nbytes = 0, 0
+        first, nbytes, i, n = 0, 0, 0, len(arrays)
         with reader:
-            for i, (array, start, n) in enumerate(zip(*loc.values(), strict=True)):
-                if array not in checked:
-                    reader.geometry_of(array)  # the whole array must match its sample table, as for get()
-                    checked.add(array)
-                routes.append(reader.read_rows(array, start, start + n, self.positions))
-                nbytes += routes[-1].nbytes
+            while i < n:
+                array, j, size = arrays[i], i, 0  # samples i..j-1: one array, one batched read
+                while j < n and arrays[j] == array and (j == i or nbytes + size < BLOCK_BYTES):
+                    size += int(counts[j]) * row_bytes
+                    j += 1
+                lengths = counts[i:j].astype(np.int64)
+                out = np.empty((int(lengths.sum()), *shape), dtype=self.dtype)
+                if len(out):
+                    if array not in checked:
+                        reader.geometry_of(array)  # the whole array must match its sample table, as for get()
+                        checked.add(array)
+                    at = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+                    reader.read_runs(array, [(int(a), int(a + m), int(o)) for a, m, o in
+                                             zip(starts[i:j], lengths, at, strict=True)], self.positions, out)
+                routes.extend(np.split(out, np.cumsum(lengths)[:-1]))
+                nbytes += size
+                i = j
                 if nbytes >= BLOCK_BYTES:
-                    yield self._block(first, i + 1, routes)
-                    first, nbytes, routes = i + 1, 0, []
+                    yield self._block(first, i, routes)
+                    first, nbytes, routes = i, 0, []
             if routes:
-                yield self._block(first, self.table.num_rows, routes)
+                yield self._block(first, n, routes)
 
     def _block(self, lo: int, hi: int, routes: list[np.ndarray]) -> pa.Table:
         rows = self.table.slice(lo, hi - lo)
@@ -247,8 +299,11 @@ def read_routes(
         ``token_hash``, ``reason``, ...). Default: the user metadata columns.
     override_num_blocks : int, optional
         Number of read tasks wanted (Ray Data chooses by default); never more than the
-        number of samples. Commits are grouped into tasks; when there are fewer commits
-        than tasks, a commit's samples are split over several.
+        number of samples, nor than the storage objects holding them. Commits are grouped
+        into tasks; when there are fewer commits than tasks, a commit's storage objects
+        are split over several (a sample goes with the object holding its first row).
+        Each task decodes each frame it needs once, in one batched read per route array
+        and block.
     concurrency : int, optional
         Most read tasks running at once.
     ray_remote_args : mapping, optional
@@ -257,11 +312,17 @@ def read_routes(
     Returns
     -------
     ray.data.Dataset
-        Columns ``sample_id`` (string), ``routes`` (int32 tensor of shape
+        Columns ``sample_id`` (string), ``routes`` (tensor of shape
         ``(num_tokens - 1, len(layers), top_k)`` per row, variable-shaped: Ray Data's
         ragged tensor extension; rows come back as numpy arrays), ``num_tokens`` (int64),
-        then ``columns``. Row order is store order within a task; tasks finish in any
-        order.
+        then ``columns``. ``routes`` holds the expert ids in the narrowest unsigned dtype
+        that holds them (:func:`block_dtype`: uint8 up to 256 experts, else uint16), so
+        blocks carry 1/4 (1/2) of the int32 bytes through the object store; a consumer
+        that needs int32 casts in its own process (``routes.astype(np.int32)``, or
+        ``torch.from_numpy(routes).long()`` on the device). Rows the engine could not
+        capture (:meth:`r3store.RouteReader.missing_rows`) hold what is stored there
+        (zeros), as with :meth:`r3store.RouteReader.get_runs`, not -1 as with ``get``.
+        Row order is store order within a task; tasks finish in any order.
 
     Raises
     ------
@@ -285,7 +346,7 @@ def read_routes(
     >>> ds = read_routes("s3://bucket/run-7/routes", filter=pc.field("step") == 3,   # doctest: +SKIP
     ...                  layers=range(12, 24), storage_options={"profile": "train"})
     >>> for batch in ds.iter_batches(batch_size=8, batch_format="numpy"):              # doctest: +SKIP
-    ...     batch["routes"]    # object array of int32 (num_tokens - 1, 12, top_k) arrays
+    ...     batch["routes"]    # object array of uint8 (num_tokens - 1, 12, top_k) arrays
     """
     source = RouteDatasource(url, filter=filter, layers=layers, storage_options=storage_options,
                              on_duplicate=on_duplicate, include_quarantined=include_quarantined, columns=columns)

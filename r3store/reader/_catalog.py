@@ -22,6 +22,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal, TypeVar
 
 import numpy as np
@@ -340,7 +341,7 @@ class SampleCatalog:
         self.on_duplicate = on_duplicate
         self.filter = filter
         self.max_sample_rows = manifest.max_sample_rows if max_sample_rows is None else max_sample_rows
-        self.commits: list[str] = []
+        self._commits: list[str] | None = []
         self.complete = commits is None
         self.array_rows: dict[str, int] = {}
         self.checkpoint: str | None = None
@@ -348,7 +349,8 @@ class SampleCatalog:
         self._watermark: str | None = None
         self.covered: frozenset[str] = frozenset()
         """The commits the checkpoint covers (empty without one)."""
-        self._known: set[str] = set()
+        self._preloaded: frozenset[str] = frozenset()  # the commits of the preloaded rows
+        self._read: set[str] = set()  # the commits whose sample tables were read
         wanted = None if commits is None else parse_commits(commits)
         self._buckets: list[str] | None = None
         if preloaded is None and wanted is None and use_checkpoint and manifest.version >= 2:
@@ -367,6 +369,15 @@ class SampleCatalog:
     def all_rows(self) -> pa.Table:
         """Every loaded row (passing the filter), duplicates included, in store order."""
         return self._rows
+
+    @property
+    def commits(self) -> list[str]:
+        """The committed commits loaded (those asked for, with ``commits``), in name order
+        (sorted on first use)."""
+        commits = self._commits
+        if commits is None:
+            commits = self._commits = sorted(self._read.union(self._preloaded))
+        return commits
 
     @property
     def watermark(self) -> str | None:
@@ -433,8 +444,7 @@ class SampleCatalog:
         if preloaded is not None:
             self._note_preloaded(preloaded)
         tables += self._read_tables(backend, todo)
-        self._known = set(todo) | set(covered)
-        self.commits = sorted(self._known)
+        self._preloaded, self._read, self._commits = covered, set(todo), None
         return self._merge(tables)
 
     def _merge(self, tables: list[pa.Table]) -> pa.Table:
@@ -446,8 +456,8 @@ class SampleCatalog:
                 table = pa.concat_tables(tables, promote_options="permissive")
             except (pa.ArrowTypeError, pa.ArrowInvalid):  # writers disagree on a metadata column's type
                 table = pa.concat_tables(_clashing_metadata_as_strings(tables), promote_options="permissive")
-            sort_keys = [("committed_at", "ascending"), ("commit", "ascending"), ("row_start", "ascending")]
-            table = table.take(pc.sort_indices(table, sort_keys))
+            if not _in_store_order(table):  # checked (one vectorised pass), not assumed: a checkpoint's rows are
+                table = table.take(pc.sort_indices(table, _STORE_ORDER))  # in store order, and so usually all
         if self.filter is None:
             return table
         try:
@@ -480,15 +490,16 @@ class SampleCatalog:
             raise OptionError("commits", f"{len(self.commits)} commits",
                               "a reader opened on some commits only cannot refresh; open the whole store")
         by_commit = self._table_keys(backend, None)
-        todo = {commit: keys for commit, keys in by_commit.items() if commit not in self._known}
+        todo = {commit: keys for commit, keys in by_commit.items()
+                if commit not in self._preloaded and commit not in self._read}
         if not todo:
             return 0
         before = len(self.visible)
         rows = self._merge([self._rows, *self._read_tables(backend, todo)])
         samples, duplicates = _dedupe(rows, self.on_duplicate)
         self._rows, self.samples, self.duplicates = rows, samples, duplicates
-        self._known |= set(todo)
-        self.commits = sorted(self._known)
+        self._read |= set(todo)
+        self._commits = None
         self._build_lookup()
         return len(self.visible) - before
 
@@ -510,27 +521,64 @@ class SampleCatalog:
             self.array_rows[array] = max(self.array_rows.get(array, 0), end)
 
     def _build_lookup(self) -> None:
-        """Per-row lists of :attr:`samples` (integer columns through numpy, not per-row Python)
-        and the id -> row lookup (built on first use)."""
-        samples = self.samples
-        ids: list[str] = samples.column("sample_id").to_pylist()
-        self._ids = ids
+        """Forget the per-row lists of :attr:`samples` (rebuilt on first use: a caller that reads
+        a few samples, or none, does not pay for Python lists of every row)."""
+        for name in _LAZY_LISTS:
+            self.__dict__.pop(name, None)
         self._where_map: dict[str, int] | None = None
-        self._missing: list[str | None] = samples.column("missing_rows").to_pylist()
-        self._spans: list[str | None] = samples.column("policy_spans").to_pylist()
-        self.array: list[str] = samples.column("array").to_pylist()
+
+    @cached_property
+    def _ids(self) -> list[str]:
+        ids: list[str] = self.samples.column("sample_id").to_pylist()
+        return ids
+
+    @cached_property
+    def _missing(self) -> list[str | None]:
+        return self.samples.column("missing_rows").to_pylist()  # type: ignore[no-any-return]
+
+    @cached_property
+    def _spans(self) -> list[str | None]:
+        return self.samples.column("policy_spans").to_pylist()  # type: ignore[no-any-return]
+
+    @cached_property
+    def _quarantined(self) -> list[bool]:
+        return self.samples.column("quarantined").to_pylist()  # type: ignore[no-any-return]
+
+    @cached_property
+    def array(self) -> list[str]:
         """Route array of each row of :attr:`samples`."""
-        self.row_start: list[int] = _int_list(samples.column("row_start"))
+        return self.samples.column("array").to_pylist()  # type: ignore[no-any-return]
+
+    @cached_property
+    def row_start(self) -> list[int]:
         """First array row of each sample."""
-        self.num_rows: list[int] = _int_list(samples.column("num_rows"))
+        return _int_list(self.samples.column("row_start"))
+
+    @cached_property
+    def num_rows(self) -> list[int]:
         """Rows of each sample."""
-        self.num_tokens: list[int] = _int_list(samples.column("num_tokens"))
+        return _int_list(self.samples.column("num_rows"))
+
+    @cached_property
+    def num_tokens(self) -> list[int]:
         """Tokens of each sample."""
-        quarantined = samples.column("quarantined")
-        self._quarantined: list[bool] = quarantined.to_pylist()
-        self.visible: list[str] = (samples.column("sample_id").filter(pc.invert(quarantined)).to_pylist()
-                                   if pc.any(quarantined).as_py() else list(ids))
+        return _int_list(self.samples.column("num_tokens"))
+
+    @cached_property
+    def visible(self) -> list[str]:
         """Ids of the committed, non-quarantined samples, in store order."""
+        quarantined = self.samples.column("quarantined")
+        if pc.any(quarantined).as_py():
+            return self.samples.column("sample_id").filter(pc.invert(quarantined)).to_pylist()  # type: ignore[no-any-return]
+        return list(self._ids)
+
+    @property
+    def num_visible(self) -> int:
+        """How many committed samples are not quarantined (``len(visible)``, without building it)."""
+        if "visible" in self.__dict__:
+            return len(self.visible)
+        hidden = pc.sum(self.samples.column("quarantined")).as_py() or 0
+        return int(self.samples.num_rows) - int(hidden)
 
     @property
     def _where(self) -> dict[str, int]:
@@ -578,6 +626,28 @@ class SampleCatalog:
         return i
 
 
+_STORE_ORDER = [("committed_at", "ascending"), ("commit", "ascending"), ("row_start", "ascending")]
+"""Store order: commit time, then commit name, then row (a stable sort keeps equal rows' order)."""
+
+
+def _in_store_order(table: pa.Table) -> bool:
+    """Whether every row's (committed_at, commit, row_start) is >= the previous row's (nulls: no),
+    so that the stable sort into store order would leave the table as it is."""
+    if table.num_rows < 2:
+        return True
+    before, after = table.slice(0, table.num_rows - 1), table.slice(1)
+    (first, _), (second, _), (third, _) = _STORE_ORDER
+    ordered = pc.less_equal(before.column(third), after.column(third))
+    for name in (second, first):
+        a, b = before.column(name), after.column(name)
+        ordered = pc.or_(pc.less(a, b), pc.and_(pc.equal(a, b), ordered))
+    return bool(pc.all(pc.fill_null(ordered, False)).as_py())
+
+
+_LAZY_LISTS = ("_ids", "_missing", "_spans", "_quarantined", "array", "row_start", "num_rows", "num_tokens", "visible")
+"""The :class:`SampleCatalog` lists built from :attr:`SampleCatalog.samples` on first use."""
+
+
 def _int_list(column: pa.ChunkedArray) -> list[int]:
     """A non-null int64 column as Python ints (through numpy: no per-row Arrow scalars)."""
     return list(column.to_numpy().tolist())
@@ -614,7 +684,7 @@ def _clashing_metadata_as_strings(tables: list[pa.Table]) -> list[pa.Table]:
 
 def _dedupe(table: pa.Table, on_duplicate: OnDuplicate) -> tuple[pa.Table, dict[str, list[str]]]:
     """Keep one row per sample id: the earliest commit, preferring a non-quarantined one."""
-    if pc.count_distinct(table.column("sample_id")).as_py() == table.num_rows:
+    if len(pc.unique(table.column("sample_id"))) == table.num_rows:
         return table, {}  # no id twice (the usual case), found without a Python loop
     ids = table.column("sample_id").to_pylist()
     commits = table.column("commit").to_pylist()

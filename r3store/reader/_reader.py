@@ -223,7 +223,7 @@ class RouteReader:
 
     def __len__(self) -> int:
         """Committed, non-quarantined samples."""
-        return len(self._catalog.visible)
+        return self._catalog.num_visible
 
     def __contains__(self, sample_id: object) -> bool:
         return sample_id in self._catalog
@@ -508,6 +508,27 @@ class RouteReader:
             ``start`` is negative or ``out`` has the wrong shape.
         """
         return self._chunks.read_rows(array, start, stop, positions, out)
+
+    def read_runs(self, array: str, runs: Sequence[tuple[int, int, int]], positions: Sequence[int],
+                  out: np.ndarray) -> np.ndarray:
+        """Several row ranges ``(start, stop, at)`` of one route array at stored layer
+        positions, into ``out`` rows ``[at, at + stop - start)``: each needed frame is
+        fetched and decoded once (in place, batched, where the rows and layers allow).
+
+        ``out`` is an integer array of shape ``(n, len(positions), top_k)`` (ids cast to
+        its dtype: int32 or a narrower one holding every expert id). Rows are not checked
+        against the sample table (call :meth:`geometry_of` first, as :meth:`get` does);
+        rows the engine could not capture hold what is stored (zeros).
+
+        Raises
+        ------
+        r3store.errors.FormatError
+            A run lies past the array's end, or a frame or index is malformed.
+        r3store.errors.ChecksumError
+        r3store.errors.OptionError
+            A run is reversed or negative, or ``out`` has the wrong shape.
+        """
+        return self._chunks.read_runs(array, runs, positions, out)
 
     # -- lifecycle --------------------------------------------------------------------
 
