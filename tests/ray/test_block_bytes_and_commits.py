@@ -61,7 +61,7 @@ def test_blocks_hold_the_narrowest_dtype(tmp_path: Path, ray_cluster: str, exper
 def test_a_commit_is_split_over_tasks_by_storage_objects(tmp_path: Path, ray_cluster: str) -> None:
     spec = r3store.ModelSpec(num_layers=3, num_experts=48, top_k=2)
     routes = write(tmp_path / "store", spec, samples=30, rows=20, object_bytes=400)  # one commit, many objects
-    reader = r3store.open_reader(tmp_path / "store")
+    reader = r3store.open_store(tmp_path / "store")
     (array,) = set(reader.samples.column("array").to_pylist())
     geometry = reader.geometry_of(array)
     per_object = geometry.row_chunks_per_object * geometry.chunk_rows

@@ -37,7 +37,7 @@ def test_store_order_is_checked(table: pa.Table, ordered: bool) -> None:
 
 def write(url: Path, first: int, count: int) -> None:
     for c in range(count):
-        with r3store.RouteWriter(url, SPEC, on_invalid="quarantine") as w:
+        with r3store.RouteWriter(url, SPEC, config={"on_invalid": "quarantine"}) as w:
             for k in range(2):
                 i = first + 2 * c + k
                 routes = (np.arange(3 + i)[:, None, None] + np.array([0, 8])[None, None, :]) % 16
@@ -52,7 +52,7 @@ def test_compacted_open_lists_follow_refresh(tmp_path: Path) -> None:
     url = tmp_path / "store"
     write(url, 0, 6)
     r3store.compact(url)
-    reader = r3store.open_reader(url)
+    reader = r3store.open_store(url)
     assert reader._catalog.checkpoint is not None
     assert len(reader) == 11
     assert len(reader.sample_ids) == 11
@@ -64,6 +64,6 @@ def test_compacted_open_lists_follow_refresh(tmp_path: Path) -> None:
     assert len(reader.commits) == 8
     assert reader.num_tokens("s103") == 3 + 103 + 1
     np.testing.assert_array_equal(reader.get("s103")[:, 0], (np.arange(106)[:, None] + [0, 8]) % 16)
-    fresh = r3store.open_reader(url, use_checkpoint=False)
+    fresh = r3store.open_store(url, reader={"use_checkpoint": False})
     assert reader.sample_ids == fresh.sample_ids  # the same rows, in the same (store) order
     assert reader.commits == fresh.commits
