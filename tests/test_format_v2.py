@@ -66,20 +66,20 @@ def test_a_new_store_is_format_v2(tmp_path: Path) -> None:
     with r3store.RouteWriter(tmp_path, SPEC, writer_id="w") as w:
         w.append("a", routes(6, 0))
     doc = json.loads((tmp_path / "r3store.json").read_text())
-    assert (doc["version"], doc["limits"]) == (2, {"max_sample_rows": 2**22})
+    assert (doc["version"], doc["limits"]) == (3, {"max_sample_rows": 2**22})  # format v3 since r3store.set
     assert doc["checksum"].startswith("crc32c:") and len(doc["checksum"]) == 15
     jsonschema.validate(doc, load_schema("manifest"))
     (table,) = (tmp_path / "index").rglob("*.parquet")
     assert table.parent.name == bucket_of(dt.datetime.now(dt.UTC)) or len(table.parent.name) == 11
     meta = pq.read_metadata(table).metadata
-    assert meta[b"r3store.version"] == b"2" and meta[b"r3store.digest"].startswith(b"blake2b128:")
+    assert meta[b"r3store.version"] == b"3" and meta[b"r3store.digest"].startswith(b"blake2b128:")
     zarr_json = json.loads((tmp_path / "routes" / "w-00000" / "zarr.json").read_text())
     assert zarr_json["attributes"]["r3store"] == {"commit": "w-00000", "writer_id": "w", "spec": SPEC.to_dict(),
-                                                  "format_version": 2}
+                                                  "format_version": 3}
     blob = (tmp_path / "routes" / "w-00000" / "c" / "0" / "0" / "0").read_bytes()
     assert blob[:5] == b"R3BP\x02"  # version-2 frames
     store = r3store.open_store(tmp_path)
-    assert store.format_version == 2
+    assert store.format_version == 3
     for row in store.samples.to_pylist():
         jsonschema.validate({**row, "committed_at": row["committed_at"].isoformat()}, load_schema("sample_table"))
 
@@ -502,7 +502,7 @@ def test_writers_refuse_format_v1_stores(tmp_path: Path, store: str) -> None:
     before = sorted(p.read_bytes() for p in (tmp_path / store).rglob("*") if p.is_file())
     spec = r3store.open_store(tmp_path / store).spec
     with pytest.raises(FormatVersionError, match="format version 1; this release reads it but writes only format "
-                                                 "version 2 stores"):
+                                                 "version 3 stores"):
         r3store.RouteWriter(tmp_path / store, spec)
     assert sorted(p.read_bytes() for p in (tmp_path / store).rglob("*") if p.is_file()) == before
 

@@ -145,7 +145,7 @@ def test_zarr_json_documents_are_valid_zarr_v3(tmp_path: Path) -> None:
         assert sharding["name"] == "sharding_indexed"
         assert sharding["configuration"]["codecs"] == [{"name": "r3store.bitpack",
                                                         "configuration": {"bits": 7, "frame_version": 2}}]
-        assert doc["attributes"]["r3store"]["format_version"] == 2
+        assert doc["attributes"]["r3store"]["format_version"] == 3
         assert doc["attributes"]["r3store"]["commit"] == meta.parent.name
         outer = doc["chunk_grid"]["configuration"]["chunk_shape"]
         inner = sharding["configuration"]["chunk_shape"]

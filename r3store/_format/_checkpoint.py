@@ -92,7 +92,7 @@ class CheckpointInfo:
     """When the compaction listed ``index/`` (ISO 8601, UTC)."""
 
 
-def write_checkpoint(table: pa.Table, spec_json: str, *, listed_at: datetime) -> bytes:
+def write_checkpoint(table: pa.Table, spec_json: str, *, listed_at: datetime, version: int = FORMAT_VERSION) -> bytes:
     """Serialise checked sample rows as a checkpoint (zstd, page CRCs, digest).
 
     Parameters
@@ -104,16 +104,17 @@ def write_checkpoint(table: pa.Table, spec_json: str, *, listed_at: datetime) ->
         The store's spec as JSON (``r3store.spec``).
     listed_at : datetime
         When the listing of ``index/`` that found the covered commits started.
+    version : int
+        The store's format version (2 or later), recorded as ``r3store.version``.
     """
     meta = canonical_json({"version": CHECKPOINT_VERSION, "watermark": watermark_of(listed_at),
                            "created_at": listed_at.astimezone(UTC).isoformat(timespec="seconds"),
                            "commits": len(set(table.column("commit").to_pylist()))}).decode()
-    version = str(FORMAT_VERSION)
     table = table.replace_schema_metadata({
-        b"r3store.version": version.encode(),
+        b"r3store.version": str(version).encode(),
         b"r3store.spec": spec_json.encode(),
         b"r3store.checkpoint": meta.encode(),
-        b"r3store.digest": table_digest(table, version, spec_json, extra=(meta,)).encode(),
+        b"r3store.digest": table_digest(table, str(version), spec_json, extra=(meta,)).encode(),
     })
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd", write_page_checksum=True)
@@ -121,7 +122,8 @@ def write_checkpoint(table: pa.Table, spec_json: str, *, listed_at: datetime) ->
 
 
 def read_checkpoint(buf: bytes, path: str, *, spec: ModelSpec, spec_source: str = "r3store.json",
-                    max_sample_rows: int | None = None) -> tuple[pa.Table, CheckpointInfo]:
+                    max_sample_rows: int | None = None,
+                    version: int = FORMAT_VERSION) -> tuple[pa.Table, CheckpointInfo]:
     """Parse and check a checkpoint; return its rows and what it covers.
 
     Checked: the footer before pyarrow, the size caps, page CRCs, the digest (which binds
@@ -138,11 +140,12 @@ def read_checkpoint(buf: bytes, path: str, *, spec: ModelSpec, spec_source: str 
     Raises
     ------
     r3store.errors.FormatError
-        Malformed or over the caps; ChecksumError on a failed CRC or digest,
+        Malformed or over the caps, or of another format version than ``version`` (the
+        store's); ChecksumError on a failed CRC or digest,
         SpecConflictError, SampleTooLargeError as for sample tables.
     """
     table, meta = read_parquet(buf, path)
-    if meta.get("r3store.version", b"") != str(FORMAT_VERSION).encode():
+    if meta.get("r3store.version", b"") != str(version).encode():
         raise FormatError(path, f"checkpoint of format version {meta.get('r3store.version', b'')!r}")
     raw = meta.get("r3store.checkpoint")
     if raw is None:
@@ -152,7 +155,7 @@ def read_checkpoint(buf: bytes, path: str, *, spec: ModelSpec, spec_source: str 
     except UnicodeDecodeError:
         raise FormatError(path, "r3store.checkpoint metadata is not UTF-8") from None
     stored = meta.get("r3store.digest", b"").decode(errors="replace")
-    computed = table_digest(table, str(FORMAT_VERSION), meta.get("r3store.spec", b"").decode(errors="replace"),
+    computed = table_digest(table, str(version), meta.get("r3store.spec", b"").decode(errors="replace"),
                             path, extra=(text,))
     if stored != computed:
         raise ChecksumError(path, (), f"checkpoint digest {stored[:60]!r} does not match its content ({computed})")
@@ -163,7 +166,7 @@ def read_checkpoint(buf: bytes, path: str, *, spec: ModelSpec, spec_source: str 
             not isinstance(count, int):
         raise FormatError(path, f"r3store.checkpoint metadata {text[:200]!r} is not a version "
                                 f"{CHECKPOINT_VERSION} checkpoint description")
-    check_columns(table, meta, path, version=FORMAT_VERSION, spec=spec, spec_source=spec_source)
+    check_columns(table, meta, path, version=version, spec=spec, spec_source=spec_source)
     table = table.replace_schema_metadata(None)
     _check_rows(table, path, max_sample_rows)
     commits = frozenset(pc.unique(table.column("commit")).to_pylist())

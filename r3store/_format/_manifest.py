@@ -43,9 +43,9 @@ __all__ = [
 ]
 
 FORMAT_NAME = "r3store"
-FORMAT_VERSION = 2
-"""The version writers create."""
-READ_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+"""The version writers create (3: route arrays may be set-coded, ``r3store.set``)."""
+READ_VERSIONS = (1, 2, 3)
 """The versions readers read."""
 MAX_ROWS = 1 << 40
 """Readers reject route arrays, samples and row offsets of this many rows or more."""
@@ -93,7 +93,7 @@ def manifest_checksum(doc: dict[str, Any]) -> str:
 
 
 def make_manifest(spec: ModelSpec, *, max_sample_rows: int = DEFAULT_MAX_SAMPLE_ROWS) -> dict[str, Any]:
-    """The manifest document (format v2, checksummed) of a new store."""
+    """The manifest document (format v3, checksummed) of a new store."""
     doc: dict[str, Any] = {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
@@ -119,7 +119,7 @@ def parse_manifest(doc: Any, path: str) -> Manifest:
     r3store.errors.FormatVersionError
         ``format`` is not ``"r3store"`` or ``version`` is not one of :data:`READ_VERSIONS`.
     r3store.errors.ChecksumError
-        A version-2 manifest whose ``checksum`` does not match its content.
+        A version-2 or later manifest whose ``checksum`` does not match its content.
     r3store.errors.FormatError
         The document does not validate, or its spec is invalid.
     """

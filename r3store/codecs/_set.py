@@ -115,6 +115,10 @@ class SetCodec(Codec):
     """
 
     codec_id: ClassVar[str] = "r3store.set"
+    MAX_EXPERTS: ClassVar[int] = MAX_EXPERTS
+    """Most experts a set codec takes (1024)."""
+    MAX_TOP_K: ClassVar[int] = MAX_TOP_K
+    """Most ids per row (16)."""
 
     def __init__(self, num_experts: int, top_k: int) -> None:
         self.num_experts = parse_int("num_experts", num_experts, minimum=1, maximum=MAX_EXPERTS, error=_codec_error)

@@ -215,7 +215,8 @@ def load_checkpoint(backend: Backend, manifest: Manifest, *, max_sample_rows: in
         path = backend.path_of(key)
         try:
             table, info = read_checkpoint(bytes(backend.get(key)), path, spec=manifest.spec,
-                                          spec_source=backend.path_of(MANIFEST_KEY), max_sample_rows=cap)
+                                          spec_source=backend.path_of(MANIFEST_KEY), max_sample_rows=cap,
+                                          version=manifest.version)
         except (FormatError, ObjectNotFoundError) as exc:
             fault = exc.fault if isinstance(exc, FormatError) else "deleted while being read"
             warnings.warn(CheckpointWarning(path, fault), stacklevel=3)

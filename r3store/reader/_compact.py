@@ -132,7 +132,7 @@ def compact(url: str | os.PathLike[str] | Backend, *, storage_options: Mapping[s
                              nbytes=0, watermark=catalog.watermark)
     if not commits:
         return CompactResult(key=None, written=False, commits=0, samples=0, nbytes=0, watermark=None)
-    blob = write_checkpoint(rows, json.dumps(manifest.spec.to_dict()), listed_at=listed_at)
+    blob = write_checkpoint(rows, json.dumps(manifest.spec.to_dict()), listed_at=listed_at, version=manifest.version)
     key = checkpoint_key(commits, uuid.uuid4().hex)
     backend.set_if_absent(key, blob)  # a fresh random name: never taken
     return CompactResult(key=key, written=True, commits=commits, samples=rows.num_rows, nbytes=len(blob),

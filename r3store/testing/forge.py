@@ -37,7 +37,7 @@ __all__ = ["reseal_manifest", "reseal_table", "rewrite_table"]
 
 
 def reseal_table(data: bytes, edit: Callable[[pa.Table], pa.Table] | None = None) -> bytes:
-    """A sample table's bytes after ``edit``, with its format v2 digest recomputed (v1: unchanged).
+    """A sample table's bytes after ``edit``, with its digest recomputed (format v2 and later; v1: unchanged).
 
     Parameters
     ----------
@@ -57,7 +57,7 @@ def reseal_table(data: bytes, edit: Callable[[pa.Table], pa.Table] | None = None
     if edit is not None:
         table = edit(table)
     version = meta.get(b"r3store.version", b"").decode()
-    if version == "2":
+    if version not in ("", "1"):  # format v2 and later carry a digest
         spec = meta.get(b"r3store.spec", b"").decode()
         meta[b"r3store.digest"] = table_digest(table.replace_schema_metadata(None), version, spec).encode()
     table = table.replace_schema_metadata(meta)

@@ -50,7 +50,8 @@ from r3store._format import (
     zarr_group_json,
 )
 from r3store._spec import ModelSpec
-from r3store.errors import FormatVersionError, NotAStoreError, OptionError, SpecMismatchError, StorageError
+from r3store.codecs import SetCodec
+from r3store.errors import FormatError, FormatVersionError, NotAStoreError, OptionError, SpecMismatchError, StorageError
 from r3store.storage import Backend
 from r3store.writer._buffer import Sample, materialize
 
@@ -99,18 +100,20 @@ class Committer:
     max_sample_rows : int, optional
         The cap on rows per sample written into a new store's manifest (None: the
         default); an existing store's cap must equal it when given.
+    codec : {"bitpack", "set"}
+        Codec of the route arrays (:attr:`r3store.writer.WriterConfig.codec`).
     clock : callable, optional
         Returns the current UTC time (tests move it to exercise bucket changes).
 
     Raises
     ------
     r3store.errors.OptionError
-        An inner chunk would hold more ids than readers accept, or ``max_sample_rows`` is
-        out of range.
+        An inner chunk would hold more ids than readers accept, ``max_sample_rows`` is
+        out of range, or ``codec`` is ``"set"`` for a spec beyond its range.
     """
 
     def __init__(self, backend: Backend, spec: ModelSpec, *, writer_id: str, chunk_rows: int, layers_per_chunk: int,
-                 object_bytes: int, max_sample_rows: int | None = None,
+                 object_bytes: int, max_sample_rows: int | None = None, codec: str = "bitpack",
                  clock: Callable[[], datetime] | None = None) -> None:
         if max_sample_rows is not None and not 1 <= max_sample_rows <= MAX_ROWS:
             raise OptionError("max_sample_rows", max_sample_rows, "must lie in [1, 2**40]")
@@ -118,6 +121,10 @@ class Committer:
             raise OptionError("chunk_rows", chunk_rows,
                               f"chunk_rows x layers_per_chunk x top_k must be <= {MAX_CHUNK_IDS} ids (readers refuse "
                               f"larger chunks), got {chunk_rows} x {layers_per_chunk} x {spec.top_k}")
+        try:
+            self.codec = route_codec(spec, FORMAT_VERSION, codec)
+        except FormatError as exc:
+            raise OptionError("codec", codec, exc.fault) from None
         self.backend = backend
         self.spec = spec
         self.writer_id = writer_id
@@ -256,11 +263,13 @@ class Committer:
         """Geometry of a new route array of ``rows`` rows: objects of about ``object_bytes``."""
         spec = self.spec
         row_bytes = spec.num_moe_layers * spec.top_k * spec.bits_per_id / 8
+        if self.codec["id"] == SetCodec.codec_id:
+            row_bytes = spec.num_moe_layers * math.log2(math.comb(spec.num_experts, spec.top_k) + 1) / 8
         object_rows = max(self.chunk_rows, math.ceil(self.object_bytes / row_bytes))
         layer_chunks = math.ceil(spec.num_moe_layers / self.layers_per_chunk)
         object_rows = min(object_rows, self.chunk_rows * max(1, MAX_INDEX_ENTRIES // layer_chunks))
         return ArrayGeometry.for_rows(rows, num_moe_layers=spec.num_moe_layers, top_k=spec.top_k,
-                                      codec=route_codec(spec), chunk_rows=self.chunk_rows,
+                                      codec=self.codec, chunk_rows=self.chunk_rows,
                                       layers_per_chunk=self.layers_per_chunk, object_rows=object_rows)
 
     def _table_bytes(self, commit: str, samples: Sequence[Sample], metadata_columns: Sequence[str]) -> bytes:

@@ -16,6 +16,7 @@ __all__ = ["WRITER_ID", "WriterConfig", "WriterConfigDict"]
 WRITER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """Syntax of a writer id (commit names are ``<writer_id>-<5 digits>``; see schema/FORMAT.md)."""
 ON_INVALID = ("raise", "quarantine")
+CODECS = ("bitpack", "set")
 
 
 class WriterConfigDict(TypedDict, total=False):
@@ -29,6 +30,7 @@ class WriterConfigDict(TypedDict, total=False):
     writer_id: str | None
     max_sample_rows: int | None
     spill_dir: str | None
+    codec: Literal["bitpack", "set"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +84,15 @@ class WriterConfig:
     ``buffer_bytes``); ``None``: the system's temporary folder (``TMPDIR``). The scratch
     folder is removed when the writer closes."""
 
+    codec: Literal["bitpack", "set"] = "bitpack"
+    """Codec of the route arrays this writer commits. ``"bitpack"``: every id in
+    ``ceil(log2 num_experts)`` bits, exactly as given (the order of each row's ids kept).
+    ``"set"``: each row of ``top_k`` ids as a set (``r3store.set``), about
+    ``log2 C(num_experts, top_k) / top_k`` bits per id, 24-28% smaller for 64 to 384
+    experts at top-6/8; readers then return each row's ids in ascending order (replay and
+    the audits compare sets, see schema/FORMAT.md 5.2). Needs ``num_experts <= 1024`` and
+    ``top_k <= 16``. Either codec's arrays read alike; one store may hold both."""
+
     def __post_init__(self) -> None:
         for name in ("buffer_bytes", "chunk_rows", "object_bytes"):
             object.__setattr__(self, name, parse_int(name, getattr(self, name), minimum=1))
@@ -90,6 +101,7 @@ class WriterConfig:
         object.__setattr__(self, "max_sample_rows", parse_optional_int("max_sample_rows", self.max_sample_rows,
                                                                         minimum=1, maximum=1 << 40))
         parse_choice("on_invalid", self.on_invalid, ON_INVALID)
+        parse_choice("codec", self.codec, CODECS)
         if self.spill_dir is not None and not isinstance(self.spill_dir, str):
             raise OptionError("spill_dir", self.spill_dir, "must be a str path (or None)")
         wid = self.writer_id

@@ -119,7 +119,7 @@ class RouteWriter:
                                     chunk_rows=self.config.chunk_rows,
                                     layers_per_chunk=self.config.layers_per_chunk or 1,
                                     object_bytes=self.config.object_bytes,
-                                    max_sample_rows=self.config.max_sample_rows)
+                                    max_sample_rows=self.config.max_sample_rows, codec=self.config.codec)
         self.backend = self._committer.backend
         self._closed = False
         self.commits: list[str] = []
