@@ -63,9 +63,43 @@ BUCKET_REUSE = timedelta(minutes=10)
 _OWN_KEYS = (MANIFEST_KEY, "zarr.json", ROUTES_PREFIX, INDEX_PREFIX)
 
 
-def default_layers_per_chunk(spec: ModelSpec) -> int:
-    """The largest divisor of the MoE-layer count up to 4."""
-    return max(d for d in range(1, 5) if spec.num_moe_layers % d == 0)
+MANY_LAYERS = 32
+"""From this many MoE layers, :func:`default_layers_per_chunk` sizes inner chunks by bytes."""
+FRAME_BYTES = 4096
+"""Inner-chunk size (bytes of coded ids) :func:`default_layers_per_chunk` aims at for many-layer specs."""
+MAX_LAYER_PADDING = 0.04
+"""Most padded layers (a fraction of the MoE layers) a many-layer default may add."""
+
+
+def default_layers_per_chunk(spec: ModelSpec, chunk_rows: int = 128, codec: str = "bitpack") -> int:
+    """MoE layers per inner chunk when the writer is not told.
+
+    Fewer than :data:`MANY_LAYERS` MoE layers: the largest divisor of their count up to 4
+    (a pipeline stage reads little beyond its own layers). From :data:`MANY_LAYERS` on, a
+    stage holds many layers, and chunks are sized by bytes instead: the ``d`` in 1..8 whose
+    inner chunk of ``chunk_rows`` rows holds closest to :data:`FRAME_BYTES` bytes of coded
+    ids (``bits_per_id`` bits each, or ``log2 C(E, k) / k`` for ``codec="set"``), among
+    those padding the layer axis (``ceil(n / d) * d - n`` zero layers, stored in the last
+    layer chunk) by at most :data:`MAX_LAYER_PADDING` of it; ties go to the larger ``d``.
+    DeepSeek-V3 (58 MoE layers, 256 experts, top-8) gets 4 layers (4 KiB frames; the
+    divisor rule gave 2), a 61-layer spec 3 instead of 1, 92 layers 4. Stores written with
+    any geometry read alike (it is recorded per array).
+
+    Examples
+    --------
+    >>> default_layers_per_chunk(ModelSpec(num_layers=61, num_experts=256, top_k=8, moe_layers=list(range(3, 61))))
+    4
+    >>> default_layers_per_chunk(ModelSpec(num_layers=48, num_experts=128, top_k=8))
+    4
+    """
+    n = spec.num_moe_layers
+    if n < MANY_LAYERS:
+        return max(d for d in range(1, 5) if n % d == 0)
+    bits: float = spec.bits_per_id
+    if codec == "set" and spec.top_k <= spec.num_experts:
+        bits = math.log2(math.comb(spec.num_experts, spec.top_k) + 1) / spec.top_k
+    fits = [d for d in range(1, 9) if math.ceil(n / d) * d - n <= MAX_LAYER_PADDING * n]
+    return min(fits, key=lambda d: (abs(chunk_rows * d * spec.top_k * bits / 8 - FRAME_BYTES), -d))
 
 
 @dataclass

@@ -111,7 +111,8 @@ class RouteWriter:
                                         spill_dir=None if spill_dir is None else os.fspath(spill_dir))
         self.config = dataclasses.replace(
             settings,
-            layers_per_chunk=settings.layers_per_chunk or default_layers_per_chunk(spec),
+            layers_per_chunk=settings.layers_per_chunk or default_layers_per_chunk(spec, settings.chunk_rows,
+                                                                                    settings.codec),
             writer_id=settings.writer_id or f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}")
         self.spec = spec
         self.writer_id: str = self.config.writer_id or ""
