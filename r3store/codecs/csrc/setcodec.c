@@ -221,19 +221,21 @@ SET_INLINE int row_digit_k(const set_tab *t, const int64_t *v, u128 *rank, const
     uint64_t orv = 0;
     int big = 0, dup = 0;
     int pos[SET_MAX_K];
+    int32_t w[SET_MAX_K];
     for (int j = 0; j < k; j++) {
         orv |= (uint64_t)v[j];
         big |= v[j] >= E;
-        pos[j] = 1; /* colex position (from 1) = 1 + ids below it */
+        w[j] = (int32_t)v[j]; /* ids lie below 2**bits <= 2**10 here */
     }
     if (!orv && k >= 2) return 1;
-    for (int a = 0; a < k; a++) {
-        for (int b = a + 1; b < k; b++) {
-            dup |= v[a] == v[b];
-            const int lt = v[a] < v[b];
-            pos[b] += lt;
-            pos[a] += !lt;
+    for (int j = 0; j < k; j++) { /* colex position (from 1) = 1 + ids below it; counted, not updated in memory */
+        int below = 1, same = 0;
+        for (int a = 0; a < k; a++) {
+            below += w[a] < w[j];
+            same += w[a] == w[j];
         }
+        pos[j] = below;
+        dup |= same != 1;
     }
     if (big | dup) return 2;
     if (t->narrow) {
