@@ -354,9 +354,9 @@ static int encode_rows(set_enc_t *e, const Py_buffer *src, int type) {
             }
             got += take;
         }
-        int bad = 0;
-        for (Py_ssize_t i = 0; i < cnt; i++) bad |= (uint64_t)stage[i] >= (uint64_t)hi;
-        if (bad) return 0;
+        uint64_t acc = 0; /* every id in [0, 2**bits) iff their OR is (negatives set the high bits) */
+        for (Py_ssize_t i = 0; i < cnt; i++) acc |= (uint64_t)stage[i];
+        if (acc >= (uint64_t)hi) return 0;
         Py_ssize_t rows = cnt / k;
         for (Py_ssize_t r = 0; r < rows; r++, row++) {
             const int64_t *v = stage + r * k;
@@ -550,26 +550,31 @@ static int set_payload_status(const set_tab *t, const uint8_t *p, size_t plen, u
     return 0;
 }
 
-#define SET_LANES 4   /* rows unranked in lockstep: independent chains of dependent loads */
 #define SET_BATCH 256 /* digits decoded ahead */
 
-/* Unrank n narrow digits d[] into the rows dst[] (zero digits: k zeros), SET_LANES at a time. */
+/* Unrank n narrow digits d[] into the rows dst[] (zero digits: k zeros), four at a time: independent
+   chains of dependent loads the CPU overlaps. */
 SET_INLINE void unrank_batch64(const set_tab *t, const uint64_t *d, int32_t *const *dst, int n, const int k) {
     const uint64_t zero = k >= 2 ? (uint64_t)t->sets : UINT64_MAX;
     int q = 0;
-    for (; q + SET_LANES <= n; q += SET_LANES) {
-        uint64_t r[SET_LANES];
-        int32_t row[SET_LANES][SET_MAX_K];
-        for (int l = 0; l < SET_LANES; l++) r[l] = d[q + l] == zero ? 0 : d[q + l];
+    for (; q + 4 <= n; q += 4) { /* four independent rows in registers, unrolled by hand */
+        uint64_t r0 = d[q] == zero ? 0 : d[q], r1 = d[q + 1] == zero ? 0 : d[q + 1];
+        uint64_t r2 = d[q + 2] == zero ? 0 : d[q + 2], r3 = d[q + 3] == zero ? 0 : d[q + 3];
+        int32_t *o0 = dst[q], *o1 = dst[q + 1], *o2 = dst[q + 2], *o3 = dst[q + 3];
         for (int i = k; i >= 2; i--) {
-            for (int l = 0; l < SET_LANES; l++) {
-                row[l][i - 1] = find64(t, i, &r[l]);
-            }
+            const int c0 = find64(t, i, &r0), c1 = find64(t, i, &r1);
+            const int c2 = find64(t, i, &r2), c3 = find64(t, i, &r3);
+            o0[i - 1] = c0;
+            o1[i - 1] = c1;
+            o2[i - 1] = c2;
+            o3[i - 1] = c3;
         }
-        for (int l = 0; l < SET_LANES; l++) {
-            row[l][0] = (int32_t)r[l];
-            if (d[q + l] == zero) memset(row[l], 0, sizeof(row[l]));
-            memcpy(dst[q + l], row[l], (size_t)k * sizeof(int32_t));
+        o0[0] = (int32_t)r0;
+        o1[0] = (int32_t)r1;
+        o2[0] = (int32_t)r2;
+        o3[0] = (int32_t)r3;
+        for (int l = 0; l < 4; l++) {
+            if (d[q + l] == zero) memset(dst[q + l], 0, (size_t)k * sizeof(int32_t));
         }
     }
     for (; q < n; q++) {
