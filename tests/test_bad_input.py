@@ -409,7 +409,7 @@ def test_sample_table_missing_column(committed) -> None:
 @pytest.mark.parametrize(
     ("edit", "exc_type", "words"),
     [
-        (lambda d: d.update(version=3), FormatVersionError, ["version 3", "not readable"]),
+        (lambda d: d.update(version=4), FormatVersionError, ["version 4", "not readable"]),
         (lambda d: d.update(format="zarr"), FormatVersionError, ["'zarr'"]),
         (lambda d: d["spec"].pop("top_k"), FormatError, ["top_k"]),
         (lambda d: d["spec"].update(num_experts=0), FormatError, ["num_experts"]),

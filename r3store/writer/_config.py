@@ -64,12 +64,12 @@ class WriterConfig:
     per-frame work, smaller object indexes). Stores written with another value still
     read (the geometry is stored per array); see FORMAT.md, "Chunk geometry"."""
     layers_per_chunk: int | None = None
-    """MoE layers per inner chunk (the unit of layer-subset reads). ``None``: below 32 MoE
-    layers, the largest divisor of their count up to 4, so a pipeline stage reads little
-    beyond its own layers while batches copy 4-layer runs at once; from 32 MoE layers on,
-    chunks sized by bytes (about 4 KiB of coded ids, at most 4% padded layers; see
-    ``r3store.writer._commit.default_layers_per_chunk``), so many-layer specs (58, 61, 92
-    layers) do not get 1- or 2-layer chunks."""
+    """MoE layers per inner chunk (the unit of layer-subset reads). ``None``: the largest
+    divisor of the MoE-layer count up to 4, so a pipeline stage reads little beyond its
+    own layers while batches copy 4-layer runs at once; from 32 MoE layers on, the count
+    up to 4 of the least stored overhead (padded layers against per-frame headers), which
+    gives a prime count such as 61 two layers per chunk instead of one (see
+    ``r3store.writer._commit.default_layers_per_chunk``)."""
     object_bytes: int = 32 << 20
     """Target size in bytes of one storage object (``routes/<commit>/c/<i>/0/0``)."""
     on_invalid: Literal["raise", "quarantine"] = "raise"
