@@ -20,8 +20,10 @@ Tables:
    trace (58 layers, 256 x top-8, :func:`r3store.testing.synthetic.synthetic_routes` with
    FLAME-like skew: per-layer expert entropy about 0.99 x log2 E, printed): SetCodec frames
    against zstd level 19 on the uint8 ids and on the bit-packed ids, whole trace in one
-   buffer (zstd's best case). Target set <= 0.80x zstd-19.
-3. **Speed**: the same trace cut into the writer's frames, encoded and decoded to int32 by
+   buffer (zstd's best case), SetCodec in the writer's frames (headers included). Target
+   set <= 0.80x zstd-19.
+3. **Speed**: the same trace cut into the writer's frames (128 rows x the default layers
+   per chunk: 4 for FLAME, 2 for the 58 layers of DeepSeek-V3), encoded and decoded to int32 by
    SetCodec, BitpackCodec and zstd level 1 (on uint8 ids; decode includes the widen to
    int32). Targets: set decode >= 0.3x bitpack decode, set encode >= 0.3x bitpack encode.
 4. **Byte-aligned bitpack**: BitpackCodec decode of one frame to int32 against the widen
@@ -48,9 +50,11 @@ from typing import Any
 import numpy as np
 from numcodecs import Zstd
 
+import r3store
 from r3store.codecs import BitpackCodec, SetCodec, kernels
 from r3store.data import load_flame
 from r3store.testing.synthetic import synthetic_routes
+from r3store.writer._commit import default_layers_per_chunk
 
 
 def median_time(fn: Callable[[], object], reps: int) -> float:
@@ -280,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     flame = load_flame()[0].astype(np.int32)
     deepseek = deepseek_trace(1024 if args.quick else 4096)
-    traces = {"flame": (flame, 64, 4), "deepseek-v3-shape": (deepseek, 256, 4)}
+    lpc = default_layers_per_chunk(r3store.ModelSpec(num_layers=61, num_experts=256, top_k=8,
+                                                    moe_layers=list(range(3, 61))), 128, "set")
+    traces = {"flame": (flame, 64, 4), "deepseek-v3-shape": (deepseek, 256, lpc)}
     results: dict[str, Any] = {
         "machine": {"python": sys.version.split()[0], "platform": platform.platform(),
                     "kernels": kernels.IMPLEMENTATION},
