@@ -48,7 +48,7 @@ class OptionalBuildExt(build_ext):
 
 # one C file per concern under r3store/codecs/csrc/ (r3k.h, the internal header, lists
 # them); a new concern is a new file here and one line in module.c's method table
-SOURCES = ["module", "buffers", "dtypes", "crc32c", "pack", "unpack", "frames", "checks", "gather"]
+SOURCES = ["module", "buffers", "dtypes", "crc32c", "pack", "unpack", "frames", "checks", "gather", "setcodec"]
 
 KERNELS = Extension(
     "r3store.codecs._kernels",

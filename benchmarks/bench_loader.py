@@ -118,6 +118,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=None)
     parser.add_argument("--tokens", type=int, default=None, help="max tokens per sample")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--codec", choices=["bitpack", "set"], default="bitpack",
+                        help="codec of the store (WriterConfig.codec; set: rows read back ascending)")
     args = parser.parse_args()
     num_samples = args.samples or (16 if args.quick else 64)
     tokens = args.tokens or (2048 if args.quick else 8192)
@@ -126,7 +128,7 @@ def main() -> None:
     console.print(f"python {platform.python_version()}, torch {torch.__version__}, numpy {np.__version__}, "
                   f"{os.cpu_count()} CPUs, kernels {r3store.codecs.kernels.implementation()}; {num_samples} samples "
                   f"of {tokens // 2}..{tokens} tokens, 48 layers x top-8 of 128 experts, THD, CP in {CPS} zig-zag "
-                  f"(rank 0), budget {BUDGET} tokens, median of {repeats}")
+                  f"(rank 0), budget {BUDGET} tokens, median of {repeats}, codec {args.codec}")
     work = Path(tempfile.mkdtemp(prefix="r3store-bench-loader-"))
     try:
         samples = make_samples(num_samples, tokens)
@@ -135,7 +137,7 @@ def main() -> None:
         npy.mkdir()
         for sid, routes in samples.items():
             np.save(npy / f"{sid}.npy", routes.astype(np.int32))
-        with r3store.RouteWriter(work / "store", qwen3_30b_a3b_spec()) as writer:
+        with r3store.RouteWriter(work / "store", qwen3_30b_a3b_spec(), {"codec": args.codec}) as writer:
             for sid, routes in samples.items():
                 writer.append(sid, routes)
         store_bytes = folder_bytes(work / "store")

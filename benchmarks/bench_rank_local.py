@@ -165,6 +165,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4, help="samples in the micro-batch")
     parser.add_argument("--tokens", type=int, default=None, help="tokens per sample (default 16384)")
     parser.add_argument("--no-s3", action="store_true", help="skip the loopback S3 rows")
+    parser.add_argument("--codec", choices=["bitpack", "set"], default="bitpack",
+                        help="codec of the stores (WriterConfig.codec)")
     args = parser.parse_args()
     tokens = args.tokens or (8192 if args.quick else 16384)
     console = Console(width=160)
@@ -184,7 +186,7 @@ def main() -> None:
         backends: list[tuple[str, str, Callable[[], Backend], Any]] = []
         for gname, kw in geometries.items():
             path = work / gname.split()[0]
-            with r3store.RouteWriter(path, SPEC, kw) as writer:
+            with r3store.RouteWriter(path, SPEC, {**kw, "codec": args.codec}) as writer:
                 for sid, routes in samples.items():
                     writer.append(sid, routes)
             counting = CountingBackend(open_backend(str(path)))
@@ -205,7 +207,7 @@ def main() -> None:
 
             for gname, kw in geometries.items():
                 url = f"s3://{BUCKET}/{gname.split()[0]}"
-                with r3store.RouteWriter(url, SPEC, kw, storage_options=options) as writer:
+                with r3store.RouteWriter(url, SPEC, {**kw, "codec": args.codec}, storage_options=options) as writer:
                     for sid, routes in samples.items():
                         writer.append(sid, routes)
                 backends.append(("S3 loopback", gname, lambda u=url: open_backend(u, options),

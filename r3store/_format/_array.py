@@ -23,13 +23,14 @@ import numpy as np
 from r3store._checks import is_int
 from r3store._format._manifest import FORMAT_VERSION, MAX_ROWS
 from r3store._spec import ModelSpec
-from r3store.codecs import BitpackCodec, SupportsBatchEncode, SupportsBinding, get_codec
+from r3store.codecs import BitpackCodec, SetCodec, SupportsBatchEncode, SupportsBinding, get_codec
 from r3store.errors import ChecksumError, FormatError
 
 __all__ = [
     "EMPTY",
     "MAX_CHUNK_IDS",
     "MAX_INDEX_ENTRIES",
+    "ROUTE_CODECS",
     "ArrayGeometry",
     "decode_index",
     "encode_object",
@@ -46,9 +47,19 @@ MAX_INDEX_ENTRIES = 1 << 20
 """Readers reject storage objects whose index has more entries (inner chunks)."""
 
 
-def route_codec(spec: ModelSpec, version: int = FORMAT_VERSION) -> dict[str, Any]:
-    """The codec config of the route arrays of a store with ``spec`` (bitpack; format v2 with
-    version-2 frames).
+ROUTE_CODECS = ("bitpack", "set")
+"""Codecs r3store writes route arrays with (``WriterConfig.codec``)."""
+
+
+def route_codec(spec: ModelSpec, version: int = FORMAT_VERSION, codec: str = "bitpack") -> dict[str, Any]:
+    """The codec config of the route arrays of a store with ``spec``: ``"bitpack"`` (format v2
+    and later with version-2 frames) or ``"set"`` (format v3 and later: ``r3store.set``).
+
+    Raises
+    ------
+    r3store.errors.FormatError
+        ``codec`` is unknown, or ``"set"`` for a format version before 3 or a spec beyond
+        its range (more than 1024 experts or top-16).
 
     Examples
     --------
@@ -56,7 +67,17 @@ def route_codec(spec: ModelSpec, version: int = FORMAT_VERSION) -> dict[str, Any
     {'id': 'r3store.bitpack', 'bits': 6, 'frame_version': 2}
     >>> route_codec(ModelSpec(num_layers=2, num_experts=64, top_k=2), version=1)
     {'id': 'r3store.bitpack', 'bits': 6}
+    >>> route_codec(ModelSpec(num_layers=2, num_experts=64, top_k=2), codec="set")
+    {'id': 'r3store.set', 'num_experts': 64, 'top_k': 2}
     """
+    if codec == "set":
+        if version < 3 or spec.num_experts > SetCodec.MAX_EXPERTS or spec.top_k > SetCodec.MAX_TOP_K:
+            raise FormatError("route array", f"codec 'set' needs format version 3 or later (got {version}), at most "
+                                             f"{SetCodec.MAX_EXPERTS} experts and top-{SetCodec.MAX_TOP_K} (got "
+                                             f"{spec.num_experts}, top-{spec.top_k})")
+        return {"id": SetCodec.codec_id, "num_experts": spec.num_experts, "top_k": spec.top_k}
+    if codec != "bitpack":
+        raise FormatError("route array", f"codec must be one of {ROUTE_CODECS}, got {codec!r}")
     config: dict[str, Any] = {"id": BitpackCodec.codec_id, "bits": spec.bits_per_id}
     if version >= 2:
         config["frame_version"] = 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pyarrow.compute as pc
@@ -27,7 +28,11 @@ def summarize(store: RouteReader) -> dict[str, Any]:
         ``route_bytes`` (bytes of the chunk objects of committed route arrays),
         ``index_bytes`` (Parquet sample tables), ``bits_per_id`` (route_bytes * 8 /
         expert_ids), ``ideal_bits_per_id`` (``ceil(log2(num_experts))``),
-        ``overhead_pct`` (over the ideal), ``size_vs_int32`` (route_bytes / (4 *
+        ``overhead_pct`` (over the ideal), ``codec`` (the codec id of the newest
+        commit's route array: ``"r3store.bitpack"``, ``"r3store.set"``; None without
+        commits), ``set_bound_bits_per_id`` (``log2 C(num_experts, top_k) / top_k``: the
+        fewest bits per id any coder of uniformly random sets spends, the bound
+        ``r3store.set`` comes within 2% of), ``size_vs_int32`` (route_bytes / (4 *
         expert_ids)), ``int32_bytes``, ``commits``, ``writers``, ``uncommitted_commits``,
         ``uncommitted_bytes``, ``first_commit``/``last_commit`` (ISO 8601, UTC) and
         ``metadata_columns`` (``schema/cli-inspect.schema.json`` version 2: the old
@@ -42,6 +47,12 @@ def summarize(store: RouteReader) -> dict[str, Any]:
     committed = table.column("committed_at")
     quarantined = int(pc.sum(table.column("quarantined")).as_py() or 0)
     bits = route_bytes * 8 / ids if ids else 0.0
+    codec = None
+    if len(table):
+        newest = table.column("array")[pc.index(table.column("committed_at"), pc.max(table.column("committed_at")))
+                                       .as_py()].as_py()
+        codec = store.geometry_of(newest).codec["id"]
+    bound = math.log2(math.comb(spec.num_experts, spec.top_k)) / spec.top_k
     return {
         "url": store.url,
         "format_version": store.format_version,
@@ -58,6 +69,8 @@ def summarize(store: RouteReader) -> dict[str, Any]:
         "bits_per_id": round(bits, 4),
         "ideal_bits_per_id": spec.bits_per_id,
         "overhead_pct": round((bits / spec.bits_per_id - 1) * 100, 3) if ids else 0.0,
+        "codec": codec,
+        "set_bound_bits_per_id": round(bound, 4),
         "size_vs_int32": round(route_bytes / (ids * 4), 5) if ids else 0.0,
         "commits": len(store.commits),
         "writers": len(set(table.column("writer_id").to_pylist())),

@@ -22,6 +22,11 @@ def _bytes(n: int) -> str:
     return str(n)
 
 
+def _vs(bits: float, bound: float) -> str:
+    """``bits`` against the set bound, as a ratio."""
+    return f"{bits / bound:.3f}x" if bound > 0 else "-"
+
+
 def render_summary(summary: dict[str, Any], console: Console) -> None:
     """Print a :func:`r3store.audit.summarize` result as a table."""
     spec = summary["spec"]
@@ -41,8 +46,10 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         ("expert ids", f"{summary['expert_ids']:,}"),
         ("stored route bytes", _bytes(summary["route_bytes"])),
         ("sample index bytes", _bytes(summary["index_bytes"])),
+        ("codec", str(summary["codec"] or "-")),
         ("bits per expert id", f"{summary['bits_per_id']:.4f} (ideal {summary['ideal_bits_per_id']}, "
-                               f"+{summary['overhead_pct']:.3f}%)"),
+                               f"+{summary['overhead_pct']:.3f}%; set bound {summary['set_bound_bits_per_id']:.4f}, "
+                               f"{_vs(summary['bits_per_id'], summary['set_bound_bits_per_id'])})"),
         ("size vs int32", f"{summary['size_vs_int32'] * 100:.2f}% ({_bytes(summary['int32_bytes'])} as int32)"),
         ("commits", f"{summary['commits']:,}"),
         ("writers", f"{summary['writers']:,}"),

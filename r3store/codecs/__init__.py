@@ -2,7 +2,8 @@
 
 The contract lives in :class:`Codec` (optional abilities: :class:`SupportsFrameSize`,
 :class:`SupportsBinding`, :class:`SupportsBatchDecode`, :class:`SupportsBatchEncode`);
-codecs are looked up by id with :func:`get_codec` (built-in ``r3store.bitpack``, then the
+codecs are looked up by id with :func:`get_codec` (built-in ``r3store.bitpack`` and
+``r3store.set``, then the
 ``r3store.codecs`` entry-point group).
 """
 
@@ -21,11 +22,13 @@ from r3store.codecs._bitpack import (
     unpack_bits_reference,
 )
 from r3store.codecs._registry import ENTRY_POINT_GROUP, get_codec, register_codec, registry
+from r3store.codecs._set import SetCodec
 
 __all__ = [
     "BitpackCodec",
     "Codec",
     "ENTRY_POINT_GROUP",
+    "SetCodec",
     "SupportsBatchDecode",
     "SupportsBatchEncode",
     "SupportsBinding",

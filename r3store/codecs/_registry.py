@@ -9,6 +9,7 @@ from typing import Any
 
 from r3store.codecs._abc import Codec
 from r3store.codecs._bitpack import BitpackCodec
+from r3store.codecs._set import SetCodec
 from r3store.errors import CodecError, UnknownCodecError
 
 __all__ = ["ENTRY_POINT_GROUP", "get_codec", "register_codec", "registry"]
@@ -71,3 +72,4 @@ def get_codec(config: Mapping[str, Any]) -> Codec:
 
 
 register_codec(BitpackCodec)
+register_codec(SetCodec)

@@ -1,4 +1,4 @@
-"""zarr-python v3 adapter for ``r3store.bitpack``.
+"""zarr-python v3 adapters for ``r3store.bitpack`` and ``r3store.set``.
 
 Registered under zarr's ``zarr.codecs`` entry-point group, so ``zarr.open_array`` reads
 r3store route arrays once r3store is installed, without importing it. It checks every
@@ -20,6 +20,7 @@ from zarr.core.common import parse_named_configuration
 
 from r3store.codecs._bitpack import MAGIC, BitpackCodec, check_zero_tail
 from r3store.errors import FormatError
+from r3store.codecs._set import SetCodec
 
 if TYPE_CHECKING:
     from typing import Self
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from zarr.core.array_spec import ArraySpec
     from zarr.core.buffer import Buffer, NDBuffer
 
-__all__ = ["ZarrBitpackCodec"]
+__all__ = ["ZarrBitpackCodec", "ZarrSetCodec"]
 
 
 @dataclass(frozen=True)
@@ -87,3 +88,53 @@ class ZarrBitpackCodec(ArrayBytesCodec):
 
     def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
         raise NotImplementedError("r3store.bitpack frames have a data-dependent size")
+
+
+@dataclass(frozen=True)
+class ZarrSetCodec(ArrayBytesCodec):
+    """zarr v3 array-to-bytes codec ``r3store.set`` (see :class:`r3store.codecs.SetCodec`).
+
+    Chunks read through zarr hold each set row ascending, as r3store's reader returns
+    them; frames written through zarr are unbound (tag 0).
+
+    Parameters
+    ----------
+    num_experts : int
+        1 to 1024.
+    top_k : int
+        1 to ``min(16, num_experts)``; the chunk's ids are read in C order, ``top_k`` to a row.
+    """
+
+    is_fixed_size = False
+
+    num_experts: int
+    top_k: int
+
+    def __init__(self, *, num_experts: int, top_k: int) -> None:
+        codec = SetCodec(num_experts, top_k)
+        object.__setattr__(self, "num_experts", codec.num_experts)
+        object.__setattr__(self, "top_k", codec.top_k)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        _, config = parse_named_configuration(data, SetCodec.codec_id)
+        return cls(**config)  # type: ignore[arg-type]  # JSON values, checked by SetCodec
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": SetCodec.codec_id, "configuration": {"num_experts": self.num_experts, "top_k": self.top_k}}
+
+    def validate(self, *, shape: tuple[int, ...], dtype: Any, chunk_grid: Any) -> None:
+        if not np.issubdtype(dtype.to_native_dtype(), np.integer):
+            raise TypeError(f"{SetCodec.codec_id} needs an integer data type, got {dtype}")
+
+    async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
+        out = np.empty(chunk_spec.shape, dtype=chunk_spec.dtype.to_native_dtype())
+        SetCodec(self.num_experts, self.top_k).decode(chunk_bytes.as_numpy_array(), out=out)
+        return chunk_spec.prototype.nd_buffer.from_numpy_array(out)
+
+    async def _encode_single(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
+        buf = SetCodec(self.num_experts, self.top_k).encode(chunk_array.as_numpy_array())
+        return chunk_spec.prototype.buffer.from_bytes(buf)
+
+    def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
+        raise NotImplementedError("r3store.set frames have a data-dependent size")

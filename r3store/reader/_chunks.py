@@ -39,7 +39,15 @@ from r3store._format import (
     tag_prefix,
 )
 from r3store._spec import ModelSpec
-from r3store.codecs import Codec, SupportsBatchDecode, SupportsBinding, SupportsFrameSize, get_codec
+from r3store.codecs import (
+    BitpackCodec,
+    Codec,
+    SetCodec,
+    SupportsBatchDecode,
+    SupportsBinding,
+    SupportsFrameSize,
+    get_codec,
+)
 from r3store.errors import (
     ChecksumError,
     CodecError,
@@ -155,11 +163,11 @@ class ChunkReader:
             doc = loads_document(self.backend.get(f"{array}/zarr.json") if raw is None else raw, path)
             geometry = ArrayGeometry.from_zarr_json(doc, path)
             self._check_attributes(doc, array, path)
-            codec = route_codec(self.spec, self.manifest.version)
+            codec = _expected_codec(geometry.codec["id"], self.spec, self.manifest.version, path)
             if (geometry.num_moe_layers, geometry.top_k) != (self.spec.num_moe_layers, self.spec.top_k) or \
-                    (geometry.codec["id"] == codec["id"] and geometry.codec != codec):
+                    (codec is not None and geometry.codec != codec):
                 raise FormatError(path, f"array geometry {geometry} disagrees with the manifest spec (codec "
-                                        f"{codec} expected)")
+                                        f"{codec or route_codec(self.spec, self.manifest.version)} expected)")
             known = self._geometries[array] = (geometry, _build_codec(geometry.codec, path))
         geometry = known[0]
         if geometry.rows > expected or (geometry.rows < expected and not partial):
@@ -604,6 +612,19 @@ class ByteLRU(cachetools.LRUCache[K, np.ndarray], Generic[K]):
 
 def _nbytes(value: np.ndarray) -> int:
     return int(value.nbytes)
+
+
+def _expected_codec(codec_id: str, spec: ModelSpec, version: int, path: str) -> dict[str, Any] | None:
+    """The config an r3store codec named by an array must have in a store of ``spec`` and
+    ``version`` (None for a plugin codec: its own config is checked when it is built)."""
+    if codec_id == SetCodec.codec_id:
+        if version < 3:
+            raise FormatError(path, f"codec {codec_id} in a format version {version} store (set-coded arrays "
+                                    "are format version 3)")
+        return route_codec(spec, version, "set")
+    if codec_id == BitpackCodec.codec_id:
+        return route_codec(spec, version)
+    return None
 
 
 def _build_codec(config: dict[str, Any], path: str) -> Codec:

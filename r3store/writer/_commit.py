@@ -59,8 +59,10 @@ from r3store._format import (
     zarr_group_json,
 )
 from r3store._spec import ModelSpec
+from r3store.codecs import SetCodec
 from r3store.errors import (
     ClockSkewWarning,
+    FormatError,
     FormatVersionError,
     NotAStoreError,
     OptionError,
@@ -79,9 +81,47 @@ BUCKET_REUSE = timedelta(minutes=10)
 _OWN_KEYS = (MANIFEST_KEY, "zarr.json", ROUTES_PREFIX, INDEX_PREFIX)
 
 
-def default_layers_per_chunk(spec: ModelSpec) -> int:
-    """The largest divisor of the MoE-layer count up to 4."""
-    return max(d for d in range(1, 5) if spec.num_moe_layers % d == 0)
+MANY_LAYERS = 32
+"""From this many MoE layers, :func:`default_layers_per_chunk` weighs frame overhead against padding."""
+FRAME_OVERHEAD = {"bitpack": 24 + 16, "set": 32 + 16}
+"""Bytes a frame costs beyond its ids: its header and its entry in the object index."""
+
+
+def default_layers_per_chunk(spec: ModelSpec, chunk_rows: int = 128, codec: str = "bitpack") -> int:
+    """MoE layers per inner chunk when the writer is not told (1 to 4, so a pipeline stage
+    reads little beyond its own layers while batches copy 4-layer runs at once).
+
+    Fewer than :data:`MANY_LAYERS` MoE layers: the largest divisor of their count up to 4.
+    From :data:`MANY_LAYERS` on, the ``d`` in 1..4 of the least stored overhead: the padded
+    layers (``ceil(n / d) * d - n`` zero layers in the last layer chunk, a fraction of
+    ``n``) plus the frame's fixed cost (:data:`FRAME_OVERHEAD`) over its coded ids
+    (``chunk_rows * d * top_k`` ids of ``bits_per_id`` bits, ``log2 C(E, k) / k`` for
+    ``codec="set"``); ties go to the larger ``d``. A divisor of ``n`` is never worse than
+    a smaller one, so 48 or 92 layers keep 4, and 58 layers (divisors 1, 2, 29, 58) keep
+    2: a third or fourth layer per chunk would pad 3.4% of the array to save 1% in
+    headers. A prime count such as 61 gets 2 (1.6% padding) instead of 1 (1 KiB frames,
+    3.9% in headers). Larger frames without padding come from ``chunk_rows``. Stores
+    written with any geometry read alike (it is recorded per array).
+
+    Examples
+    --------
+    >>> default_layers_per_chunk(ModelSpec(num_layers=61, num_experts=256, top_k=8, moe_layers=list(range(3, 61))))
+    2
+    >>> default_layers_per_chunk(ModelSpec(num_layers=61, num_experts=256, top_k=8))
+    2
+    """
+    n = spec.num_moe_layers
+    if n < MANY_LAYERS:
+        return max(d for d in range(1, 5) if n % d == 0)
+    bits: float = spec.bits_per_id
+    if codec == "set" and spec.top_k <= spec.num_experts:
+        bits = math.log2(math.comb(spec.num_experts, spec.top_k) + 1) / spec.top_k
+    overhead = FRAME_OVERHEAD.get(codec, FRAME_OVERHEAD["bitpack"])
+
+    def cost(d: int) -> float:
+        return (math.ceil(n / d) * d - n) / n + overhead / (chunk_rows * d * spec.top_k * bits / 8)
+
+    return min(range(1, 5), key=lambda d: (cost(d), -d))
 
 
 @dataclass
@@ -116,6 +156,8 @@ class Committer:
     max_sample_rows : int, optional
         The cap on rows per sample written into a new store's manifest (None: the
         default); an existing store's cap must equal it when given.
+    codec : {"bitpack", "set"}
+        Codec of the route arrays (:attr:`r3store.writer.WriterConfig.codec`).
     clock : callable, optional
         Returns the current UTC time (:attr:`r3store.WriterConfig.clock`; tests move it to
         exercise bucket changes and clock skew).
@@ -123,12 +165,12 @@ class Committer:
     Raises
     ------
     r3store.errors.OptionError
-        An inner chunk would hold more ids than readers accept, or ``max_sample_rows`` is
-        out of range.
+        An inner chunk would hold more ids than readers accept, ``max_sample_rows`` is
+        out of range, or ``codec`` is ``"set"`` for a spec beyond its range.
     """
 
     def __init__(self, backend: Backend, spec: ModelSpec, *, writer_id: str, chunk_rows: int, layers_per_chunk: int,
-                 object_bytes: int, max_sample_rows: int | None = None,
+                 object_bytes: int, max_sample_rows: int | None = None, codec: str = "bitpack",
                  clock: Callable[[], datetime] | None = None) -> None:
         if max_sample_rows is not None and not 1 <= max_sample_rows <= MAX_ROWS:
             raise OptionError("max_sample_rows", max_sample_rows, "must lie in [1, 2**40]")
@@ -136,6 +178,10 @@ class Committer:
             raise OptionError("chunk_rows", chunk_rows,
                               f"chunk_rows x layers_per_chunk x top_k must be <= {MAX_CHUNK_IDS} ids (readers refuse "
                               f"larger chunks), got {chunk_rows} x {layers_per_chunk} x {spec.top_k}")
+        try:
+            self.codec = route_codec(spec, FORMAT_VERSION, codec)
+        except FormatError as exc:
+            raise OptionError("codec", codec, exc.fault) from None
         self.backend = backend
         self.spec = spec
         self.writer_id = writer_id
@@ -301,11 +347,13 @@ class Committer:
         """Geometry of a new route array of ``rows`` rows: objects of about ``object_bytes``."""
         spec = self.spec
         row_bytes = spec.num_moe_layers * spec.top_k * spec.bits_per_id / 8
+        if self.codec["id"] == SetCodec.codec_id:
+            row_bytes = spec.num_moe_layers * math.log2(math.comb(spec.num_experts, spec.top_k) + 1) / 8
         object_rows = max(self.chunk_rows, math.ceil(self.object_bytes / row_bytes))
         layer_chunks = math.ceil(spec.num_moe_layers / self.layers_per_chunk)
         object_rows = min(object_rows, self.chunk_rows * max(1, MAX_INDEX_ENTRIES // layer_chunks))
         return ArrayGeometry.for_rows(rows, num_moe_layers=spec.num_moe_layers, top_k=spec.top_k,
-                                      codec=route_codec(spec), chunk_rows=self.chunk_rows,
+                                      codec=self.codec, chunk_rows=self.chunk_rows,
                                       layers_per_chunk=self.layers_per_chunk, object_rows=object_rows)
 
     def _table_bytes(self, commit: str, samples: Sequence[Sample], metadata_columns: Sequence[str]) -> bytes:

@@ -18,6 +18,7 @@ __all__ = ["WRITER_ID", "WriterConfig", "WriterConfigDict"]
 WRITER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """Syntax of a writer id (commit names are ``<writer_id>-<5 digits>``; see schema/FORMAT.md)."""
 ON_INVALID = ("raise", "quarantine")
+CODECS = ("bitpack", "set")
 
 
 class WriterConfigDict(TypedDict, total=False):
@@ -32,6 +33,7 @@ class WriterConfigDict(TypedDict, total=False):
     max_sample_rows: int | None
     spill_dir: str | os.PathLike[str] | None
     clock: Callable[[], datetime] | None
+    codec: Literal["bitpack", "set"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +69,10 @@ class WriterConfig:
     layers_per_chunk: int | None = None
     """MoE layers per inner chunk (the unit of layer-subset reads). ``None``: the largest
     divisor of the MoE-layer count up to 4, so a pipeline stage reads little beyond its
-    own layers while batches copy 4-layer runs at once."""
+    own layers while batches copy 4-layer runs at once; from 32 MoE layers on, the count
+    up to 4 of the least stored overhead (padded layers against per-frame headers), which
+    gives a prime count such as 61 two layers per chunk instead of one (see
+    ``r3store.writer._commit.default_layers_per_chunk``)."""
     object_bytes: int = 32 << 20
     """Target size in bytes of one storage object (``routes/<commit>/c/<i>/0/0``)."""
     on_invalid: Literal["raise", "quarantine"] = "raise"
@@ -93,6 +98,15 @@ class WriterConfig:
     acknowledges the commit (FORMAT.md section 12.2), so no acknowledged sample is hidden
     from readers that use a checkpoint. Not serialisable (:meth:`to_dict` keeps the callable)."""
 
+    codec: Literal["bitpack", "set"] = "bitpack"
+    """Codec of the route arrays this writer commits. ``"bitpack"``: every id in
+    ``ceil(log2 num_experts)`` bits, exactly as given (the order of each row's ids kept).
+    ``"set"``: each row of ``top_k`` ids as a set (``r3store.set``), about
+    ``log2 C(num_experts, top_k) / top_k`` bits per id, 24-28% smaller for 64 to 384
+    experts at top-6/8; readers then return each row's ids in ascending order (replay and
+    the audits compare sets, see schema/FORMAT.md 5.2). Needs ``num_experts <= 1024`` and
+    ``top_k <= 16``. Either codec's arrays read alike; one store may hold both."""
+
     LOOSE_KEYWORDS: ClassVar[tuple[str, ...]] = (
         "buffer_bytes", "chunk_rows", "layers_per_chunk", "object_bytes", "on_invalid", "writer_id",
         "max_sample_rows", "spill_dir")
@@ -107,6 +121,7 @@ class WriterConfig:
         object.__setattr__(self, "max_sample_rows", parse_optional_int("max_sample_rows", self.max_sample_rows,
                                                                         minimum=1, maximum=1 << 40))
         parse_choice("on_invalid", self.on_invalid, ON_INVALID)
+        parse_choice("codec", self.codec, CODECS)
         if self.clock is not None and not callable(self.clock):
             raise OptionError("clock", self.clock, "must be a callable returning an aware UTC datetime (or None)")
         if self.spill_dir is not None:

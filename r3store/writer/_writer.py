@@ -110,7 +110,8 @@ class RouteWriter:
             settings = WriterConfig.resolve(settings, object_bytes=shard_bytes)
         self.config = dataclasses.replace(
             settings,
-            layers_per_chunk=settings.layers_per_chunk or default_layers_per_chunk(spec),
+            layers_per_chunk=settings.layers_per_chunk or default_layers_per_chunk(spec, settings.chunk_rows,
+                                                                                    settings.codec),
             writer_id=settings.writer_id or f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}")
         self.spec = spec
         self.writer_id: str = self.config.writer_id or ""
@@ -118,7 +119,8 @@ class RouteWriter:
                                     chunk_rows=self.config.chunk_rows,
                                     layers_per_chunk=self.config.layers_per_chunk or 1,
                                     object_bytes=self.config.object_bytes,
-                                    max_sample_rows=self.config.max_sample_rows, clock=self.config.clock)
+                                    max_sample_rows=self.config.max_sample_rows, clock=self.config.clock,
+                                    codec=self.config.codec)
         self.backend = self._committer.backend
         self._closed = False
         self.commits: list[str] = []

@@ -12,6 +12,7 @@
  *   checks.c   route validation for writers (AVX2 fast path), check_routes(); audit
  *              statistics (top id, repeats, id histogram), route_stats()
  *   gather.c   row gather with pad rows, gather_rows()
+ *   setcodec.c r3store.set frames: set_encode(), set_check(), set_decode()
  *   module.c   CPU feature choice, simd()/set_simd()/cpu_features(), the method table
  *
  * Arrays arrive through the buffer protocol (any integer format, any strides); no numpy
@@ -139,6 +140,9 @@ R3_PYFUNC(check_routes)
 R3_PYFUNC(route_stats)
 R3_PYFUNC(gather_rows)
 R3_PYFUNC(crc32c)
+R3_PYFUNC(set_encode)
+R3_PYFUNC(set_check)
+R3_PYFUNC(set_decode)
 
 #undef R3_PYFUNC
 

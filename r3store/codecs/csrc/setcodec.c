@@ -1,0 +1,748 @@
+/*
+ * setcodec.c: r3store.set frames (schema/FORMAT.md 5.2): set_encode(), set_check(), set_decode().
+ *
+ * A row of k ids is one digit in [0, R): the colex rank sum_i C(c_i, i) of its ids sorted
+ * ascending (a set of k distinct ids below E), C(E, k) for the all-zero row (k >= 2), or
+ * no digit (an exception row, stored verbatim). m digits form a block, the mixed-radix
+ * value sum_j d_j R**j in bit_length(R**m - 1) bits. r3store/codecs/_set_numpy.py is the
+ * reference; the test suite checks both give the same bytes and ids.
+ *
+ * Ranks and blocks below 2**64 ("narrow") use 64-bit arithmetic; larger ones (E = 1024,
+ * k = 16 needs 116 bits) unsigned __int128. Decoding a rank finds each id with a guide
+ * table (the top bits of the remaining rank give the id to start from) and a short
+ * upward scan of the C(c, i) table.
+ */
+#include "r3k.h"
+
+typedef unsigned __int128 u128;
+
+#define SET_HEADER 32
+#define SET_GUIDE_BITS 12
+#define SET_MAX_E 1024
+#define SET_MAX_K 16
+#define SET_MAX_M 64
+#define SET_WIDE_BITS 120
+
+typedef struct {
+    int E, k, m, bits, narrow;
+    int stride;                    /* E + 2: C(c, i) for c in 0..E, then a sentinel (all ones) */
+    int w[SET_MAX_M + 1];          /* bits of a block of j digits */
+    u128 sets, radix;              /* C(E, k), R */
+    u128 pow[SET_MAX_M + 1];       /* R**j */
+    int gshift[SET_MAX_K + 1];     /* guide index = rank >> gshift[i] */
+    uint16_t *guide;               /* (k + 1) x 2**SET_GUIDE_BITS */
+    uint64_t *c64;                 /* (k + 1) x stride: C(c, i), narrow */
+    u128 *c128;                    /* the same, wide */
+} set_tab;
+
+static int bitlen128(u128 x) {
+    int n = 0;
+    while (x) {
+        n++;
+        x >>= 1;
+    }
+    return n;
+}
+
+static void tab_free(set_tab *t) {
+    if (!t) return;
+    free(t->guide);
+    free(t->c64);
+    free(t->c128);
+    free(t);
+}
+
+/* The tables of (E, k, m); NULL with a Python error set when the parameters are invalid. */
+static set_tab *tab_build(int E, int k, int m) {
+    if (E < 1 || E > SET_MAX_E || k < 1 || k > SET_MAX_K || k > E || m < 1 || m > SET_MAX_M) {
+        PyErr_Format(PyExc_ValueError, "set codec: need 1 <= top_k <= min(16, num_experts), num_experts <= 1024, "
+                     "1 <= block_rows <= 64; got %d, %d, %d", k, E, m);
+        return NULL;
+    }
+    set_tab *t = calloc(1, sizeof(set_tab));
+    if (!t) return (set_tab *)PyErr_NoMemory();
+    t->E = E;
+    t->k = k;
+    t->m = m;
+    t->bits = E <= 1 ? 1 : bitlen128((u128)(E - 1));
+    const int stride = t->stride = E + 2;
+    t->c128 = calloc((size_t)(k + 1) * stride, sizeof(u128));
+    t->guide = calloc((size_t)(k + 1) << SET_GUIDE_BITS, sizeof(uint16_t));
+    if (!t->c128 || !t->guide) {
+        tab_free(t);
+        return (set_tab *)PyErr_NoMemory();
+    }
+    for (int c = 0; c <= E; c++) { /* Pascal's triangle: C(c, i) = C(c-1, i-1) + C(c-1, i) */
+        t->c128[c] = 1;
+        for (int i = 1; i <= k; i++) {
+            t->c128[i * stride + c] = c == 0 ? 0 : t->c128[(i - 1) * stride + c - 1] + t->c128[i * stride + c - 1];
+        }
+    }
+    for (int i = 0; i <= k; i++) t->c128[i * stride + E + 1] = ~(u128)0;
+    t->sets = t->c128[k * stride + E];
+    t->radix = t->sets + (k >= 2 ? 1 : 0);
+    t->pow[0] = 1;
+    t->w[0] = 0;
+    for (int j = 1; j <= m; j++) {
+        if (t->pow[j - 1] > ((u128)1 << SET_WIDE_BITS) / t->radix) {
+            PyErr_Format(PyExc_ValueError, "set codec: blocks of %d rows exceed %d bits", m, SET_WIDE_BITS);
+            tab_free(t);
+            return NULL;
+        }
+        t->pow[j] = t->pow[j - 1] * t->radix;
+        t->w[j] = bitlen128(t->pow[j] - 1);
+    }
+    t->narrow = t->pow[m] <= ((u128)1 << 64);
+    if (t->narrow) {
+        t->c64 = malloc((size_t)(k + 1) * stride * sizeof(uint64_t));
+        if (!t->c64) {
+            tab_free(t);
+            return (set_tab *)PyErr_NoMemory();
+        }
+        for (int i = 0; i < (k + 1) * stride; i++) t->c64[i] = t->c128[i] >> 64 ? UINT64_MAX : (uint64_t)t->c128[i];
+    }
+    for (int i = 1; i <= k; i++) { /* ranks at position i lie below C(E, i) */
+        const u128 *ci = t->c128 + i * stride;
+        const u128 top = ci[E];
+        int shift = bitlen128(top > 0 ? top - 1 : 0) - SET_GUIDE_BITS;
+        if (shift < 0) shift = 0;
+        t->gshift[i] = shift;
+        uint16_t *g = t->guide + ((size_t)i << SET_GUIDE_BITS);
+        int c = 0;
+        for (u128 b = 0; b < ((u128)1 << SET_GUIDE_BITS); b++) {
+            const u128 r = b << shift; /* the largest c with C(c, i) <= r */
+            while (c + 1 < E && ci[c + 1] <= r) c++;
+            g[b] = (uint16_t)c;
+        }
+    }
+    return t;
+}
+
+/* tables are built once per (E, k, m) under the GIL and kept (a handful per process) */
+#define SET_CACHE 32
+static set_tab *tab_cache[SET_CACHE];
+
+static set_tab *tab_get(int E, int k, int m, int *owned) {
+    int i;
+    *owned = 0;
+    for (i = 0; i < SET_CACHE && tab_cache[i]; i++) {
+        if (tab_cache[i]->E == E && tab_cache[i]->k == k && tab_cache[i]->m == m) return tab_cache[i];
+    }
+    set_tab *t = tab_build(E, k, m);
+    if (!t) return NULL;
+    if (i < SET_CACHE) {
+        tab_cache[i] = t;
+    } else {
+        *owned = 1; /* the cache is full: the caller frees it */
+    }
+    return t;
+}
+
+static void put_u32s(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static uint32_t get_u32s(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+
+/* ---------------------------------------------------------------------------------
+ * bit streams (little-endian, least significant bit first, as r3store.bitpack's)
+ * --------------------------------------------------------------------------------- */
+
+typedef struct {
+    uint8_t *p;
+    u128 acc;
+    int n;
+} bitw_t;
+
+static inline void bw_put(bitw_t *w, uint64_t v, int nbits) { /* nbits <= 64, v < 2**nbits */
+    w->acc |= (u128)v << w->n;
+    w->n += nbits;
+    if (w->n >= 64) {
+        const uint64_t lo = (uint64_t)w->acc;
+        memcpy(w->p, &lo, 8);
+        w->p += 8;
+        w->acc >>= 64;
+        w->n -= 64;
+    }
+}
+
+static inline void bw_put128(bitw_t *w, u128 v, int nbits) {
+    if (nbits > 64) {
+        bw_put(w, (uint64_t)v, 64);
+        bw_put(w, (uint64_t)(v >> 64), nbits - 64);
+    } else {
+        bw_put(w, (uint64_t)v, nbits);
+    }
+}
+
+static inline void bw_flush(bitw_t *w) {
+    while (w->n > 0) {
+        *w->p++ = (uint8_t)w->acc;
+        w->acc >>= 8;
+        w->n -= 8;
+    }
+    w->n = 0;
+    w->acc = 0;
+}
+
+/* w bits (<= 120) at bit position pos of base[0 : nbytes) (zeros past its end) */
+static inline u128 load_bits128(const uint8_t *base, size_t nbytes, uint64_t pos, int w) {
+    const size_t byte = (size_t)(pos >> 3);
+    u128 x = 0;
+    if (byte + 16 <= nbytes) {
+        memcpy(&x, base + byte, 16);
+    } else if (byte < nbytes) {
+        uint8_t tmp[16] = {0};
+        memcpy(tmp, base + byte, nbytes - byte);
+        memcpy(&x, tmp, 16);
+    }
+    x >>= (pos & 7);
+    return w >= 128 ? x : x & ((((u128)1) << w) - 1);
+}
+
+static inline uint64_t load_bits64(const uint8_t *base, size_t nbytes, uint64_t pos, int w) { /* w <= 57 */
+    const size_t byte = (size_t)(pos >> 3);
+    uint64_t x = 0;
+    if (byte + 8 <= nbytes) {
+        memcpy(&x, base + byte, 8);
+    } else if (byte < nbytes) {
+        memcpy(&x, base + byte, nbytes - byte);
+    }
+    return (x >> (pos & 7)) & ((((uint64_t)1) << w) - 1);
+}
+
+/* ---------------------------------------------------------------------------------
+ * ranks
+ * --------------------------------------------------------------------------------- */
+
+#define SET_INLINE static inline __attribute__((always_inline))
+
+/* Classify one row: 0 a set (rank in *rank), 1 the all-zero row (k >= 2), 2 an exception.
+   k is a compile-time constant in each instantiation (row_digit below dispatches). */
+SET_INLINE int row_digit_k(const set_tab *t, const int64_t *v, u128 *rank, const int k) {
+    const int E = t->E, stride = t->stride;
+    uint64_t orv = 0;
+    int big = 0, dup = 0;
+    int pos[SET_MAX_K];
+    int32_t w[SET_MAX_K];
+    for (int j = 0; j < k; j++) {
+        orv |= (uint64_t)v[j];
+        big |= v[j] >= E;
+        w[j] = (int32_t)v[j]; /* ids lie below 2**bits <= 2**10 here */
+    }
+    if (!orv && k >= 2) return 1;
+    for (int j = 0; j < k; j++) { /* colex position (from 1) = 1 + ids below it; counted, not updated in memory */
+        int below = 1, same = 0;
+        for (int a = 0; a < k; a++) {
+            below += w[a] < w[j];
+            same += w[a] == w[j];
+        }
+        pos[j] = below;
+        dup |= same != 1;
+    }
+    if (big | dup) return 2;
+    if (t->narrow) {
+        uint64_t r = 0;
+        for (int j = 0; j < k; j++) r += t->c64[pos[j] * stride + v[j]];
+        *rank = r;
+    } else {
+        u128 r = 0;
+        for (int j = 0; j < k; j++) r += t->c128[pos[j] * stride + v[j]];
+        *rank = r;
+    }
+    return 0;
+}
+
+#define SET_CASES(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16)
+
+static int row_digit(const set_tab *t, const int64_t *v, u128 *rank) {
+    switch (t->k) {
+#define X(K) case K: return row_digit_k(t, v, rank, K);
+    SET_CASES(X)
+#undef X
+    default: return 2;
+    }
+}
+
+/* One id of a rank at colex position i >= 2: the largest c with C(c, i) <= r (r becomes
+   r - C(c, i)). The guide gives a c at most the answer, usually the answer or one below; a
+   longer scan is rare. */
+SET_INLINE int find64(const set_tab *t, int i, uint64_t *r) {
+    const uint64_t *ci = t->c64 + i * t->stride;
+    const uint64_t v = *r;
+    int c = t->guide[((size_t)i << SET_GUIDE_BITS) + (size_t)(v >> t->gshift[i])];
+    const uint64_t a0 = ci[c], a1 = ci[c + 1], a2 = ci[c + 2]; /* loaded together: no second dependent load */
+    if (__builtin_expect(a2 <= v, 0)) {
+        c += 2;
+        while (ci[c + 1] <= v) c++;
+        *r = v - ci[c];
+        return c;
+    }
+    const int s = a1 <= v;
+    *r = v - (s ? a1 : a0);
+    return c + s;
+}
+
+SET_INLINE int find128(const set_tab *t, int i, u128 r) {
+    const u128 *ci = t->c128 + i * t->stride;
+    int c = t->guide[((size_t)i << SET_GUIDE_BITS) + (size_t)(r >> t->gshift[i])];
+    while (ci[c + 1] <= r) c++;
+    return c;
+}
+
+/* The ascending ids of colex rank r (< C(E, k)) into row[0 : k]. */
+SET_INLINE void unrank64(const set_tab *t, uint64_t r, int32_t *row, const int k) {
+    for (int i = k; i >= 2; i--) {
+        row[i - 1] = find64(t, i, &r);
+    }
+    row[0] = (int32_t)r;
+}
+
+SET_INLINE void unrank128(const set_tab *t, u128 r, int32_t *row, const int k) {
+    const int stride = t->stride;
+    for (int i = k; i >= 2; i--) {
+        const int c = find128(t, i, r);
+        r -= t->c128[i * stride + c];
+        row[i - 1] = c;
+    }
+    row[0] = (int32_t)r;
+}
+
+/* ---------------------------------------------------------------------------------
+ * encode
+ * --------------------------------------------------------------------------------- */
+
+static uint64_t digit_bits(const set_tab *t, uint64_t digits) {
+    return digits / (uint64_t)t->m * (uint64_t)t->w[t->m] + (uint64_t)t->w[digits % (uint64_t)t->m];
+}
+
+static Py_ssize_t payload_size(const set_tab *t, uint64_t n_total, uint64_t n_rows, uint64_t n_except) {
+    const uint64_t raw = n_except * (uint64_t)t->k + n_total % (uint64_t)t->k;
+    return (Py_ssize_t)((digit_bits(t, n_rows - n_except) + 7) / 8 + 4 * n_except + (raw * (uint64_t)t->bits + 7) / 8);
+}
+
+typedef struct {
+    const set_tab *t;
+    Py_ssize_t full;        /* full rows */
+    void *digits;           /* per digit row: uint64_t (narrow) or u128 */
+    Py_ssize_t n_digits;    /* digits so far */
+    uint32_t *except;       /* exception rows */
+    Py_ssize_t n_except;
+    int16_t *raw;           /* exception ids, then the tail ids */
+    Py_ssize_t n_raw;
+    Py_ssize_t n_rows;      /* after the last non-zero row */
+    Py_ssize_t digits_at_last; /* digits up to n_rows */
+} set_enc_t;
+
+/* Stage the ids (any type and layout) as int64 rows and classify them; 0 when an id is out of range. */
+static int encode_rows(set_enc_t *e, const Py_buffer *src, int type) {
+    const set_tab *t = e->t;
+    const int k = t->k;
+    const int64_t hi = (int64_t)1 << t->bits;
+    cursor_t c;
+    cursor_init(&c, src);
+    const Py_ssize_t n = c.total;
+    const Py_ssize_t per = (R3_CHUNK / k) * k;
+    int64_t stage[R3_CHUNK];
+    Py_ssize_t start, row = 0;
+    for (start = 0; start < n; start += per) {
+        Py_ssize_t cnt = n - start < per ? n - start : per, got = 0;
+        while (got < cnt) {
+            char *p;
+            Py_ssize_t stride, take = cursor_take(&c, cnt - got, &p, &stride);
+            if (stride == type_size[type]) {
+                conv_table[type][T_I64](p, stride, (char *)(stage + got), take);
+            } else {
+                for (Py_ssize_t i = 0; i < take; i++) conv_table[type][T_I64](p + i * stride, stride, (char *)(stage + got + i), 1);
+            }
+            got += take;
+        }
+        uint64_t acc = 0; /* every id in [0, 2**bits) iff their OR is (negatives set the high bits) */
+        for (Py_ssize_t i = 0; i < cnt; i++) acc |= (uint64_t)stage[i];
+        if (acc >= (uint64_t)hi) return 0;
+        Py_ssize_t rows = cnt / k;
+        for (Py_ssize_t r = 0; r < rows; r++, row++) {
+            const int64_t *v = stage + r * k;
+            u128 rank = 0;
+            const int kind = row_digit(t, v, &rank);
+            if (kind == 2) {
+                e->except[e->n_except++] = (uint32_t)row;
+                for (int j = 0; j < k; j++) e->raw[e->n_raw++] = (int16_t)v[j];
+            } else {
+                if (kind == 1) rank = t->sets;
+                if (t->narrow) {
+                    ((uint64_t *)e->digits)[e->n_digits++] = (uint64_t)rank;
+                } else {
+                    ((u128 *)e->digits)[e->n_digits++] = rank;
+                }
+            }
+            int64_t orv = 0;
+            for (int j = 0; j < k; j++) orv |= v[j];
+            if (orv) { /* rows after the last non-zero one are not stored */
+                e->n_rows = row + 1;
+                e->digits_at_last = e->n_digits;
+            }
+        }
+        for (Py_ssize_t i = rows * k; i < cnt; i++) e->raw[e->n_raw++] = (int16_t)stage[i]; /* the tail */
+    }
+    return 1;
+}
+
+static void write_payload(const set_enc_t *e, uint8_t *p) {
+    const set_tab *t = e->t;
+    const Py_ssize_t nd = e->digits_at_last;
+    bitw_t w = {p, 0, 0};
+    Py_ssize_t i = 0;
+    while (i < nd) {
+        const int cnt = nd - i < t->m ? (int)(nd - i) : t->m;
+        if (t->narrow) {
+            const uint64_t *d = (const uint64_t *)e->digits + i;
+            uint64_t v = 0;
+            for (int j = cnt - 1; j >= 0; j--) v = v * (uint64_t)t->radix + d[j];
+            bw_put(&w, v, t->w[cnt]);
+        } else {
+            const u128 *d = (const u128 *)e->digits + i;
+            u128 v = 0;
+            for (int j = cnt - 1; j >= 0; j--) v = v * t->radix + d[j];
+            bw_put128(&w, v, t->w[cnt]);
+        }
+        i += cnt;
+    }
+    bw_flush(&w);
+    for (Py_ssize_t x = 0; x < e->n_except; x++) {
+        put_u32s(w.p, e->except[x]);
+        w.p += 4;
+    }
+    for (Py_ssize_t x = 0; x < e->n_raw; x++) bw_put(&w, (uint64_t)(uint16_t)e->raw[x], t->bits);
+    bw_flush(&w);
+}
+
+R3_DOC(set_encode_doc, "set_encode(src, num_experts, top_k, block_rows, tag) -> bytes | None\n\n"
+"One r3store.set frame of the ids of src (any integer type, shape and strides; C order).\n"
+"None when an id lies outside [0, 2**bits) (the caller reports which).");
+
+PyObject *py_set_encode(PyObject *self, PyObject *args) {
+    PyObject *src_obj;
+    int E, k, m, owned;
+    unsigned long tag;
+    Py_buffer src;
+    if (!PyArg_ParseTuple(args, "Oiiik", &src_obj, &E, &k, &m, &tag)) return NULL;
+    if (tag > 0xFFFFFFFFul) {
+        PyErr_SetString(PyExc_ValueError, "set_encode: tag must be a u32");
+        return NULL;
+    }
+    set_tab *t = tab_get(E, k, m, &owned);
+    if (!t) return NULL;
+    if (get_int_buffer(src_obj, &src, 0, "ids") < 0) {
+        if (owned) tab_free(t);
+        return NULL;
+    }
+    cursor_t c;
+    cursor_init(&c, &src);
+    const Py_ssize_t n = c.total;
+    PyObject *frame = NULL;
+    set_enc_t e = {0};
+    e.t = t;
+    if ((uint64_t)n > 0xFFFFFFFFu) {
+        PyErr_SetString(PyExc_OverflowError, "a frame holds fewer than 2**32 ids");
+        goto done;
+    }
+    e.full = n / k;
+    e.digits = malloc((size_t)(e.full + 1) * (t->narrow ? sizeof(uint64_t) : sizeof(u128)));
+    e.except = malloc((size_t)(e.full + 1) * sizeof(uint32_t));
+    e.raw = malloc((size_t)(n + 1) * sizeof(int16_t));
+    if (!e.digits || !e.except || !e.raw) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int ok;
+    const int type = buffer_type(&src);
+    Py_BEGIN_ALLOW_THREADS
+    ok = encode_rows(&e, &src, type);
+    Py_END_ALLOW_THREADS
+    if (!ok) {
+        frame = Py_None;
+        Py_INCREF(frame);
+        goto done;
+    }
+    const Py_ssize_t plen = payload_size(t, (uint64_t)n, (uint64_t)e.n_rows, (uint64_t)e.n_except);
+    frame = PyBytes_FromStringAndSize(NULL, SET_HEADER + plen);
+    if (!frame) goto done;
+    uint8_t *d = (uint8_t *)PyBytes_AsString(frame);
+    memcpy(d, "R3ST", 4);
+    d[4] = 1;
+    d[5] = (uint8_t)k;
+    d[6] = (uint8_t)(E & 0xFF);
+    d[7] = (uint8_t)(E >> 8);
+    put_u32s(d + 8, (uint32_t)n);
+    put_u32s(d + 12, (uint32_t)e.n_rows);
+    put_u32s(d + 16, (uint32_t)e.n_except);
+    d[20] = (uint8_t)m;
+    d[21] = (uint8_t)t->w[m];
+    d[22] = d[23] = 0;
+    put_u32s(d + 24, (uint32_t)tag);
+    Py_BEGIN_ALLOW_THREADS
+    memset(d + SET_HEADER, 0, (size_t)plen);
+    write_payload(&e, d + SET_HEADER);
+    put_u32s(d + 28, crc32c_extend(crc32c_extend(0, d, 28), d + SET_HEADER, (size_t)plen));
+    Py_END_ALLOW_THREADS
+done:
+    free(e.digits);
+    free(e.except);
+    free(e.raw);
+    PyBuffer_Release(&src);
+    if (owned) tab_free(t);
+    return frame;
+}
+
+/* ---------------------------------------------------------------------------------
+ * check and decode
+ * --------------------------------------------------------------------------------- */
+
+/* Header checks as check_set_frame_numpy: 0 valid, else the first failed check (1..7). */
+static int set_status(const set_tab *t, const uint8_t *d, Py_ssize_t len, uint32_t *n_total, uint32_t *n_rows,
+                      uint32_t *n_except, uint32_t *tag) {
+    if (len < SET_HEADER) return 1;
+    if (memcmp(d, "R3ST", 4) != 0) return 2;
+    const uint32_t crc = crc32c_extend(crc32c_extend(0, d, 28), d + SET_HEADER, (size_t)(len - SET_HEADER));
+    if (crc != get_u32s(d + 28)) return 3;
+    if (d[4] != 1) return 4;
+    *n_total = get_u32s(d + 8);
+    *n_rows = get_u32s(d + 12);
+    *n_except = get_u32s(d + 16);
+    *tag = get_u32s(d + 24);
+    const int E = d[6] | (d[7] << 8);
+    if (d[5] != t->k || E != t->E || d[20] != t->m || d[21] != t->w[t->m] || *n_rows > *n_total / (uint32_t)t->k ||
+        *n_except > *n_rows) {
+        return 5;
+    }
+    if (len - SET_HEADER != payload_size(t, *n_total, *n_rows, *n_except)) return 6;
+    if (d[22] || d[23]) return 7;
+    return 0;
+}
+
+/* Payload checks before anything is written: 0, or 8 (a block out of range, padding bits),
+   9 (exception rows not increasing below n_rows), 10 (padding bits of the verbatim ids). */
+static int set_payload_status(const set_tab *t, const uint8_t *p, size_t plen, uint32_t n_total, uint32_t n_rows,
+                              uint32_t n_except) {
+    const uint64_t nd = n_rows - n_except, nbits = digit_bits(t, nd);
+    const uint64_t full = nd / (uint64_t)t->m;
+    const int part = (int)(nd % (uint64_t)t->m);
+    const int w = t->w[t->m];
+    uint64_t b;
+    if (t->narrow && w <= 57) {
+        const uint64_t lim = (uint64_t)t->pow[t->m];
+        for (b = 0; b < full; b++) {
+            if (load_bits64(p, plen, b * (uint64_t)w, w) >= lim) return 8;
+        }
+    } else if (t->pow[t->m] < ((u128)1 << w)) {
+        for (b = 0; b < full; b++) {
+            if (load_bits128(p, plen, b * (uint64_t)w, w) >= t->pow[t->m]) return 8;
+        }
+    }
+    if (part && load_bits128(p, plen, full * (uint64_t)w, t->w[part]) >= t->pow[part]) return 8;
+    if (nbits % 8 && (p[nbits / 8] >> (nbits % 8))) return 8;
+    const uint8_t *ex = p + (nbits + 7) / 8;
+    for (uint32_t x = 0; x < n_except; x++) {
+        const uint32_t r = get_u32s(ex + 4 * (size_t)x);
+        if (r >= n_rows || (x && r <= get_u32s(ex + 4 * (size_t)(x - 1)))) return 9;
+    }
+    const uint64_t raw_bits = ((uint64_t)n_except * (uint64_t)t->k + n_total % (uint64_t)t->k) * (uint64_t)t->bits;
+    const uint8_t *raw = ex + 4 * (size_t)n_except;
+    if (raw_bits % 8 && (raw[raw_bits / 8] >> (raw_bits % 8))) return 9 + 1;
+    return 0;
+}
+
+#define SET_BATCH 256 /* digits decoded ahead */
+
+/* Unrank n narrow digits d[] into the rows dst[] (zero digits: k zeros), four at a time: independent
+   chains of dependent loads the CPU overlaps. */
+SET_INLINE void unrank_batch64(const set_tab *t, const uint64_t *d, int32_t *const *dst, int n, const int k) {
+    const uint64_t zero = k >= 2 ? (uint64_t)t->sets : UINT64_MAX;
+    int q = 0;
+    for (; q + 4 <= n; q += 4) { /* four independent rows in registers, unrolled by hand */
+        uint64_t r0 = d[q] == zero ? 0 : d[q], r1 = d[q + 1] == zero ? 0 : d[q + 1];
+        uint64_t r2 = d[q + 2] == zero ? 0 : d[q + 2], r3 = d[q + 3] == zero ? 0 : d[q + 3];
+        int32_t *o0 = dst[q], *o1 = dst[q + 1], *o2 = dst[q + 2], *o3 = dst[q + 3];
+        for (int i = k; i >= 2; i--) {
+            const int c0 = find64(t, i, &r0), c1 = find64(t, i, &r1);
+            const int c2 = find64(t, i, &r2), c3 = find64(t, i, &r3);
+            o0[i - 1] = c0;
+            o1[i - 1] = c1;
+            o2[i - 1] = c2;
+            o3[i - 1] = c3;
+        }
+        o0[0] = (int32_t)r0;
+        o1[0] = (int32_t)r1;
+        o2[0] = (int32_t)r2;
+        o3[0] = (int32_t)r3;
+        for (int l = 0; l < 4; l++) {
+            if (d[q + l] == zero) memset(dst[q + l], 0, (size_t)k * sizeof(int32_t));
+        }
+    }
+    for (; q < n; q++) {
+        if (d[q] == zero) {
+            memset(dst[q], 0, (size_t)k * sizeof(int32_t));
+        } else {
+            unrank64(t, d[q], dst[q], k);
+        }
+    }
+}
+
+/* Decode a checked payload into out[0 : n_total] (int32, contiguous); k constant per instantiation. */
+SET_INLINE void set_decode_k(const set_tab *t, const uint8_t *p, size_t plen, uint32_t n_total, uint32_t n_rows,
+                             uint32_t n_except, int32_t *out, const int k) {
+    const int m = t->m;
+    const uint64_t nd = n_rows - n_except, nbits = digit_bits(t, nd);
+    const uint8_t *ex = p + (nbits + 7) / 8;
+    const uint8_t *raw = ex + 4 * (size_t)n_except;
+    const size_t raw_len = plen - (size_t)(raw - p);
+    uint32_t next_ex = n_except ? get_u32s(ex) : UINT32_MAX, x = 0;
+    uint64_t raw_pos = 0, digit = 0, bitpos = 0;
+    int left = 0;
+    uint64_t v64 = 0;
+    u128 v128 = 0;
+    const uint64_t R64 = (uint64_t)t->radix;
+    uint64_t batch[SET_BATCH];
+    int32_t *dests[SET_BATCH];
+    int nb = 0;
+    for (uint32_t row = 0; row < n_rows; row++) {
+        int32_t *dst = out + (size_t)row * k;
+        if (row == next_ex) {
+            for (int j = 0; j < k; j++, raw_pos += t->bits) dst[j] = (int32_t)load_bits64(raw, raw_len, raw_pos, t->bits);
+            x++;
+            next_ex = x < n_except ? get_u32s(ex + 4 * (size_t)x) : UINT32_MAX;
+            continue;
+        }
+        if (t->narrow) {
+            if (!left) {
+                left = nd - digit < (uint64_t)m ? (int)(nd - digit) : m;
+                const int bw = t->w[left];
+                v64 = bw <= 57 ? load_bits64(p, plen, bitpos, bw) : (uint64_t)load_bits128(p, plen, bitpos, bw);
+                bitpos += (uint64_t)bw;
+            }
+            uint64_t d;
+            if (m == 1) {
+                d = v64;
+            } else {
+                d = v64 % R64;
+                v64 /= R64;
+            }
+            left--;
+            digit++;
+            batch[nb] = d;
+            dests[nb++] = dst;
+            if (nb == SET_BATCH) {
+                unrank_batch64(t, batch, dests, nb, k);
+                nb = 0;
+            }
+        } else {
+            if (!left) {
+                left = nd - digit < (uint64_t)m ? (int)(nd - digit) : m;
+                v128 = load_bits128(p, plen, bitpos, t->w[left]);
+                bitpos += (uint64_t)t->w[left];
+            }
+            u128 d;
+            if (m == 1) {
+                d = v128;
+            } else {
+                d = v128 % t->radix;
+                v128 /= t->radix;
+            }
+            left--;
+            digit++;
+            if (k >= 2 && d == t->sets) {
+                memset(dst, 0, (size_t)k * sizeof(int32_t));
+            } else {
+                unrank128(t, d, dst, k);
+            }
+        }
+    }
+    if (nb) unrank_batch64(t, batch, dests, nb, k);
+    const size_t full_ids = (size_t)(n_total / (uint32_t)k) * (size_t)k;
+    memset(out + (size_t)n_rows * k, 0, (full_ids - (size_t)n_rows * k) * sizeof(int32_t));
+    for (size_t i = full_ids; i < n_total; i++, raw_pos += t->bits) out[i] = (int32_t)load_bits64(raw, raw_len, raw_pos, t->bits);
+}
+
+static void set_decode_into(const set_tab *t, const uint8_t *p, size_t plen, uint32_t n_total, uint32_t n_rows,
+                            uint32_t n_except, int32_t *out) {
+    switch (t->k) {
+#define X(K) case K: set_decode_k(t, p, plen, n_total, n_rows, n_except, out, K); break;
+    SET_CASES(X)
+#undef X
+    default: break;
+    }
+}
+
+R3_DOC(set_check_doc, "set_check(buf, num_experts, top_k, block_rows) -> (status, n_total, n_rows, n_except, tag)\n\n"
+"Header, CRC-32C and size checks of an r3store.set frame (status 0: valid so far; else the\n"
+"number of the first failed check, as check_set_frame_numpy).");
+
+PyObject *py_set_check(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    int E, k, m, owned, status;
+    Py_buffer b;
+    uint32_t n_total = 0, n_rows = 0, n_except = 0, tag = 0;
+    if (!PyArg_ParseTuple(args, "Oiii", &obj, &E, &k, &m)) return NULL;
+    set_tab *t = tab_get(E, k, m, &owned);
+    if (!t) return NULL;
+    if (get_bytes_buffer(obj, &b) < 0) {
+        if (owned) tab_free(t);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    status = set_status(t, (const uint8_t *)b.buf, b.len, &n_total, &n_rows, &n_except, &tag);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    if (owned) tab_free(t);
+    if (status && status != 5 && status != 6 && status != 7) n_total = n_rows = n_except = tag = 0;
+    return Py_BuildValue("(ikkkk)", status, (unsigned long)n_total, (unsigned long)n_rows, (unsigned long)n_except,
+                         (unsigned long)tag);
+}
+
+R3_DOC(set_decode_doc, "set_decode(buf, num_experts, top_k, block_rows, out) -> int\n\n"
+"Check and decode an r3store.set frame into out (any integer type and layout, exactly\n"
+"n_total elements, C order). Returns 0, or the number of the first failed check (1..10;\n"
+"out is then untouched).");
+
+PyObject *py_set_decode(PyObject *self, PyObject *args) {
+    PyObject *obj, *out_obj;
+    int E, k, m, owned, status;
+    Py_buffer b, out;
+    uint32_t n_total = 0, n_rows = 0, n_except = 0, tag = 0;
+    if (!PyArg_ParseTuple(args, "OiiiO", &obj, &E, &k, &m, &out_obj)) return NULL;
+    set_tab *t = tab_get(E, k, m, &owned);
+    if (!t) return NULL;
+    if (get_bytes_buffer(obj, &b) < 0) {
+        if (owned) tab_free(t);
+        return NULL;
+    }
+    if (get_int_buffer(out_obj, &out, 1, "out") < 0) {
+        PyBuffer_Release(&b);
+        if (owned) tab_free(t);
+        return NULL;
+    }
+    cursor_t c;
+    cursor_init(&c, &out);
+    const int otype = buffer_type(&out);
+    const int direct = otype == T_I32 && is_c_contiguous(&out);
+    const uint8_t *d = (const uint8_t *)b.buf;
+    int32_t *tmp = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    status = set_status(t, d, b.len, &n_total, &n_rows, &n_except, &tag);
+    if (!status && (Py_ssize_t)n_total != c.total) status = 5;
+    if (!status) status = set_payload_status(t, d + SET_HEADER, (size_t)(b.len - SET_HEADER), n_total, n_rows, n_except);
+    if (!status) {
+        int32_t *dst = direct ? (int32_t *)out.buf : (tmp = malloc((size_t)n_total * sizeof(int32_t) + 4));
+        if (dst) {
+            set_decode_into(t, d + SET_HEADER, (size_t)(b.len - SET_HEADER), n_total, n_rows, n_except, dst);
+            if (!direct) cursor_scatter(&c, otype, (const char *)tmp, T_I32, (Py_ssize_t)n_total);
+        } else {
+            status = -1;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    free(tmp);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&out);
+    if (owned) tab_free(t);
+    if (status < 0) return PyErr_NoMemory();
+    return PyLong_FromLong(status);
+}

@@ -1,0 +1,277 @@
+"""r3store.set: the CodecTests kit, rows as sets, native == numpy, forged payloads, golden frames, size bound."""
+
+from __future__ import annotations
+
+import math
+import struct
+from pathlib import Path
+
+import google_crc32c
+import numpy as np
+import pytest
+
+from r3store.codecs import Codec, SetCodec, get_codec, kernels
+from r3store.codecs._set_numpy import block_rows, encode_set_frame_numpy, set_params
+from r3store.errors import ChecksumError, CodecError, FormatError
+from r3store.testing import CodecTests
+from r3store.testing.codec import check_golden, ensure_golden
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "codecs"
+SHAPES = [(64, 6), (128, 8), (256, 8), (384, 8), (1024, 16), (1024, 8), (8, 2), (16, 16), (64, 1), (1, 1), (3, 2)]
+"""(num_experts, top_k): the benchmark shapes, blocks above 64 bits (1024 x 16, 1024 x 8),
+several rows per block (8 x 2), a single set (16 x 16), k = 1 and the smallest codec."""
+NATIVE = kernels.native_module() is not None
+
+
+def as_sets(ids: np.ndarray, num_experts: int, top_k: int) -> np.ndarray:
+    """What r3store.set decodes, stated independently: each full row of ``top_k`` distinct
+    ids below ``num_experts`` sorted ascending, every other id as given."""
+    flat = np.asarray(ids, dtype=np.int64).reshape(-1).copy()
+    full = flat.size // top_k * top_k
+    for start in range(0, full, top_k):
+        row = flat[start : start + top_k].tolist()
+        if len(set(row)) == top_k and max(row) < num_experts:
+            flat[start : start + top_k] = sorted(row)
+    return flat
+
+
+def random_sets(rng: np.random.Generator, rows: int, num_experts: int, top_k: int) -> np.ndarray:
+    """``rows`` uniformly random k-subsets, each in random order, shape (rows, top_k)."""
+    keys = rng.random((rows, num_experts))
+    return np.argpartition(keys, top_k - 1, axis=1)[:, :top_k] if top_k < num_experts else \
+        np.argsort(keys, axis=1)
+
+
+class TestSetCodec(CodecTests):
+    @pytest.fixture(params=SHAPES, ids=lambda p: f"E{p[0]}-k{p[1]}")
+    def codec(self, request: pytest.FixtureRequest) -> SetCodec:
+        return SetCodec(*request.param)
+
+    def id_bound(self, codec: Codec) -> int:
+        assert isinstance(codec, SetCodec)
+        return 1 << codec.bits
+
+    def decoded(self, codec: Codec, ids: np.ndarray) -> np.ndarray:
+        assert isinstance(codec, SetCodec)
+        return as_sets(ids, codec.num_experts, codec.top_k)
+
+
+# -- rows are sets ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("num_experts", "top_k"), SHAPES)
+def test_rows_decode_ascending_whatever_their_order(num_experts: int, top_k: int) -> None:
+    rng = np.random.default_rng(num_experts * 17 + top_k)
+    rows = random_sets(rng, 300, num_experts, top_k)
+    codec = SetCodec(num_experts, top_k)
+    frame = codec.encode(rows)
+    got = codec.decode(frame).reshape(rows.shape)
+    np.testing.assert_array_equal(got, np.sort(rows, axis=1))
+    shuffled = rng.permuted(rows, axis=1)
+    assert codec.encode(shuffled) == frame  # the order of a row's ids is not stored
+
+
+def test_zero_rows_exceptions_and_tail_decode_exactly() -> None:
+    codec = SetCodec(64, 4)
+    rows = np.array([[9, 3, 63, 0], [0, 0, 0, 0], [5, 5, 1, 2], [1, 2, 3, 4], [0, 0, 0, 0]])
+    ids = np.concatenate([rows.reshape(-1), [7, 0, 63]])  # 3 ids after the last full row
+    got = codec.decode(codec.encode(ids))
+    np.testing.assert_array_equal(got, [0, 3, 9, 63, 0, 0, 0, 0, 5, 5, 1, 2, 1, 2, 3, 4, 0, 0, 0, 0, 7, 0, 63])
+
+
+def test_ids_of_the_packed_width_beyond_num_experts_are_exceptions() -> None:
+    """A quarantined sample may hold ids in [E, 2**bits): stored exactly, as bitpack stores them."""
+    codec = SetCodec(100, 2)
+    ids = np.array([[101, 3], [127, 0], [3, 99]])
+    np.testing.assert_array_equal(codec.decode(codec.encode(ids)), [101, 3, 127, 0, 3, 99])
+    with pytest.raises(CodecError, match=r"\[0, 128\)"):
+        codec.encode([128, 0])
+
+
+def test_trailing_zero_rows_are_not_stored() -> None:
+    codec = SetCodec(256, 8)
+    rows = random_sets(np.random.default_rng(1), 10, 256, 8)
+    padded = np.zeros((1000, 8), dtype=np.int64)
+    padded[:10] = rows
+    frame = codec.encode(padded)
+    assert len(frame) == len(codec.encode(rows))
+    assert codec.frame_size(frame) == 8000
+    np.testing.assert_array_equal(codec.decode(frame)[:80], np.sort(rows, axis=1).reshape(-1))
+    assert not codec.decode(frame)[80:].any()
+
+
+@pytest.mark.parametrize(("num_experts", "top_k"), [(64, 6), (128, 8), (256, 8), (384, 8)])
+def test_uniform_sets_cost_within_2_percent_of_the_bound(num_experts: int, top_k: int) -> None:
+    """log2 C(E, k) bits per row is the least any coder can spend on uniformly random sets."""
+    rows = random_sets(np.random.default_rng(2), 20_000, num_experts, top_k)
+    frame = SetCodec(num_experts, top_k).encode(rows)
+    bound = math.log2(math.comb(num_experts, top_k)) * len(rows) / 8
+    assert len(frame) <= 1.02 * bound
+    assert len(frame) < 0.8 * len(rows) * top_k * max(1, (num_experts - 1).bit_length()) / 8
+
+
+@pytest.mark.parametrize(
+    ("radix", "rows"),
+    [(math.comb(256, 8) + 1, 1), (math.comb(64, 6) + 1, 2), (math.comb(128, 8) + 1, 1), (math.comb(1024, 16) + 1, 1),
+     (29, 8), (2, 1), (64, 1)],
+)
+def test_block_rows_rule(radix: int, rows: int) -> None:
+    assert block_rows(radix) == rows
+    m = block_rows(radix)
+    assert (radix**m - 1).bit_length() <= 120
+
+
+# -- native == numpy --------------------------------------------------------------------
+
+
+def _mixed_ids(rng: np.random.Generator, num_experts: int, top_k: int) -> np.ndarray:
+    bits = max(1, (num_experts - 1).bit_length())
+    rows = random_sets(rng, int(rng.integers(0, 400)), num_experts, top_k).astype(np.int64)
+    if len(rows):
+        rows[rng.random(len(rows)) < 0.1] = 0
+        odd = rng.random(len(rows)) < 0.05
+        rows[odd] = rng.integers(0, 1 << bits, (int(odd.sum()), top_k))
+    tail = rng.integers(0, 1 << bits, int(rng.integers(0, top_k)))
+    flat = np.concatenate([rows.reshape(-1), tail])
+    if rng.random() < 0.3:
+        flat[-(flat.size // 3) :] = 0
+    return flat
+
+
+@pytest.mark.skipif(not NATIVE, reason="the C extension is not built")
+@pytest.mark.parametrize(("num_experts", "top_k"), [*SHAPES, (1000, 13), (160, 6), (512, 9), (2, 2)])
+def test_native_equals_numpy_on_random_inputs(num_experts: int, top_k: int) -> None:
+    rng = np.random.default_rng(num_experts * 31 + top_k)
+    codec = SetCodec(num_experts, top_k)
+    for dtype in ("int64", "uint16", "int32"):
+        ids = _mixed_ids(rng, num_experts, top_k).astype(dtype)
+        native = codec.encode(ids)
+        assert native == encode_set_frame_numpy(ids, codec.params)
+        with kernels.use("numpy"):
+            assert codec.encode(ids) == native
+            reference = codec.decode(native)
+        np.testing.assert_array_equal(codec.decode(native), reference)
+        np.testing.assert_array_equal(reference, as_sets(ids, num_experts, top_k))
+        for out_dtype in ("uint8", "int16", "int64"):
+            if (1 << codec.bits) - 1 <= np.iinfo(out_dtype).max:
+                out = np.empty(ids.size, dtype=out_dtype)
+                np.testing.assert_array_equal(codec.decode(native, out=out), reference)
+
+
+@pytest.mark.skipif(not NATIVE, reason="the C extension is not built")
+def test_native_decodes_into_strided_out() -> None:
+    codec = SetCodec(256, 8)
+    rows = random_sets(np.random.default_rng(3), 50, 256, 8)
+    out = np.zeros((50, 16), dtype=np.int32)[:, ::2]
+    codec.decode(codec.encode(rows), out=out)
+    np.testing.assert_array_equal(out, np.sort(rows, axis=1))
+
+
+# -- forged frames (a valid CRC over bad contents) ----------------------------------------
+
+
+def _forge(frame: bytes, at: int, value: bytes) -> bytes:
+    """``frame`` with ``value`` written at byte ``at`` and its CRC-32C recomputed."""
+    data = bytearray(frame)
+    data[at : at + len(value)] = value
+    data[28:32] = struct.pack("<I", google_crc32c.extend(google_crc32c.value(bytes(data[:28])), bytes(data[32:])))
+    return bytes(data)
+
+
+def _ones(frame: bytes, at: int, nbits: int) -> bytes:
+    """``frame`` with stream bits ``[0, nbits)`` from byte ``at`` set, CRC-32C recomputed."""
+    data = bytearray(frame)
+    for bit in range(nbits):
+        data[at + bit // 8] |= 1 << (bit % 8)
+    return _forge(bytes(data), 0, b"")
+
+
+@pytest.mark.parametrize("implementation", ["native", "numpy"])
+@pytest.mark.parametrize(
+    ("case", "match"),
+    [("block", "out of range"), ("padding", "padding bits are set"), ("exceptions", "strictly increasing"),
+     ("raw", "verbatim"), ("reserved", "reserved"), ("counts", "counts disagree"), ("version", "version 2"),
+     ("blocks", "blocks of 8 rows")],
+)
+def test_forged_frames_are_refused_and_leave_out_untouched(implementation: str, case: str, match: str) -> None:
+    if implementation == "native" and not NATIVE:
+        pytest.skip("the C extension is not built")
+    codec = SetCodec(100, 2)  # R = C(100, 2) + 1 = 4951: 3 digits per 37-bit block
+    assert (codec.params.block_rows, codec.params.block_bits) == (3, 37)
+    flat = np.array([1, 2, 3, 4, 5, 5, 7, 8, 0, 0, 99, 98, 10, 11, 12, 13, 14, 15, 16, 17, 6])
+    frame = codec.encode(flat)  # 10 rows, one exception ([5, 5]): 9 digits, 111 bits in 14 bytes
+    assert struct.unpack_from("<III", frame, 8) == (21, 10, 1)
+    assert len(frame) == 32 + 14 + 4 + 3  # digits, one exception index, 3 verbatim ids of 7 bits
+    bad = {
+        "block": _ones(frame, 32, 37),
+        "padding": _forge(frame, 45, bytes([frame[45] | 0x80])),
+        "exceptions": _forge(frame, 46, struct.pack("<I", 10)),  # not below n_rows
+        "raw": _forge(frame, len(frame) - 1, bytes([frame[-1] | 0x80])),
+        "reserved": _forge(frame, 22, b"\x01\x00"),
+        "counts": _forge(frame, 16, struct.pack("<I", 11)),
+        "version": _forge(frame, 4, b"\x02"),
+        "blocks": _forge(frame, 20, b"\x08"),
+    }[case]
+    out = np.full(flat.size, 7, dtype=np.int32)
+    with kernels.use(implementation), pytest.raises(FormatError, match=match):
+        codec.decode(bad, out=out)
+    assert (out == 7).all()
+
+
+def test_frame_of_another_codec_shape_is_refused() -> None:
+    frame = SetCodec(256, 8).encode(np.arange(64) % 256)
+    with pytest.raises(FormatError, match="num_experts=256"):
+        SetCodec(128, 8).decode(frame)
+
+
+def test_bound_frame_moved_is_a_checksum_error() -> None:
+    codec = SetCodec(64, 6)
+    frame = codec.encode(np.arange(60) % 64, tag=0x1234)
+    with pytest.raises(ChecksumError, match="0x00001234"):
+        codec.decode(frame, tag=0x1235)
+
+
+@pytest.mark.parametrize("bad", [{"num_experts": 0}, {"num_experts": 1025}, {"top_k": 17}, {"top_k": 0},
+                                 {"num_experts": 4, "top_k": 5}, {"num_experts": "64"}, {"top_k": 2.0}])
+def test_bad_parameters_raise_codec_error(bad: dict[str, object]) -> None:
+    kwargs: dict[str, object] = {"num_experts": 64, "top_k": 4, **bad}
+    with pytest.raises(CodecError):
+        SetCodec(**kwargs)  # type: ignore[arg-type]
+
+
+def test_registry_builds_it() -> None:
+    codec = get_codec({"id": "r3store.set", "num_experts": 384, "top_k": 8})
+    assert codec == SetCodec(384, 8)
+    assert set_params(384, 8).block_rows == 1
+
+
+# -- golden frames ----------------------------------------------------------------------
+
+
+def _golden(num_experts: int, top_k: int, rows: int, seed: int, mixed: bool) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    ids = np.sort(random_sets(rng, rows, num_experts, top_k), axis=1).astype(np.int64)
+    if mixed:  # a zero row, an exception row and a tail of two ids
+        ids[1] = 0
+        ids[2, :2] = ids[2, 0]
+        ids = np.concatenate([ids.reshape(-1), [num_experts - 1, 0]])
+    return as_sets(ids, num_experts, top_k)  # as decoded: the committed ids are canonical
+
+
+GOLDEN = {
+    "set-v3-e64-k6-routes": (64, 6, _golden(64, 6, 12, 1, False).reshape(3, 4, 6), 0),
+    "set-v3-e256-k8-mixed": (256, 8, _golden(256, 8, 9, 2, True), 0x9E3779B9),
+    "set-v3-e384-k8-routes": (384, 8, _golden(384, 8, 8, 3, False), 0),
+    "set-v3-e1024-k16-mixed": (1024, 16, _golden(1024, 16, 5, 4, True), 0x02472BB0),
+    "set-v3-e8-k2-mixed": (8, 2, _golden(8, 2, 20, 5, True), 0),
+    "set-v3-e128-k8-empty": (128, 8, np.zeros(0, dtype=np.int64), 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_golden_frames(name: str) -> None:
+    num_experts, top_k, ids, tag = GOLDEN[name]
+    ensure_golden(FIXTURES, name, SetCodec(num_experts, top_k), ids, tag=tag)
+    check_golden(FIXTURES, name)
+    with kernels.use("numpy"):
+        check_golden(FIXTURES, name)
