@@ -19,8 +19,8 @@ from zarr.abc.codec import ArrayBytesCodec
 from zarr.core.common import parse_named_configuration
 
 from r3store.codecs._bitpack import MAGIC, BitpackCodec, check_zero_tail
-from r3store.errors import FormatError
 from r3store.codecs._set import SetCodec
+from r3store.errors import FormatError
 
 if TYPE_CHECKING:
     from typing import Self

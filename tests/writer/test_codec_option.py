@@ -55,7 +55,7 @@ def test_set_store_reads_rows_ascending(tmp_path: Path, samples: dict[str, np.nd
 
 def test_bitpack_stays_the_default_and_keeps_the_order(tmp_path: Path, samples: dict[str, np.ndarray]) -> None:
     assert WriterConfig().codec == "bitpack"
-    with r3store.RouteWriter(tmp_path, SPEC, writer_id="w") as w:
+    with r3store.RouteWriter(tmp_path, SPEC, config={"writer_id": "w"}) as w:
         w.append("s0", samples["s0"])
     np.testing.assert_array_equal(r3store.open_store(tmp_path).get("s0"), samples["s0"])
 
