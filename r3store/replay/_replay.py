@@ -15,6 +15,7 @@ from r3store._spec import ModelSpec
 from r3store.errors import ReplayError
 from r3store.replay._capture import Capture
 from r3store.replay._discover import FoundRouter, find_routers
+from r3store.replay._generate import GenerationCapture
 from r3store.replay._layout import TokenPlan, plan_from_batch, plan_from_routes
 from r3store.replay._recompute import Kept, fingerprint, in_recompute
 
@@ -75,9 +76,18 @@ class RoutingReplay:
     its input and its routes until :meth:`clear`, and a recomputed router call (one made
     inside the autograd engine) replays the routes of the forward with the bitwise
     equal input; one that matches no kept call raises. Once a replay ran, live forward
-    calls are kept too (their recomputes stay live). Calls in eval mode under
-    ``torch.no_grad()`` are not kept: they are never recomputed. Call :meth:`clear` once
+    calls are kept too (their recomputes stay live). A forward that autograd can never
+    recompute, because the model was entered with grad mode off (``torch.no_grad()``,
+    ``torch.inference_mode()``), is never kept, in train mode too: old / reference
+    log-probs computed under ``no_grad`` before the replayed policy forward on the
+    same tokens do not take part in recompute matching. (Grad mode is read where the
+    model given to ``RoutingReplay`` is entered, so reentrant checkpointing, which
+    runs its layers under ``no_grad``, still keeps them.) Call :meth:`clear` once
     per training step, after the last backward.
+
+    Under ``torch.compile`` the hooks run eagerly (``torch.compiler.disable``): their
+    state never guards a compiled graph, so blocks, kept calls and captures cause no
+    recompiles; each router is a graph break.
     Not thread-safe: one forward at a time per model.
 
     Examples
@@ -112,15 +122,21 @@ class RoutingReplay:
         self.spec = ModelSpec(num_layers=num_layers, num_experts=self.num_experts, top_k=self.top_k,
                               moe_layers=self.moe_layers)
         self.router_names: tuple[str, ...] = tuple(r.name for r in found)
+        self._model = model
         self._model_name = type(model).__name__
         self._check_weights = check_weights
         self._checked: set[int] = set()
         self._plan: TokenPlan | None = None
         self._capture: Capture | None = None
         self._kept = Kept(len(found))
+        self._generation: GenerationCapture | None = None
+        self._grad_at_entry: list[bool] = []
+        hook = _eager(self._hook)
         self._handles: list[RemovableHandle] = [
-            r.module.register_forward_hook(partial(self._hook, j), with_kwargs=True) for j, r in enumerate(found)
+            r.module.register_forward_hook(partial(hook, j), with_kwargs=True) for j, r in enumerate(found)
         ]
+        self._handles += [model.register_forward_pre_hook(_eager(self._enter), with_kwargs=True),
+                          model.register_forward_hook(_eager(self._leave), always_call=True)]
 
     def __repr__(self) -> str:
         families = sorted({r.spec.family for r in self._found})
@@ -163,7 +179,7 @@ class RoutingReplay:
             layout does not fit the routers' token count, or the hooks were removed.
         """
         self._check_attached()
-        if self._capture is not None:
+        if self._capture is not None or self._generation is not None:
             raise ReplayError("capture blocks do not nest")
         cap = Capture(self.moe_layers, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
         self._capture = cap
@@ -172,6 +188,57 @@ class RoutingReplay:
         finally:
             self._capture = None
         cap.finish()
+
+    @contextmanager
+    def capture_generate(self, *, eos_token_id: int | Sequence[int] | None = None) -> Iterator[GenerationCapture]:
+        """Record the routes of every sequence ``model.generate()`` returns (KV cache on).
+
+        Open the block around one ``generate()`` call of the model given to this
+        ``RoutingReplay`` (greedy search or sampling, any ``num_return_sequences``, a
+        left-padded prompt batch, dynamic or static cache, chunked prefill)::
+
+            with torch.no_grad(), rr.capture_generate() as cap:
+                out = model.generate(prompt_ids, attention_mask=prompt_mask, do_sample=True)
+            cap.routes[i]   # (prompt_len_i + new_len_i - 1, MoE layers, top_k): prefill rows, then one per step
+
+        ``rr.replay(cap.routes, attention_mask=full_mask)`` then replays them in a
+        training forward over ``out`` (``full_mask``: the prompt mask, then 1 up to and
+        including each sequence's first EOS).
+
+        Parameters
+        ----------
+        eos_token_id : int or sequence of int, optional
+            Token ids that end a sequence: rows after a sequence's first one are dropped.
+            Default: the model's ``generation_config.eos_token_id`` (else
+            ``config.eos_token_id``); pass ``()`` for none. Pass the id ``generate`` was
+            given when it differs.
+
+        Yields
+        ------
+        GenerationCapture
+            ``cap.routes`` (one int32 array per returned sequence), ``cap.lengths``,
+            ``cap.prompt_lengths``, ``cap.steps``, filled when the block exits;
+            ``cap.check(out)`` checks the record against the returned sequences.
+
+        Raises
+        ------
+        r3store.errors.ReplayError
+            Inside a ``capture`` or another ``capture_generate`` block; in the block:
+            beam search, assisted/speculative decoding or another decoding method than
+            transformers' ``_sample`` loop, a model call without ``input_ids``, more
+            than one new position per decode step, a router that did not run in a call.
+        """
+        self._check_attached()
+        if self._capture is not None or self._generation is not None:
+            raise ReplayError("capture blocks do not nest")
+        if eos_token_id is None:
+            eos_token_id = _model_eos(self._model)
+        gen = self._generation = GenerationCapture(self.moe_layers, eos_token_id)
+        try:
+            yield gen
+        finally:
+            self._generation = None
+        gen.finish()
 
     @contextmanager
     def replay(self, routes: Sequence[Any] | Mapping[str, Any], *, attention_mask: Any = None,
@@ -252,6 +319,8 @@ class RoutingReplay:
         self._kept.clear()
         self._plan = None
         self._capture = None
+        self._generation = None
+        self._grad_at_entry.clear()
 
     # -- hooks ------------------------------------------------------------------------
 
@@ -268,9 +337,23 @@ class RoutingReplay:
         return plan_from_routes(routes, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
                                 moe_layers=self.moe_layers, num_experts=self.num_experts, top_k=self.top_k)
 
+    def _enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._grad_at_entry.append(torch.is_grad_enabled())
+        if self._generation is not None and len(self._grad_at_entry) == 1:
+            self._generation.begin(args, kwargs)
+
+    def _leave(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if self._grad_at_entry:
+            self._grad_at_entry.pop()
+
+    def _recomputable(self) -> bool:
+        """Can autograd ever recompute the running forward? Only when grad mode was on where the model was
+        entered (a reentrant checkpoint runs its layers under no_grad inside a grad-enabled forward)."""
+        return self._grad_at_entry[0] if self._grad_at_entry else torch.is_grad_enabled()
+
     def _hook(self, j: int, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
               output: Any) -> Any:
-        if self._plan is None and self._capture is None and not self._kept.armed:
+        if self._plan is None and self._capture is None and self._generation is None and not self._kept.armed:
             return None
         hidden = args[0] if args else next(iter(kwargs.values()))
         if in_recompute():
@@ -280,10 +363,12 @@ class RoutingReplay:
             return None if plan is None else self._apply(j, output, plan)
         plan = self._plan
         new = None if plan is None else self._apply(j, output, plan)
-        if (plan is not None or self._kept.armed) and (module.training or torch.is_grad_enabled()):
-            self._kept.add(j, fingerprint(hidden), plan)  # an eval-mode no_grad call is never recomputed
+        if (plan is not None or self._kept.armed) and self._recomputable():
+            self._kept.add(j, fingerprint(hidden), plan)  # a no_grad / inference-mode forward is never recomputed
         if self._capture is not None:
             self._capture.record(j, (new if new is not None else output)[self._found[j].spec.ids_index])
+        elif self._generation is not None:
+            self._generation.record(j, (new if new is not None else output)[self._found[j].spec.ids_index])
         return new
 
     def _apply(self, j: int, output: Any, plan: TokenPlan) -> Any:
@@ -324,3 +409,18 @@ class RoutingReplay:
                     "its code differs from what r3store.replay knows: pass routers={RouterClass: RouterSpec(...)}",
                     layer=router.layer)
         self._checked.add(j)
+
+
+def _eager(fn: Any) -> Any:
+    """``fn`` run eagerly under ``torch.compile``: a hook's Python state (blocks, kept calls) is never traced,
+    so it never guards a compiled graph (no recompiles from it) and never graph-breaks inside the hook."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return fn if disable is None else disable(fn)
+
+
+def _model_eos(model: nn.Module) -> Any:
+    for owner in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        eos = getattr(owner, "eos_token_id", None)
+        if eos is not None:
+            return eos
+    return None
