@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -47,7 +48,7 @@ def _decoding_frames() -> tuple[bool, bool]:
         The call comes from a decoding method whose rows cannot be followed (beam search,
         assisted decoding) or from a ``generate`` that is not the ``_sample`` loop.
     """
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     prefill = sample = False
     for _ in range(_FRAMES):
         if frame is None:
