@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -131,7 +133,9 @@ class RoutingReplay:
         self._kept = Kept(len(found))
         self._generation: GenerationCapture | None = None
         self._grad_at_entry: list[bool] = []
-        hook = _eager(self._hook)
+        self._key = next(_KEYS)
+        _LIVE[self._key] = self
+        hook = self._hook
         self._handles: list[RemovableHandle] = [
             r.module.register_forward_hook(partial(hook, j), with_kwargs=True) for j, r in enumerate(found)
         ]
@@ -353,23 +357,70 @@ class RoutingReplay:
 
     def _hook(self, j: int, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
               output: Any) -> Any:
+        if _compiling():
+            return self._traced(j, args, kwargs, output)
         if self._plan is None and self._capture is None and self._generation is None and not self._kept.armed:
             return None
         hidden = args[0] if args else next(iter(kwargs.values()))
-        if in_recompute():
-            if not self._kept.armed:
-                return None
-            plan = self._kept.match(j, fingerprint(hidden), self.moe_layers[j])
-            return None if plan is None else self._apply(j, output, plan)
-        plan = self._plan
+        recompute = in_recompute()
+        plan = self._plan_for(j, hidden, recompute)
         new = None if plan is None else self._apply(j, output, plan)
+        if not recompute:
+            self._record(j, (new if new is not None else output)[self._found[j].spec.ids_index])
+        return new
+
+    def _plan_for(self, j: int, hidden: Tensor, recompute: bool) -> TokenPlan | None:
+        """The plan a router call replays (None: live); keeps a forward call for its recompute."""
+        if recompute:
+            return self._kept.match(j, fingerprint(hidden), self.moe_layers[j]) if self._kept.armed else None
+        plan = self._plan
         if (plan is not None or self._kept.armed) and self._recomputable():
             self._kept.add(j, fingerprint(hidden), plan)  # a no_grad / inference-mode forward is never recomputed
+        return plan
+
+    def _record(self, j: int, ids: Tensor) -> None:
         if self._capture is not None:
-            self._capture.record(j, (new if new is not None else output)[self._found[j].spec.ids_index])
+            self._capture.record(j, ids)
         elif self._generation is not None:
-            self._generation.record(j, (new if new is not None else output)[self._found[j].spec.ids_index])
-        return new
+            self._generation.record(j, ids)
+
+    def _recorded(self, j: int, plan: TokenPlan, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        if n != plan.num_positions:
+            raise ReplayError(f"the router sees {n} token positions; the routes are laid out for "
+                              f"{plan.num_positions} ({plan.source})", layer=self.moe_layers[j])
+        plan.applied.add(j)
+        return plan.layer(j, device)
+
+    def _route(self, j: int, hidden: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """The compiled path's opaque step (``r3store::route``): int64 ids ``(N, K)`` to use, bool ``(N,)`` replayed."""
+        recompute = in_recompute()
+        plan = self._plan_for(j, hidden, recompute)
+        own = ids.long()
+        if plan is None:
+            new, has = own.clone(), torch.zeros(own.shape[0], dtype=torch.bool, device=own.device)
+        else:
+            recorded, has = self._recorded(j, plan, own.shape[0], own.device)
+            new = torch.where(has[:, None], recorded, own)
+        if not recompute:
+            self._record(j, new)
+        return new, has
+
+    def _traced(self, j: int, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+        """The hook as torch.compile traces it: no Python state is read (nothing to guard on); the blocks'
+        state is consulted at run time inside the ``r3store::route`` op, the weights are traced."""
+        router = self._found[j]
+        spec = router.spec
+        hidden = args[0] if args else next(iter(kwargs.values()))
+        logits, weights, ids = output[spec.logits_index], output[spec.weights_index], output[spec.ids_index]
+        flat_logits = logits.reshape(-1, logits.shape[-1])
+        n = flat_logits.shape[0]
+        new_ids, has = torch.ops.r3store.route(hidden.detach(), ids.detach().reshape(n, -1), self._key, j)
+        new_weights = spec.weight_fn(router.module, flat_logits, new_ids).to(weights.dtype)
+        new_weights = torch.where(has[:, None], new_weights, weights.reshape(n, -1))
+        out = list(output)
+        out[spec.weights_index] = new_weights.reshape(weights.shape)
+        out[spec.ids_index] = new_ids.to(ids.dtype).reshape(ids.shape)
+        return out if isinstance(output, list) else tuple(out)
 
     def _apply(self, j: int, output: Any, plan: TokenPlan) -> Any:
         router = self._found[j]
@@ -377,11 +428,7 @@ class RoutingReplay:
         logits, weights, ids = output[spec.logits_index], output[spec.weights_index], output[spec.ids_index]
         flat_logits = logits.reshape(-1, logits.shape[-1])
         n = flat_logits.shape[0]
-        if n != plan.num_positions:
-            raise ReplayError(f"the router sees {n} token positions; the routes are laid out for "
-                              f"{plan.num_positions} ({plan.source})", layer=router.layer)
-        recorded, has = plan.layer(j, flat_logits.device)
-        plan.applied.add(j)
+        recorded, has = self._recorded(j, plan, n, flat_logits.device)
         own_ids = ids.reshape(n, -1)
         own_weights = weights.reshape(n, -1)
         if self._check_weights and j not in self._checked:
@@ -409,6 +456,29 @@ class RoutingReplay:
                     "its code differs from what r3store.replay knows: pass routers={RouterClass: RouterSpec(...)}",
                     layer=router.layer)
         self._checked.add(j)
+
+
+_KEYS = itertools.count()
+_LIVE: weakref.WeakValueDictionary[int, RoutingReplay] = weakref.WeakValueDictionary()
+"""The RoutingReplay objects the compiled path's op reaches by key."""
+
+
+def _compiling() -> bool:
+    return bool(torch.compiler.is_compiling())
+
+
+@torch.library.custom_op("r3store::route", mutates_args=())
+def _route_op(hidden: Tensor, ids: Tensor, key: int, j: int) -> tuple[Tensor, Tensor]:
+    """Opaque to torch.compile: the expert ids router ``j`` of RoutingReplay ``key`` uses, and where replayed."""
+    rr = _LIVE.get(key)
+    if rr is None:
+        raise ReplayError("a compiled model calls the hooks of a RoutingReplay that no longer exists")
+    return rr._route(j, hidden, ids)
+
+
+@_route_op.register_fake
+def _route_fake(hidden: Tensor, ids: Tensor, key: int, j: int) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(ids, dtype=torch.long), ids.new_empty((ids.shape[0],), dtype=torch.bool)
 
 
 def _eager(fn: Any) -> Any:

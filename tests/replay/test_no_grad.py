@@ -56,6 +56,7 @@ def test_a_no_grad_forward_before_the_replayed_step_leaves_its_gradients_unchang
     without = _steps(reentrant, no_grad_forward=None)
     assert len(with_it) == 3
     for step, (a, b) in enumerate(zip(with_it, without, strict=True)):
-        assert a.keys() == b.keys() and len(a) > 0
+        assert a.keys() == b.keys()
+        assert len(a) > 0
         for name in a:
             torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=f"step {step}, {name}")
