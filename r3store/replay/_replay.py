@@ -74,8 +74,11 @@ class RoutingReplay:
 
     Notes
     -----
-    Activation recompute: every forward router call under replay keeps a fingerprint of
-    its input and its routes until :meth:`clear`, and a recomputed router call (one made
+    Activation recompute: every forward router call under replay that runs inside
+    activation checkpointing (non-reentrant: saved-tensor hooks are active; reentrant:
+    grad mode is off in a forward entered with it on) keeps a fingerprint of its input
+    and its routes until :meth:`clear` (calls outside checkpointing are never
+    recomputed, so they keep nothing and cost no fingerprint), and a recomputed router call (one made
     inside the autograd engine) replays the routes of the forward with the bitwise
     equal input; one that matches no kept call raises. Once a replay ran, live forward
     calls are kept too (their recomputes stay live). A forward that autograd can never
@@ -374,7 +377,7 @@ class RoutingReplay:
         if recompute:
             return self._kept.match(j, fingerprint(hidden), self.moe_layers[j]) if self._kept.armed else None
         plan = self._plan
-        if (plan is not None or self._kept.armed) and self._recomputable():
+        if (plan is not None or self._kept.armed) and self._recomputable() and _checkpointed():
             self._kept.add(j, fingerprint(hidden), plan)  # a no_grad / inference-mode forward is never recomputed
         return plan
 
@@ -461,6 +464,18 @@ class RoutingReplay:
 _KEYS = itertools.count()
 _LIVE: weakref.WeakValueDictionary[int, RoutingReplay] = weakref.WeakValueDictionary()
 """The RoutingReplay objects the compiled path's op reaches by key."""
+
+
+_saved_tensor_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+
+def _checkpointed() -> bool:
+    """Can this router call be recomputed in backward? Only inside activation checkpointing: non-reentrant
+    checkpointing installs saved-tensor hooks, reentrant checkpointing runs its layers with grad mode off (in a
+    forward entered with it on). Without the private probe, every call counts."""
+    if not torch.is_grad_enabled() or _saved_tensor_hooks is None:
+        return True
+    return _saved_tensor_hooks(False) is not None
 
 
 def _compiling() -> bool:
