@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import pytest
 
@@ -82,7 +83,20 @@ def test_readme_calls_keep_working(tmp_path) -> None:
                            tp_size=4, sequence_parallel=True, tp_rank=1, layers=range(3, 5),
                            tokens=[token_ids, np.arange(8)])
     assert {"routes", "replay_mask", "cu_seqlens", "tokens"} <= set(batch)
-    assert isinstance(batch["routes"], np.ndarray) and batch["routes"].shape[1:] == (2, 2)
+    assert isinstance(batch["routes"], np.ndarray)
+    assert batch["routes"].shape[1:] == (2, 2)
     ds = r3store.RouteDataset(tmp_path, max_tokens_per_batch=64, shuffle=True, seed=0, dp_rank=0, dp_size=1,
                               cp_size=2, cp_rank=0)
     assert sorted(s for b in ds for s in r3store.to_device(b, "cpu")["sample_ids"]) == sorted(store.sample_ids)
+
+
+def test_lazy_top_level_names_are_the_real_objects() -> None:
+    from r3store.reader import RouteReader
+    from r3store.writer import RouteWriter
+
+    names: dict[str, Any] = {name: getattr(r3store, name) for name in r3store.__all__}
+    assert names["RouteReader"] is RouteReader
+    assert names["RouteWriter"] is RouteWriter
+    assert RouteWriter.__module__ == "r3store"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        r3store.nope  # noqa: B018

@@ -36,7 +36,8 @@ def test_caching_store_alias_keeps_its_old_signature(tmp_path: Path) -> None:
     assert bytes(cached.get("routes/a/c/0/0/0", ByteRange(2, 5))) == b"234"
     remote.delete("routes/a/c/0/0/0")
     assert bytes(cached.get("routes/a/c/0/0/0")) == b"0123456789"  # served from the copy
-    assert not cached.immutable("r3store.json") and not cached.immutable("routes/a/.x.tmp")
+    assert not cached.immutable("r3store.json")
+    assert not cached.immutable("routes/a/.x.tmp")
 
 
 def test_handled_exceptions_alias() -> None:
@@ -49,7 +50,8 @@ def test_open_backend_cache_dir_without_immutable(tmp_path: Path) -> None:
     LocalBackend(tmp_path / "remote").set("index/w-00000.parquet", b"table")
     with pytest.deprecated_call(match="immutable"):
         backend = r3store.storage.open_backend(tmp_path / "remote", cache_dir=tmp_path / "cache")
-    assert isinstance(backend, CachingBackend) and backend.immutable("index/w-00000.parquet")
+    assert isinstance(backend, CachingBackend)
+    assert backend.immutable("index/w-00000.parquet")
     assert bytes(backend.get("index/w-00000.parquet")) == b"table"
 
 
@@ -77,7 +79,8 @@ def _store(root: Path) -> Any:
 def test_writer_shards_alias(tmp_path: Path) -> None:
     w = _store(tmp_path)
     with pytest.deprecated_call(match=r"RouteWriter.shards is deprecated.*RouteWriter.commits"):
-        assert w.shards == w.commits and len(w.commits) == 2
+        assert w.shards == w.commits
+        assert len(w.commits) == 2
 
 
 @pytest.mark.parametrize("old", ["shards", "committed_shards"])

@@ -21,6 +21,7 @@ from r3store.errors import (
     CodecError,
     FormatError,
     ObjectNotFoundError,
+    PayloadDecodeError,
     R3StoreError,
     R3StoreWarning,
     SampleNotFoundError,
@@ -188,7 +189,8 @@ def test_option_errors_carry_option_value_and_fault() -> None:
     err = errors_module.OptionError("buffer_bytes", 0, "must be >= 1")
     assert (err.option, err.value, err.fault) == ("buffer_bytes", 0, "must be >= 1")
     assert str(err) == "buffer_bytes=0: must be >= 1"
-    assert isinstance(err, ValueError) and isinstance(err, R3StoreError)
+    assert isinstance(err, ValueError)
+    assert isinstance(err, R3StoreError)
     layout = errors_module.LayoutOptionError("cp_rank", 2, "must be < cp_size=2")
     assert isinstance(layout, errors_module.OptionError)
     assert len(str(errors_module.OptionError("num_tokens", list(range(10_000)), "bad"))) < 250  # long values cut
@@ -293,3 +295,7 @@ def test_s3_unreachable_endpoint_is_a_storage_error() -> None:
         assert not isinstance(info.value, ObjectNotFoundError)
         assert "s3://bucket/store/k: EndpointConnectionError" in str(info.value)
         _assert_no_secret(info.value)
+
+
+def test_payload_decode_error_is_an_r3store_error() -> None:
+    assert issubclass(PayloadDecodeError, R3StoreError)

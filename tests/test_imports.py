@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "r3store"
 
 OPTIONAL = ("torch", "torchdata", "s3fs", "botocore", "aiobotocore", "aiohttp", "matplotlib", "transformers", "ray",
-            "moto", "pytest", "hypothesis", "trl")
+            "megatron", "moto", "pytest", "hypothesis", "trl")
 """Extras (and test tools) that ``import r3store`` must not import."""
 
 
@@ -74,8 +74,8 @@ def imports_of(importer: str) -> Iterator[Import]:
     tree = ast.parse(MODULES[importer].read_text(encoding="utf-8"))
     top_level = {id(node) for node in tree.body}
     docstrings = _docstrings(tree)
-    uses_importlib = any(isinstance(n, ast.Import) and any(a.name == "importlib" for a in n.names)
-                         or isinstance(n, ast.ImportFrom) and n.module == "importlib" for n in ast.walk(tree))
+    uses_importlib = any((isinstance(n, ast.Import) and any(a.name == "importlib" for a in n.names))
+                         or (isinstance(n, ast.ImportFrom) and n.module == "importlib") for n in ast.walk(tree))
     for node in ast.walk(tree):
         lazy = id(node) not in top_level
         if isinstance(node, ast.Import):

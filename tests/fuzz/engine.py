@@ -290,7 +290,7 @@ def supervise(report: Report, args: list[str], out_dir: Path, timeout: float, bu
               max_failures: int) -> bool:
     """Run one worker to its end; False when it died or hung (the caller may start another)."""
     report.workers += 1
-    stderr = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker never blocks on it
+    stderr = tempfile.TemporaryFile()  # noqa: SIM115 - a file, not a pipe: a chatty worker never blocks on it
     proc = subprocess.Popen(_worker_cmd(args), stdout=subprocess.PIPE, stderr=stderr, cwd=ROOT, env=_env())
     assert proc.stdout is not None
     current: bytes | None = None

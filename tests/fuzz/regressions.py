@@ -46,7 +46,8 @@ def build() -> dict[str, dict[str, bytes]]:
     out["ingest"] = {
         "item7-npy-header-unterminated": npy("{'descr': '<i4', 'fortran_order': False, 'shape': (3, 4, 2), "),
         "item7-npy-header-syntax": npy("{'descr': '<i4' 'shape': (3, 4, 2)}"),
-        "npy-header-claims-1e12-rows": npy("{'descr': '<i4', 'fortran_order': False, 'shape': (1000000000000, 4, 2), }"),
+        "npy-header-claims-1e12-rows": npy(
+            "{'descr': '<i4', 'fortran_order': False, 'shape': (1000000000000, 4, 2), }"),
         "sglang-int64-payload": b"\x01" + np.arange(1, 25, dtype="<i8").tobytes(),
     }
 

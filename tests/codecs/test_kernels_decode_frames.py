@@ -1,0 +1,137 @@
+"""``kernels.decode_frames`` (the batch frame decode of rank-local reads): compiled == numpy
+reference on every width, odd shapes and output dtypes; faults found at the right frame;
+rank-local reads identical with the compiled kernels disabled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import r3store
+from r3store._format import position_tag
+from r3store.batch import assemble
+from r3store.codecs import BitpackCodec, kernels
+from r3store.errors import ChecksumError, CodecError, FormatError
+
+IMPLS = ["numpy", *(["native"] if kernels.native_module() is not None else [])]
+
+
+def _frames(rng: np.random.Generator, bits: int, cr: int, lpc: int, top_k: int, places: list[tuple[int, int]],
+            layers: int) -> tuple[bytes, dict[str, np.ndarray], np.ndarray]:
+    codec = BitpackCodec(bits=bits, frame_version=2)
+    blob, cols = b"", {k: [] for k in ("starts", "lengths", "rows", "layers", "rc", "lc")}
+    rows = (max(r for r, _ in places) + 1) * cr
+    want = np.zeros((rows, layers, top_k), np.int64)
+    for f, (r, b) in enumerate(places):
+        ids = rng.integers(0, 1 << bits, (cr, lpc, top_k))
+        if f % 3 == 1:  # a trimmed tail: n_encoded < n_total
+            ids.reshape(-1)[-(f % 7 + 1):] = 0
+        frame = codec.encode(ids.astype(np.int32), tag=position_tag("w-00001", r, b))
+        for k, v in zip(cols, (len(blob), len(frame), r * cr, b * lpc, r, b), strict=True):
+            cols[k].append(v)
+        blob += frame
+        want[r * cr : (r + 1) * cr, b * lpc : (b + 1) * lpc] = ids
+    return blob, {k: np.array(v, np.int64) for k, v in cols.items()}, want
+
+
+def _call(blob: bytes, c: dict[str, np.ndarray], bits: int, out: np.ndarray, cr: int, lpc: int,
+          prefix: str | None = "w-00001") -> int:
+    return kernels.decode_frames(blob, c["starts"], c["lengths"], bits, out, c["rows"], c["layers"], chunk_rows=cr,
+                                 layers_per_chunk=lpc, tag_prefix=prefix, row_chunks=c["rc"], layer_chunks=c["lc"])
+
+
+@pytest.mark.parametrize("bits", range(1, 17))
+@pytest.mark.parametrize("impl", IMPLS)
+def test_decode_frames_equals_reference(impl: str, bits: int) -> None:
+    rng = np.random.default_rng(bits)
+    for cr, lpc, top_k, layers in ((3, 1, 6, 5), (7, 2, 8, 5), (128, 4, 8, 12)):
+        places = [(r, b) for r in (0, 2, 3) for b in range(layers // lpc)][::-1]  # any order
+        blob, cols, want = _frames(rng, bits, cr, lpc, top_k, places, layers)
+        for dtype in (np.int32, np.uint16, np.int16, np.uint8):
+            if np.iinfo(dtype).max < (1 << bits) - 1:
+                continue
+            with kernels.use(impl):
+                out = np.full(want.shape, 99, dtype)
+                assert _call(blob, cols, bits, out, cr, lpc) == -1
+            untouched = np.ones(want.shape[:2], bool)
+            for r, b in places:
+                untouched[r * cr : (r + 1) * cr, b * lpc : (b + 1) * lpc] = False
+            np.testing.assert_array_equal(out[~untouched], want[~untouched].astype(dtype))
+            assert (out[untouched] == 99).all()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_decode_frames_reports_the_first_bad_frame(impl: str) -> None:
+    rng = np.random.default_rng(0)
+    blob, cols, want = _frames(rng, 7, 4, 2, 8, [(0, 0), (0, 1), (1, 0), (1, 1)], 4)
+    with kernels.use(impl):
+        out = np.zeros(want.shape, np.int32)
+        assert _call(blob, cols, 7, out, 4, 2, prefix="w-00002") == 0  # bound to another commit
+        assert _call(blob, cols, 7, out, 4, 2, prefix=None) == -1  # tags not checked
+        bad = bytearray(blob)
+        bad[int(cols["starts"][2]) + 30] ^= 4  # a payload bit of frame 2
+        assert _call(bytes(bad), cols, 7, out, 4, 2) == 2
+        assert _call(blob, cols, 6, out, 4, 2) == 0  # another width
+        assert _call(blob, cols, 7, out, 3, 2) == 0  # another chunk size
+        moved = {**cols, "rows": cols["rows"] + 5}
+        assert _call(blob, moved, 7, out, 4, 2) == 0  # outside out
+        short = {**cols, "lengths": cols["lengths"] - np.array([0, 0, 0, 1])}
+        assert _call(blob, short, 7, out, 4, 2) == 3
+        with pytest.raises(CodecError):
+            _call(blob, cols, 7, out[:, :, :4].copy()[:, ::2], 4, 2)  # not C-contiguous
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    spec = r3store.ModelSpec(num_layers=6, num_experts=40, top_k=6, moe_layers=[0, 1, 2, 4, 5])
+    path = tmp_path_factory.mktemp("frames")
+    rng = np.random.default_rng(1)
+    with r3store.RouteWriter(path, spec, chunk_rows=16) as writer:
+        for i in range(6):
+            n = int(rng.integers(30, 200))
+            keys = rng.random((n - 1, spec.num_moe_layers, spec.num_experts))
+            writer.append(f"s{i}", np.argsort(keys, axis=-1)[..., : spec.top_k].astype(np.int32))
+    return path
+
+
+@pytest.mark.parametrize("options", [{}, {"cp_size": 2, "cp_rank": 1}, {"tp_size": 4, "tp_rank": 2,
+                                                                         "sequence_parallel": True}])
+@pytest.mark.parametrize("dtype", ["int32", "uint8"])
+def test_rank_local_reads_same_without_the_extension(store: Path, options: dict, dtype: str) -> None:
+    reader = r3store.open_store(store)
+    ids = reader.sample_ids
+    fast = assemble(reader, ids, options, dtype=dtype)["routes"]
+    with kernels.use("numpy"):
+        slow = assemble(r3store.open_store(store), ids, options, dtype=dtype)["routes"]
+    np.testing.assert_array_equal(fast, slow)
+
+
+def test_a_corrupt_frame_is_named_by_the_batch_path(store: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(store, copy)
+    obj = next(p for p in (copy / "routes").rglob("c/0/0/0") if p.is_file())
+    data = bytearray(obj.read_bytes())
+    data[200] ^= 1  # inside the first frames
+    obj.write_bytes(bytes(data))
+    reader = r3store.open_store(copy)
+    with pytest.raises((ChecksumError, FormatError), match=r"routes/.*chunk \(0, \d, 0\)"):
+        assemble(reader, reader.sample_ids, {})
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(("chunk_rows", "layers_per_chunk", "top_k"),
+                         [(2**31, 1, 4), (2**26, 1, 2), (3, 1, 0), (2.0, 1, 4), (True, 1, 4)])
+def test_decode_frames_refuses_a_chunk_it_cannot_hold(impl: str, chunk_rows: object, layers_per_chunk: int,
+                                                      top_k: int) -> None:
+    """Finding: a huge ``chunk_rows`` made the numpy twin allocate its scratch (bare
+    MemoryError, even for no frames) and the C kernel raise a bare ValueError; 0 ids per
+    chunk was misreported as too many. Both now raise CodecError before any work."""
+    empty = np.zeros(0, np.int64)
+    out = np.zeros((4, 1, top_k), np.int32)
+    with kernels.use(impl), pytest.raises(CodecError, match="chunk_rows"):
+        kernels.decode_frames(b"", empty, empty, 5, out, empty, empty, chunk_rows=chunk_rows,  # type: ignore[arg-type]
+                              layers_per_chunk=layers_per_chunk)

@@ -1,0 +1,261 @@
+"""The Parquet sample table (``r3store/_format/_table.py``): names, shape caps, damaged and forged tables."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import r3store
+import r3store.audit
+from r3store.errors import ChecksumError, FormatError, FormatVersionError
+from r3store.testing import forge
+
+SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
+
+
+def routes(rows: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
+    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
+
+
+def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
+    data = {f"s{i}": routes(rows, seed + i) for i in range(n)}
+    with r3store.RouteWriter(str(root), SPEC_4X16, **kw) as w:
+        for sid, r in data.items():
+            w.append(sid, r, metadata={"step": 1})
+    return data
+
+
+def index_file(root: Path) -> Path:
+    (path,) = (root / "index").rglob("*.parquet")
+    return path
+
+
+def array_dir(root: Path) -> Path:
+    (path,) = (p for p in (root / "routes").iterdir() if p.is_dir())
+    return path
+
+
+def rewrite_table(root: Path, edit: Callable[[pa.Table], pa.Table]) -> Path:
+    """Edit the store's sample table as a forger would: the digest recomputed, so the row rules are what refuse it."""
+    return forge.rewrite_table(index_file(root), edit)
+
+
+def set_column(table: pa.Table, name: str, values: list[Any]) -> pa.Table:
+    i = table.schema.get_field_index(name)
+    field = table.schema.field(i)
+    return table.set_column(i, field.with_nullable(True), pa.array(values, type=field.type))
+
+
+@pytest.fixture
+def small_store_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "store"
+    make_store(root)
+    return root
+
+
+def test_forged_array_column_cannot_read_another_store(tmp_path: Path) -> None:
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    make_store(mine)
+    make_store(other, seed=100)
+    foreign = os.path.relpath(array_dir(other), mine)
+    path = rewrite_table(mine, lambda t: set_column(t, "array", [foreign] * t.num_rows))
+    with pytest.raises(FormatError, match="column 'array'") as info:
+        r3store.open_store(mine)
+    assert path.name in str(info.value)
+    assert info.value.path.endswith(path.name)
+
+
+@pytest.mark.parametrize(("column", "value"),
+                         [("commit", "someone-else-00000"), ("array", "routes/someone-else-00000")])
+def test_sample_table_names_only_its_own_shard(small_store_dir: Path, column: str, value: str) -> None:
+    path = rewrite_table(small_store_dir, lambda t: set_column(t, column, [value] * t.num_rows))
+    with pytest.raises(FormatError, match=f"column '{column}'") as info:
+        r3store.open_store(small_store_dir)
+    assert path.name in str(info.value)
+
+
+def test_sample_table_copied_under_another_name(small_store_dir: Path) -> None:
+    (index_file(small_store_dir).parent / "copy-00000.parquet").write_bytes(index_file(small_store_dir).read_bytes())
+    with pytest.raises(FormatError, match=r"copy-00000.parquet.*column 'commit'"):
+        r3store.open_store(small_store_dir)
+
+
+def _write_with(path: Path, table: pa.Table, **kw: Any) -> None:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd", **kw)
+    path.write_bytes(buf.getvalue())
+
+
+@pytest.mark.parametrize("shape", ["columns", "cells", "nested"])
+def test_sample_table_shape_caps(small_store_dir: Path, monkeypatch: pytest.MonkeyPatch, shape: str) -> None:
+    path = index_file(small_store_dir)
+    table = pq.read_table(path)
+    if shape == "columns":
+        for i in range(1000):
+            table = table.append_column(f"m{i}", pa.array([i] * table.num_rows))
+    elif shape == "cells":
+        monkeypatch.setattr("r3store._format._table.MAX_TABLE_CELLS", 20)
+    else:
+        table = table.append_column("nested", pa.array([[1, 2]] * table.num_rows))
+    _write_with(path, table)
+    with pytest.raises(FormatError, match=r"columns|cells|scalars"):
+        r3store.open_store(small_store_dir)
+
+
+# 5 decoder layers, dense layers 0 and 3; 40 experts -> 6 bits per id
+SPEC_5X40 = r3store.ModelSpec(num_layers=5, num_experts=40, top_k=3, moe_layers=[1, 2, 4])
+
+
+def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40,
+                  top_k: int = 3) -> np.ndarray:
+    """Valid routes: per (row, layer) a random permutation prefix of the experts."""
+    return np.argsort(rng.random((rows, layers, num_experts)), axis=-1)[..., :top_k].astype(np.int32)
+
+
+RNG = np.random.default_rng(1234)
+
+
+GOOD = {f"g{i}": random_routes(RNG, n) for i, n in enumerate([5, 11, 1])}
+
+
+@pytest.fixture
+def committed(tmp_path: Path):
+    """A local store: GOOD + one more sample in one shard, 4-row chunks, one layer per chunk."""
+    big = random_routes(np.random.default_rng(5), 20)
+    with r3store.RouteWriter(tmp_path, SPEC_5X40, chunk_rows=4, layers_per_chunk=1) as w:
+        for sid, routes in GOOD.items():
+            w.append(sid, routes)
+        w.append("big", big)
+    store = r3store.open_store(tmp_path)
+    array = store.row("big")["array"]
+    shard_file = tmp_path / array / "c" / "0" / "0" / "0"
+    assert shard_file.is_file()
+    return tmp_path, array, shard_file, big
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "plain-parquet"])
+def test_bad_sample_table(committed, damage) -> None:
+    root, _array, _, _ = committed
+    (table,) = (root / "index").rglob("*.parquet")
+    raw = table.read_bytes()
+    if damage == "garbage":
+        table.write_bytes(b"this is not parquet" * 10)
+    elif damage == "truncated":
+        table.write_bytes(raw[: len(raw) // 2])
+    elif damage == "empty":
+        table.write_bytes(b"")
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"sample_id": ["x"]}), table)
+    with pytest.raises(FormatError) as info:
+        r3store.open_store(root)
+    assert table.name in str(info.value)
+    if damage == "plain-parquet":
+        assert isinstance(info.value, FormatVersionError)
+
+
+def test_sample_table_missing_column(committed) -> None:
+    import pyarrow.parquet as pq
+
+    root, _, _, _ = committed
+    (path,) = (root / "index").rglob("*.parquet")
+    forge.rewrite_table(path, lambda t: t.drop_columns(["row_start"]))
+    with pytest.raises(FormatError, match="column 'row_start' should be int64, found None"):
+        r3store.open_store(root)
+    table = pq.read_table(path)
+    pq.write_table(table.drop_columns(["reason"]), path)  # metadata kept, digest stale
+    with pytest.raises(ChecksumError, match="digest"):
+        r3store.open_store(root)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _python(code: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter on this checkout (an abort shows as a negative return code)."""
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+
+
+SPEC6 = r3store.ModelSpec(num_layers=6, num_experts=12, top_k=2, moe_layers=[1, 2, 3, 4, 5])
+
+
+def _routes(rows: int, seed: int, spec: r3store.ModelSpec = SPEC6) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.argsort(rng.random((rows, spec.num_moe_layers, spec.num_experts)), axis=-1)[..., : spec.top_k].astype(
+        np.int32)
+
+
+def _write(root: Path, samples: dict[str, np.ndarray], spec: r3store.ModelSpec = SPEC6, **kw: object) -> str:
+    with r3store.RouteWriter(root, spec, **kw) as w:
+        for sid, r in samples.items():
+            w.append(sid, r)
+        return w.flush() or w.commits[-1]
+
+
+def _tables(root: Path) -> list[Path]:
+    return sorted((root / "index").rglob("*.parquet"))
+
+
+BYTE_FLIPS = """
+import sys, pathlib
+import r3store
+root = pathlib.Path(sys.argv[1])
+(path,) = sorted((root / "index").rglob("*.parquet"))
+blob = path.read_bytes()
+expected = r3store.open_store(root).samples
+for pos in range(4, len(blob) - 8, 5):  # every 5th byte, a different bit each time (about 1,000 flips)
+    bad = bytearray(blob)
+    bad[pos] ^= 1 << (pos % 8)
+    path.write_bytes(bytes(bad))
+    try:
+        got = r3store.open_store(root).samples
+    except r3store.errors.FormatError as exc:
+        print("refused", type(exc).__name__, flush=True)
+    else:
+        print("same" if got.equals(expected) else f"CHANGED at {pos}", flush=True)
+"""
+
+
+def test_every_bit_flip_of_a_sample_table_is_refused_or_harmless(tmp_path: Path) -> None:
+    """Item 4: one bit flipped anywhere in a sample table (pages, page headers, footer) is a
+    FormatError (mostly a ChecksumError: page CRC or digest), or changes nothing a reader sees;
+    never another table, never a crash (a subprocess: an abort fails the test)."""
+    _write(tmp_path, {f"s{i}": _routes(3 + i, i) for i in range(4)}, writer_id="flips")
+    proc = _python(BYTE_FLIPS, str(tmp_path), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    outcomes = proc.stdout.splitlines()
+    assert not [o for o in outcomes if o.startswith("CHANGED")]
+    assert len(outcomes) > 800
+    assert sum(o == "refused ChecksumError" for o in outcomes) > len(outcomes) / 10
+
+
+def test_invalid_utf8_in_a_sample_table_is_a_format_error(tmp_path: Path) -> None:
+    """Item 7: a string column holding invalid UTF-8 raised UnicodeDecodeError."""
+    _write(tmp_path, {"s0": _routes(4, 0), "s1": _routes(4, 1)})
+    (path,) = _tables(tmp_path)
+    table = pq.read_table(path)
+    bad = pa.array([b"s0", b"s\xff"], pa.binary()).cast(pa.string(), safe=False)  # bytes as they might be on disk
+    table = table.set_column(0, table.schema.field(0), bad)
+    meta = dict(table.schema.metadata or {})
+    if b"r3store.digest" in meta:  # forge the digest too (the digest is over bytes, not text)
+        from r3store.testing import forge
+        path.write_bytes(forge.reseal_table(path.read_bytes(), lambda t: t.set_column(0, t.schema.field(0), bad)))
+    else:
+        pq.write_table(table, path)
+    with pytest.raises(FormatError, match="column 'sample_id' holds a string that is not valid UTF-8"):
+        r3store.open_store(tmp_path).samples.to_pylist()

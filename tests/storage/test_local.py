@@ -1,0 +1,125 @@
+"""The local-disk backend (``r3store/storage/_local.py``): keys that leave the root, special files, descriptors."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import r3store
+from r3store.errors import StorageError
+from r3store.storage import LocalBackend
+
+SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
+
+
+def routes(rows: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
+    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
+
+
+def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
+    data = {f"s{i}": routes(rows, seed + i) for i in range(n)}
+    with r3store.RouteWriter(str(root), SPEC_4X16, **kw) as w:
+        for sid, r in data.items():
+            w.append(sid, r, metadata={"step": 1})
+    return data
+
+
+def index_file(root: Path) -> Path:
+    (path,) = (root / "index").rglob("*.parquet")
+    return path
+
+
+def array_dir(root: Path) -> Path:
+    (path,) = (p for p in (root / "routes").iterdir() if p.is_dir())
+    return path
+
+
+@contextmanager
+def deadline(seconds: int) -> Iterator[None]:
+    """Fail (instead of hanging the suite) when the block takes longer than ``seconds``."""
+
+    def expire(*_: object) -> None:
+        raise TimeoutError(f"took longer than {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture
+def small_store_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "store"
+    make_store(root)
+    return root
+
+
+ESCAPING_KEYS = ["../x", "routes/../../x", "/abs", "a//b", "./x", "a/./b", "a/", "", "a\0b", "a/.."]
+
+
+@pytest.mark.parametrize("key", ESCAPING_KEYS)
+def test_local_store_refuses_keys_that_leave_the_root(tmp_path: Path, key: str) -> None:
+    store = LocalBackend(tmp_path / "root" / "deeper")
+    calls = [lambda: store.get(key), lambda: store.set(key, b"x"), lambda: store.exists(key),
+             lambda: store.delete(key), lambda: store.info(key), lambda: store.set_if_absent(key, b"x")]
+    for call in calls:
+        with pytest.raises(StorageError, match="invalid key"):
+            call()
+    assert sorted(p.name for p in tmp_path.rglob("*")) == []  # nothing written, not even the root
+
+
+@pytest.mark.parametrize("target", ["manifest", "zarr", "index"])
+def test_symlink_to_dev_zero(small_store_dir: Path, target: str) -> None:
+    path = {"manifest": small_store_dir / "r3store.json", "zarr": array_dir(small_store_dir) / "zarr.json",
+            "index": index_file(small_store_dir)}[target]
+    path.unlink()
+    path.symlink_to("/dev/zero")
+    with deadline(20), pytest.raises(StorageError, match="not a regular file"):
+        r3store.open_store(small_store_dir).get("s0")
+
+
+def test_fifo_in_index_does_not_hang(small_store_dir: Path) -> None:
+    os.mkfifo(index_file(small_store_dir).parent / "zz-00000.parquet")
+    with deadline(20), pytest.raises(StorageError, match="not a regular file"):
+        r3store.open_store(small_store_dir)
+
+
+def test_fifo_route_object_does_not_hang(small_store_dir: Path) -> None:
+    obj = array_dir(small_store_dir) / "c" / "0" / "0" / "0"
+    obj.unlink()
+    os.mkfifo(obj)
+    with deadline(20), pytest.raises(StorageError, match="not a regular file"):
+        r3store.open_store(small_store_dir).get("s0")
+
+
+def test_descriptor_close_survives_interpreter_exit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding: a reader still alive at interpreter exit printed "Exception ignored in
+    _Handle.__del__ ... 'NoneType' object has no attribute 'suppress'" (module globals are
+    None by then). Simulated here: the module's globals gone, the descriptor still closed."""
+    import os
+
+    from r3store.storage import _local
+
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    handle = _local._Handle(os.open(path, os.O_RDONLY), 1)
+    fd = handle.fd
+    monkeypatch.setattr(_local, "os", None)
+    monkeypatch.setattr(_local, "contextlib", None, raising=False)
+    handle.__del__()  # must neither raise nor leave the descriptor open
+    monkeypatch.undo()
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        os.fstat(fd)
+    handle.__del__()  # a second close (already closed) is quiet too

@@ -1,0 +1,277 @@
+"""What a writer must never do: lose its buffer on a failed commit, commit twice on a
+retry, overwrite another writer's shard, or accept input that fails only at commit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import r3store
+import r3store.audit
+from r3store.errors import ChecksumError, NotAStoreError, RouteValidationError, SpecMismatchError, StorageError
+from r3store.storage import LocalBackend
+from r3store.testing import forge
+
+SPEC = r3store.ModelSpec(num_layers=2, num_experts=8, top_k=2)
+
+
+def routes(rows: int, shift: int = 0) -> np.ndarray:
+    base = (np.arange(rows)[:, None, None] + np.arange(2)[None, :, None] + shift) % 8
+    return np.concatenate([base, (base + 3) % 8], axis=-1).astype(np.int32)
+
+
+class FlakyBackend(LocalBackend):
+    """A local store whose writes of keys containing ``fail_on`` fail ``times`` times.
+
+    With ``after_write`` the write lands before the error is raised: a response lost
+    after the server applied the request (an ambiguous commit).
+    """
+
+    def __init__(self, root: Path, fail_on: str, times: int = 1, after_write: bool = False) -> None:
+        super().__init__(root)
+        self.fail_on, self.times, self.after_write = fail_on, times, after_write
+
+    def _maybe_fail(self, key: str, write: object) -> object:
+        if self.fail_on in key and self.times > 0:
+            self.times -= 1
+            if self.after_write:
+                write()  # type: ignore[operator]
+            raise StorageError(self.path_of(key), "injected failure")
+        return write()  # type: ignore[operator]
+
+    def set(self, key: str, data: bytes | memoryview) -> None:
+        self._maybe_fail(key, lambda: super(FlakyBackend, self).set(key, data))
+
+    def set_if_absent(self, key: str, data: bytes) -> bool:
+        return bool(self._maybe_fail(key, lambda: super(FlakyBackend, self).set_if_absent(key, data)))
+
+
+@pytest.mark.parametrize("bad_id", ["team/w1", ".hidden", "../../escaped", "w\x00x", "", "a" * 200])
+def test_writer_id_syntax_is_enforced(tmp_path: Path, bad_id: str) -> None:
+    with pytest.raises(ValueError, match="writer_id"):
+        r3store.RouteWriter(tmp_path, SPEC, writer_id=bad_id)
+    assert not any(tmp_path.iterdir())
+
+
+def test_failed_close_keeps_every_sample_for_a_retry(tmp_path: Path) -> None:
+    store = FlakyBackend(tmp_path, fail_on="c/0/0/0")
+    writer = r3store.RouteWriter(store, SPEC)
+    writer.append("a", routes(5))
+    writer.append("b", routes(3, 1))
+    with pytest.raises(StorageError, match="injected"):
+        writer.close()
+    assert len(r3store.open_store(tmp_path)) == 0  # nothing visible
+    writer.close()  # the retry commits everything
+    got = r3store.open_store(tmp_path)
+    assert got.sample_ids == ["a", "b"]
+    np.testing.assert_array_equal(got.get("b"), routes(3, 1))
+
+
+def test_retry_after_an_ambiguous_commit_does_not_commit_twice(tmp_path: Path) -> None:
+    store = FlakyBackend(tmp_path, fail_on="index/", after_write=True)
+    writer = r3store.RouteWriter(store, SPEC)
+    writer.append("a", routes(4))
+    with pytest.raises(StorageError):
+        writer.flush()  # the sample table landed, but the writer was told it failed
+    shard = writer.flush()  # retried: finds its own commit record
+    writer.append("b", routes(2))
+    writer.close()
+    got = r3store.open_store(tmp_path)  # on_duplicate="raise": no duplicate
+    assert got.sample_ids == ["a", "b"]
+    assert shard in got.commits
+    assert len(got.commits) == 2
+
+
+def test_two_writers_with_one_writer_id_never_share_a_shard(tmp_path: Path) -> None:
+    first = r3store.RouteWriter(tmp_path, SPEC, writer_id="rank0")
+    second = r3store.RouteWriter(tmp_path, SPEC, writer_id="rank0")
+    first.append("a", routes(4))
+    second.append("b", routes(4, 2))
+    first.flush()
+    second.flush()
+    first.close()
+    second.close()
+    got = r3store.open_store(tmp_path)
+    assert sorted(got.commits) == ["rank0-00000", "rank0-00001"]
+    np.testing.assert_array_equal(got.get("a"), routes(4))
+    np.testing.assert_array_equal(got.get("b"), routes(4, 2))
+
+
+@pytest.mark.parametrize("case", ["surrogate-id", "surrogate-key", "int-float-beyond-2**53", "float-then-big-int"])
+def test_input_that_parquet_cannot_hold_is_refused_at_append(tmp_path: Path, case: str) -> None:
+    with r3store.RouteWriter(tmp_path, SPEC) as w:
+        w.append("good", routes(3), metadata={"m": 2**60 + 1 if case == "int-float-beyond-2**53" else 0.5})
+        with pytest.raises(RouteValidationError):  # noqa: PT012 - one append per case
+            if case == "surrogate-id":
+                w.append("bad-\ud800", routes(3))
+            elif case == "surrogate-key":
+                w.append("bad", routes(3), metadata={"k\udc80": 1})
+            elif case == "int-float-beyond-2**53":
+                w.append("bad", routes(3), metadata={"m": 0.5})
+            else:
+                w.append("bad", routes(3), metadata={"m": 2**53 + 1})
+        w.append("later", routes(2), metadata={"m": 1})
+    assert r3store.open_store(tmp_path).sample_ids == ["good", "later"]
+
+
+def test_quarantine_survives_garbage_num_tokens_and_ids(tmp_path: Path) -> None:
+    bad = routes(3)
+    bad[0, 0, 1] = bad[0, 0, 0]
+    with r3store.RouteWriter(tmp_path, SPEC, on_invalid="quarantine") as w:
+        w.append("q", bad, num_tokens=2**70)
+        with pytest.raises(RouteValidationError, match="sample_id"):
+            w.append_sglang(12345, "!!notbase64")  # type: ignore[arg-type]
+        with pytest.raises(RouteValidationError, match="sample_id"):
+            w.append_sglang("", "!!notbase64")
+        w.append("ok", routes(2))
+    got = r3store.open_store(tmp_path)
+    assert got.sample_ids == ["ok"]
+    assert got.row("q", include_quarantined=True)["num_tokens"] == 4
+
+
+def test_writer_never_writes_what_readers_refuse(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="chunk_rows x layers_per_chunk x top_k"):
+        r3store.RouteWriter(tmp_path, SPEC, chunk_rows=2**26)
+    # one-row chunks: a shard object stays within the reader's index-size bound
+    with r3store.RouteWriter(tmp_path, SPEC, chunk_rows=1, layers_per_chunk=1, object_bytes=1 << 30) as w:
+        w.append("a", routes(50))
+    np.testing.assert_array_equal(r3store.open_store(tmp_path).get("a"), routes(50))
+
+
+def test_layers_must_be_ints_listed_once(tmp_path: Path) -> None:
+    with r3store.RouteWriter(tmp_path, SPEC) as w:
+        w.append("a", routes(3))
+    store = r3store.open_store(tmp_path)
+    for bad in ("1", [1.0], [True]):
+        with pytest.raises(TypeError, match="layers"):
+            store.get("a", layers=bad)  # type: ignore[arg-type]
+    with pytest.raises(r3store.errors.LayerError, match="requested twice"):
+        store.get("a", layers=[1, 1])
+
+
+# 5 decoder layers, dense layers 0 and 3; 40 experts -> 6 bits per id
+SPEC_5X40 = r3store.ModelSpec(num_layers=5, num_experts=40, top_k=3, moe_layers=[1, 2, 4])
+
+
+BASE_COLUMNS = {"sample_id", "num_tokens", "num_rows", "row_start", "array", "commit", "writer_id", "token_hash",
+                "committed_at", "quarantined", "reason", "missing_rows", "policy_spans", "policy_version"}
+
+
+def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40,
+                  top_k: int = 3) -> np.ndarray:
+    """Valid routes: per (row, layer) a random permutation prefix of the experts."""
+    return np.argsort(rng.random((rows, layers, num_experts)), axis=-1)[..., :top_k].astype(np.int32)
+
+
+RNG = np.random.default_rng(1234)
+
+
+GOOD = {f"g{i}": random_routes(RNG, n) for i, n in enumerate([5, 11, 1])}
+
+
+LATER = random_routes(RNG, 4)
+
+
+def _check_store_after(url: str, later: bool = True) -> r3store.RouteStore:
+    store = r3store.open_store(url)
+    want = [*GOOD, "later"] if later else list(GOOD)
+    assert store.sample_ids == want
+    assert store.samples.column("sample_id").to_pylist() == want  # nothing quarantined or half-written
+    for sid, routes in GOOD.items():
+        np.testing.assert_array_equal(store.get(sid), routes)
+    if later:
+        np.testing.assert_array_equal(store.get("later"), LATER)
+    assert set(store.samples.column_names) <= BASE_COLUMNS | {"step", "bad_only"}
+    return store
+
+
+def test_writer_refuses_foreign_folder(tmp_path: Path) -> None:
+    (tmp_path / "data.csv").write_text("a,b\n")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(NotAStoreError) as info:
+        r3store.RouteWriter(tmp_path, SPEC_5X40)
+    assert "data.csv" in str(info.value)
+    assert "other files" in str(info.value)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_second_writer_with_other_spec(tmp_path: Path) -> None:
+    with r3store.RouteWriter(tmp_path, SPEC_5X40) as w:
+        for sid, routes in GOOD.items():
+            w.append(sid, routes, metadata={"step": 0})
+    before = _snapshot(tmp_path)
+    other = r3store.ModelSpec(num_layers=5, num_experts=64, top_k=3, moe_layers=[1, 2, 4])
+    with pytest.raises(SpecMismatchError) as info:
+        r3store.RouteWriter(tmp_path, other)
+    msg = str(info.value)
+    assert str(tmp_path) in msg
+    assert "num_experts 40 there vs 64" in msg
+    assert info.value.expected == SPEC_5X40.to_dict()
+    assert info.value.got == other.to_dict()
+    assert info.value.fields == ("num_experts",)
+    with pytest.raises(SpecMismatchError):
+        r3store.RouteWriter(tmp_path, r3store.ModelSpec(num_layers=5, num_experts=40, top_k=3))  # moe_layers differ
+    assert _snapshot(tmp_path) == before
+    _check_store_after(str(tmp_path), later=False)
+
+
+@pytest.mark.parametrize("resealed", [True, False])
+def test_manifest_changed_under_a_writer(tmp_path: Path, resealed: bool) -> None:
+    """Another spec (checksum recomputed) or a damaged manifest: the writer commits nothing."""
+    w = r3store.RouteWriter(tmp_path, SPEC_5X40)
+    w.append("g0", GOOD["g0"])
+    if resealed:
+        forge.reseal_manifest(tmp_path / "r3store.json", lambda d: d["spec"].update(num_experts=64))
+    else:
+        doc = json.loads((tmp_path / "r3store.json").read_text())
+        doc["spec"]["num_experts"] = 64
+        (tmp_path / "r3store.json").write_text(json.dumps(doc))
+    with pytest.raises(SpecMismatchError if resealed else ChecksumError):
+        w.flush()
+    assert not (tmp_path / "index").exists() or not list((tmp_path / "index").rglob("*.parquet"))
+
+
+SPEC6 = r3store.ModelSpec(num_layers=6, num_experts=12, top_k=2, moe_layers=[1, 2, 3, 4, 5])
+
+
+def _routes(rows: int, seed: int, spec: r3store.ModelSpec = SPEC6) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.argsort(rng.random((rows, spec.num_moe_layers, spec.num_experts)), axis=-1)[..., : spec.top_k].astype(
+        np.int32)
+
+
+class _FailTableOnce(LocalBackend):
+    """Local storage whose first write of a sample table fails (an S3 PUT that timed out)."""
+
+    failed = False
+
+    def set_if_absent(self, key: str, data: bytes) -> bool:
+        if key.startswith("index/") and not self.failed:
+            self.failed = True
+            raise StorageError(self.path_of(key), "injected failure")
+        return super().set_if_absent(key, data)
+
+
+def test_commit_retried_after_gc_delete_is_complete(tmp_path: Path) -> None:
+    """Item 6: the retry "succeeded" without ``routes/<commit>/zarr.json``; every read then raised."""
+    backend = _FailTableOnce(tmp_path)
+    writer = r3store.RouteWriter(backend, SPEC6)
+    writer.append("a", _routes(7, 3))
+    with pytest.raises(StorageError, match="injected"):
+        writer.flush()
+    gone = r3store.audit.collect_garbage(tmp_path, older_than_s=0, delete=True)
+    assert [g.commit for g in gone]
+    assert not (tmp_path / "routes" / gone[0].commit / "zarr.json").exists()
+    commit = writer.flush()
+    writer.close()
+    assert commit == gone[0].commit
+    store = r3store.open_store(tmp_path)
+    np.testing.assert_array_equal(store.get("a"), _routes(7, 3))
+    assert r3store.audit.validate(store).ok
