@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "r3store"
 
 OPTIONAL = ("torch", "torchdata", "s3fs", "botocore", "aiobotocore", "aiohttp", "matplotlib", "transformers", "ray",
-            "megatron", "moto", "pytest", "hypothesis")
+            "megatron", "moto", "pytest", "hypothesis", "trl")
 """Extras (and test tools) that ``import r3store`` must not import."""
 
 

@@ -1,9 +1,10 @@
 """The end of ``r3store demo``: R3 on a tiny Qwen3-MoE, rollout (bf16) -> store -> trainer (fp32).
 
 A randomly initialised 4-layer Qwen3-MoE (128 experts, top-8) in bfloat16 plays the
-rollout engine: it scores a batch of token sequences (standing in for sampled
-rollouts) and its routes are captured and written with ``RouteWriter``, with the
-rollout log-probs. The same weights in float32 play the trainer: ``RouteDataset``
+rollout engine: it samples completions of a left-padded batch of random prompts with
+``model.generate()`` (KV cache on), and the routes of every decode step are captured by
+``RoutingReplay.capture_generate`` and written with ``RouteWriter``, with the sampled
+tokens' log-probs. The same weights in float32 play the trainer: ``RouteDataset``
 streams packed batches, and each batch runs once with its own (live) routing and once
 with ``RoutingReplay.replay(batch)`` (forward and backward). The trainer's routes of
 both runs are written to two more stores and compared with the engine's by
@@ -32,8 +33,8 @@ def run_replay_demo(directory: str | Path, *, num_samples: int = 8, seqlen: int 
         ``samples``, ``tokens`` (route rows compared), ``batches``, ``moe_layers``,
         ``num_experts``, ``top_k``; ``live`` and ``replay``: ``decision_flip_rate`` and
         ``token_flip_rate`` against the rollout (from :func:`r3store.audit.diff`) and
-        ``logprob_gap`` (mean absolute difference of the trainer's token log-probs from
-        the rollout's); ``router_grads_ok`` (finite and non-zero in every MoE layer);
+        ``logprob_gap`` (mean absolute difference of the trainer's log-probs of the
+        sampled completion tokens from the rollout's); ``router_grads_ok`` (finite and non-zero in every MoE layer);
         ``seconds``; ``stores`` (the three paths).
 
     Raises
@@ -55,10 +56,12 @@ def _run(directory: str | Path, num_samples: int, seqlen: int, seed: int, log: C
     root = Path(directory)
     paths = {name: root / name for name in ("engine", "trainer-live", "trainer-replay")}
     engine, trainer = tiny_moe("qwen3_moe", engine_dtype="bfloat16", seed=seed)
-    ids, mask = random_batch(num_samples, seqlen, seed=seed)
-    tokens, rollout_logprobs = _rollout(engine, ids, mask, paths["engine"], token_logprobs)
-    log(f"rollout: tiny Qwen3-MoE in bfloat16 (4 layers, 128 experts, top-8, random init) scored {num_samples} "
-        f"sequences of {int(mask.sum(1).min())}-{seqlen} tokens; routes and log-probs -> {paths['engine']}")
+    ids, mask = random_batch(num_samples, seqlen // 2, seed=seed, padding="left")
+    tokens, rollout_logprobs = _rollout(engine, ids, mask, seqlen - seqlen // 2, paths["engine"], seed)
+    lengths = [len(t) for t in tokens.values()]
+    log(f"rollout: tiny Qwen3-MoE in bfloat16 (4 layers, 128 experts, top-8, random init) sampled {num_samples} "
+        f"completions with generate() (KV cache; sequences of {min(lengths)}-{max(lengths)} tokens); routes of "
+        f"every decode step and the sampled tokens' log-probs -> {paths['engine']}")
     result = _train(trainer, paths, tokens, rollout_logprobs, token_logprobs, torch)
     log(f"trainer: the same weights in float32; RouteDataset streamed {result['batches']} packed batches, each run "
         "without and with RoutingReplay.replay(batch) (forward and backward)")
@@ -66,23 +69,30 @@ def _run(directory: str | Path, num_samples: int, seqlen: int, seed: int, log: C
             "stores": {k: str(v) for k, v in paths.items()}}
 
 
-def _rollout(engine: Any, ids: Any, mask: Any, url: Path, token_logprobs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def _rollout(engine: Any, ids: Any, mask: Any, new_tokens: int, url: Path,
+             seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
 
     from r3store import RouteWriter
     from r3store.replay import RoutingReplay
 
-    with torch.no_grad(), RoutingReplay(engine) as rr, rr.capture(attention_mask=mask) as cap:
-        logits = engine(ids, attention_mask=mask, use_cache=False).logits
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        with torch.no_grad(), RoutingReplay(engine) as rr, rr.capture_generate() as cap:
+            out = engine.generate(ids, attention_mask=mask, do_sample=True, max_new_tokens=new_tokens,
+                                  pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    cap.check(out)
+    width = ids.shape[1]
+    step_logprobs = torch.log_softmax(torch.stack(out.logits, dim=1).float(), dim=-1)  # (rows, steps, vocab)
     tokens, logprobs = {}, {}
     with RouteWriter(str(url), rr.spec) as writer:
         for i, routes in enumerate(cap.routes):
             sid = f"rollout-{i:02d}"
-            keep = mask[i].bool()
-            tokens[sid] = ids[i][keep]
-            ones = torch.ones_like(tokens[sid])[None]
-            logprobs[sid] = token_logprobs(logits[i : i + 1, keep], tokens[sid][None], ones)
-            writer.append(sid, routes, tokens=tokens[sid], metadata={"sample": i})
+            new = cap.lengths[i] - cap.prompt_lengths[i]  # generated tokens, up to and with the first EOS
+            completion = out.sequences[i, width:width + new]
+            tokens[sid] = torch.cat([ids[i][mask[i].bool()], completion])
+            logprobs[sid] = step_logprobs[i, :new].gather(-1, completion[:, None])[:, 0]
+            writer.append(sid, routes, tokens=tokens[sid], metadata={"sample": i, "completion_tokens": new})
     return tokens, logprobs
 
 
@@ -117,9 +127,10 @@ def _train(trainer: Any, paths: dict[str, Path], tokens: dict[str, Any], rollout
             for j, sid in enumerate(sids):
                 live_w.append(sid, live.routes[j], tokens=tokens[sid])
                 replay_w.append(sid, replayed.routes[j], tokens=tokens[sid])
-                ref = rollout_logprobs[sid]
-                gaps["live"].append((_sample_logprobs(live_logits, packed, cu, j, token_logprobs) - ref).abs())
-                gaps["replay"].append((per_sample[j].detach() - ref).abs())
+                ref = rollout_logprobs[sid]  # the sampled completion tokens: the last len(ref) of the sequence
+                live_lp = _sample_logprobs(live_logits, packed, cu, j, token_logprobs)
+                gaps["live"].append((live_lp[-len(ref):] - ref).abs())
+                gaps["replay"].append((per_sample[j].detach()[-len(ref):] - ref).abs())
             batches += 1
     grads = [trainer.get_submodule(name).weight.grad for name in rr.router_names]
     ok = all(g is not None and bool(torch.isfinite(g).all()) and float(g.abs().sum()) > 0 for g in grads)

@@ -11,6 +11,10 @@ Needs only torch; ``import r3store`` does not import this package::
         loss.backward()
     rr.clear()                                      # after the step: forget routes kept for recompute
 
+    with torch.no_grad(), rr.capture_generate() as cap:   # a rollout by model.generate() (KV cache on)
+        out = model.generate(prompt_ids, attention_mask=prompt_mask, do_sample=True)
+    cap.routes                                      # per returned sequence: prompt rows, then one per decode step
+
 Selection comes from the record, weights from the router's live scores at the recorded
 ids (:mod:`r3store.replay._families` lists the formula of each family). Routers of
 Hugging Face transformers 5.x are found by class name (:data:`ROUTER_FAMILIES`); any
@@ -29,11 +33,13 @@ from r3store.replay._families import (
     softmax_renorm_weights,
     softmax_weights,
 )
+from r3store.replay._generate import GenerationCapture
 from r3store.replay._replay import RoutingReplay
 
 __all__ = [
     "Capture",
     "FoundRouter",
+    "GenerationCapture",
     "ROUTER_FAMILIES",
     "RouterSpec",
     "RoutingReplay",
@@ -45,7 +51,7 @@ __all__ = [
     "softmax_weights",
 ]
 
-for _obj in (Capture, FoundRouter, RouterSpec, RoutingReplay, find_routers, gpt_oss_weights, sigmoid_weights,
-             softmax_renorm_weights, softmax_weights):
+for _obj in (Capture, FoundRouter, GenerationCapture, RouterSpec, RoutingReplay, find_routers, gpt_oss_weights,
+             sigmoid_weights, softmax_renorm_weights, softmax_weights):
     _obj.__module__ = "r3store.replay"
 del _obj

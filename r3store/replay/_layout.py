@@ -128,10 +128,10 @@ class TokenPlan:
     def layer(self, j: int, device: torch.device) -> tuple[Tensor, Tensor]:
         """int64 ids ``(N, K)`` and bool ``has_route`` ``(N,)`` of MoE layer ``j`` on ``device``."""
         if device not in self._on:
-            ids = self.ids.to(device, non_blocking=True).permute(1, 0, 2).contiguous()
+            ids = self.ids.to(device, torch.long, non_blocking=True).permute(1, 0, 2).contiguous()
             self._on[device] = (ids, self.has_route.to(device, non_blocking=True).t().contiguous())
         ids, has = self._on[device]
-        return ids[j].long(), has[j]
+        return ids[j], has[j]
 
 
 def check_ids(ids: Tensor, ignore: Tensor, num_experts: int, where: Any) -> Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -15,6 +17,7 @@ from r3store._spec import ModelSpec
 from r3store.errors import ReplayError
 from r3store.replay._capture import Capture
 from r3store.replay._discover import FoundRouter, find_routers
+from r3store.replay._generate import GenerationCapture
 from r3store.replay._layout import TokenPlan, plan_from_batch, plan_from_routes
 from r3store.replay._recompute import Kept, fingerprint, in_recompute
 
@@ -71,13 +74,25 @@ class RoutingReplay:
 
     Notes
     -----
-    Activation recompute: every forward router call under replay keeps a fingerprint of
-    its input and its routes until :meth:`clear`, and a recomputed router call (one made
+    Activation recompute: every forward router call under replay that runs inside
+    activation checkpointing (non-reentrant: saved-tensor hooks are active; reentrant:
+    grad mode is off in a forward entered with it on) keeps a fingerprint of its input
+    and its routes until :meth:`clear` (calls outside checkpointing are never
+    recomputed, so they keep nothing and cost no fingerprint), and a recomputed router call (one made
     inside the autograd engine) replays the routes of the forward with the bitwise
     equal input; one that matches no kept call raises. Once a replay ran, live forward
-    calls are kept too (their recomputes stay live). Calls in eval mode under
-    ``torch.no_grad()`` are not kept: they are never recomputed. Call :meth:`clear` once
+    calls are kept too (their recomputes stay live). A forward that autograd can never
+    recompute, because the model was entered with grad mode off (``torch.no_grad()``,
+    ``torch.inference_mode()``), is never kept, in train mode too: old / reference
+    log-probs computed under ``no_grad`` before the replayed policy forward on the
+    same tokens do not take part in recompute matching. (Grad mode is read where the
+    model given to ``RoutingReplay`` is entered, so reentrant checkpointing, which
+    runs its layers under ``no_grad``, still keeps them.) Call :meth:`clear` once
     per training step, after the last backward.
+
+    Under ``torch.compile`` the hooks run eagerly (``torch.compiler.disable``): their
+    state never guards a compiled graph, so blocks, kept calls and captures cause no
+    recompiles; each router is a graph break.
     Not thread-safe: one forward at a time per model.
 
     Examples
@@ -112,15 +127,23 @@ class RoutingReplay:
         self.spec = ModelSpec(num_layers=num_layers, num_experts=self.num_experts, top_k=self.top_k,
                               moe_layers=self.moe_layers)
         self.router_names: tuple[str, ...] = tuple(r.name for r in found)
+        self._model = model
         self._model_name = type(model).__name__
         self._check_weights = check_weights
         self._checked: set[int] = set()
         self._plan: TokenPlan | None = None
         self._capture: Capture | None = None
         self._kept = Kept(len(found))
+        self._generation: GenerationCapture | None = None
+        self._grad_at_entry: list[bool] = []
+        self._key = next(_KEYS)
+        _LIVE[self._key] = self
+        hook = self._hook
         self._handles: list[RemovableHandle] = [
-            r.module.register_forward_hook(partial(self._hook, j), with_kwargs=True) for j, r in enumerate(found)
+            r.module.register_forward_hook(partial(hook, j), with_kwargs=True) for j, r in enumerate(found)
         ]
+        self._handles += [model.register_forward_pre_hook(_eager(self._enter), with_kwargs=True),
+                          model.register_forward_hook(_eager(self._leave), always_call=True)]
 
     def __repr__(self) -> str:
         families = sorted({r.spec.family for r in self._found})
@@ -163,7 +186,7 @@ class RoutingReplay:
             layout does not fit the routers' token count, or the hooks were removed.
         """
         self._check_attached()
-        if self._capture is not None:
+        if self._capture is not None or self._generation is not None:
             raise ReplayError("capture blocks do not nest")
         cap = Capture(self.moe_layers, attention_mask=attention_mask, cu_seqlens=cu_seqlens)
         self._capture = cap
@@ -172,6 +195,57 @@ class RoutingReplay:
         finally:
             self._capture = None
         cap.finish()
+
+    @contextmanager
+    def capture_generate(self, *, eos_token_id: int | Sequence[int] | None = None) -> Iterator[GenerationCapture]:
+        """Record the routes of every sequence ``model.generate()`` returns (KV cache on).
+
+        Open the block around one ``generate()`` call of the model given to this
+        ``RoutingReplay`` (greedy search or sampling, any ``num_return_sequences``, a
+        left-padded prompt batch, dynamic or static cache, chunked prefill)::
+
+            with torch.no_grad(), rr.capture_generate() as cap:
+                out = model.generate(prompt_ids, attention_mask=prompt_mask, do_sample=True)
+            cap.routes[i]   # (prompt_len_i + new_len_i - 1, MoE layers, top_k): prefill rows, then one per step
+
+        ``rr.replay(cap.routes, attention_mask=full_mask)`` then replays them in a
+        training forward over ``out`` (``full_mask``: the prompt mask, then 1 up to and
+        including each sequence's first EOS).
+
+        Parameters
+        ----------
+        eos_token_id : int or sequence of int, optional
+            Token ids that end a sequence: rows after a sequence's first one are dropped.
+            Default: the model's ``generation_config.eos_token_id`` (else
+            ``config.eos_token_id``); pass ``()`` for none. Pass the id ``generate`` was
+            given when it differs.
+
+        Yields
+        ------
+        GenerationCapture
+            ``cap.routes`` (one int32 array per returned sequence), ``cap.lengths``,
+            ``cap.prompt_lengths``, ``cap.steps``, filled when the block exits;
+            ``cap.check(out)`` checks the record against the returned sequences.
+
+        Raises
+        ------
+        r3store.errors.ReplayError
+            Inside a ``capture`` or another ``capture_generate`` block; in the block:
+            beam search, assisted/speculative decoding or another decoding method than
+            transformers' ``_sample`` loop, a model call without ``input_ids``, more
+            than one new position per decode step, a router that did not run in a call.
+        """
+        self._check_attached()
+        if self._capture is not None or self._generation is not None:
+            raise ReplayError("capture blocks do not nest")
+        if eos_token_id is None:
+            eos_token_id = _model_eos(self._model)
+        gen = self._generation = GenerationCapture(self.moe_layers, eos_token_id)
+        try:
+            yield gen
+        finally:
+            self._generation = None
+        gen.finish()
 
     @contextmanager
     def replay(self, routes: Sequence[Any] | Mapping[str, Any], *, attention_mask: Any = None,
@@ -252,6 +326,8 @@ class RoutingReplay:
         self._kept.clear()
         self._plan = None
         self._capture = None
+        self._generation = None
+        self._grad_at_entry.clear()
 
     # -- hooks ------------------------------------------------------------------------
 
@@ -268,23 +344,86 @@ class RoutingReplay:
         return plan_from_routes(routes, attention_mask=attention_mask, cu_seqlens=cu_seqlens,
                                 moe_layers=self.moe_layers, num_experts=self.num_experts, top_k=self.top_k)
 
+    def _enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._grad_at_entry.append(torch.is_grad_enabled())
+        if self._generation is not None and len(self._grad_at_entry) == 1:
+            self._generation.begin(args, kwargs)
+
+    def _leave(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if self._grad_at_entry:
+            self._grad_at_entry.pop()
+
+    def _recomputable(self) -> bool:
+        """Can autograd ever recompute the running forward? Only when grad mode was on where the model was
+        entered (a reentrant checkpoint runs its layers under no_grad inside a grad-enabled forward)."""
+        return self._grad_at_entry[0] if self._grad_at_entry else torch.is_grad_enabled()
+
     def _hook(self, j: int, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
               output: Any) -> Any:
-        if self._plan is None and self._capture is None and not self._kept.armed:
+        if _compiling():
+            return self._traced(j, args, kwargs, output)
+        if self._plan is None and self._capture is None and self._generation is None and not self._kept.armed:
             return None
         hidden = args[0] if args else next(iter(kwargs.values()))
-        if in_recompute():
-            if not self._kept.armed:
-                return None
-            plan = self._kept.match(j, fingerprint(hidden), self.moe_layers[j])
-            return None if plan is None else self._apply(j, output, plan)
-        plan = self._plan
+        recompute = in_recompute()
+        plan = self._plan_for(j, hidden, recompute)
         new = None if plan is None else self._apply(j, output, plan)
-        if (plan is not None or self._kept.armed) and (module.training or torch.is_grad_enabled()):
-            self._kept.add(j, fingerprint(hidden), plan)  # an eval-mode no_grad call is never recomputed
-        if self._capture is not None:
-            self._capture.record(j, (new if new is not None else output)[self._found[j].spec.ids_index])
+        if not recompute:
+            self._record(j, (new if new is not None else output)[self._found[j].spec.ids_index])
         return new
+
+    def _plan_for(self, j: int, hidden: Tensor, recompute: bool) -> TokenPlan | None:
+        """The plan a router call replays (None: live); keeps a forward call for its recompute."""
+        if recompute:
+            return self._kept.match(j, fingerprint(hidden), self.moe_layers[j]) if self._kept.armed else None
+        plan = self._plan
+        if (plan is not None or self._kept.armed) and self._recomputable() and _checkpointed():
+            self._kept.add(j, fingerprint(hidden), plan)  # a no_grad / inference-mode forward is never recomputed
+        return plan
+
+    def _record(self, j: int, ids: Tensor) -> None:
+        if self._capture is not None:
+            self._capture.record(j, ids)
+        elif self._generation is not None:
+            self._generation.record(j, ids)
+
+    def _recorded(self, j: int, plan: TokenPlan, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        if n != plan.num_positions:
+            raise ReplayError(f"the router sees {n} token positions; the routes are laid out for "
+                              f"{plan.num_positions} ({plan.source})", layer=self.moe_layers[j])
+        plan.applied.add(j)
+        return plan.layer(j, device)
+
+    def _route(self, j: int, hidden: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """The compiled path's opaque step (``r3store::route``): int64 ids ``(N, K)`` to use, bool ``(N,)`` replayed."""
+        recompute = in_recompute()
+        plan = self._plan_for(j, hidden, recompute)
+        own = ids.long()
+        if plan is None:
+            new, has = own.clone(), torch.zeros(own.shape[0], dtype=torch.bool, device=own.device)
+        else:
+            recorded, has = self._recorded(j, plan, own.shape[0], own.device)
+            new = torch.where(has[:, None], recorded, own)
+        if not recompute:
+            self._record(j, new)
+        return new, has
+
+    def _traced(self, j: int, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+        """The hook as torch.compile traces it: no Python state is read (nothing to guard on); the blocks'
+        state is consulted at run time inside the ``r3store::route`` op, the weights are traced."""
+        router = self._found[j]
+        spec = router.spec
+        hidden = args[0] if args else next(iter(kwargs.values()))
+        logits, weights, ids = output[spec.logits_index], output[spec.weights_index], output[spec.ids_index]
+        flat_logits = logits.reshape(-1, logits.shape[-1])
+        n = flat_logits.shape[0]
+        new_ids, has = torch.ops.r3store.route(hidden.detach(), ids.detach().reshape(n, -1), self._key, j)
+        new_weights = spec.weight_fn(router.module, flat_logits, new_ids).to(weights.dtype)
+        new_weights = torch.where(has[:, None], new_weights, weights.reshape(n, -1))
+        out = list(output)
+        out[spec.weights_index] = new_weights.reshape(weights.shape)
+        out[spec.ids_index] = new_ids.to(ids.dtype).reshape(ids.shape)
+        return out if isinstance(output, list) else tuple(out)
 
     def _apply(self, j: int, output: Any, plan: TokenPlan) -> Any:
         router = self._found[j]
@@ -292,11 +431,7 @@ class RoutingReplay:
         logits, weights, ids = output[spec.logits_index], output[spec.weights_index], output[spec.ids_index]
         flat_logits = logits.reshape(-1, logits.shape[-1])
         n = flat_logits.shape[0]
-        if n != plan.num_positions:
-            raise ReplayError(f"the router sees {n} token positions; the routes are laid out for "
-                              f"{plan.num_positions} ({plan.source})", layer=router.layer)
-        recorded, has = plan.layer(j, flat_logits.device)
-        plan.applied.add(j)
+        recorded, has = self._recorded(j, plan, n, flat_logits.device)
         own_ids = ids.reshape(n, -1)
         own_weights = weights.reshape(n, -1)
         if self._check_weights and j not in self._checked:
@@ -324,3 +459,53 @@ class RoutingReplay:
                     "its code differs from what r3store.replay knows: pass routers={RouterClass: RouterSpec(...)}",
                     layer=router.layer)
         self._checked.add(j)
+
+
+_KEYS = itertools.count()
+_LIVE: weakref.WeakValueDictionary[int, RoutingReplay] = weakref.WeakValueDictionary()
+"""The RoutingReplay objects the compiled path's op reaches by key."""
+
+
+_saved_tensor_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+
+
+def _checkpointed() -> bool:
+    """Can this router call be recomputed in backward? Only inside activation checkpointing: non-reentrant
+    checkpointing installs saved-tensor hooks, reentrant checkpointing runs its layers with grad mode off (in a
+    forward entered with it on). Without the private probe, every call counts."""
+    if not torch.is_grad_enabled() or _saved_tensor_hooks is None:
+        return True
+    return _saved_tensor_hooks(False) is not None
+
+
+def _compiling() -> bool:
+    return bool(torch.compiler.is_compiling())
+
+
+@torch.library.custom_op("r3store::route", mutates_args=())
+def _route_op(hidden: Tensor, ids: Tensor, key: int, j: int) -> tuple[Tensor, Tensor]:
+    """Opaque to torch.compile: the expert ids router ``j`` of RoutingReplay ``key`` uses, and where replayed."""
+    rr = _LIVE.get(key)
+    if rr is None:
+        raise ReplayError("a compiled model calls the hooks of a RoutingReplay that no longer exists")
+    return rr._route(j, hidden, ids)
+
+
+@_route_op.register_fake
+def _route_fake(hidden: Tensor, ids: Tensor, key: int, j: int) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(ids, dtype=torch.long), ids.new_empty((ids.shape[0],), dtype=torch.bool)
+
+
+def _eager(fn: Any) -> Any:
+    """``fn`` run eagerly under ``torch.compile``: a hook's Python state (blocks, kept calls) is never traced,
+    so it never guards a compiled graph (no recompiles from it) and never graph-breaks inside the hook."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)
+    return fn if disable is None else disable(fn)
+
+
+def _model_eos(model: nn.Module) -> Any:
+    for owner in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        eos = getattr(owner, "eos_token_id", None)
+        if eos is not None:
+            return eos
+    return None

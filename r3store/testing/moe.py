@@ -31,6 +31,7 @@ __all__ = [
     "random_batch",
     "tiny_config",
     "tiny_moe",
+    "tiny_tokenizer",
     "token_logprobs",
 ]
 
@@ -111,6 +112,27 @@ def tiny_moe(family: str, *, seed: int = 0, engine_dtype: str | torch.dtype | No
         return model
     dtype = getattr(torch, engine_dtype) if isinstance(engine_dtype, str) else engine_dtype
     return copy.deepcopy(model).to(dtype), model
+
+
+def tiny_tokenizer(words: int = 64) -> Any:
+    """A word-level tokenizer built locally for the tiny models (nothing downloaded).
+
+    Ids 0, 1, 2 are ``<pad>``, ``<bos>``, ``<eos>`` (the tiny configs' pad, bos and eos
+    ids), then ``<unk>`` and the words ``w0 .. w{words-1}``; text is split on
+    whitespace. Returns a ``transformers.PreTrainedTokenizerFast`` (padding side left,
+    as generation wants).
+    """
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    if not 1 <= words <= VOCAB_SIZE - 4:
+        raise ValueError(f"words must be in [1, {VOCAB_SIZE - 4}], got {words}")
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3, **{f"w{i}": i + 4 for i in range(words)}}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = transformers.PreTrainedTokenizerFast
+    return fast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>",  # type: ignore[no-untyped-call]
+                eos_token="<eos>", unk_token="<unk>", padding_side="left")
 
 
 def random_batch(batch_size: int, seqlen: int, *, seed: int = 0,

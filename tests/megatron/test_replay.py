@@ -91,13 +91,14 @@ def megatron_cpu() -> Iterator[None]:
     started = not dist.is_initialized()
     if started:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    with pytest.MonkeyPatch.context() as mp, one_thread():
+    # torch._dynamo.config.patch, not monkeypatch: undoing a monkeypatch of `disable` leaves it hidden
+    # ("torch._dynamo.config.disable does not exist"), which breaks every later torch.compile in the process
+    with pytest.MonkeyPatch.context() as mp, one_thread(), torch._dynamo.config.patch(disable=True):
         mp.setattr(torch.cuda, "current_device", lambda: "cpu")
         mp.setattr(mcore_random, "_get_cuda_rng_state", lambda *a, **k: None)
         mp.setattr(mcore_random, "_set_cuda_rng_state", lambda *a, **k: None)
         mp.setattr(mcore_moe_utils, "te_general_gemm", None, raising=False)
         mp.setattr(parallel_state, "get_global_memory_buffer", lambda: _CpuBuffer())
-        mp.setattr(torch._dynamo.config, "disable", True)
         parallel_state.initialize_model_parallel(1, 1)
         tracker = mcore_random.get_cuda_rng_tracker()
         for name in ("model-parallel-rng", "expert-parallel-rng", "data-parallel-rng"):
