@@ -33,7 +33,7 @@ import trl
 from packaging.version import Version
 from trl.trainer.grpo_trainer import GRPOTrainer
 
-from r3store.reader import open_reader
+from r3store.reader import RouteReader
 from r3store.replay import RoutingReplay
 from r3store.writer import RouteWriter
 
@@ -148,7 +148,7 @@ class R3GRPOTrainer(GRPOTrainer):
             self._r3_writer.append(sid, routes, tokens=list(prompt) + list(completion), metadata={"step": step})
         self._r3_writer.flush()
         if self._r3_reader is None:
-            self._r3_reader = open_reader(self.routes_url)
+            self._r3_reader = RouteReader.open(self.routes_url)
         else:
             self._r3_reader.refresh()
         self._r3_routes = self._r3_reader.get_many(ids)

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from r3store.reader import open_reader
+from r3store.reader import RouteReader
 from r3store.testing.moe import one_thread
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trl_grpo_r3.py"
@@ -45,7 +45,7 @@ def test_two_grpo_steps_store_the_rollout_routes_and_replay_them_in_every_logpro
     history = [h for h in result["history"] if "loss" in h]
     assert len(history) == 2
     # one generation batch (2 steps per generation) of 2 prompts x 4 completions, all stored
-    store = open_reader(result["routes_url"])
+    store = RouteReader.open(result["routes_url"])
     assert len(store.sample_ids) == 8
     assert store.spec == trainer.routing_replay.spec
     for sid in store.sample_ids:
