@@ -372,7 +372,8 @@ def _read_npy(sample_id: str, raw: np.ndarray) -> np.ndarray:
         found = npy_format.read_magic(fp)
         reader = npy_format.read_array_header_1_0 if found == (1, 0) else npy_format.read_array_header_2_0
         shape, fortran_order, dtype = reader(fp, max_header_size=_NPY_MAX_HEADER)
-    except (ValueError, TypeError, KeyError, IndexError, RecursionError, MemoryError, OverflowError) as exc:
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError, MemoryError, OverflowError,
+            SyntaxError) as exc:  # SyntaxError: numpy parses a comma-string 'descr' such as 'i4,(' as Python
         raise bad(f".npy header is not of the form numpy writes ({_NPY_WRITES}): {exc!s:.200}") from None
     if (dtype.kind not in "iu" or dtype.itemsize not in (1, 2, 4, 8) or dtype.fields is not None
             or dtype.subdtype is not None):
