@@ -32,7 +32,7 @@ def _npy(header: str, body: bytes = b"\x00" * 96, version: bytes = b"\x01\x00") 
     ("{'descr': '<i4', 'fortran_order': False, 'shape': " + "(" * 300 + ")" * 300 + "}", "not of the form"),
     ("{'descr': '<i4', 'fortran_order': False}", "not of the form numpy writes"),
     ("{'descr': '<i4', 'fortran_order': False, 'shape': (100, 4, 2), }", "only 96 bytes follow"),
-    ("{'descr': 'i4,(', 'fortran_order': False, 'shape': (3,), }", "not of the form numpy writes"),  # SyntaxError in numpy
+    ("{'descr': 'i4,(', 'fortran_order': False, 'shape': (3,), }", "not of the form numpy writes"),
 ])
 def test_headers_numpy_does_not_write_are_payload_errors_without_warnings(header: str, words: str) -> None:
     with warnings.catch_warnings():
