@@ -122,37 +122,6 @@ def test_zarr_json_bounds(small_store_dir: Path, edit: Callable[[dict[str, Any]]
     assert "zarr.json" in str(info.value)
 
 
-# 5 decoder layers, dense layers 0 and 3; 40 experts -> 6 bits per id
-SPEC_5X40 = r3store.ModelSpec(num_layers=5, num_experts=40, top_k=3, moe_layers=[1, 2, 4])
-
-
-def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40,
-                  top_k: int = 3) -> np.ndarray:
-    """Valid routes: per (row, layer) a random permutation prefix of the experts."""
-    return np.argsort(rng.random((rows, layers, num_experts)), axis=-1)[..., :top_k].astype(np.int32)
-
-
-RNG = np.random.default_rng(1234)
-
-
-GOOD = {f"g{i}": random_routes(RNG, n) for i, n in enumerate([5, 11, 1])}
-
-
-@pytest.fixture
-def committed(tmp_path: Path):
-    """A local store: GOOD + one more sample in one shard, 4-row chunks, one layer per chunk."""
-    big = random_routes(np.random.default_rng(5), 20)
-    with r3store.RouteWriter(tmp_path, SPEC_5X40, config={"chunk_rows": 4, "layers_per_chunk": 1}) as w:
-        for sid, routes in GOOD.items():
-            w.append(sid, routes)
-        w.append("big", big)
-    store = r3store.open_store(tmp_path)
-    array = store.row("big")["array"]
-    shard_file = tmp_path / array / "c" / "0" / "0" / "0"
-    assert shard_file.is_file()
-    return tmp_path, array, shard_file, big
-
-
 def test_route_array_metadata_disagrees(committed) -> None:
     root, array, _, _ = committed
     meta = root / array / "zarr.json"

@@ -1,0 +1,68 @@
+"""Test helper: model specs, valid random routes and small committed stores shared by test modules.
+
+Imported as ``tests.routes`` (the suite runs from the repository root, as ``tests.clirun`` is).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+import r3store
+
+__all__ = ["GOOD", "SPEC6", "SPEC_5X40", "random_routes", "sample_tables", "seeded_routes", "write_committed",
+           "write_store"]
+
+# 5 decoder layers, dense layers 0 and 3; 40 experts -> 6 bits per id
+SPEC_5X40 = r3store.ModelSpec(num_layers=5, num_experts=40, top_k=3, moe_layers=[1, 2, 4])
+
+SPEC6 = r3store.ModelSpec(num_layers=6, num_experts=12, top_k=2, moe_layers=[1, 2, 3, 4, 5])
+
+
+def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40,
+                  top_k: int = 3) -> np.ndarray:
+    """Valid routes: per (row, layer) a random permutation prefix of the experts."""
+    return np.argsort(rng.random((rows, layers, num_experts)), axis=-1)[..., :top_k].astype(np.int32)
+
+
+_RNG = np.random.default_rng(1234)
+GOOD = {f"g{i}": random_routes(_RNG, n) for i, n in enumerate([5, 11, 1])}
+
+
+def write_committed(root: Path) -> tuple[Path, str, Path, np.ndarray]:
+    """A local store: GOOD + one more sample in one shard, 4-row chunks, one layer per chunk.
+
+    Returns ``(root, array, shard_file, big)``: the route array's name, its one shard file and
+    the 20-row sample ``big``.
+    """
+    big = random_routes(np.random.default_rng(5), 20)
+    with r3store.RouteWriter(root, SPEC_5X40, config={"chunk_rows": 4, "layers_per_chunk": 1}) as w:
+        for sid, routes in GOOD.items():
+            w.append(sid, routes)
+        w.append("big", big)
+    store = r3store.open_store(root)
+    array = store.row("big")["array"]
+    shard_file = root / array / "c" / "0" / "0" / "0"
+    assert shard_file.is_file()
+    return root, array, shard_file, big
+
+
+def seeded_routes(rows: int, seed: int, spec: r3store.ModelSpec = SPEC6) -> np.ndarray:
+    """Valid int32 routes ``(rows, spec.num_moe_layers, spec.top_k)`` drawn from ``seed``."""
+    rng = np.random.default_rng(seed)
+    return np.argsort(rng.random((rows, spec.num_moe_layers, spec.num_experts)), axis=-1)[..., : spec.top_k].astype(
+        np.int32)
+
+
+def write_store(root: Path, samples: dict[str, np.ndarray], spec: r3store.ModelSpec = SPEC6, **kw: object) -> str:
+    """Write ``samples`` to a store at ``root`` with writer config ``kw``; returns the last commit id."""
+    with r3store.RouteWriter(root, spec, kw) as w:
+        for sid, r in samples.items():
+            w.append(sid, r)
+        return w.flush() or w.commits[-1]
+
+
+def sample_tables(root: Path) -> list[Path]:
+    """The store's sample-table parquet files, sorted."""
+    return sorted((root / "index").rglob("*.parquet"))
