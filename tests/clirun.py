@@ -18,13 +18,12 @@ from click.testing import CliRunner, Result
 import r3store
 from r3store._format import load_schema
 from r3store.cli import main
+from tests.routes import SPEC_4X16, make_store, routes_4x16
 
 __all__ = ["SPEC_3X16", "SPEC_4X16", "SPEC_13X128", "body_rows", "check_80", "checked_json", "invoke",
            "leave_uncommitted", "make_store", "routes_4x16", "routes_of_16", "routes_of_128", "run_cli"]
 
 SPEC_3X16 = r3store.ModelSpec(num_layers=3, num_experts=16, top_k=2, moe_layers=[1, 2])
-
-SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
 
 SPEC_13X128 = r3store.ModelSpec(num_layers=13, num_experts=128, top_k=8, moe_layers=range(1, 13))
 
@@ -74,22 +73,6 @@ def check_80(result: Result) -> str:
     assert max(len(line) for line in lines) <= 80
     assert "…" not in result.stdout  # nothing cut
     return result.stdout
-
-
-def routes_4x16(rows: int, seed: int) -> np.ndarray:
-    """Valid int32 routes ``(rows, 4, 2)`` for ``SPEC_4X16`` drawn from ``seed``."""
-    rng = np.random.default_rng(seed)
-    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
-    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
-
-
-def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
-    """Write ``n`` samples ``s0..`` of ``rows`` rows (``SPEC_4X16``, step 1) to ``root``; returns them."""
-    data = {f"s{i}": routes_4x16(rows, seed + i) for i in range(n)}
-    with r3store.RouteWriter(str(root), SPEC_4X16, **kw) as w:
-        for sid, r in data.items():
-            w.append(sid, r, metadata={"step": 1})
-    return data
 
 
 def routes_of_16(rng: np.random.Generator, rows: int) -> np.ndarray:

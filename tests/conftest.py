@@ -48,3 +48,13 @@ def committed(tmp_path: Path) -> tuple[Path, str, Path, np.ndarray]:
     from tests.routes import write_committed
 
     return write_committed(tmp_path)
+
+
+@pytest.fixture
+def small_store_dir(tmp_path: Path) -> Path:
+    """``tests.routes.make_store``'s three 10-row samples at ``tmp_path / "store"``."""
+    from tests.routes import make_store
+
+    root = tmp_path / "store"
+    make_store(root)
+    return root

@@ -5,17 +5,26 @@ Imported as ``tests.routes`` (the suite runs from the repository root, as ``test
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 import r3store
+from r3store.testing import forge
 
-__all__ = ["GOOD", "SPEC6", "SPEC_5X40", "random_routes", "sample_tables", "seeded_routes", "write_committed",
-           "write_store"]
+__all__ = [
+    "GOOD", "SPEC6", "SPEC_4X16", "SPEC_5X40", "array_dir", "index_file", "make_store", "random_routes",
+    "rewrite_table", "routes_4x16", "sample_tables", "seeded_routes", "set_column", "write_committed",
+    "write_store"
+]
 
 # 5 decoder layers, dense layers 0 and 3; 40 experts -> 6 bits per id
 SPEC_5X40 = r3store.ModelSpec(num_layers=5, num_experts=40, top_k=3, moe_layers=[1, 2, 4])
+
+SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
 
 SPEC6 = r3store.ModelSpec(num_layers=6, num_experts=12, top_k=2, moe_layers=[1, 2, 3, 4, 5])
 
@@ -66,3 +75,43 @@ def write_store(root: Path, samples: dict[str, np.ndarray], spec: r3store.ModelS
 def sample_tables(root: Path) -> list[Path]:
     """The store's sample-table parquet files, sorted."""
     return sorted((root / "index").rglob("*.parquet"))
+
+
+def routes_4x16(rows: int, seed: int) -> np.ndarray:
+    """Valid int32 routes ``(rows, 4, 2)`` for ``SPEC_4X16`` drawn from ``seed``."""
+    rng = np.random.default_rng(seed)
+    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
+    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
+
+
+def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
+    """Write ``n`` samples ``s0..`` of ``rows`` rows (``SPEC_4X16``, step 1) to ``root``; returns them."""
+    data = {f"s{i}": routes_4x16(rows, seed + i) for i in range(n)}
+    with r3store.RouteWriter(str(root), SPEC_4X16, **kw) as w:
+        for sid, r in data.items():
+            w.append(sid, r, metadata={"step": 1})
+    return data
+
+
+def index_file(root: Path) -> Path:
+    """The store's one sample-table parquet file."""
+    (path,) = (root / "index").rglob("*.parquet")
+    return path
+
+
+def array_dir(root: Path) -> Path:
+    """The store's one route-array folder under ``routes/``."""
+    (path,) = (p for p in (root / "routes").iterdir() if p.is_dir())
+    return path
+
+
+def rewrite_table(root: Path, edit: Callable[[pa.Table], pa.Table]) -> Path:
+    """Edit the store's sample table as a forger would: the digest recomputed, so the row rules are what refuse it."""
+    return forge.rewrite_table(index_file(root), edit)
+
+
+def set_column(table: pa.Table, name: str, values: list[Any]) -> pa.Table:
+    """``table`` with column ``name`` replaced by ``values`` (nullable, same type)."""
+    i = table.schema.get_field_index(name)
+    field = table.schema.field(i)
+    return table.set_column(i, field.with_nullable(True), pa.array(values, type=field.type))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import r3store
-from tests.clirun import SPEC_13X128, make_store, routes_of_128
+from tests.clirun import SPEC_13X128, routes_of_128
 
 
 @pytest.fixture
@@ -23,11 +23,3 @@ def store(tmp_path: Path) -> Path:
         bad[3, 2, :2] = 7
         w.append("bad", bad)
     return path
-
-
-@pytest.fixture
-def small_store_dir(tmp_path: Path) -> Path:
-    """``make_store``'s three 10-row samples at ``tmp_path / "store"``."""
-    root = tmp_path / "store"
-    make_store(root)
-    return root

@@ -6,11 +6,9 @@ import io
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -19,53 +17,10 @@ import r3store
 import r3store.audit
 from r3store.errors import ChecksumError, FormatError, FormatVersionError
 from r3store.testing import forge
+from tests.routes import array_dir, index_file, make_store, rewrite_table, set_column
 from tests.routes import sample_tables as _tables
 from tests.routes import seeded_routes as _routes
 from tests.routes import write_store as _write
-
-SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
-
-
-def routes(rows: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
-    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
-
-
-def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
-    data = {f"s{i}": routes(rows, seed + i) for i in range(n)}
-    with r3store.RouteWriter(str(root), SPEC_4X16, **kw) as w:
-        for sid, r in data.items():
-            w.append(sid, r, metadata={"step": 1})
-    return data
-
-
-def index_file(root: Path) -> Path:
-    (path,) = (root / "index").rglob("*.parquet")
-    return path
-
-
-def array_dir(root: Path) -> Path:
-    (path,) = (p for p in (root / "routes").iterdir() if p.is_dir())
-    return path
-
-
-def rewrite_table(root: Path, edit: Callable[[pa.Table], pa.Table]) -> Path:
-    """Edit the store's sample table as a forger would: the digest recomputed, so the row rules are what refuse it."""
-    return forge.rewrite_table(index_file(root), edit)
-
-
-def set_column(table: pa.Table, name: str, values: list[Any]) -> pa.Table:
-    i = table.schema.get_field_index(name)
-    field = table.schema.field(i)
-    return table.set_column(i, field.with_nullable(True), pa.array(values, type=field.type))
-
-
-@pytest.fixture
-def small_store_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "store"
-    make_store(root)
-    return root
 
 
 def test_forged_array_column_cannot_read_another_store(tmp_path: Path) -> None:
