@@ -16,9 +16,9 @@ import r3store
 from r3store.testing import forge
 
 __all__ = [
-    "GOOD", "SPEC6", "SPEC_4X16", "SPEC_5X40", "array_dir", "index_file", "make_store", "random_routes",
-    "rewrite_table", "routes_4x16", "sample_tables", "seeded_routes", "set_column", "write_committed",
-    "write_store"
+    "BASE_COLUMNS", "GOOD", "LATER", "OK5", "SPEC6", "SPEC_4X16", "SPEC_5X40", "array_dir",
+    "check_store_after", "index_file", "make_store", "random_routes", "rewrite_table", "routes_4x16",
+    "sample_tables", "seeded_routes", "set_column", "write_committed", "write_store"
 ]
 
 # 5 decoder layers, dense layers 0 and 3; 40 experts -> 6 bits per id
@@ -37,6 +37,27 @@ def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_expe
 
 _RNG = np.random.default_rng(1234)
 GOOD = {f"g{i}": random_routes(_RNG, n) for i, n in enumerate([5, 11, 1])}
+
+LATER = random_routes(_RNG, 4)
+
+OK5 = random_routes(_RNG, 5)  # valid routes the bad cases start from
+
+BASE_COLUMNS = {"sample_id", "num_tokens", "num_rows", "row_start", "array", "commit", "writer_id", "token_hash",
+                "committed_at", "quarantined", "reason", "missing_rows", "policy_spans", "policy_version"}
+
+
+def check_store_after(url: str, later: bool = True) -> r3store.RouteStore:
+    """Open ``url`` and check it holds exactly GOOD (and LATER as ``later``), with only the base columns."""
+    store = r3store.open_store(url)
+    want = [*GOOD, "later"] if later else list(GOOD)
+    assert store.sample_ids == want
+    assert store.samples.column("sample_id").to_pylist() == want  # nothing quarantined or half-written
+    for sid, routes in GOOD.items():
+        np.testing.assert_array_equal(store.get(sid), routes)
+    if later:
+        np.testing.assert_array_equal(store.get("later"), LATER)
+    assert set(store.samples.column_names) <= BASE_COLUMNS | {"step", "bad_only"}
+    return store
 
 
 def write_committed(root: Path) -> tuple[Path, str, Path, np.ndarray]:

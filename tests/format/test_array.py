@@ -19,6 +19,8 @@ import r3store
 import r3store.audit
 from r3store.errors import ChecksumError, FormatError
 from tests.routes import array_dir
+from tests.routes import seeded_routes as _routes
+from tests.routes import write_store as _write
 
 
 def edit_zarr(root: Path, edit: Callable[[dict[str, Any]], None]) -> None:
@@ -111,22 +113,6 @@ try:
     from r3store.errors import SpecConflictError
 except ImportError:  # r3store 0.1 (these tests also run against it, to show each failed there)
     SpecConflictError = ChecksumError  # type: ignore[misc, assignment]
-
-
-SPEC6 = r3store.ModelSpec(num_layers=6, num_experts=12, top_k=2, moe_layers=[1, 2, 3, 4, 5])
-
-
-def _routes(rows: int, seed: int, spec: r3store.ModelSpec = SPEC6) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return np.argsort(rng.random((rows, spec.num_moe_layers, spec.num_experts)), axis=-1)[..., : spec.top_k].astype(
-        np.int32)
-
-
-def _write(root: Path, samples: dict[str, np.ndarray], spec: r3store.ModelSpec = SPEC6, **kw: object) -> str:
-    with r3store.RouteWriter(root, spec, kw) as w:
-        for sid, r in samples.items():
-            w.append(sid, r)
-        return w.flush() or w.commits[-1]
 
 
 def test_array_document_disagrees_with_the_manifest(tmp_path: Path) -> None:
