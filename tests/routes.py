@@ -5,7 +5,9 @@ Imported as ``tests.routes`` (the suite runs from the repository root, as ``test
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,8 @@ from r3store.testing import forge
 
 __all__ = [
     "BASE_COLUMNS", "GOOD", "LATER", "OK5", "SPEC6", "SPEC_4X16", "SPEC_5X40", "array_dir",
-    "check_store_after", "index_file", "make_store", "random_routes", "rewrite_table", "routes_4x16",
-    "sample_tables", "seeded_routes", "set_column", "write_committed", "write_store"
+    "check_store_after", "deadline", "index_file", "make_store", "random_routes", "rewrite_table",
+    "routes_4x16", "sample_tables", "seeded_routes", "set_column", "write_committed", "write_store"
 ]
 
 # 5 decoder layers, dense layers 0 and 3; 40 experts -> 6 bits per id
@@ -136,3 +138,19 @@ def set_column(table: pa.Table, name: str, values: list[Any]) -> pa.Table:
     i = table.schema.get_field_index(name)
     field = table.schema.field(i)
     return table.set_column(i, field.with_nullable(True), pa.array(values, type=field.type))
+
+
+@contextmanager
+def deadline(seconds: int) -> Iterator[None]:
+    """Fail (instead of hanging the suite) when the block takes longer than ``seconds``."""
+
+    def expire(*_: object) -> None:
+        raise TimeoutError(f"took longer than {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

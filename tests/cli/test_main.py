@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 import jsonschema
 import numpy as np
-import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
@@ -26,10 +24,10 @@ from r3store._format import load_schema
 from r3store.cli import main
 from r3store.cli._main import COMMANDS
 from r3store.errors import NotAStoreError, R3StoreError
-from r3store.testing import forge
 from r3store.testing.s3 import ACCESS_KEY, REGION, SECRET_KEY, s3_bucket, s3_server, s3_storage_options, s3_url  # noqa: F401 - pytest fixtures
 from tests.clirun import invoke as _cli
 from tests.clirun import run_cli as run
+from tests.routes import rewrite_table, set_column
 
 SPEC = r3store.ModelSpec(num_layers=3, num_experts=16, top_k=2, moe_layers=[1, 2])
 ODD_IDS = ("[/]", "[bold]x", "plain[red]", "a[/:]b")
@@ -153,22 +151,6 @@ def test_group_maps_every_r3store_error_to_one_line_exit_2(monkeypatch: pytest.M
     assert result.exit_code == 2, result.output
     assert result.stderr.strip() == ("error: NotAStoreError: mem://[bold]x[/] is not an r3store store: no r3store.json "
                                      "second line [/:]")
-
-
-def index_file(root: Path) -> Path:
-    (path,) = (root / "index").rglob("*.parquet")
-    return path
-
-
-def rewrite_table(root: Path, edit: Callable[[pa.Table], pa.Table]) -> Path:
-    """Edit the store's sample table as a forger would: the digest recomputed, so the row rules are what refuse it."""
-    return forge.rewrite_table(index_file(root), edit)
-
-
-def set_column(table: pa.Table, name: str, values: list[Any]) -> pa.Table:
-    i = table.schema.get_field_index(name)
-    field = table.schema.field(i)
-    return table.set_column(i, field.with_nullable(True), pa.array(values, type=field.type))
 
 
 def test_cli_over_a_forged_store_is_one_line(small_store_dir: Path) -> None:

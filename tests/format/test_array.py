@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import struct
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,7 @@ import pytest
 import r3store
 import r3store.audit
 from r3store.errors import ChecksumError, FormatError
-from tests.routes import array_dir
+from tests.routes import array_dir, deadline
 from tests.routes import seeded_routes as _routes
 from tests.routes import write_store as _write
 
@@ -28,22 +26,6 @@ def edit_zarr(root: Path, edit: Callable[[dict[str, Any]], None]) -> None:
     doc = json.loads(path.read_text())
     edit(doc)
     path.write_text(json.dumps(doc))
-
-
-@contextmanager
-def deadline(seconds: int) -> Iterator[None]:
-    """Fail (instead of hanging the suite) when the block takes longer than ``seconds``."""
-
-    def expire(*_: object) -> None:
-        raise TimeoutError(f"took longer than {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def test_index_entry_marked_missing_inside_the_rows(small_store_dir: Path) -> None:

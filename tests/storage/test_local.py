@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -13,24 +10,7 @@ import pytest
 import r3store
 from r3store.errors import StorageError
 from r3store.storage import LocalBackend
-from tests.routes import array_dir, index_file
-
-
-@contextmanager
-def deadline(seconds: int) -> Iterator[None]:
-    """Fail (instead of hanging the suite) when the block takes longer than ``seconds``."""
-
-    def expire(*_: object) -> None:
-        raise TimeoutError(f"took longer than {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
+from tests.routes import array_dir, deadline, index_file
 
 ESCAPING_KEYS = ["../x", "routes/../../x", "/abs", "a//b", "./x", "a/./b", "a/", "", "a\0b", "a/.."]
 
