@@ -27,6 +27,7 @@ __all__ = [
     "MAX_ROWS",
     "ErrorFactory",
     "config_fields",
+    "config_from_dict",
     "is_int",
     "merge_config",
     "parse_bool",
@@ -57,6 +58,7 @@ class _Config(Protocol):
 
 
 C = TypeVar("C", bound=_Config)
+D = TypeVar("D")
 
 
 def resolve_config(cls: type[C], func: str, param: str, config: C | Mapping[str, Any] | None,
@@ -143,6 +145,28 @@ def same_value(a: Any, b: Any) -> bool:
 def config_fields(cls: type) -> frozenset[str]:
     """Field names of a dataclass."""
     return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def config_from_dict(cls: type[D], d: Any, *, name: str, unknown: str) -> D:
+    """A settings object ``cls(**d)`` from a mapping (missing keys: defaults): the one
+    ``from_dict`` of ReaderOptions, WriterConfig and RouteColumns.
+
+    ``name`` is the parameter ``d`` stands for and ``unknown`` the fault said of a key that is
+    not a field of ``cls`` (for messages).
+
+    Raises
+    ------
+    r3store.errors.OptionError
+        ``d`` is not a mapping, holds an unknown key, or a value is invalid (``cls``'s checks).
+    """
+    if not isinstance(d, Mapping):
+        raise OptionError(name, d, "must be a mapping")
+    data: dict[str, Any] = dict(d)
+    for key, value in data.items():
+        if key not in config_fields(cls):
+            raise OptionError(str(key), value, unknown)
+    make: Callable[..., D] = cls
+    return make(**data)
 
 
 def is_int(value: object) -> TypeGuard[int]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -38,3 +40,21 @@ def memory_url() -> Iterator[str]:
     path = url.removeprefix("memory://")
     if fs.exists(path):
         fs.rm(path, recursive=True)
+
+
+@pytest.fixture
+def committed(tmp_path: Path) -> tuple[Path, str, Path, np.ndarray]:
+    """``(root, array, shard_file, big)``: a local store written by ``tests.routes.write_committed``."""
+    from tests.routes import write_committed
+
+    return write_committed(tmp_path)
+
+
+@pytest.fixture
+def small_store_dir(tmp_path: Path) -> Path:
+    """``tests.routes.make_store``'s three 10-row samples at ``tmp_path / "store"``."""
+    from tests.routes import make_store
+
+    root = tmp_path / "store"
+    make_store(root)
+    return root

@@ -28,7 +28,7 @@ import ray
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink, WriteResult
 
-from r3store._checks import config_fields, merge_config, parse_choice
+from r3store._checks import config_from_dict, merge_config, parse_choice
 from r3store._deprecated import warn
 from r3store._spec import ModelSpec
 from r3store.errors import OptionError
@@ -113,12 +113,7 @@ class RouteColumns:
         r3store.errors.OptionError
             ``d`` is not a mapping, holds an unknown key, or a value is invalid.
         """
-        if not isinstance(d, Mapping):
-            raise OptionError("columns", d, "must be a mapping")
-        for key, value in d.items():
-            if key not in config_fields(cls):
-                raise OptionError(str(key), value, "is not a field of RouteColumns")
-        return cls(**dict(d))
+        return config_from_dict(cls, d, name="columns", unknown="is not a field of RouteColumns")
 
     @classmethod
     def resolve(cls, columns: RouteColumns | RouteColumnsDict | Mapping[str, Any] | None = None,

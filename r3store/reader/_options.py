@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from r3store._checks import (
     MAX_ROWS,
-    config_fields,
+    config_from_dict,
     merge_config,
     parse_bool,
     parse_choice,
@@ -141,13 +141,7 @@ class ReaderOptions:
         r3store.errors.OptionError
             ``d`` is not a mapping, holds an unknown key, or a value is invalid.
         """
-        if not isinstance(d, Mapping):
-            raise OptionError("reader", d, "must be a mapping")
-        data: dict[str, Any] = dict(d)
-        for key, value in data.items():
-            if key not in config_fields(cls):
-                raise OptionError(str(key), value, "is not a reader option")
-        return cls(**data)
+        return config_from_dict(cls, d, name="reader", unknown="is not a reader option")
 
     @classmethod
     def resolve(cls, options: ReaderOptions | ReaderOptionsDict | Mapping[str, Any] | None = None,

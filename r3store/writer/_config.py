@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Literal, TypedDict, cast
 
-from r3store._checks import config_fields, merge_config, parse_choice, parse_int, parse_optional_int
+from r3store._checks import config_from_dict, merge_config, parse_choice, parse_int, parse_optional_int
 from r3store.errors import OptionError
 
 __all__ = ["WRITER_ID", "WriterConfig", "WriterConfigDict"]
@@ -146,13 +146,7 @@ class WriterConfig:
         r3store.errors.OptionError
             ``d`` is not a mapping, holds an unknown key, or a value is invalid.
         """
-        if not isinstance(d, Mapping):
-            raise OptionError("config", d, "must be a mapping")
-        data: dict[str, Any] = dict(d)
-        for key, value in data.items():
-            if key not in config_fields(cls):
-                raise OptionError(str(key), value, "is not a writer setting")
-        return cls(**data)
+        return config_from_dict(cls, d, name="config", unknown="is not a writer setting")
 
     @classmethod
     def resolve(cls, config: WriterConfig | WriterConfigDict | Mapping[str, Any] | None = None,

@@ -7,14 +7,8 @@ from pathlib import Path
 import numpy as np
 
 import r3store
-from tests.clirun import checked_json
+from tests.clirun import SPEC_3X16, checked_json, routes_of_16
 from tests.clirun import run_cli as run
-
-SPEC_3X16 = r3store.ModelSpec(num_layers=3, num_experts=16, top_k=2, moe_layers=[1, 2])
-
-
-def routes_of_16(rng: np.random.Generator, rows: int) -> np.ndarray:
-    return np.argsort(rng.random((rows, 2, 16)), axis=-1)[..., :2].astype(np.int32)
 
 
 def test_inspect_labels_the_commit_count_and_time_range_apart(tmp_path: Path) -> None:

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 import jsonschema
 import numpy as np
-import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
@@ -26,9 +24,10 @@ from r3store._format import load_schema
 from r3store.cli import main
 from r3store.cli._main import COMMANDS
 from r3store.errors import NotAStoreError, R3StoreError
-from r3store.testing import forge
 from r3store.testing.s3 import ACCESS_KEY, REGION, SECRET_KEY, s3_bucket, s3_server, s3_storage_options, s3_url  # noqa: F401 - pytest fixtures
+from tests.clirun import invoke as _cli
 from tests.clirun import run_cli as run
+from tests.routes import rewrite_table, set_column
 
 SPEC = r3store.ModelSpec(num_layers=3, num_experts=16, top_k=2, moe_layers=[1, 2])
 ODD_IDS = ("[/]", "[bold]x", "plain[red]", "a[/:]b")
@@ -41,7 +40,6 @@ def routes_of(rng: np.random.Generator, rows: int) -> np.ndarray:
 def flat(text: str) -> str:
     """``text`` without whitespace (a long title may wrap)."""
     return "".join(text.split())
-
 
 
 @pytest.fixture
@@ -153,50 +151,6 @@ def test_group_maps_every_r3store_error_to_one_line_exit_2(monkeypatch: pytest.M
     assert result.exit_code == 2, result.output
     assert result.stderr.strip() == ("error: NotAStoreError: mem://[bold]x[/] is not an r3store store: no r3store.json "
                                      "second line [/:]")
-
-
-SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
-
-
-def routes(rows: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
-    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
-
-
-def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
-    data = {f"s{i}": routes(rows, seed + i) for i in range(n)}
-    with r3store.RouteWriter(str(root), SPEC_4X16, **kw) as w:
-        for sid, r in data.items():
-            w.append(sid, r, metadata={"step": 1})
-    return data
-
-
-def index_file(root: Path) -> Path:
-    (path,) = (root / "index").rglob("*.parquet")
-    return path
-
-
-def rewrite_table(root: Path, edit: Callable[[pa.Table], pa.Table]) -> Path:
-    """Edit the store's sample table as a forger would: the digest recomputed, so the row rules are what refuse it."""
-    return forge.rewrite_table(index_file(root), edit)
-
-
-def set_column(table: pa.Table, name: str, values: list[Any]) -> pa.Table:
-    i = table.schema.get_field_index(name)
-    field = table.schema.field(i)
-    return table.set_column(i, field.with_nullable(True), pa.array(values, type=field.type))
-
-
-@pytest.fixture
-def small_store_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "store"
-    make_store(root)
-    return root
-
-
-def _cli(*args: str) -> Any:
-    return CliRunner().invoke(main, list(args))
 
 
 def test_cli_over_a_forged_store_is_one_line(small_store_dir: Path) -> None:

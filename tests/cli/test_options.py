@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from click.testing import CliRunner
 
 from r3store.audit import parse_layers, parse_rows
-from r3store.cli._main import main
-
-
-def _cli(*args: str) -> Any:
-    return CliRunner().invoke(main, list(args))
+from tests.clirun import invoke as _cli
 
 
 def test_parse_layers_and_rows() -> None:

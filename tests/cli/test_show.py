@@ -4,42 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
-from click.testing import CliRunner, Result
 
-import r3store
-from r3store.cli._main import main
+from tests.clirun import body_rows, check_80
+from tests.clirun import invoke as _cli
 from tests.clirun import run_cli as run
-
-SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
-
-
-def routes(rows: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
-    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
-
-
-def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
-    data = {f"s{i}": routes(rows, seed + i) for i in range(n)}
-    with r3store.RouteWriter(str(root), SPEC_4X16, **kw) as w:
-        for sid, r in data.items():
-            w.append(sid, r, metadata={"step": 1})
-    return data
-
-
-@pytest.fixture
-def small_store_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "store"
-    make_store(root)
-    return root
-
-
-def _cli(*args: str) -> Any:
-    return CliRunner().invoke(main, list(args))
 
 
 @pytest.mark.parametrize(("args", "words"), [
@@ -64,43 +34,10 @@ def test_show_rows_still_work(small_store_dir: Path) -> None:
     assert json.loads(result.output)["row_start"] == 9
 
 
-SPEC_13X128 = r3store.ModelSpec(num_layers=13, num_experts=128, top_k=8, moe_layers=range(1, 13))
-
-
-def routes_of_128(rng: np.random.Generator, rows: int, layers: int = 12) -> np.ndarray:
-    return np.argsort(rng.random((rows, layers, 128)), axis=-1)[..., :8].astype(np.int32)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Path:
-    rng = np.random.default_rng(16)
-    path = tmp_path / "store"
-    with r3store.RouteWriter(path, SPEC_13X128, config={"on_invalid": "quarantine"}) as w:
-        for i in range(4):
-            w.append(f"step-1/prompt-{i}/sample-{i}", routes_of_128(rng, 40 + 10 * i))
-        bad = routes_of_128(rng, 12)
-        bad[3, 2, :2] = 7
-        w.append("bad", bad)
-    return path
-
-
 def test_show_help_tells_which_layers_the_table_shows() -> None:
     text = " ".join(run("show", "--help").stdout.split())
     assert "as many of the first MoE layers as fit the terminal, up to 8, in the table" in text
     assert "every MoE layer with --json" in text
-
-
-def body_rows(text: str) -> list[list[str]]:
-    """The body lines of the rich tables in ``text``, split into cells."""
-    return [[c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines() if line.startswith("│")]
-
-
-def check_80(result: Result) -> str:
-    assert result.exit_code in (0, 1), result.output
-    lines = result.stdout.splitlines()
-    assert max(len(line) for line in lines) <= 80
-    assert "…" not in result.stdout  # nothing cut
-    return result.stdout
 
 
 def test_show_at_80_columns_breaks_cells_between_ids_only(store: Path) -> None:

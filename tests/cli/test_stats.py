@@ -9,39 +9,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from click.testing import CliRunner, Result
 
 import r3store
-from r3store.cli._main import main
-from tests.clirun import checked_json
+from tests.clirun import (
+    SPEC_3X16,
+    body_rows,
+    check_80,
+    checked_json,
+    routes_of_16,
+)
+from tests.clirun import invoke as _cli
 from tests.clirun import run_cli as run
-
-SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
-
-
-def routes(rows: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
-    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
-
-
-def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
-    data = {f"s{i}": routes(rows, seed + i) for i in range(n)}
-    with r3store.RouteWriter(str(root), SPEC_4X16, **kw) as w:
-        for sid, r in data.items():
-            w.append(sid, r, metadata={"step": 1})
-    return data
-
-
-@pytest.fixture
-def small_store_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "store"
-    make_store(root)
-    return root
-
-
-def _cli(*args: str) -> Any:
-    return CliRunner().invoke(main, list(args))
 
 
 def test_stats_plot_into_missing_folder(small_store_dir: Path) -> None:
@@ -64,26 +42,6 @@ def test_plot_write_failure_is_a_usage_error(tmp_path: Path) -> None:
         save_plot(draw, {}, str(tmp_path / "x.png"), (100, 100))
 
 
-SPEC_13X128 = r3store.ModelSpec(num_layers=13, num_experts=128, top_k=8, moe_layers=range(1, 13))
-
-
-def routes_of_128(rng: np.random.Generator, rows: int, layers: int = 12) -> np.ndarray:
-    return np.argsort(rng.random((rows, layers, 128)), axis=-1)[..., :8].astype(np.int32)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Path:
-    rng = np.random.default_rng(16)
-    path = tmp_path / "store"
-    with r3store.RouteWriter(path, SPEC_13X128, config={"on_invalid": "quarantine"}) as w:
-        for i in range(4):
-            w.append(f"step-1/prompt-{i}/sample-{i}", routes_of_128(rng, 40 + 10 * i))
-        bad = routes_of_128(rng, 12)
-        bad[3, 2, :2] = 7
-        w.append("bad", bad)
-    return path
-
-
 @pytest.mark.parametrize(("suffix", "magic"), [(".jpg", b"\xff\xd8\xff"), (".JPEG", b"\xff\xd8\xff"),
                                                (".png", b"\x89PNG"), (".svg", b"<?xml"), (".pdf", b"%PDF")])
 def test_plot_format_follows_the_suffix(store: Path, tmp_path: Path, suffix: str, magic: bytes) -> None:
@@ -104,19 +62,6 @@ def test_unknown_plot_suffix_is_a_usage_error_before_the_scan(store: Path, tmp_p
         assert not (tmp_path / name).exists()
 
 
-def body_rows(text: str) -> list[list[str]]:
-    """The body lines of the rich tables in ``text``, split into cells."""
-    return [[c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines() if line.startswith("│")]
-
-
-def check_80(result: Result) -> str:
-    assert result.exit_code in (0, 1), result.output
-    lines = result.stdout.splitlines()
-    assert max(len(line) for line in lines) <= 80
-    assert "…" not in result.stdout  # nothing cut
-    return result.stdout
-
-
 def test_stats_at_80_columns_keeps_headers_and_numbers_whole(store: Path) -> None:
     out = check_80(run("stats", str(store), columns=80))
     for word in ("layer", "mean", "load", "max/mean", "entropy", "(bits)", "unused", "experts", "hottest",
@@ -127,13 +72,6 @@ def test_stats_at_80_columns_keeps_headers_and_numbers_whole(store: Path) -> Non
     for lay, row in zip(doc["layers"], rows, strict=False):
         assert row[:5] == [str(lay["layer"]), f"{lay['mean_load']:,.1f}", f"{lay['max_load']:,}",
                            f"{lay['max_over_mean']:.2f}", f"{lay['entropy_bits']:.3f}"]
-
-
-SPEC_3X16 = r3store.ModelSpec(num_layers=3, num_experts=16, top_k=2, moe_layers=[1, 2])
-
-
-def routes_of_16(rng: np.random.Generator, rows: int) -> np.ndarray:
-    return np.argsort(rng.random((rows, 2, 16)), axis=-1)[..., :2].astype(np.int32)
 
 
 def test_stats_policy_range_uses_every_version_of_a_sample(tmp_path: Path) -> None:

@@ -2,49 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import time
 from pathlib import Path
 
 import numpy as np
-import pytest
-from click.testing import Result
 
 import r3store
-from tests.clirun import checked_json
+from tests.clirun import SPEC_3X16, SPEC_13X128, check_80, checked_json, leave_uncommitted, routes_of_16, routes_of_128
 from tests.clirun import run_cli as run
-
-SPEC_13X128 = r3store.ModelSpec(num_layers=13, num_experts=128, top_k=8, moe_layers=range(1, 13))
-
-
-def routes_of_128(rng: np.random.Generator, rows: int, layers: int = 12) -> np.ndarray:
-    return np.argsort(rng.random((rows, layers, 128)), axis=-1)[..., :8].astype(np.int32)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Path:
-    rng = np.random.default_rng(16)
-    path = tmp_path / "store"
-    with r3store.RouteWriter(path, SPEC_13X128, config={"on_invalid": "quarantine"}) as w:
-        for i in range(4):
-            w.append(f"step-1/prompt-{i}/sample-{i}", routes_of_128(rng, 40 + 10 * i))
-        bad = routes_of_128(rng, 12)
-        bad[3, 2, :2] = 7
-        w.append("bad", bad)
-    return path
-
-
-def leave_uncommitted(path: Path, age_s: float = 0.0) -> str:
-    """Write a commit and delete its sample table: what a writer leaves while (or after) committing."""
-    with r3store.RouteWriter(path, SPEC_13X128) as w:
-        w.append(f"left-{age_s}", routes_of_128(np.random.default_rng(1), 5))
-    (commit,) = w.commits
-    next((path / "index").rglob(f"{commit}.parquet")).unlink()
-    if age_s:
-        then = time.time() - age_s
-        for p in (path / "routes" / commit).rglob("*"):
-            os.utime(p, (then, then))
-    return commit
 
 
 def test_validate_exits_0_for_a_running_writers_young_leftover(tmp_path: Path) -> None:
@@ -63,14 +27,6 @@ def test_validate_exits_0_for_a_running_writers_young_leftover(tmp_path: Path) -
     assert run("validate", str(path), "--grace", "soon").exit_code == 2
 
 
-def check_80(result: Result) -> str:
-    assert result.exit_code in (0, 1), result.output
-    lines = result.stdout.splitlines()
-    assert max(len(line) for line in lines) <= 80
-    assert "…" not in result.stdout  # nothing cut
-    return result.stdout
-
-
 def test_validate_inspect_diff_at_80_columns(store: Path) -> None:
     leave_uncommitted(store, age_s=7200)
     out = check_80(run("validate", str(store), columns=80))
@@ -81,13 +37,6 @@ def test_validate_inspect_diff_at_80_columns(store: Path) -> None:
     assert "repeated_ids: sample 'bad', decoder layer 3, rows 3" in flat
     check_80(run("inspect", str(store), columns=80))
     check_80(run("diff", str(store), str(store), columns=80))
-
-
-SPEC_3X16 = r3store.ModelSpec(num_layers=3, num_experts=16, top_k=2, moe_layers=[1, 2])
-
-
-def routes_of_16(rng: np.random.Generator, rows: int) -> np.ndarray:
-    return np.argsort(rng.random((rows, 2, 16)), axis=-1)[..., :2].astype(np.int32)
 
 
 def test_validate_exits_0_when_missing_rows_are_all_it_found(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 import r3store
 from r3store.errors import AlignmentError, LayerError, LayoutOptionError, ResumeError
 from r3store.layout import LayoutOptions
+from tests.routes import SPEC_4X16, routes_4x16
 
 SPEC = r3store.ModelSpec(num_layers=6, num_experts=16, top_k=4, moe_layers=[1, 2, 4, 5])
 
@@ -420,30 +421,6 @@ def test_workers_yield_the_batches_of_the_main_process(store_dir, options: dict[
                 assert torch.equal(value, b[key]), key
 
 
-SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
-
-
-def routes(rows: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
-    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
-
-
-def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
-    data = {f"s{i}": routes(rows, seed + i) for i in range(n)}
-    with r3store.RouteWriter(str(root), SPEC_4X16, **kw) as w:
-        for sid, r in data.items():
-            w.append(sid, r, metadata={"step": 1})
-    return data
-
-
-@pytest.fixture
-def small_store_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "store"
-    make_store(root)
-    return root
-
-
 @pytest.mark.parametrize(("kwargs", "exc"), [
     ({"options": {"pad_policy": "zeros"}}, LayoutOptionError),
     ({"options": {"pad_policy": "fill", "fill_value": "x"}}, LayoutOptionError),
@@ -478,7 +455,7 @@ def test_load_state_dict_from_another_store_of_the_same_size(small_store_dir: Pa
     other = tmp_path / "other"
     with r3store.RouteWriter(other, SPEC_4X16) as w:
         for i in range(3):
-            w.append(f"other{i}", routes(10, i))
+            w.append(f"other{i}", routes_4x16(10, i))
     ds = RouteDataset(small_store_dir, max_tokens_per_batch=16)
     next(iter(ds))
     state = json.loads(json.dumps(ds.state_dict()))

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import struct
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,27 +16,9 @@ import pytest
 import r3store
 import r3store.audit
 from r3store.errors import ChecksumError, FormatError
-
-SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
-
-
-def routes(rows: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
-    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
-
-
-def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
-    data = {f"s{i}": routes(rows, seed + i) for i in range(n)}
-    with r3store.RouteWriter(str(root), SPEC_4X16, **kw) as w:
-        for sid, r in data.items():
-            w.append(sid, r, metadata={"step": 1})
-    return data
-
-
-def array_dir(root: Path) -> Path:
-    (path,) = (p for p in (root / "routes").iterdir() if p.is_dir())
-    return path
+from tests.routes import array_dir, deadline
+from tests.routes import seeded_routes as _routes
+from tests.routes import write_store as _write
 
 
 def edit_zarr(root: Path, edit: Callable[[dict[str, Any]], None]) -> None:
@@ -46,29 +26,6 @@ def edit_zarr(root: Path, edit: Callable[[dict[str, Any]], None]) -> None:
     doc = json.loads(path.read_text())
     edit(doc)
     path.write_text(json.dumps(doc))
-
-
-@contextmanager
-def deadline(seconds: int) -> Iterator[None]:
-    """Fail (instead of hanging the suite) when the block takes longer than ``seconds``."""
-
-    def expire(*_: object) -> None:
-        raise TimeoutError(f"took longer than {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
-@pytest.fixture
-def small_store_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "store"
-    make_store(root)
-    return root
 
 
 def test_index_entry_marked_missing_inside_the_rows(small_store_dir: Path) -> None:
@@ -122,37 +79,6 @@ def test_zarr_json_bounds(small_store_dir: Path, edit: Callable[[dict[str, Any]]
     assert "zarr.json" in str(info.value)
 
 
-# 5 decoder layers, dense layers 0 and 3; 40 experts -> 6 bits per id
-SPEC_5X40 = r3store.ModelSpec(num_layers=5, num_experts=40, top_k=3, moe_layers=[1, 2, 4])
-
-
-def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40,
-                  top_k: int = 3) -> np.ndarray:
-    """Valid routes: per (row, layer) a random permutation prefix of the experts."""
-    return np.argsort(rng.random((rows, layers, num_experts)), axis=-1)[..., :top_k].astype(np.int32)
-
-
-RNG = np.random.default_rng(1234)
-
-
-GOOD = {f"g{i}": random_routes(RNG, n) for i, n in enumerate([5, 11, 1])}
-
-
-@pytest.fixture
-def committed(tmp_path: Path):
-    """A local store: GOOD + one more sample in one shard, 4-row chunks, one layer per chunk."""
-    big = random_routes(np.random.default_rng(5), 20)
-    with r3store.RouteWriter(tmp_path, SPEC_5X40, config={"chunk_rows": 4, "layers_per_chunk": 1}) as w:
-        for sid, routes in GOOD.items():
-            w.append(sid, routes)
-        w.append("big", big)
-    store = r3store.open_store(tmp_path)
-    array = store.row("big")["array"]
-    shard_file = tmp_path / array / "c" / "0" / "0" / "0"
-    assert shard_file.is_file()
-    return tmp_path, array, shard_file, big
-
-
 def test_route_array_metadata_disagrees(committed) -> None:
     root, array, _, _ = committed
     meta = root / array / "zarr.json"
@@ -169,22 +95,6 @@ try:
     from r3store.errors import SpecConflictError
 except ImportError:  # r3store 0.1 (these tests also run against it, to show each failed there)
     SpecConflictError = ChecksumError  # type: ignore[misc, assignment]
-
-
-SPEC6 = r3store.ModelSpec(num_layers=6, num_experts=12, top_k=2, moe_layers=[1, 2, 3, 4, 5])
-
-
-def _routes(rows: int, seed: int, spec: r3store.ModelSpec = SPEC6) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return np.argsort(rng.random((rows, spec.num_moe_layers, spec.num_experts)), axis=-1)[..., : spec.top_k].astype(
-        np.int32)
-
-
-def _write(root: Path, samples: dict[str, np.ndarray], spec: r3store.ModelSpec = SPEC6, **kw: object) -> str:
-    with r3store.RouteWriter(root, spec, kw) as w:
-        for sid, r in samples.items():
-            w.append(sid, r)
-        return w.flush() or w.commits[-1]
 
 
 def test_array_document_disagrees_with_the_manifest(tmp_path: Path) -> None:

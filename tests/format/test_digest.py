@@ -4,32 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 import r3store.audit
 from r3store.errors import ChecksumError
-
-SPEC6 = r3store.ModelSpec(num_layers=6, num_experts=12, top_k=2, moe_layers=[1, 2, 3, 4, 5])
-
-
-def _routes(rows: int, seed: int, spec: r3store.ModelSpec = SPEC6) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return np.argsort(rng.random((rows, spec.num_moe_layers, spec.num_experts)), axis=-1)[..., : spec.top_k].astype(
-        np.int32)
-
-
-def _write(root: Path, samples: dict[str, np.ndarray], spec: r3store.ModelSpec = SPEC6, **kw: object) -> str:
-    with r3store.RouteWriter(root, spec, kw) as w:
-        for sid, r in samples.items():
-            w.append(sid, r)
-        return w.flush() or w.commits[-1]
-
-
-def _tables(root: Path) -> list[Path]:
-    return sorted((root / "index").rglob("*.parquet"))
+from tests.routes import sample_tables as _tables
+from tests.routes import seeded_routes as _routes
+from tests.routes import write_store as _write
 
 
 def test_sample_table_edit_with_its_old_metadata_is_refused(tmp_path: Path) -> None:

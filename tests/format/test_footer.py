@@ -17,34 +17,7 @@ import pytest
 
 import r3store
 from r3store.errors import FormatError
-
-SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
-
-
-def routes(rows: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
-    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
-
-
-def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
-    data = {f"s{i}": routes(rows, seed + i) for i in range(n)}
-    with r3store.RouteWriter(str(root), SPEC_4X16, **kw) as w:
-        for sid, r in data.items():
-            w.append(sid, r, metadata={"step": 1})
-    return data
-
-
-def index_file(root: Path) -> Path:
-    (path,) = (root / "index").rglob("*.parquet")
-    return path
-
-
-@pytest.fixture
-def small_store_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "store"
-    make_store(root)
-    return root
+from tests.routes import index_file
 
 
 def _write_with(path: Path, table: pa.Table, **kw: Any) -> None:

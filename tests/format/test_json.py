@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -11,34 +10,7 @@ import pytest
 import r3store
 import r3store.audit
 from r3store.errors import FormatError
-
-SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
-
-
-def routes(rows: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
-    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
-
-
-def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
-    data = {f"s{i}": routes(rows, seed + i) for i in range(n)}
-    with r3store.RouteWriter(str(root), SPEC_4X16, **kw) as w:
-        for sid, r in data.items():
-            w.append(sid, r, metadata={"step": 1})
-    return data
-
-
-def array_dir(root: Path) -> Path:
-    (path,) = (p for p in (root / "routes").iterdir() if p.is_dir())
-    return path
-
-
-@pytest.fixture
-def small_store_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "store"
-    make_store(root)
-    return root
+from tests.routes import array_dir
 
 
 @pytest.mark.parametrize("target", ["manifest", "zarr"])
@@ -50,7 +22,6 @@ def test_deeply_nested_json(small_store_dir: Path, target: str) -> None:
 
 
 def _store(tmp_path: Path) -> Path:
-    import numpy as np
 
     spec = r3store.ModelSpec(num_layers=2, num_experts=8, top_k=2)
     with r3store.RouteWriter(tmp_path / "s", spec) as w:

@@ -6,43 +6,16 @@ import json
 from pathlib import Path
 
 import google_crc32c
-import numpy as np
 import pytest
 
 import r3store
 import r3store.audit
 from r3store.errors import ChecksumError, FormatError, FormatVersionError
 from r3store.testing import forge
-
-# 5 decoder layers, dense layers 0 and 3; 40 experts -> 6 bits per id
-SPEC_5X40 = r3store.ModelSpec(num_layers=5, num_experts=40, top_k=3, moe_layers=[1, 2, 4])
-
-
-def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40,
-                  top_k: int = 3) -> np.ndarray:
-    """Valid routes: per (row, layer) a random permutation prefix of the experts."""
-    return np.argsort(rng.random((rows, layers, num_experts)), axis=-1)[..., :top_k].astype(np.int32)
-
-
-RNG = np.random.default_rng(1234)
-
-
-GOOD = {f"g{i}": random_routes(RNG, n) for i, n in enumerate([5, 11, 1])}
-
-
-@pytest.fixture
-def committed(tmp_path: Path):
-    """A local store: GOOD + one more sample in one shard, 4-row chunks, one layer per chunk."""
-    big = random_routes(np.random.default_rng(5), 20)
-    with r3store.RouteWriter(tmp_path, SPEC_5X40, config={"chunk_rows": 4, "layers_per_chunk": 1}) as w:
-        for sid, routes in GOOD.items():
-            w.append(sid, routes)
-        w.append("big", big)
-    store = r3store.open_store(tmp_path)
-    array = store.row("big")["array"]
-    shard_file = tmp_path / array / "c" / "0" / "0" / "0"
-    assert shard_file.is_file()
-    return tmp_path, array, shard_file, big
+from tests.routes import SPEC_5X40
+from tests.routes import sample_tables as _tables
+from tests.routes import seeded_routes as _routes
+from tests.routes import write_store as _write
 
 
 @pytest.mark.parametrize(
@@ -77,26 +50,6 @@ try:
     from r3store.errors import SpecConflictError
 except ImportError:  # r3store 0.1 (these tests also run against it, to show each failed there)
     SpecConflictError = ChecksumError  # type: ignore[misc, assignment]
-
-
-SPEC6 = r3store.ModelSpec(num_layers=6, num_experts=12, top_k=2, moe_layers=[1, 2, 3, 4, 5])
-
-
-def _routes(rows: int, seed: int, spec: r3store.ModelSpec = SPEC6) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return np.argsort(rng.random((rows, spec.num_moe_layers, spec.num_experts)), axis=-1)[..., : spec.top_k].astype(
-        np.int32)
-
-
-def _write(root: Path, samples: dict[str, np.ndarray], spec: r3store.ModelSpec = SPEC6, **kw: object) -> str:
-    with r3store.RouteWriter(root, spec, kw) as w:
-        for sid, r in samples.items():
-            w.append(sid, r)
-        return w.flush() or w.commits[-1]
-
-
-def _tables(root: Path) -> list[Path]:
-    return sorted((root / "index").rglob("*.parquet"))
 
 
 def _manifest_crc(doc: dict[str, object]) -> str:

@@ -2,57 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-import pyarrow as pa
 import pytest
 
 import r3store
 from r3store.errors import FormatError
-from r3store.testing import forge
-
-SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
-
-
-def routes(rows: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
-    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
-
-
-def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
-    data = {f"s{i}": routes(rows, seed + i) for i in range(n)}
-    with r3store.RouteWriter(str(root), SPEC_4X16, **kw) as w:
-        for sid, r in data.items():
-            w.append(sid, r, metadata={"step": 1})
-    return data
-
-
-def index_file(root: Path) -> Path:
-    (path,) = (root / "index").rglob("*.parquet")
-    return path
-
-
-def rewrite_table(root: Path, edit: Callable[[pa.Table], pa.Table]) -> Path:
-    """Edit the store's sample table as a forger would: the digest recomputed, so the row rules are what refuse it."""
-    return forge.rewrite_table(index_file(root), edit)
-
-
-def set_column(table: pa.Table, name: str, values: list[Any]) -> pa.Table:
-    i = table.schema.get_field_index(name)
-    field = table.schema.field(i)
-    return table.set_column(i, field.with_nullable(True), pa.array(values, type=field.type))
-
-
-@pytest.fixture
-def small_store_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "store"
-    make_store(root)
-    return root
-
+from tests.routes import SPEC_4X16, rewrite_table, set_column
+from tests.routes import routes_4x16 as routes
 
 REQUIRED = ["sample_id", "num_tokens", "num_rows", "row_start", "array", "commit", "committed_at", "quarantined"]
 

@@ -6,11 +6,9 @@ import io
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -19,50 +17,10 @@ import r3store
 import r3store.audit
 from r3store.errors import ChecksumError, FormatError, FormatVersionError
 from r3store.testing import forge
-
-SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
-
-
-def routes(rows: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
-    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
-
-
-def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
-    data = {f"s{i}": routes(rows, seed + i) for i in range(n)}
-    with r3store.RouteWriter(str(root), SPEC_4X16, **kw) as w:
-        for sid, r in data.items():
-            w.append(sid, r, metadata={"step": 1})
-    return data
-
-
-def index_file(root: Path) -> Path:
-    (path,) = (root / "index").rglob("*.parquet")
-    return path
-
-
-def array_dir(root: Path) -> Path:
-    (path,) = (p for p in (root / "routes").iterdir() if p.is_dir())
-    return path
-
-
-def rewrite_table(root: Path, edit: Callable[[pa.Table], pa.Table]) -> Path:
-    """Edit the store's sample table as a forger would: the digest recomputed, so the row rules are what refuse it."""
-    return forge.rewrite_table(index_file(root), edit)
-
-
-def set_column(table: pa.Table, name: str, values: list[Any]) -> pa.Table:
-    i = table.schema.get_field_index(name)
-    field = table.schema.field(i)
-    return table.set_column(i, field.with_nullable(True), pa.array(values, type=field.type))
-
-
-@pytest.fixture
-def small_store_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "store"
-    make_store(root)
-    return root
+from tests.routes import array_dir, index_file, make_store, rewrite_table, set_column
+from tests.routes import sample_tables as _tables
+from tests.routes import seeded_routes as _routes
+from tests.routes import write_store as _write
 
 
 def test_forged_array_column_cannot_read_another_store(tmp_path: Path) -> None:
@@ -114,37 +72,6 @@ def test_sample_table_shape_caps(small_store_dir: Path, monkeypatch: pytest.Monk
         r3store.open_store(small_store_dir)
 
 
-# 5 decoder layers, dense layers 0 and 3; 40 experts -> 6 bits per id
-SPEC_5X40 = r3store.ModelSpec(num_layers=5, num_experts=40, top_k=3, moe_layers=[1, 2, 4])
-
-
-def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40,
-                  top_k: int = 3) -> np.ndarray:
-    """Valid routes: per (row, layer) a random permutation prefix of the experts."""
-    return np.argsort(rng.random((rows, layers, num_experts)), axis=-1)[..., :top_k].astype(np.int32)
-
-
-RNG = np.random.default_rng(1234)
-
-
-GOOD = {f"g{i}": random_routes(RNG, n) for i, n in enumerate([5, 11, 1])}
-
-
-@pytest.fixture
-def committed(tmp_path: Path):
-    """A local store: GOOD + one more sample in one shard, 4-row chunks, one layer per chunk."""
-    big = random_routes(np.random.default_rng(5), 20)
-    with r3store.RouteWriter(tmp_path, SPEC_5X40, config={"chunk_rows": 4, "layers_per_chunk": 1}) as w:
-        for sid, routes in GOOD.items():
-            w.append(sid, routes)
-        w.append("big", big)
-    store = r3store.open_store(tmp_path)
-    array = store.row("big")["array"]
-    shard_file = tmp_path / array / "c" / "0" / "0" / "0"
-    assert shard_file.is_file()
-    return tmp_path, array, shard_file, big
-
-
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "plain-parquet"])
 def test_bad_sample_table(committed, damage) -> None:
     root, _array, _, _ = committed
@@ -189,26 +116,6 @@ def _python(code: str, *args: str, timeout: int = 300) -> subprocess.CompletedPr
     """Run ``code`` in a fresh interpreter on this checkout (an abort shows as a negative return code)."""
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
-
-
-SPEC6 = r3store.ModelSpec(num_layers=6, num_experts=12, top_k=2, moe_layers=[1, 2, 3, 4, 5])
-
-
-def _routes(rows: int, seed: int, spec: r3store.ModelSpec = SPEC6) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return np.argsort(rng.random((rows, spec.num_moe_layers, spec.num_experts)), axis=-1)[..., : spec.top_k].astype(
-        np.int32)
-
-
-def _write(root: Path, samples: dict[str, np.ndarray], spec: r3store.ModelSpec = SPEC6, **kw: object) -> str:
-    with r3store.RouteWriter(root, spec, kw) as w:
-        for sid, r in samples.items():
-            w.append(sid, r)
-        return w.flush() or w.commits[-1]
-
-
-def _tables(root: Path) -> list[Path]:
-    return sorted((root / "index").rglob("*.parquet"))
 
 
 BYTE_FLIPS = """

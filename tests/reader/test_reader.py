@@ -13,7 +13,6 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ from hypothesis import strategies as st
 import r3store
 from r3store.errors import DuplicateSampleError, FormatError, LayerError, SampleNotFoundError
 from r3store.testing.synthetic import uniform_routes
+from tests.routes import SPEC_4X16
 
 # -- local generators (numpy only) ----------------------------------------------------
 
@@ -340,7 +340,6 @@ def test_metadata_types_differing_between_writers(tmp_path) -> None:
     np.testing.assert_array_equal(store.get("w3"), routes)
 
 
-
 # -- the read core, the facade and batches ----------------------------------------------------
 
 LAYOUT_SPEC = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2, moe_layers=[1, 2, 3])
@@ -415,30 +414,6 @@ def test_assemble_returns_numpy_and_takes_options_whole(tmp_path) -> None:
         store.assemble(["s0"], return_tensors="tf")  # type: ignore[arg-type]
 
 
-SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
-
-
-def routes(rows: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
-    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
-
-
-def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
-    data = {f"s{i}": routes(rows, seed + i) for i in range(n)}
-    with r3store.RouteWriter(str(root), SPEC_4X16, **kw) as w:
-        for sid, r in data.items():
-            w.append(sid, r, metadata={"step": 1})
-    return data
-
-
-@pytest.fixture
-def small_store_dir(tmp_path: Path) -> Path:
-    root = tmp_path / "store"
-    make_store(root)
-    return root
-
-
 def test_reader_api_misuse(small_store_dir: Path) -> None:
     store = r3store.open_store(small_store_dir)
     with pytest.raises(TypeError, match=r"use slice\(0, 1\)"):
@@ -450,9 +425,6 @@ def test_reader_api_misuse(small_store_dir: Path) -> None:
         store.assemble(["s0"], return_tensors="tf")  # type: ignore[arg-type]
     with pytest.raises(FormatError, match="not a committed route array"):
         store.read_rows("routes/elsewhere", 0, 1, [0])
-
-
-SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
 
 
 @pytest.fixture

@@ -6,8 +6,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 import pytest
 
 import r3store
@@ -15,28 +13,7 @@ from r3store._format import is_immutable_key
 from r3store.errors import FormatError, StorageError
 from r3store.storage import ByteRange, CachingBackend, open_backend
 from r3store.testing import forge
-
-SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
-
-
-def routes(rows: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    scores = rng.random((rows, SPEC_4X16.num_moe_layers, SPEC_4X16.num_experts))
-    return np.argsort(scores, axis=-1)[..., :SPEC_4X16.top_k].astype(np.int32)
-
-
-def make_store(root: Path | str, n: int = 3, rows: int = 10, seed: int = 0, **kw: Any) -> dict[str, np.ndarray]:
-    data = {f"s{i}": routes(rows, seed + i) for i in range(n)}
-    with r3store.RouteWriter(str(root), SPEC_4X16, **kw) as w:
-        for sid, r in data.items():
-            w.append(sid, r, metadata={"step": 1})
-    return data
-
-
-def set_column(table: pa.Table, name: str, values: list[Any]) -> pa.Table:
-    i = table.schema.get_field_index(name)
-    field = table.schema.field(i)
-    return table.set_column(i, field.with_nullable(True), pa.array(values, type=field.type))
+from tests.routes import make_store, set_column
 
 
 def test_caching_store_never_writes_outside_cache_dir(tmp_path: Path, s3_url: str,

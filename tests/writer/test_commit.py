@@ -14,6 +14,9 @@ import r3store.audit
 from r3store.errors import ChecksumError, NotAStoreError, RouteValidationError, SpecMismatchError, StorageError
 from r3store.storage import LocalBackend
 from r3store.testing import forge
+from tests.routes import GOOD, SPEC6, SPEC_5X40
+from tests.routes import check_store_after as _check_store_after
+from tests.routes import seeded_routes as _routes
 
 SPEC = r3store.ModelSpec(num_layers=2, num_experts=8, top_k=2)
 
@@ -153,42 +156,6 @@ def test_layers_must_be_ints_listed_once(tmp_path: Path) -> None:
         store.get("a", layers=[1, 1])
 
 
-# 5 decoder layers, dense layers 0 and 3; 40 experts -> 6 bits per id
-SPEC_5X40 = r3store.ModelSpec(num_layers=5, num_experts=40, top_k=3, moe_layers=[1, 2, 4])
-
-
-BASE_COLUMNS = {"sample_id", "num_tokens", "num_rows", "row_start", "array", "commit", "writer_id", "token_hash",
-                "committed_at", "quarantined", "reason", "missing_rows", "policy_spans", "policy_version"}
-
-
-def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40,
-                  top_k: int = 3) -> np.ndarray:
-    """Valid routes: per (row, layer) a random permutation prefix of the experts."""
-    return np.argsort(rng.random((rows, layers, num_experts)), axis=-1)[..., :top_k].astype(np.int32)
-
-
-RNG = np.random.default_rng(1234)
-
-
-GOOD = {f"g{i}": random_routes(RNG, n) for i, n in enumerate([5, 11, 1])}
-
-
-LATER = random_routes(RNG, 4)
-
-
-def _check_store_after(url: str, later: bool = True) -> r3store.RouteStore:
-    store = r3store.open_store(url)
-    want = [*GOOD, "later"] if later else list(GOOD)
-    assert store.sample_ids == want
-    assert store.samples.column("sample_id").to_pylist() == want  # nothing quarantined or half-written
-    for sid, routes in GOOD.items():
-        np.testing.assert_array_equal(store.get(sid), routes)
-    if later:
-        np.testing.assert_array_equal(store.get("later"), LATER)
-    assert set(store.samples.column_names) <= BASE_COLUMNS | {"step", "bad_only"}
-    return store
-
-
 def test_writer_refuses_foreign_folder(tmp_path: Path) -> None:
     (tmp_path / "data.csv").write_text("a,b\n")
     before = sorted(p.name for p in tmp_path.rglob("*"))
@@ -237,15 +204,6 @@ def test_manifest_changed_under_a_writer(tmp_path: Path, resealed: bool) -> None
     with pytest.raises(SpecMismatchError if resealed else ChecksumError):
         w.flush()
     assert not (tmp_path / "index").exists() or not list((tmp_path / "index").rglob("*.parquet"))
-
-
-SPEC6 = r3store.ModelSpec(num_layers=6, num_experts=12, top_k=2, moe_layers=[1, 2, 3, 4, 5])
-
-
-def _routes(rows: int, seed: int, spec: r3store.ModelSpec = SPEC6) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return np.argsort(rng.random((rows, spec.num_moe_layers, spec.num_experts)), axis=-1)[..., : spec.top_k].astype(
-        np.int32)
 
 
 class _FailTableOnce(LocalBackend):

@@ -25,6 +25,7 @@ from r3store.errors import (
     RouteValidationError,
     RowCountError,
 )
+from tests.routes import SPEC_4X16
 
 SPEC = r3store.ModelSpec(num_layers=4, num_experts=60, top_k=4, moe_layers=[1, 2, 3])  # layer 0 dense
 
@@ -319,9 +320,6 @@ def _v2(blob: bytes) -> bytes:
     """A format 1.0 ``.npy`` rewritten as format 2.0 (a 4-byte header length)."""
     (length,) = struct.unpack_from("<H", blob, 8)
     return b"\x93NUMPY\x02\x00" + struct.pack("<I", length) + blob[10:]
-
-
-SPEC_4X16 = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
 
 
 def test_sglang_none_and_int64_payloads(tmp_path: Path) -> None:

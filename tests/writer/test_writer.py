@@ -28,6 +28,9 @@ from r3store.errors import (
     WriterClosedError,
 )
 from r3store.testing.synthetic import uniform_routes
+from tests.routes import GOOD, LATER, OK5, SPEC6, SPEC_5X40
+from tests.routes import check_store_after as _check_store_after
+from tests.routes import seeded_routes as _routes
 
 
 def route_object_bytes(root: Path) -> tuple[int, int]:
@@ -328,36 +331,10 @@ def test_repeated_ids_matches_a_plain_reference(top_k: int) -> None:
     assert first_repeat(routes) == (tuple(int(v) for v in hits[0]) if hits.size else None)
 
 
-# 5 decoder layers, dense layers 0 and 3; 40 experts -> 6 bits per id
-SPEC_5X40 = r3store.ModelSpec(num_layers=5, num_experts=40, top_k=3, moe_layers=[1, 2, 4])
-
-
-BASE_COLUMNS = {"sample_id", "num_tokens", "num_rows", "row_start", "array", "commit", "writer_id", "token_hash",
-                "committed_at", "quarantined", "reason", "missing_rows", "policy_spans", "policy_version"}
-
-
-def random_routes(rng: np.random.Generator, rows: int, layers: int = 3, num_experts: int = 40,
-                  top_k: int = 3) -> np.ndarray:
-    """Valid routes: per (row, layer) a random permutation prefix of the experts."""
-    return np.argsort(rng.random((rows, layers, num_experts)), axis=-1)[..., :top_k].astype(np.int32)
-
-
 def full_layers(moe: np.ndarray) -> np.ndarray:
     out = np.zeros((moe.shape[0], SPEC_5X40.num_layers, SPEC_5X40.top_k), dtype=np.int32)
     out[:, list(SPEC_5X40.moe_layers)] = moe
     return out
-
-
-RNG = np.random.default_rng(1234)
-
-
-GOOD = {f"g{i}": random_routes(RNG, n) for i, n in enumerate([5, 11, 1])}
-
-
-LATER = random_routes(RNG, 4)
-
-
-OK5 = random_routes(RNG, 5)  # valid routes the bad cases start from
 
 
 def _with(arr: np.ndarray, index: tuple, value: int) -> np.ndarray:
@@ -467,19 +444,6 @@ def seeded(tmp_path: Path, memory_url: str, request: pytest.FixtureRequest):
     return url, w
 
 
-def _check_store_after(url: str, later: bool = True) -> r3store.RouteStore:
-    store = r3store.open_store(url)
-    want = [*GOOD, "later"] if later else list(GOOD)
-    assert store.sample_ids == want
-    assert store.samples.column("sample_id").to_pylist() == want  # nothing quarantined or half-written
-    for sid, routes in GOOD.items():
-        np.testing.assert_array_equal(store.get(sid), routes)
-    if later:
-        np.testing.assert_array_equal(store.get("later"), LATER)
-    assert set(store.samples.column_names) <= BASE_COLUMNS | {"step", "bad_only"}
-    return store
-
-
 @pytest.mark.parametrize("seeded", ["local", "memory"], indirect=True)
 @pytest.mark.parametrize(("name", "call", "exc_type", "words"), CASES, ids=[c[0] for c in CASES])
 def test_bad_append(seeded, name, call, exc_type, words) -> None:
@@ -528,15 +492,6 @@ def test_writer_used_after_close(seeded) -> None:
             call()
     w.close()
     _check_store_after(url, later=False)
-
-
-SPEC6 = r3store.ModelSpec(num_layers=6, num_experts=12, top_k=2, moe_layers=[1, 2, 3, 4, 5])
-
-
-def _routes(rows: int, seed: int, spec: r3store.ModelSpec = SPEC6) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return np.argsort(rng.random((rows, spec.num_moe_layers, spec.num_experts)), axis=-1)[..., : spec.top_k].astype(
-        np.int32)
 
 
 def test_rows_of_minus_one_are_stored_as_missing(tmp_path: Path) -> None:
