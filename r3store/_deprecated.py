@@ -30,7 +30,7 @@ __all__ = ["REMOVED_IN", "loose_fields", "module_getattr", "renamed_keyword", "r
 T = TypeVar("T")
 
 REMOVED_IN = "0.4.0"
-"""The release that removes every alias deprecated in 0.2 (named in each warning)."""
+"""The release that removes every alias deprecated in 0.3 (named in each warning)."""
 
 
 def warn(old: str, new: str, *, stacklevel: int = 3, removed_in: str = REMOVED_IN) -> None:

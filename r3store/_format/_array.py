@@ -71,10 +71,12 @@ def route_codec(spec: ModelSpec, version: int = FORMAT_VERSION, codec: str = "bi
     {'id': 'r3store.set', 'num_experts': 64, 'top_k': 2}
     """
     if codec == "set":
-        if version < 3 or spec.num_experts > SetCodec.MAX_EXPERTS or spec.top_k > SetCodec.MAX_TOP_K:
-            raise FormatError("route array", f"codec 'set' needs format version 3 or later (got {version}), at most "
-                                             f"{SetCodec.MAX_EXPERTS} experts and top-{SetCodec.MAX_TOP_K} (got "
-                                             f"{spec.num_experts}, top-{spec.top_k})")
+        if version < 3:
+            raise FormatError("route array", f"codec 'set' needs format version 3 or later (got {version})")
+        if spec.num_experts > SetCodec.MAX_EXPERTS or spec.top_k > SetCodec.MAX_TOP_K:
+            raise FormatError("route array", f"codec 'set' holds at most {SetCodec.MAX_EXPERTS} experts and "
+                                             f"top-{SetCodec.MAX_TOP_K} (got {spec.num_experts} experts, "
+                                             f"top-{spec.top_k})")
         return {"id": SetCodec.codec_id, "num_experts": spec.num_experts, "top_k": spec.top_k}
     if codec != "bitpack":
         raise FormatError("route array", f"codec must be one of {ROUTE_CODECS}, got {codec!r}")
