@@ -230,6 +230,10 @@ class LayoutOptions:
             check_framework(framework, layout=layout, cp_size=cp_size, cp_mode=str(parsed["cp_mode"]),
                             tp_size=tp_size, sequence_parallel=sequence_parallel, pad_multiple=pad_multiple,
                             max_seqlen=_parse_max_seqlen(self.max_seqlen, layout))
+        dtype = str(parsed["dtype"])
+        if parsed["pad_policy"] == "fill" and dtype != "auto" and not (
+                np.iinfo(dtype).min <= fill_value <= np.iinfo(dtype).max):  # "auto" is chosen per batch
+            raise LayoutOptionError("fill_value", self.fill_value, f"pad id does not fit the routes dtype {dtype}")
         if packed and parsed["pad_policy"] == "fill" and not 0 <= fill_value < 1 << 16:
             raise LayoutOptionError("fill_value", self.fill_value, "must lie in [0, 2**16) with packed=True (ids are "
                                                                    "packed as unsigned bit fields)")

@@ -77,3 +77,11 @@ def test_loose_layout_keywords_warn_and_give_the_same_batch(store: r3store.Route
         store.assemble(ids, {"cp_size": 4}, cp_size=2)
     with pytest.raises(TypeError, match="unexpected keyword argument 'cp_sise'"):
         store.assemble(ids, cp_sise=2)
+
+
+def test_a_fill_value_the_dtype_cannot_hold_is_refused_when_the_options_are_built() -> None:
+    with pytest.raises(LayoutOptionError, match="pad id does not fit the routes dtype uint8"):
+        LayoutOptions(dtype="uint8", pad_policy="fill", fill_value=-1)
+    assert LayoutOptions(dtype="int16", pad_policy="fill", fill_value=-1).fill_value == -1
+    assert LayoutOptions(dtype="auto", pad_policy="fill", fill_value=-1).dtype == "auto"  # chosen per batch
+    assert LayoutOptions(dtype="uint8", fill_value=-1).pad_policy == "spread"  # no fill rows: nothing to hold
