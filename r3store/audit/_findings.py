@@ -152,7 +152,10 @@ class ValidationReport:
     samples_checked: int = 0
     """Samples (quarantined ones included) whose routes were scanned."""
     rows_checked: int = 0
-    """Route-array rows decoded (a full audit includes rows of no sample)."""
+    """Rows of the samples scanned (what ``limit`` and ``sample_filter`` select)."""
+    rows_decoded: int = 0
+    """Route-array rows decoded: whole chunks, so rows of neighbouring samples that were not
+    selected (with ``limit`` or ``sample_filter``) and, in a full audit, rows of no sample too."""
     frames_checked: int = 0
     """Inner chunks (bitpack frames) decoded and checksummed."""
     arrays_checked: int = 0
@@ -190,6 +193,7 @@ class ValidationReport:
             "summary": {
                 "samples_checked": self.samples_checked,
                 "rows_checked": self.rows_checked,
+                "rows_decoded": self.rows_decoded,
                 "frames_checked": self.frames_checked,
                 "arrays_checked": self.arrays_checked,
                 "errors": self.num_errors,

@@ -108,6 +108,9 @@ class _Result:
     """Findings per kind when :attr:`findings` was cut to the report's cap (None: not cut)."""
     samples: int = 0
     rows: int = 0
+    """Rows of the samples scanned."""
+    decoded: int = 0
+    """Route-array rows decoded (whole chunks: rows of other samples, or of none, too)."""
     frames: int = 0
 
 
@@ -244,11 +247,12 @@ def _merge(partials: Iterable[_Result], *, url: str, spec: ModelSpec, head: tupl
     findings = _Kept(max_findings)
     findings.add(list(head))
     hist = np.zeros((spec.num_moe_layers, 1 << spec.bits_per_id), np.int64)
-    samples = rows = frames = 0
+    samples = rows = decoded = frames = 0
     for res in partials:
         hist += res.hist
         findings.add(res.findings, res.counts)
         samples, rows, frames = samples + res.samples, rows + res.rows, frames + res.frames
+        decoded += res.decoded
     tests = []
     for pos, layer in enumerate(spec.moe_layers):
         test = {"layer": layer, **physical_id_test(hist[pos], spec.num_experts)}
@@ -258,7 +262,7 @@ def _merge(partials: Iterable[_Result], *, url: str, spec: ModelSpec, head: tupl
     kept = findings.result()
     return ValidationReport(
         url=url, spec=dict(spec.to_dict()), findings=kept, counts=findings.counts,
-        samples_checked=samples, rows_checked=rows, frames_checked=frames, arrays_checked=arrays,
+        samples_checked=samples, rows_checked=rows, rows_decoded=decoded, frames_checked=frames, arrays_checked=arrays,
         layer_tests=tuple(tests), truncated=findings.truncated, sample_filter=sample_filter, limit=limit,
     )
 
@@ -437,6 +441,7 @@ def _scan_array(rs: RouteReader, unit: _Unit, advance: Callable[[int], None]) ->
         else:
             samples.append(_Sample(sid, start, rows, spec.num_moe_layers))
     res.samples = len(samples)
+    res.rows = sum(s.num_rows for s in samples)
     wanted = [(0, geometry.rows)] if unit.full else [(s.start, s.stop) for s in samples]
     ranges = aligned_ranges(wanted, geometry.chunk_rows, geometry.rows)
     block_rows = max(1, BLOCK_IDS // (spec.num_moe_layers * spec.top_k) // geometry.chunk_rows) * geometry.chunk_rows
@@ -444,7 +449,7 @@ def _scan_array(rs: RouteReader, unit: _Unit, advance: Callable[[int], None]) ->
     scanner = _SampleScanner(samples, spec, res, unit.array, unit.missing)
     for lo, hi in row_blocks(ranges, block_rows):
         x, valid = _read_block(rs, unit.array, geometry, lo, hi, problems, spec.moe_layers)
-        res.rows += hi - lo
+        res.decoded += hi - lo
         res.frames += (-(-hi // geometry.chunk_rows) - lo // geometry.chunk_rows) * geometry.layer_chunks
         scanner.feed(lo, x, valid)
         advance(hi - lo)

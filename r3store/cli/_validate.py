@@ -24,7 +24,7 @@ from r3store.cli._scan import echo_json, on_ray, progress_bar, scan_options
 if TYPE_CHECKING:
     from r3store.audit import ValidationReport
 
-__all__ = ["render_report", "validate"]
+__all__ = ["render_report", "scope_text", "validate"]
 
 _STYLE = {"error": "bold red", "warning": "yellow"}
 
@@ -54,8 +54,7 @@ def render_report(report: ValidationReport, console: Console) -> None:
             table.add_row(Text(f.severity, style=_STYLE[f.severity]), f.kind, Text(f.sample_id or ""),
                           "" if f.layer is None else str(f.layer), f.rows_text, Text(where), Text(f.detail))
         console.print(table)
-    scope = f"{report.samples_checked:,} samples, {report.rows_checked:,} rows, {report.frames_checked:,} chunks " \
-            f"in {report.arrays_checked:,} route arrays"
+    scope = scope_text(report)
     if report.ok:
         noted = "".join(f"; {n:,} {k} (informational: rows stored as missing on purpose)"
                         for k, n in report.counts.items() if n)
@@ -65,6 +64,26 @@ def render_report(report: ValidationReport, console: Console) -> None:
     more = f" (first {len(report.findings):,} listed)" if report.truncated else ""
     console.print(styled((f"{report.num_errors:,} error(s)", "bold red"), ", ",
                          (f"{report.num_warnings:,} warning(s)", "yellow"), f"{more}: {kinds}; scanned {scope}"))
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def scope_text(report: ValidationReport) -> str:
+    """What a report covered: samples and their rows (what ``--limit`` and ``--sample-filter``
+    select), then what was decoded for them (whole chunks: rows of neighbouring samples too).
+
+    Examples
+    --------
+    >>> from r3store.audit import ValidationReport
+    >>> scope_text(ValidationReport("s", {}, (), samples_checked=2, rows_checked=60, rows_decoded=128,
+    ...                             frames_checked=1, arrays_checked=1))
+    '2 samples, 60 rows (decoded: 128 rows in 1 chunk of 1 route array)'
+    """
+    decoded = f"{_count(report.rows_decoded, 'row')} in {_count(report.frames_checked, 'chunk')} of " \
+              f"{_count(report.arrays_checked, 'route array')}"
+    return f"{_count(report.samples_checked, 'sample')}, {_count(report.rows_checked, 'row')} (decoded: {decoded})"
 
 
 def young_leftovers(report: ValidationReport, url: str, options: dict[str, Any], grace_s: float) -> list[str] | None:

@@ -71,3 +71,23 @@ def test_validate_help_lists_missing_rows() -> None:
     text = " ".join(run("validate", "--help").stdout.split())
     assert "missing rows" in text
     assert "exit status 0" in text.lower()
+
+
+def test_validate_limit_reports_the_rows_of_the_samples_it_selects(tmp_path: Path) -> None:
+    """--limit N counts samples (its --help says so): the report's rows are theirs, not the
+    rows of the whole chunks decoded for them (new-user finding: 2 samples of 30 rows read
+    as 128 rows)."""
+    path = tmp_path / "s"
+    rng = np.random.default_rng(5)
+    with r3store.RouteWriter(path, SPEC_3X16, config={"chunk_rows": 64}) as w:
+        for i in range(20):
+            w.append(f"s{i}", routes_of_16(rng, 30))
+    assert "first N (matching) samples" in " ".join(run("validate", "--help").stdout.split())
+    doc = checked_json(run("validate", str(path), "--limit", "2", "--json"), "validate")
+    assert doc["limit"] == 2
+    assert (doc["summary"]["samples_checked"], doc["summary"]["rows_checked"]) == (2, 60)
+    assert doc["summary"]["rows_decoded"] == 64  # one whole 64-row chunk
+    text = " ".join(run("validate", str(path), "--limit", "2").stdout.split())
+    assert "2 samples, 60 rows (decoded: 64 rows in " in text
+    whole = checked_json(run("validate", str(path), "--json"), "validate")["summary"]
+    assert (whole["samples_checked"], whole["rows_checked"], whole["rows_decoded"]) == (20, 600, 600)
