@@ -9,8 +9,7 @@ from pathlib import Path
 import click
 
 from r3store.cli._inspect import render_summary
-from r3store.cli._options import handle_errors, make_console, styled
-from r3store.cli._scan import MissingExtra
+from r3store.cli._options import BadValue, MissingExtra, handle_errors, make_console, styled
 
 __all__ = ["demo"]
 
@@ -30,6 +29,8 @@ def demo(directory: Path | None, writers: int, loader_workers: int) -> None:
     Qwen3-MoE (needs transformers): a bf16 rollout's routes are written, streamed and
     replayed in an fp32 trainer; flip rates and log-prob gaps with and without replay.
     """
+    if directory is not None and directory.exists() and any(directory.iterdir()):
+        raise BadValue("DIRECTORY", str(directory), "not empty (the demo writes into a new or empty folder)")
     try:
         import torch  # noqa: F401 - checked before any writer process starts
 
@@ -38,8 +39,6 @@ def demo(directory: Path | None, writers: int, loader_workers: int) -> None:
         raise MissingExtra(f"the demo needs PyTorch ({exc}): pip install 'r3store[torch]' "
                            "(or 'r3store[hf]' for its replay part too)") from exc
     console = make_console()
-    if directory is not None and directory.exists() and any(directory.iterdir()):
-        raise click.BadParameter(f"{directory} is not empty", param_hint="DIRECTORY")
     target = directory or Path(tempfile.mkdtemp(prefix="r3store-demo-"))
     try:
         report = run_demo(target, num_writers=writers, loader_workers=loader_workers,

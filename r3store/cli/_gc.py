@@ -8,7 +8,14 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from r3store.cli._options import echo_json, handle_errors, make_console, parse_storage_options, storage_option_flag
+from r3store.cli._options import (
+    BadValue,
+    echo_json,
+    handle_errors,
+    make_console,
+    parse_storage_options,
+    storage_option_flag,
+)
 
 __all__ = ["gc", "parse_duration"]
 
@@ -19,7 +26,7 @@ def parse_duration(text: str, option: str = "--older-than") -> float:
     """``"90s"``, ``"15m"``, ``"1h"``, ``"2d"`` or a bare number of seconds, to seconds."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
     if not match:
-        raise click.BadParameter(f"expected a duration like 90s, 15m, 1h or 2d, got {text!r}", param_hint=option)
+        raise BadValue(option, text, "expected a duration like 90s, 15m, 1h or 2d")
     return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 

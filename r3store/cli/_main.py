@@ -31,7 +31,9 @@ class LazyGroup(click.Group):
     """A group whose commands are imported on first use (their short help is kept here).
 
     Every r3store error that reaches it (from a command, an option callback or the
-    command's import) is printed as one line on stderr, verbatim, with exit status 2.
+    command's import) is printed as one line on stderr, verbatim, with exit status 2; so is
+    every bad option value and missing extra (:func:`r3store.cli._options.is_one_line_usage`),
+    instead of click's three-line usage block.
     """
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -43,6 +45,12 @@ class LazyGroup(click.Group):
             from r3store.cli._options import exit_on_error
 
             exit_on_error(exc)
+        except click.ClickException as exc:
+            from r3store.cli._options import exit_on_usage, is_one_line_usage
+
+            if not is_one_line_usage(exc):
+                raise
+            exit_on_usage(exc)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)

@@ -15,9 +15,9 @@ from rich.text import Text
 
 from r3store.errors import R3StoreError
 
-__all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_OK", "SafeConsole", "echo_json", "error_line", "exit_on_error",
-           "handle_errors", "json_text", "make_console", "parse_storage_options", "printable", "storage_option_flag",
-           "styled"]
+__all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_OK", "BadValue", "MissingExtra", "SafeConsole", "echo_json",
+           "error_line", "exit_on_error", "exit_on_usage", "handle_errors", "is_one_line_usage", "json_text",
+           "make_console", "parse_storage_options", "printable", "storage_option_flag", "styled"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -75,7 +75,7 @@ def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
-            raise click.BadParameter(f"expected key=value, got {pair!r}", param_hint="--storage-option")
+            raise BadValue("--storage-option", pair, "expected key=value")
         try:
             value: Any = json.loads(raw)
         except json.JSONDecodeError:
@@ -117,6 +117,55 @@ def error_line(exc: BaseException) -> str:
     """``"<ErrorType>: <message>"`` on one line (line breaks in the message become spaces)."""
     message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
     return f"{type(exc).__name__}: {message}"
+
+
+class MissingExtra(click.ClickException):
+    """An optional dependency is not installed (one line with the pip command, exit 2)."""
+
+    exit_code = EXIT_ERROR
+
+
+class BadValue(click.BadParameter):
+    """A bad option or argument value: printed as the one line ``error: --rows '5:2': <fault>``,
+    exit 2 (:func:`exit_on_usage`).
+
+    Parameters
+    ----------
+    option : str
+        The option or argument as the user typed it (``"--rows"``, ``"DIRECTORY"``).
+    value : object
+        The rejected value (shown with ``repr``).
+    fault : str
+        What is wrong with it, in words.
+    """
+
+    def __init__(self, option: str, value: Any, fault: str) -> None:
+        super().__init__(fault, param_hint=option)
+        self.option, self.value, self.fault = option, value, fault
+
+    def format_message(self) -> str:
+        return f"{self.option} {self.value!r}: {self.fault}"
+
+
+def is_one_line_usage(exc: click.ClickException) -> bool:
+    """Whether ``exc`` is printed as one line (:func:`exit_on_usage`) instead of click's usage block.
+
+    Bad values (:class:`click.BadParameter`: a bad ``--rows``, a ``--limit`` out of range,
+    a ``--plot`` folder that does not exist) and missing extras are; a missing argument, an
+    unknown option or command keep click's usage block, which shows what was expected.
+    """
+    if isinstance(exc, click.MissingParameter):
+        return False
+    return isinstance(exc, click.BadParameter) or not isinstance(exc, click.UsageError)
+
+
+def exit_on_usage(exc: click.ClickException) -> NoReturn:
+    """Print a bad value (or missing extra) as one line on stderr, ``error: <option> <value>: <fault>``
+    (click's own checks: ``error: Invalid value for '--limit': -1 is not in the range x>=0.``),
+    and exit with its exit status (2, as click's usage errors: ``EXIT_ERROR``)."""
+    message = " ".join(line.strip() for line in exc.format_message().splitlines() if line.strip())
+    make_console(stderr=True).print(styled(("error:", "bold red"), " ", message), soft_wrap=True)
+    sys.exit(exc.exit_code)
 
 
 def exit_on_error(exc: R3StoreError) -> NoReturn:

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
-from r3store.cli._options import EXIT_ERROR, make_console
+from r3store.cli._options import BadValue, MissingExtra, make_console
 
 __all__ = ["PLOT_FORMATS", "MissingExtra", "echo_json", "on_ray", "parse_size", "plot_canvas", "plot_format",
            "plot_options", "progress_bar", "save_plot", "scan_options"]
@@ -73,8 +73,7 @@ def on_ray(address: str, description: str, enabled: bool, scan: Callable[[Any, A
     try:
         on_cluster.connect(address)
     except (ConnectionError, ValueError) as exc:  # what ray.init raises for a bad or unreachable address
-        raise click.BadParameter(f"cannot connect to Ray at {address or 'the default address'!r}: {exc}",
-                                 param_hint="--ray") from exc
+        raise BadValue("--ray", address or "the default address", f"cannot connect to Ray: {exc}") from exc
     with progress_bar(description, enabled=enabled, unit="tasks") as progress:
         return scan(on_cluster, progress)
 
@@ -84,12 +83,6 @@ def echo_json(doc: Any) -> None:
     from r3store.cli._options import echo_json as echo
 
     echo(doc)
-
-
-class MissingExtra(click.ClickException):
-    """An optional dependency is not installed (exit 2, with the pip command)."""
-
-    exit_code = EXIT_ERROR
 
 
 def plot_canvas(width_px: int, height_px: int, dpi: int = 100) -> Any:
@@ -121,7 +114,7 @@ def parse_size(text: str) -> tuple[int, int]:
     except ValueError:
         size = (0, 0)
     if min(size) < 50 or max(size) > 20000:
-        raise click.BadParameter(f"expected WIDTHxHEIGHT in pixels (50..20000), got {text!r}", param_hint="--plot-size")
+        raise BadValue("--plot-size", text, "expected WIDTHxHEIGHT in pixels (50..20000)")
     return size
 
 
@@ -134,22 +127,25 @@ def plot_format(path: str) -> str:
 
     Raises
     ------
-    click.BadParameter
+    BadValue
         Another suffix (exit 2).
     """
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in PLOT_FORMATS:
-        raise click.BadParameter(f"cannot tell the image format of {path!r}: name it "
-                                 f"{', '.join('*' + s for s in PLOT_FORMATS)}", param_hint="--plot")
+        names = ", ".join("*" + s for s in PLOT_FORMATS)
+        raise BadValue("--plot", path, f"cannot tell the image format: name it {names}")
     return PLOT_FORMATS[suffix]
 
 
 def _plot_folder_exists(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """Fail before a long scan when the plot's folder does not exist or its suffix names no format."""
-    if value is not None and not os.path.isdir(os.path.dirname(value) or "."):
-        raise click.BadParameter(f"folder of {value!r} does not exist", ctx=ctx, param=param)
-    if value is not None:
-        plot_format(value)
+    """Fail before a long scan when the plot's folder does not exist, its suffix names no format
+    or matplotlib is not installed."""
+    if value is None:
+        return None
+    if not os.path.isdir(os.path.dirname(value) or "."):
+        raise BadValue("--plot", value, "its folder does not exist")
+    plot_format(value)
+    plot_canvas(50, 50)  # imports matplotlib (only when --plot is given): MissingExtra now, not after the scan
     return value
 
 
@@ -169,7 +165,7 @@ def save_plot(draw: Callable[[dict[str, Any], str, tuple[int, int]], None], resu
     try:
         draw(result, path, size)
     except OSError as exc:
-        raise click.BadParameter(f"cannot write {path!r}: {exc.strerror or exc}", param_hint="--plot") from exc
+        raise BadValue("--plot", path, f"cannot write it: {exc.strerror or exc}") from exc
 
 
 def emit(result: dict[str, Any], *, as_json: bool, render: Callable[[dict[str, Any], Console], None],

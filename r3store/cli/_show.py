@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from r3store.cli._options import (
+    BadValue,
     handle_errors,
     make_console,
     parse_storage_options,
@@ -108,7 +109,7 @@ def _parse(value: str | None, parser: Any, hint: str) -> Any:
     try:
         return parser(value)
     except OptionError as exc:
-        raise click.BadParameter(exc.fault, param_hint=hint) from exc
+        raise BadValue(hint, value, exc.fault) from exc
 
 
 @click.command()
@@ -151,7 +152,7 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
     except OptionError as exc:
         if exc.option != "rows":
             raise
-        raise click.BadParameter(exc.fault, param_hint="--rows") from exc
+        raise BadValue("--rows", rows, exc.fault) from exc
     if as_json:
         echo_json(result)
     else:

@@ -185,3 +185,58 @@ def test_every_json_command_has_a_shipped_schema() -> None:
         schema = load_schema(f"cli-{name}")
         assert schema["title"] == f"r3store {name} --json", name
         jsonschema.validators.validator_for(schema).check_schema(schema)
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> Path:
+    path = tmp_path / "small"
+    with r3store.RouteWriter(path, SPEC) as w:
+        w.append("s0", routes_of(np.random.default_rng(3), 9))
+    return path
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["show", "{store}", "s0", "--rows", "5:2"], "error: --rows '5:2': empty row range"),
+    (["show", "{store}", "s0", "--layers", "2,x"], "error: --layers '2,x': "),
+    (["demo", "{full}"], "error: DIRECTORY '{full}': not empty"),
+    (["stats", "{store}", "--plot", "{tmp}/no/such/folder/x.png"], "error: --plot '{tmp}/no/such/folder/x.png': "
+                                                                    "its folder does not exist"),
+    (["stats", "{store}", "--plot", "{tmp}/x.gif"], "error: --plot '{tmp}/x.gif': cannot tell the image format"),
+    (["stats", "{store}", "--plot-size", "3x3"], "error: --plot-size '3x3': expected WIDTHxHEIGHT"),
+    (["stats", "{store}", "--limit", "-1"], "error: Invalid value for '--limit': -1 is not in the range x>=0"),
+    (["validate", "{store}", "--grace", "soon"], "error: --grace 'soon': expected a duration"),
+    (["gc", "{store}", "--older-than", "soon"], "error: --older-than 'soon': expected a duration"),
+    (["inspect", "{store}", "-o", "novalue"], "error: --storage-option 'novalue': expected key=value"),
+])
+def test_bad_values_are_one_line_naming_option_value_and_fault(small: Path, tmp_path: Path, args: list[str],
+                                                               line: str) -> None:
+    """A bad value gets one line (no click usage block), exit 2 (new-user finding)."""
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("x")
+    names = {"store": str(small), "full": str(full), "tmp": str(tmp_path)}
+    result = run(*(a.format(**names) for a in args))
+    assert result.exit_code == 2, result.output
+    (got,) = result.stderr.strip().splitlines()
+    assert got.startswith(line.format(**names)), got
+    assert "Usage:" not in result.output
+    assert (full / "keep.txt").read_text() == "x"  # demo refused before touching anything
+
+
+def test_plot_without_matplotlib_is_one_line_before_the_scan(small: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, name, None)  # import fails as if not installed
+    result = run("stats", str(small), "--plot", str(tmp_path / "x.png"))
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: --plot needs matplotlib")
+    assert line.endswith("pip install 'r3store[plot]'")
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("args", [["stats"], ["stats", "{store}", "--bogus"], ["nosuchcommand"]])
+def test_missing_arguments_and_unknown_options_keep_clicks_usage(small: Path, args: list[str]) -> None:
+    result = run(*(a.format(store=str(small)) for a in args))
+    assert result.exit_code == 2
+    assert "Usage:" in result.stderr
