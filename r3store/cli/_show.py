@@ -69,12 +69,20 @@ def layers_that_fit(width: int, *, num_experts: int, top_k: int, row_digits: int
 
 
 def render_show(result: dict[str, Any], console: Console) -> None:
-    """Print a :func:`r3store.audit.show` result: rows x layers, each cell the top-k ids.
+    """Print a :func:`r3store.audit.show` result: rows x layers, each cell the top-k ids (or, for
+    a sample with no rows, such as a quarantined one whose routes could not be stored, why
+    there is nothing to show).
 
     Cells break after commas to fit the console width; a number is never split. The sample
     id and the quarantine reason are escaped (:func:`r3store.cli._options.printable`).
     """
     flag = ", quarantined: " + printable(result["reason"] or "") if result["quarantined"] else ""
+    if result["num_rows"] == 0:
+        why = ("it is quarantined and its routes could not be stored, so none were kept" if result["quarantined"]
+               else "it has no rows (routes are stored for every token but the last)")
+        console.print(Text(f"{printable(result['sample_id'])}: {result['num_tokens']:,} tokens, 0 rows{flag}"))
+        console.print(styled(("no routes to show", "bold"), f": {why}"))
+        return
     title = (f"{printable(result['sample_id'])}: {result['num_tokens']:,} tokens, {result['num_rows']:,} rows{flag}; "
              f"rows {result['row_start']}-{result['row_stop'] - 1}, "
              f"top-{result['top_k']} of {result['num_experts']} experts")
@@ -84,7 +92,8 @@ def render_show(result: dict[str, Any], console: Console) -> None:
     if spans:
         kind = "mixed policy versions" if result["mixed_policy"] else "policy version"
         title += f"; {kind} " + ", ".join(f"{v} (rows {_span(a, b)})" for a, b, v in spans[:8])
-    table = Table(title=Text(title), title_justify="left")
+    console.print(Text(title))  # above the table, not its title: a long quarantine reason wraps at the console's
+    table = Table()             # width, not the (maybe narrow) table's
     table.add_column("row", justify="right", style="bold", no_wrap=True)
     width = _cell_width(console, len(result["layers"]), len(str(max(result["row_stop"] - 1, 0))))
     for layer in result["layers"]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.clirun import body_rows, check_80
+from tests.clirun import body_rows, check_80, checked_json
 from tests.clirun import invoke as _cli
 from tests.clirun import run_cli as run
 
@@ -55,3 +55,43 @@ def test_show_at_80_columns_breaks_cells_between_ids_only(store: Path) -> None:
     for t, row in enumerate(cells):
         for j, text in enumerate(row):
             assert text == ",".join(map(str, doc["routes"][t][j])), (t, layers[j])
+
+
+@pytest.fixture
+def unstored(tmp_path: Path) -> Path:
+    """A store with a quarantined sample whose routes could not be stored (wrong top_k: none kept)."""
+    import numpy as np
+
+    import r3store
+
+    spec = r3store.ModelSpec(num_layers=3, num_experts=16, top_k=2, moe_layers=[1, 2])
+    path = tmp_path / "s"
+    with r3store.RouteWriter(path, spec, config={"on_invalid": "quarantine"}) as w:
+        w.append("ok", np.tile(np.array([0, 1], np.int32), (5, 2, 1)))
+        w.append("wide", np.tile(np.array([0, 1, 2], np.int32), (5, 2, 1)), num_tokens=6)
+    return path
+
+
+def test_show_of_a_quarantined_sample_with_no_stored_routes_says_so(unstored: Path) -> None:
+    """No Python call as a remedy (new-user finding): the sample, its reason, and that there
+    are no routes to show."""
+    result = run("show", str(unstored), "wide")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert text.startswith("wide: 6 tokens, 0 rows, quarantined: routes: top_k mismatch")
+    assert "no routes to show: it is quarantined and its routes could not be stored" in text
+    assert "include_quarantined" not in result.output
+    assert "row(" not in result.output
+    doc = checked_json(run("show", str(unstored), "wide", "--json"), "show")
+    assert (doc["quarantined"], doc["num_rows"], doc["routes"], doc["row_stop"]) == (True, 0, [], 0)
+    assert "top_k mismatch" in doc["reason"]
+    bad_layer = run("show", str(unstored), "wide", "--layers", "0")
+    assert bad_layer.exit_code == 2
+    assert "LayerError" in bad_layer.stderr
+
+
+def test_show_prints_a_long_quarantine_reason_at_the_console_width(store: Path) -> None:
+    """The title sits above the table: a long reason is not folded to a narrow table's width."""
+    out = run("show", str(store), "bad", "--layers", "1", columns=100).stdout
+    title = out[: out.index("┏")].splitlines()
+    assert max(len(line) for line in title) > 60  # wrapped at 100 columns, not at the 2-column table's ~40
