@@ -59,6 +59,7 @@ from r3store.errors import (
     ObjectNotFoundError,
     OptionError,
     SampleNotFoundError,
+    SampleTooLargeError,
 )
 from r3store.reader._filter import filter_samples
 from r3store.storage import Backend
@@ -204,6 +205,12 @@ def load_checkpoint(backend: Backend, manifest: Manifest, *, max_sample_rows: in
     keys : list of str, optional
         Checkpoints to try, in order (default: :func:`checkpoint_keys`).
 
+    Raises
+    -------
+    r3store.errors.SampleTooLargeError
+        An intact checkpoint (its digest matches) holds a sample over ``max_sample_rows``:
+        the cap's error, as the sample tables would raise it, with no warning before it.
+
     Warns
     -----
     r3store.errors.CheckpointWarning
@@ -220,6 +227,8 @@ def load_checkpoint(backend: Backend, manifest: Manifest, *, max_sample_rows: in
             table, info = read_checkpoint(bytes(backend.get(key)), path, spec=manifest.spec,
                                           spec_source=backend.path_of(MANIFEST_KEY), max_sample_rows=cap,
                                           version=manifest.version, store_id=manifest.store_id)
+        except SampleTooLargeError:
+            raise  # its digest matched: the sample tables hold the same sample, over the same cap (no warning)
         except (FormatError, ObjectNotFoundError) as exc:
             fault = exc.fault if isinstance(exc, FormatError) else "deleted while being read"
             warnings.warn(CheckpointWarning(path, fault), stacklevel=3)
