@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,8 +14,8 @@ from rich.console import Console
 
 from r3store.cli._options import BadValue, MissingExtra, make_console
 
-__all__ = ["PLOT_FORMATS", "MissingExtra", "echo_json", "on_ray", "parse_size", "plot_canvas", "plot_format",
-           "plot_options", "progress_bar", "save_plot", "scan_options"]
+__all__ = ["PLOT_FORMATS", "RAY_CONNECT_TIMEOUT_S", "MissingExtra", "echo_json", "on_ray", "parse_size", "plot_canvas",
+           "plot_format", "plot_options", "probe", "progress_bar", "ray_endpoint", "save_plot", "scan_options"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,21 +62,93 @@ def on_ray(address: str, description: str, enabled: bool, scan: Callable[[Any, A
     """Connect to the Ray cluster at ``address`` (see ``--ray``), then ``scan(r3store.ray, progress)``
     with a progress bar over its tasks.
 
+    Before ``ray.init`` (whose own retries wait for minutes on an address where no cluster
+    runs), the cluster's first endpoint (:func:`ray_endpoint`) must accept a TCP connection
+    within :data:`RAY_CONNECT_TIMEOUT_S`.
+
     Raises
     ------
     MissingExtra
         ray is not installed.
+    BadValue
+        The address is malformed, or nothing answers there (exit 2).
     """
     try:
         import r3store.ray as on_cluster
     except ImportError as exc:
         raise MissingExtra(f"--ray needs ray ({exc}): pip install 'r3store[ray]'") from exc
+    import ray
+
+    shown = address or "the default address"
     try:
+        if not ray.is_initialized():
+            endpoint = ray_endpoint(address)
+            if endpoint is not None:
+                probe(endpoint, RAY_CONNECT_TIMEOUT_S)
         on_cluster.connect(address)
     except (ConnectionError, ValueError) as exc:  # what ray.init raises for a bad or unreachable address
-        raise BadValue("--ray", address or "the default address", f"cannot connect to Ray: {exc}") from exc
+        raise BadValue("--ray", shown, f"cannot connect to Ray: {exc}") from exc
     with progress_bar(description, enabled=enabled, unit="tasks") as progress:
         return scan(on_cluster, progress)
+
+
+RAY_CONNECT_TIMEOUT_S = 10.0
+"""Seconds ``--ray`` waits for the cluster's address to accept a TCP connection (a closed port
+fails at once; a host that drops packets, after this long)."""
+
+RAY_CLIENT_PORT = 10001
+"""Ray Client's default port (``ray://host`` without one)."""
+
+
+def ray_endpoint(address: str) -> tuple[str, int] | None:
+    """The ``(host, port)`` that ``ray.init(address)`` connects to first, or None when it starts
+    a new local cluster (nothing to reach).
+
+    ``ray://host[:port]``: the Ray Client server (port 10001 by default). Otherwise the
+    address as Ray reads it (``ray._private.services.canonicalize_bootstrap_address``:
+    ``RAY_ADDRESS``, ``"auto"``, the cluster last started on this machine, ``host:port``,
+    localhost as this node's address).
+
+    Raises
+    ------
+    ConnectionError
+        ``"auto"`` and no cluster runs here (Ray's own error).
+    ValueError
+        Not ``host:port``.
+    """
+    if address.startswith("ray://"):
+        hostport = address[len("ray://"):].split("/", 1)[0]
+        if not hostport.rpartition("]")[2].count(":"):
+            hostport += f":{RAY_CLIENT_PORT}"
+    else:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        canonical = canonicalize_bootstrap_address(address or None)  # type: ignore[arg-type]  # None is documented
+        if canonical is None:
+            return None
+        hostport = canonical
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected host:port, got {hostport!r}")
+    return host.strip("[]"), int(port)
+
+
+def probe(endpoint: tuple[str, int], timeout_s: float) -> None:
+    """Open (and close) a TCP connection to ``endpoint`` within ``timeout_s`` seconds.
+
+    Raises
+    ------
+    ConnectionError
+        Refused, unreachable or timed out; says which address and why.
+    """
+    host, port = endpoint
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise ConnectionError(f"no Ray cluster answers at {host}:{port} ({why}, waited at most {timeout_s:g} s)") \
+            from exc
 
 
 def echo_json(doc: Any) -> None:
