@@ -22,7 +22,7 @@ def compact(url: str, as_json: bool, storage_options: tuple[str, ...]) -> None:
     """
     from r3store.reader import compact as compact_store
 
-    result = compact_store(url, storage_options=parse_storage_options(storage_options))
+    result = compact_store(url, storage_options=parse_storage_options(storage_options, url))
     if as_json:
         echo_json(result.to_dict())
     elif result.key is None:

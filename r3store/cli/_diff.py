@@ -94,13 +94,14 @@ def diff(url_a: str, url_b: str, as_json: bool, plot_path: str | None, plot_size
     whose top-k expert sets differ, the fraction of tokens with at least one differing
     layer, mean differing layers per token, per-layer flip rates and the mean set
     overlap. Both stores need the same num_experts and top_k; the MoE layers they share
-    are compared. Storage options apply to both URLs.
+    are compared. Storage options apply to both URLs (a local store takes none: they are
+    refused when both stores are local).
     """
     from r3store.audit import diff as run_diff
     from r3store.reader import RouteReader
 
     size = parse_size(plot_size)
-    options = parse_storage_options(storage_options)
+    options = parse_storage_options(storage_options, url_a, url_b)
     if ray_address is not None:
         result = on_ray(ray_address, "diff", not as_json, lambda on_cluster, progress: on_cluster.diff(
             url_a, url_b, storage_options=options, sample_filter=sample_filter, limit=limit, workers=workers,

@@ -46,7 +46,7 @@ def gc(url: str, older_than: str, delete: bool, as_json: bool, storage_options: 
     from r3store.audit import collect_garbage
 
     threshold = parse_duration(older_than)
-    options = parse_storage_options(storage_options)
+    options = parse_storage_options(storage_options, url)
     everything = collect_garbage(url, older_than_s=0.0, storage_options=options)
     younger = [item for item in everything if item.age_s < threshold]
     if delete:

@@ -78,7 +78,7 @@ def inspect(url: str, as_json: bool, cache_dir: str | None, storage_options: tup
     from r3store.audit import summarize
     from r3store.reader import RouteReader
 
-    store = RouteReader.open(url, storage_options=parse_storage_options(storage_options),
+    store = RouteReader.open(url, storage_options=parse_storage_options(storage_options, url),
                              reader={"on_duplicate": "report", "cache_dir": cache_dir})
     summary = summarize(store)
     if as_json:

@@ -16,8 +16,8 @@ from rich.text import Text
 from r3store.errors import R3StoreError
 
 __all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_OK", "BadValue", "MissingExtra", "SafeConsole", "echo_json",
-           "error_line", "exit_on_error", "exit_on_usage", "handle_errors", "is_one_line_usage", "json_text",
-           "make_console", "parse_storage_options", "printable", "storage_option_flag", "styled"]
+           "error_line", "exit_on_error", "exit_on_usage", "handle_errors", "is_local_url", "is_one_line_usage",
+           "json_text", "make_console", "parse_storage_options", "printable", "storage_option_flag", "styled"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -66,10 +66,25 @@ class SafeConsole(Console):
         return super()._render_buffer(safe)
 
 
-def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+def is_local_url(url: str) -> bool:
+    """Whether ``url`` names a store on local disk (a path or ``file://``), which r3store reads
+    and writes itself: no fsspec filesystem, so no storage option has any effect on it."""
+    return url.lower().startswith("file://") or ("://" not in url and "::" not in url)
+
+
+def parse_storage_options(pairs: tuple[str, ...], *urls: str) -> dict[str, Any]:
     """``key=value`` pairs to fsspec storage options (values parsed as JSON when they parse).
 
-    ``endpoint_url`` and ``region_name`` go into s3fs's ``client_kwargs``.
+    ``endpoint_url`` and ``region_name`` go into s3fs's ``client_kwargs``. ``urls``: the
+    stores the options are for; when every one is local (:func:`is_local_url`), any
+    option is refused, since a local store takes none (it would be silently ignored).
+    Option names of ``s3://`` stores are checked when the store opens
+    (:func:`r3store.storage.open_backend`).
+
+    Raises
+    ------
+    BadValue
+        A pair is not ``key=value``, or options were given for local stores only (exit 2).
     """
     options: dict[str, Any] = {}
     for pair in pairs:
@@ -84,6 +99,12 @@ def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
             options.setdefault("client_kwargs", {})[key] = value
         else:
             options[key] = value
+    if pairs and urls and all(is_local_url(url) for url in urls):
+        key = pairs[0].partition("=")[0]
+        where = "a local store" if len(urls) == 1 else "local stores"
+        raise BadValue("--storage-option", pairs[0], f"option {key!r} is not taken by {where} ({', '.join(urls)}): "
+                                                     "local stores take no storage options (they go to fsspec "
+                                                     "and s3fs, for URLs such as s3://bucket/prefix)")
     return options
 
 

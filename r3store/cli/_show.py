@@ -147,7 +147,7 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
 
     chosen = _parse(layers, parse_layers, "--layers")
     window = _parse(rows, parse_rows, "--rows")
-    store = RouteReader.open(url, storage_options=parse_storage_options(storage_options),
+    store = RouteReader.open(url, storage_options=parse_storage_options(storage_options, url),
                              reader={"on_duplicate": "first"})
     console = make_console()
     fit = layers_that_fit(console.width, num_experts=store.spec.num_experts, top_k=store.spec.top_k,

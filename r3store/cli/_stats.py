@@ -114,7 +114,7 @@ def stats(url: str, as_json: bool, top: int, plot_path: str | None, plot_size: s
     from r3store.reader import RouteReader
 
     size = parse_size(plot_size)
-    options = parse_storage_options(storage_options)
+    options = parse_storage_options(storage_options, url)
     if ray_address is not None:
         result = on_ray(ray_address, "stats", not as_json, lambda on_cluster, progress: on_cluster.stats(
             url, storage_options=options, sample_filter=sample_filter, limit=limit, top=top, workers=workers,

@@ -128,7 +128,7 @@ def validate(url: str, as_json: bool, grace: str, sample_filter: str | None, lim
     from r3store.reader import RouteReader
 
     grace_s = parse_duration(grace, "--grace")
-    options = parse_storage_options(storage_options)
+    options = parse_storage_options(storage_options, url)
     if ray_address is not None:
         report = on_ray(ray_address, "validate", not as_json, lambda on_cluster, progress: on_cluster.validate(
             url, storage_options=options, sample_filter=sample_filter, limit=limit, workers=workers,

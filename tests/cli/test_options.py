@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 
+import r3store
 from r3store.audit import parse_layers, parse_rows
+from r3store.cli._options import is_local_url
+from tests.clirun import SPEC_3X16, routes_of_16
 from tests.clirun import invoke as _cli
+from tests.clirun import run_cli as run
 
 
 def test_parse_layers_and_rows() -> None:
@@ -22,3 +29,32 @@ def test_storage_option_that_must_be_a_mapping(option: str) -> None:
     assert result.exit_code == 2, result.output
     assert "must be a mapping" in " ".join(result.output.split()), result.output
     assert len(result.output.strip().splitlines()) <= 3  # one message (rich wraps long lines)
+
+
+@pytest.mark.parametrize("command", [["inspect"], ["validate"], ["stats"], ["show", "s0"], ["gc"], ["compact"],
+                                     ["diff", "{store}"]])
+def test_storage_options_for_local_stores_are_refused_naming_the_key(tmp_path: Path, command: list[str]) -> None:
+    """A local store takes no storage option: one given is refused, not silently ignored (new-user finding)."""
+    store = tmp_path / "s"
+    with r3store.RouteWriter(store, SPEC_3X16) as w:
+        w.append("s0", routes_of_16(np.random.default_rng(0), 9))
+    name, *rest = command
+    args = [name, str(store), *(a.format(store=store) for a in rest)]
+    result = run(*args, "-o", "anon=true", "-o", "profile=x")
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: --storage-option 'anon=true': option 'anon' is not taken by "), line
+    assert "local stores take no storage options" in line
+    assert run(*args).exit_code in (0, 1)  # without the option the command runs
+
+
+def test_is_local_url() -> None:
+    assert [is_local_url(u) for u in ("runs/s", "/abs/s", "file:///abs/s", "FILE:///s")] == [True] * 4
+    assert [is_local_url(u) for u in ("s3://b/s", "memory://s", "filecache::s3://b/s", "gs://b/s")] == [False] * 4
+
+
+def test_storage_options_still_go_to_a_remote_store_of_a_diff(tmp_path: Path) -> None:
+    """diff of a local and a remote store: the options are for the remote one (not refused)."""
+    result = run("diff", "s3://bucket/x", str(tmp_path / "nothing-here"), "-o", "bogus=1")
+    assert result.exit_code == 2
+    assert "unknown storage option 'bogus'" in result.stderr  # s3fs's check, not the local refusal
