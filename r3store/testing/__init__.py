@@ -34,9 +34,14 @@ def __getattr__(name: str) -> Any:
     if name not in _KITS:
         raise AttributeError(f"module 'r3store.testing' has no attribute {name!r}")
     import importlib
+    import sys
 
     import pytest
 
-    # The kits' plain asserts get pytest's rich failure messages.
-    pytest.register_assert_rewrite(*_KITS.values())
+    # The kits' plain asserts get pytest's rich failure messages. A kit already imported (directly,
+    # or by doctest collection) cannot be rewritten any more: registering it again would only warn
+    # (PytestAssertRewriteWarning, an error under filterwarnings=error), whatever ran first.
+    pending = [module for module in _KITS.values() if module not in sys.modules]
+    if pending:
+        pytest.register_assert_rewrite(*pending)
     return getattr(importlib.import_module(_KITS[name]), name)
