@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from zarr.abc.codec import ArrayBytesCodec
@@ -31,8 +31,48 @@ if TYPE_CHECKING:
 __all__ = ["ZarrBitpackCodec", "ZarrSetCodec"]
 
 
+class _ZarrAdapter(ArrayBytesCodec):
+    """What both adapters share: the codec name, ``from_dict`` through the r3store codec's own
+    checks, an integer data type, frames of data-dependent size, and decode/encode through
+    the r3store codec (:meth:`_codec`) into the chunk's own buffers."""
+
+    is_fixed_size = False
+
+    codec_id: ClassVar[str]
+    """The zarr codec name (the r3store codec's ``codec_id``)."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        _, config = parse_named_configuration(data, cls.codec_id)
+        return cls(**config)  # JSON values, checked by the r3store codec the constructor builds
+
+    def validate(self, *, shape: tuple[int, ...], dtype: Any, chunk_grid: Any) -> None:
+        if not np.issubdtype(dtype.to_native_dtype(), np.integer):
+            raise TypeError(f"{self.codec_id} needs an integer data type, got {dtype}")
+
+    def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
+        raise NotImplementedError(f"{self.codec_id} frames have a data-dependent size")
+
+    def _codec(self) -> BitpackCodec | SetCodec:
+        """The r3store codec of this configuration."""
+        raise NotImplementedError
+
+    def _check_frame(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> None:
+        """Refuse a frame that cannot be the chunk's before anything is allocated (default: no check)."""
+
+    async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
+        self._check_frame(chunk_bytes, chunk_spec)
+        out = np.empty(chunk_spec.shape, dtype=chunk_spec.dtype.to_native_dtype())
+        self._codec().decode(chunk_bytes.as_numpy_array(), out=out)
+        return chunk_spec.prototype.nd_buffer.from_numpy_array(out)
+
+    async def _encode_single(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
+        buf = self._codec().encode(chunk_array.as_numpy_array())
+        return chunk_spec.prototype.buffer.from_bytes(buf)
+
+
 @dataclass(frozen=True)
-class ZarrBitpackCodec(ArrayBytesCodec):
+class ZarrBitpackCodec(_ZarrAdapter):
     """zarr v3 array-to-bytes codec ``r3store.bitpack`` (see :class:`r3store.codecs.BitpackCodec`).
 
     Parameters
@@ -44,7 +84,7 @@ class ZarrBitpackCodec(ArrayBytesCodec):
         zarr are unbound (tag 0).
     """
 
-    is_fixed_size = False
+    codec_id: ClassVar[str] = BitpackCodec.codec_id
 
     bits: int
     frame_version: int
@@ -54,20 +94,14 @@ class ZarrBitpackCodec(ArrayBytesCodec):
         object.__setattr__(self, "bits", codec.bits)
         object.__setattr__(self, "frame_version", codec.frame_version)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Self:
-        _, config = parse_named_configuration(data, BitpackCodec.codec_id)
-        return cls(**config)  # type: ignore[arg-type]  # JSON values, checked by BitpackCodec
-
     def to_dict(self) -> dict[str, Any]:
         config = BitpackCodec(self.bits, self.frame_version).get_config()
         return {"name": BitpackCodec.codec_id, "configuration": {k: v for k, v in config.items() if k != "id"}}
 
-    def validate(self, *, shape: tuple[int, ...], dtype: Any, chunk_grid: Any) -> None:
-        if not np.issubdtype(dtype.to_native_dtype(), np.integer):
-            raise TypeError(f"{BitpackCodec.codec_id} needs an integer data type, got {dtype}")
+    def _codec(self) -> BitpackCodec:
+        return BitpackCodec(self.bits, self.frame_version)
 
-    async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
+    def _check_frame(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> None:
         # the header is checked against the chunk's shape before anything is allocated: a frame
         # of another size, or one asking for more zeros than MAX_ZERO_TAIL_IDS, is refused
         data = chunk_bytes.as_numpy_array().view(np.uint8).reshape(-1)
@@ -78,20 +112,10 @@ class ZarrBitpackCodec(ArrayBytesCodec):
                 raise FormatError("r3store.bitpack frame", f"frame of another chunk size: out holds {want} ids, the "
                                                            f"frame {n_total} (chunk shape {tuple(chunk_spec.shape)})")
             check_zero_tail(n_total, min(n_encoded, n_total), len(data))
-        out = np.empty(chunk_spec.shape, dtype=chunk_spec.dtype.to_native_dtype())
-        BitpackCodec(self.bits, self.frame_version).decode(chunk_bytes.as_numpy_array(), out=out)
-        return chunk_spec.prototype.nd_buffer.from_numpy_array(out)
-
-    async def _encode_single(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
-        buf = BitpackCodec(self.bits, self.frame_version).encode(chunk_array.as_numpy_array())
-        return chunk_spec.prototype.buffer.from_bytes(buf)
-
-    def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
-        raise NotImplementedError("r3store.bitpack frames have a data-dependent size")
 
 
 @dataclass(frozen=True)
-class ZarrSetCodec(ArrayBytesCodec):
+class ZarrSetCodec(_ZarrAdapter):
     """zarr v3 array-to-bytes codec ``r3store.set`` (see :class:`r3store.codecs.SetCodec`).
 
     Chunks read through zarr hold each set row ascending, as r3store's reader returns
@@ -105,7 +129,7 @@ class ZarrSetCodec(ArrayBytesCodec):
         1 to ``min(16, num_experts)``; the chunk's ids are read in C order, ``top_k`` to a row.
     """
 
-    is_fixed_size = False
+    codec_id: ClassVar[str] = SetCodec.codec_id
 
     num_experts: int
     top_k: int
@@ -115,26 +139,8 @@ class ZarrSetCodec(ArrayBytesCodec):
         object.__setattr__(self, "num_experts", codec.num_experts)
         object.__setattr__(self, "top_k", codec.top_k)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Self:
-        _, config = parse_named_configuration(data, SetCodec.codec_id)
-        return cls(**config)  # type: ignore[arg-type]  # JSON values, checked by SetCodec
-
     def to_dict(self) -> dict[str, Any]:
         return {"name": SetCodec.codec_id, "configuration": {"num_experts": self.num_experts, "top_k": self.top_k}}
 
-    def validate(self, *, shape: tuple[int, ...], dtype: Any, chunk_grid: Any) -> None:
-        if not np.issubdtype(dtype.to_native_dtype(), np.integer):
-            raise TypeError(f"{SetCodec.codec_id} needs an integer data type, got {dtype}")
-
-    async def _decode_single(self, chunk_bytes: Buffer, chunk_spec: ArraySpec) -> NDBuffer:
-        out = np.empty(chunk_spec.shape, dtype=chunk_spec.dtype.to_native_dtype())
-        SetCodec(self.num_experts, self.top_k).decode(chunk_bytes.as_numpy_array(), out=out)
-        return chunk_spec.prototype.nd_buffer.from_numpy_array(out)
-
-    async def _encode_single(self, chunk_array: NDBuffer, chunk_spec: ArraySpec) -> Buffer | None:
-        buf = SetCodec(self.num_experts, self.top_k).encode(chunk_array.as_numpy_array())
-        return chunk_spec.prototype.buffer.from_bytes(buf)
-
-    def compute_encoded_size(self, input_byte_length: int, chunk_spec: ArraySpec) -> int:
-        raise NotImplementedError("r3store.set frames have a data-dependent size")
+    def _codec(self) -> SetCodec:
+        return SetCodec(self.num_experts, self.top_k)

@@ -155,3 +155,36 @@ def test_zarr_json_documents_are_valid_zarr_v3(tmp_path: Path) -> None:
         outer = doc["chunk_grid"]["configuration"]["chunk_shape"]
         inner = sharding["configuration"]["chunk_shape"]
         assert all(o % i == 0 for o, i in zip(outer, inner, strict=True)), (outer, inner)
+
+
+@pytest.mark.parametrize(("cls", "name", "config"), [
+    ("ZarrBitpackCodec", "r3store.bitpack", {"bits": 7, "frame_version": 2}),
+    ("ZarrSetCodec", "r3store.set", {"num_experts": 100, "top_k": 8}),
+])
+def test_zarr_adapters_share_their_glue(cls: str, name: str, config: dict[str, int]) -> None:
+    """Both adapters: from_dict/to_dict round trip through the r3store codec's checks, integer
+    data types only, data-dependent frame sizes, a zarr array written and read back."""
+    from zarr.core.dtype import Float32, Int32
+
+    from r3store.codecs import _zarr
+
+    adapter = getattr(_zarr, cls)
+    codec = adapter.from_dict({"name": name, "configuration": config})
+    assert codec.to_dict() == {"name": name, "configuration": config}
+    assert adapter.from_dict(codec.to_dict()) == codec
+    with pytest.raises(ValueError, match=name):
+        adapter.from_dict({"name": "other", "configuration": config})
+    first = next(iter(config))
+    with pytest.raises(ValueError, match=first):  # the r3store codec refuses the value
+        adapter.from_dict({"name": name, "configuration": {**config, first: 0}})
+    codec.validate(shape=(4, 8), dtype=Int32(), chunk_grid=None)
+    with pytest.raises(TypeError, match=f"{name} needs an integer data type"):
+        codec.validate(shape=(4, 8), dtype=Float32(), chunk_grid=None)
+    with pytest.raises(NotImplementedError, match=f"{name} frames have a data-dependent size"):
+        codec.compute_encoded_size(64, None)
+    ids = np.argsort(np.random.default_rng(0).random((16, 100)), axis=-1)[:, :8].astype(np.int32)
+    ids.sort(axis=-1)
+    array = zarr.create_array(zarr.storage.MemoryStore(), shape=ids.shape, chunks=(4, 8), dtype="int32",
+                              serializer=codec, compressors=None, fill_value=0)
+    array[:] = ids
+    np.testing.assert_array_equal(array[:], ids)
