@@ -110,9 +110,7 @@ def show(store: RouteReader, sample_id: str, layers: Sequence[int] | None = None
         layer]`` cells with ids >= num_experts or a repeated id), ``missing_rows``
         (``[start, stop)`` of the sample's rows not captured), ``policy_spans``
         (``[start, stop, version]``, empty when no version was recorded) and
-        ``mixed_policy`` (rows from more than one policy version). A quarantined sample
-        whose routes could not be stored (none were kept) has ``num_rows`` 0 and no
-        ``routes``; its ``reason`` says why.
+        ``mixed_policy`` (rows from more than one policy version).
 
     Raises
     ------
@@ -143,11 +141,7 @@ def show(store: RouteReader, sample_id: str, layers: Sequence[int] | None = None
         n = row["num_rows"]
         raise OptionError("rows", text, f"select none of the sample's {n} rows (0 to {n - 1})")
     stop = max(start, stop)
-    if row["num_rows"] == 0:  # a quarantined sample whose routes could not be stored (or a one-token sample)
-        spec.layer_positions(chosen)  # a layer that is not an MoE layer is still refused
-        ids = np.zeros((0, len(chosen), spec.top_k), np.int32)
-    else:
-        ids = store.get(sample_id, chosen, rows=slice(start, stop), include_quarantined=True)
+    ids = store.get(sample_id, chosen, rows=slice(start, stop), include_quarantined=True)
     missing = store.missing_rows(sample_id, include_quarantined=True)
     spans = store.policy_spans(sample_id, include_quarantined=True)
     repeated = repeated_ids(ids) & (ids[..., 0] >= 0)  # a missing row holds -1 everywhere: not a repeat

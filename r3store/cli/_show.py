@@ -20,7 +20,7 @@ from r3store.cli._options import (
     styled,
 )
 from r3store.cli._scan import echo_json
-from r3store.errors import OptionError
+from r3store.errors import OptionError, SampleNotFoundError
 
 __all__ = ["layers_that_fit", "render_show", "show"]
 
@@ -69,20 +69,12 @@ def layers_that_fit(width: int, *, num_experts: int, top_k: int, row_digits: int
 
 
 def render_show(result: dict[str, Any], console: Console) -> None:
-    """Print a :func:`r3store.audit.show` result: rows x layers, each cell the top-k ids (or, for
-    a sample with no rows, such as a quarantined one whose routes could not be stored, why
-    there is nothing to show).
+    """Print a :func:`r3store.audit.show` result: rows x layers, each cell the top-k ids.
 
     Cells break after commas to fit the console width; a number is never split. The sample
     id and the quarantine reason are escaped (:func:`r3store.cli._options.printable`).
     """
     flag = ", quarantined: " + printable(result["reason"] or "") if result["quarantined"] else ""
-    if result["num_rows"] == 0:
-        why = ("it is quarantined and its routes could not be stored, so none were kept" if result["quarantined"]
-               else "it has no rows (routes are stored for every token but the last)")
-        console.print(Text(f"{printable(result['sample_id'])}: {result['num_tokens']:,} tokens, 0 rows{flag}"))
-        console.print(styled(("no routes to show", "bold"), f": {why}"))
-        return
     title = (f"{printable(result['sample_id'])}: {result['num_tokens']:,} tokens, {result['num_rows']:,} rows{flag}; "
              f"rows {result['row_start']}-{result['row_stop'] - 1}, "
              f"top-{result['top_k']} of {result['num_experts']} experts")
@@ -138,8 +130,8 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
 
     The table shows as many of the first MoE layers as fit the terminal with each cell's
     ids on one line (up to 8) unless --layers names others (--json gives every MoE layer). Quarantined
-    samples are shown too. Cells with ids >= num_experts are red, cells repeating an id
-    yellow.
+    samples are shown too (one whose routes could not be stored has none to show: exit 2,
+    with its reason). Cells with ids >= num_experts are red, cells repeating an id yellow.
     """
     from r3store.audit import parse_layers, parse_rows
     from r3store.audit import show as run_show
@@ -162,6 +154,13 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
         if exc.option != "rows":
             raise
         raise BadValue("--rows", rows, exc.fault) from exc
+    except SampleNotFoundError as exc:
+        if exc.quarantined is None:
+            raise
+        # quarantined with no rows: say so plainly (the library's hint is a Python call)
+        raise SampleNotFoundError(sample_id, store.url, quarantined=exc.quarantined,
+                                  hint="its routes could not be stored (none were kept), so there are no routes "
+                                       "to show") from exc
     if as_json:
         echo_json(result)
     else:

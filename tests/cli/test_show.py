@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.clirun import body_rows, check_80, checked_json
+from tests.clirun import body_rows, check_80
 from tests.clirun import invoke as _cli
 from tests.clirun import run_cli as run
 
@@ -73,21 +73,17 @@ def unstored(tmp_path: Path) -> Path:
 
 
 def test_show_of_a_quarantined_sample_with_no_stored_routes_says_so(unstored: Path) -> None:
-    """No Python call as a remedy (new-user finding): the sample, its reason, and that there
-    are no routes to show."""
-    result = run("show", str(unstored), "wide")
-    assert result.exit_code == 0, result.output
-    text = " ".join(result.stdout.split())
-    assert text.startswith("wide: 6 tokens, 0 rows, quarantined: routes: top_k mismatch")
-    assert "no routes to show: it is quarantined and its routes could not be stored" in text
-    assert "include_quarantined" not in result.output
-    assert "row(" not in result.output
-    doc = checked_json(run("show", str(unstored), "wide", "--json"), "show")
-    assert (doc["quarantined"], doc["num_rows"], doc["routes"], doc["row_stop"]) == (True, 0, [], 0)
-    assert "top_k mismatch" in doc["reason"]
-    bad_layer = run("show", str(unstored), "wide", "--layers", "0")
-    assert bad_layer.exit_code == 2
-    assert "LayerError" in bad_layer.stderr
+    """No Python call as a remedy (new-user finding): one line with the sample, its reason, and
+    that there are no routes to show (exit 2, as for a sample that is not there)."""
+    for extra in ([], ["--json"]):
+        result = run("show", str(unstored), "wide", *extra)
+        assert result.exit_code == 2, result.output
+        assert result.stdout == ""
+        (line,) = result.stderr.strip().splitlines()
+        assert line == (f"error: SampleNotFoundError: sample 'wide' in {unstored} is quarantined (routes: top_k "
+                        "mismatch: last dim is 3, spec.top_k is 2 (routes not storable; none kept)); its routes could "
+                        "not be stored (none were kept), so there are no routes to show")
+    assert run("show", str(unstored), "ok").exit_code == 0
 
 
 def test_show_prints_a_long_quarantine_reason_at_the_console_width(store: Path) -> None:
