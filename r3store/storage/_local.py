@@ -171,6 +171,8 @@ class LocalBackend(Backend):
         """Atomic create: the data is written to a temp file, then hard-linked into place."""
         path = self._path(key)
         with map_storage_errors(self.path_of(key)):
+            if path.is_file():  # taken: the link would fail (no temp file to write and fsync)
+                return False
             tmp = _write_temp(path, data)
             try:
                 os.link(tmp, path)
