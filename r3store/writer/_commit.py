@@ -235,6 +235,7 @@ class Committer:
         for key, attrs in (("zarr.json", {"r3store": {"manifest": MANIFEST_KEY}}), (f"{ROUTES_PREFIX}zarr.json", {})):
             if not self.backend.exists(key):
                 self.backend.set_if_absent(key, json.dumps(zarr_group_json(attrs), indent=2).encode())
+        self.backend.sync([MANIFEST_KEY, f"{ROUTES_PREFIX}zarr.json"])
 
     def check_spec(self) -> Manifest:
         """Re-read the manifest: commit nothing into a store whose spec or version changed.
@@ -313,24 +314,29 @@ class Committer:
                                                               "(writer ids must be unique)")
         parts = (materialize(p) for s in samples for p in s.parts)  # spilled parts read back one at a time
         objects = _encode_objects(pending.geometry, parts, tag_prefix(pending.commit, self.store_id), self._scratch)
+        keys = [doc_key]
         for i, blob in enumerate(objects):
-            self.backend.set(f"{array}/{ArrayGeometry.object_key(i)}", blob)
+            keys.append(f"{array}/{ArrayGeometry.object_key(i)}")
+            self.backend.set(keys[-1], blob)
+        self.backend.sync(keys)  # the array's names are durable before the table that commits it
         key = self._table_key(pending)
         self._put_table(key, pending)
-        self._ensure_visible(key, pending)
+        key = self._ensure_visible(key, pending)
+        self.backend.sync([key])  # a commit that returns is on disk, its name included
 
     def _put_table(self, key: str, pending: _Pending) -> None:
         if not self.backend.set_if_absent(key, pending.table) and bytes(self.backend.get(key)) != pending.table:
             raise StorageError(self.backend.path_of(key),
                                "another writer committed this commit name (writer ids must be unique)")
 
-    def _ensure_visible(self, key: str, pending: _Pending) -> None:
+    def _ensure_visible(self, key: str, pending: _Pending) -> str:
         """FORMAT.md 12.2: the table's bucket is no older than the hour of its store timestamp
-        less 15 minutes, else the same bytes go again under the bucket of the store's time."""
+        less 15 minutes, else the same bytes go again under the bucket of the store's time.
+        Returns the key of the table that stays."""
         for _ in range(3):
             landed = _store_time(self.backend, key)
             if landed is None or pending.bucket is None or pending.bucket >= watermark_of(landed):
-                return
+                return key
             skew = (self.clock() - landed).total_seconds()
             pending.bucket, pending.first_try = bucket_of(landed), self.clock()
             moved = table_key(pending.commit, pending.bucket)
