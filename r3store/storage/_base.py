@@ -112,6 +112,10 @@ class Backend(ABC):
     def set(self, key: str, data: bytes | memoryview) -> None:
         """Write an object atomically (all or nothing).
 
+        ``data`` may be a view of a buffer the caller reuses once the call returns (the
+        writer encodes every storage object into one buffer): a backend that keeps the
+        bytes past the call copies them.
+
         Raises
         ------
         r3store.errors.ReadOnlyStoreError
