@@ -128,9 +128,9 @@ def paths(tokens: int, repeats: int) -> None:
                 writer.flush()
 
             write_cpu, write_sys, unsynced_cpu = writer_cpu(write, repeats)
+            fresh = iter(range(1 << 30))  # np.save into a new file each call, as each commit writes new files
+            fresh_cpu = cpu_median(lambda: np.save(folder / f"n{next(fresh)}.npy", routes), repeats)
         save_cpu = cpu_median(lambda: np.save(folder / "b.npy", routes), repeats)
-        fresh = iter(range(1 << 30))  # np.save into a new file each call, as each commit writes new files
-        fresh_cpu = cpu_median(lambda: np.save(folder / f"n{next(fresh)}.npy", routes), repeats)
         with r3store.RouteWriter(folder / "store", spec, config={"writer_id": "r"}) as w:
             w.append("before", routes[:100])  # the sample starts mid-chunk, as most do
             w.append("a", routes)
