@@ -271,16 +271,18 @@ def _ints(values: Any, n: int) -> list[int]:
 
 
 def encode_object(blocks: Iterator[np.ndarray], geometry: ArrayGeometry, *, commit: str | None = None,
-                  first_row_chunk: int = 0) -> bytes:
+                  first_row_chunk: int = 0, scratch: list[np.ndarray] | None = None) -> bytes | memoryview:
     """Encode one storage object (a zarr ``sharding_indexed`` shard).
 
     Parameters
     ----------
-    blocks : iterator of ndarray of integer dtype, shape (<= chunk_rows, num_moe_layers, top_k)
-        Consecutive row blocks; up to ``geometry.row_chunks_per_object`` of them are
-        consumed. Only the last block of the array may be short. Values are ids the
-        codec can hold (the writer has checked them). Each block is encoded before the
-        next is requested, so the producer may reuse its buffer.
+    blocks : iterator of ndarray of integer dtype, shape (rows, num_moe_layers, top_k)
+        Consecutive row spans of whole inner-chunk rows: ``rows`` a multiple of
+        ``chunk_rows`` (one block or several), except the array's last span, which may end
+        short. Spans are consumed until the object holds ``geometry.row_chunks_per_object``
+        row blocks; a span must not run past the object's end. Values are ids the codec
+        can hold (the writer has checked them). Each span is encoded before the next is
+        requested, so the producer may reuse its buffer.
     geometry : ArrayGeometry
     commit : str, optional
         Bind each frame to its place in this commit's array (:func:`position_tag` of
@@ -290,53 +292,116 @@ def encode_object(blocks: Iterator[np.ndarray], geometry: ArrayGeometry, *, comm
     first_row_chunk : int
         Row-chunk index of the object's first inner chunk in the array (object ``i``:
         ``i * geometry.row_chunks_per_object``).
+    scratch : list, optional
+        A one-item list holding a uint8 buffer reused from object to object (replaced
+        when too small; an empty list gets one): the returned view then points into it
+        and is valid until the next call with the same list. Saves faulting in fresh
+        pages for every object. None: a new buffer per object.
 
     Returns
     -------
-    bytes
+    bytes or memoryview
         Inner-chunk frames in C order of the inner-chunk grid, then the index and its
-        CRC-32C. Inner chunks past the end of the array are marked missing.
+        CRC-32C. Inner chunks past the end of the array are marked missing. Bitpack
+        objects (with the C kernels) are encoded span by span straight into one buffer,
+        whose view is returned (no join of per-frame bytes).
+
+    Raises
+    ------
+    ValueError
+        A span runs past the object's end.
     """
     codec = get_codec(geometry.codec)
     bind = commit is not None and isinstance(codec, SupportsBinding)  # once per object: a Protocol check is slow
     prefix = google_crc32c.value(f"{commit}/".encode()) if bind else 0
-    lpc, cr = geometry.layers_per_chunk, geometry.chunk_rows
-    index = np.full((geometry.row_chunks_per_object, geometry.layer_chunks, 2), EMPTY, dtype="<u8")
+    lpc, cr, per_object = geometry.layers_per_chunk, geometry.chunk_rows, geometry.row_chunks_per_object
+    index = np.full((per_object, geometry.layer_chunks, 2), EMPTY, dtype="<u8")
+    # bitpack: every whole row block of a span in one C call, into one buffer of the object
+    fast = isinstance(codec, BitpackCodec) and geometry.num_moe_layers % lpc == 0
+    out = np.empty(0, dtype=np.uint8)
+    sizes = np.zeros((per_object, geometry.layer_chunks), dtype=np.int64)
+    if fast:
+        bound = cast(BitpackCodec, codec).frame_bound(cr * lpc * geometry.top_k)
+        need = per_object * geometry.layer_chunks * bound + geometry.index_nbytes
+        if scratch is not None and scratch and scratch[0].size >= need:
+            out = scratch[0]
+        else:
+            out = np.empty(need, dtype=np.uint8)
+            if scratch is not None:
+                scratch[:] = [out]
     parts: list[bytes | memoryview] = []
     offset = 0
     padded = np.zeros((cr, lpc, geometry.top_k), dtype=np.uint16)
     batch = isinstance(codec, SupportsBatchEncode) and geometry.num_moe_layers % lpc == 0
-    for a in range(geometry.row_chunks_per_object):
-        rows = next(blocks, None)
-        if rows is None:
+    a = 0
+    while a < per_object:
+        span = next(blocks, None)
+        if span is None:
             break
-        if batch and rows.shape[0] == cr:  # every frame of the block in one call
-            tags = [google_crc32c.extend(prefix, f"{first_row_chunk + a}/{b}".encode()) if bind else 0
-                    for b in range(geometry.layer_chunks)]
-            frames, sizes = cast(SupportsBatchEncode, codec).encode_chunks(rows, lpc, tags)
-            for b, size in enumerate(sizes):
+        whole = len(span) // cr
+        if a + -(-len(span) // cr) > per_object:
+            raise ValueError(f"a span of {len(span)} rows runs past the object's end ({per_object - a} row "
+                             f"blocks of {cr} left)")
+        if fast and whole:
+            n = cast(BitpackCodec, codec).encode_rows_into(
+                span[: whole * cr], cr, lpc, out[offset:], sizes[a : a + whole].reshape(-1),
+                prefix_crc=prefix if bind else None, first_row_chunk=first_row_chunk + a)
+            if n >= 0:
+                got = sizes[a : a + whole]
+                index[a : a + whole, :, 1] = got
+                index[a : a + whole, :, 0] = offset + (np.cumsum(got.reshape(-1)) - got.reshape(-1)).reshape(got.shape)
+                offset += n
+                a += whole
+                span = span[whole * cr :]
+        for j in range(0, len(span), cr):  # the rest block by block (a short last block, no C kernels, ...)
+            rows = span[j : j + cr]
+            frames = _encode_block(codec, rows, geometry, padded, prefix if bind else None, first_row_chunk + a,
+                                   batch)
+            for b, frame in enumerate(frames):
+                size = len(frame)
                 index[a, b] = (offset, size)
+                if fast:
+                    out[offset : offset + size] = np.frombuffer(frame, dtype=np.uint8)
+                else:
+                    parts.append(frame)
                 offset += size
-            parts.append(frames)
-            continue
-        for b in range(geometry.layer_chunks):
-            part = rows[:, b * lpc : (b + 1) * lpc]
-            if part.shape != padded.shape:
-                padded[...] = 0
-                padded[: part.shape[0], : part.shape[1]] = part
-                part = padded
-            if bind:  # position_tag(commit, row chunk, b), from the commit's CRC state
-                tag = google_crc32c.extend(prefix, f"{first_row_chunk + a}/{b}".encode())
-                frame = codec.encode(part, tag=tag)  # type: ignore[call-arg]
-            else:
-                frame = codec.encode(part)
-            index[a, b] = (offset, len(frame))
-            parts.append(frame)
-            offset += len(frame)
+            a += 1
     raw = index.tobytes()
+    crc = np.uint32(google_crc32c.value(raw)).astype("<u4").tobytes()
+    if fast:
+        out[offset : offset + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+        out[offset + len(raw) : offset + len(raw) + 4] = np.frombuffer(crc, dtype=np.uint8)
+        return out[: offset + len(raw) + 4].data
     parts.append(raw)
-    parts.append(np.uint32(google_crc32c.value(raw)).astype("<u4").tobytes())
+    parts.append(crc)
     return b"".join(parts)
+
+
+def _encode_block(codec: Any, rows: np.ndarray, geometry: ArrayGeometry, padded: np.ndarray, prefix: int | None,
+                  row_chunk: int, batch: bool) -> list[bytes | memoryview]:
+    """The frames of one row block (layer chunk by layer chunk), bound to row chunk
+    ``row_chunk`` from the commit's CRC state ``prefix`` (None: unbound)."""
+    lpc, cr = geometry.layers_per_chunk, geometry.chunk_rows
+    if batch and rows.shape[0] == cr:  # every frame of the block in one call
+        tags = [google_crc32c.extend(prefix, f"{row_chunk}/{b}".encode()) if prefix is not None else 0
+                for b in range(geometry.layer_chunks)]
+        blob, sizes = cast(SupportsBatchEncode, codec).encode_chunks(rows, lpc, tags)
+        view = memoryview(blob)
+        starts = np.cumsum([0, *sizes])
+        return [view[int(starts[b]) : int(starts[b + 1])] for b in range(len(sizes))]
+    frames: list[bytes | memoryview] = []
+    for b in range(geometry.layer_chunks):
+        part = rows[:, b * lpc : (b + 1) * lpc]
+        if part.shape != padded.shape:
+            padded[...] = 0
+            padded[: part.shape[0], : part.shape[1]] = part
+            part = padded
+        if prefix is not None:  # position_tag(commit, row chunk, b), from the commit's CRC state
+            tag = google_crc32c.extend(prefix, f"{row_chunk}/{b}".encode())
+            frames.append(codec.encode(part, tag=tag))
+        else:
+            frames.append(codec.encode(part))
+    return frames
 
 
 def decode_index(buf: bytes | memoryview, geometry: ArrayGeometry, array: str, i: int) -> np.ndarray:

@@ -323,6 +323,49 @@ class BitpackCodec(Codec):
         frames = [self.encode(arr[:, b * lpc : (b + 1) * lpc], tag=t) for b, t in enumerate(tags)]
         return b"".join(frames), [len(f) for f in frames]
 
+    def frame_bound(self, ids: int) -> int:
+        """The most bytes a frame of ``ids`` ids takes (header and untrimmed payload)."""
+        header = HEADER_V2.size if self.frame_version == 2 else HEADER.size
+        return header + (ids * self.bits + 7) // 8
+
+    def encode_rows_into(self, span: np.ndarray, chunk_rows: int, layers_per_chunk: int, out: np.ndarray,
+                         sizes: np.ndarray, *, prefix_crc: int | None = None, first_row_chunk: int = 0) -> int:
+        """The frames of whole row blocks, written into ``out`` in one C call; what
+        :meth:`encode_chunks` gives block by block, without a buffer per block.
+
+        Parameters
+        ----------
+        span : ndarray of integer dtype, shape (m * chunk_rows, layers, top_k)
+            ``m`` whole row blocks; ``layers`` a multiple of ``layers_per_chunk``; any
+            strides; ids below ``2**bits``.
+        chunk_rows, layers_per_chunk : int
+            Rows and layers of one frame.
+        out : ndarray of uint8, C-contiguous, writable
+            Room for ``m * layers / layers_per_chunk`` frames of :meth:`frame_bound` bytes.
+        sizes : ndarray of int64, C-contiguous, shape (m * layers / layers_per_chunk,)
+            Receives each frame's size, in C order of (row block, layer chunk).
+        prefix_crc : int, optional
+            Bind the frames (``frame_version=2``): frame ``(a, b)`` carries the position tag
+            ``crc32c(prefix + f"{first_row_chunk + a}/{b}")`` given ``prefix_crc =
+            crc32c(prefix)`` (:func:`r3store._format.position_tag`'s text). None: unbound.
+        first_row_chunk : int
+            Row-block index of the span's first block in its array.
+
+        Returns
+        -------
+        int
+            Bytes written, or -1 when the C kernels are not in use or an id lies outside
+            ``[0, 2**bits)`` (the caller then encodes block by block, which names it).
+        """
+        native = kernels.native_module()
+        arr = np.asarray(span)
+        if native is None or arr.ndim != 3 or arr.dtype.kind not in "iu" or not arr.dtype.isnative or not arr.size \
+                or (prefix_crc is not None and self.frame_version != 2):
+            return -1
+        tags = None if prefix_crc is not None else np.zeros(len(sizes), dtype=np.int64)
+        return int(native.encode_frames(arr, self.bits, self.frame_version, layers_per_chunk, tags, out, sizes,
+                                        chunk_rows, -1 if prefix_crc is None else prefix_crc, first_row_chunk))
+
     def decode_frames(self, blob: bytes | memoryview | np.ndarray, starts: np.ndarray, lengths: np.ndarray,
                       out: np.ndarray, rows: np.ndarray, layers: np.ndarray, *, chunk_rows: int,
                       layers_per_chunk: int, tag_prefix: str | None = None, row_chunks: np.ndarray | None = None,

@@ -220,35 +220,25 @@ class _ReadGroup:
                                   reader={"commits": self.commits, "on_duplicate": "report"})
         arrays = self.table.column("array").to_pylist()
         starts = self.table.column("row_start").fill_null(0).to_numpy(zero_copy_only=False)
-        counts = self.table.column("num_rows").to_numpy(zero_copy_only=False)
+        counts = self.table.column("num_rows").to_numpy(zero_copy_only=False).astype(np.int64)
         shape = (len(self.positions), reader.spec.top_k)
         row_bytes = int(np.prod(shape)) * self.dtype.itemsize
         checked: set[str] = set()
-        routes: list[np.ndarray] = []
-        first, nbytes, i, n = 0, 0, 0, len(arrays)
         with reader:
-            while i < n:
-                array, j, size = arrays[i], i, 0  # samples i..j-1: one array, one batched read
-                while j < n and arrays[j] == array and (j == i or nbytes + size < BLOCK_BYTES):
-                    size += int(counts[j]) * row_bytes
-                    j += 1
-                lengths = counts[i:j].astype(np.int64)
-                out = np.empty((int(lengths.sum()), *shape), dtype=self.dtype)
-                if len(out):
-                    if array not in checked:
-                        reader.geometry_of(array)  # the whole array must match its sample table, as for get()
-                        checked.add(array)
-                    at = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-                    reader.read_runs(array, [(int(a), int(a + m), int(o)) for a, m, o in
-                                             zip(starts[i:j], lengths, at, strict=True)], self.positions, out)
-                routes.extend(np.split(out, np.cumsum(lengths)[:-1]))
-                nbytes += size
-                i = j
-                if nbytes >= BLOCK_BYTES:
-                    yield self._block(first, i, routes)
-                    first, nbytes, routes = i, 0, []
-            if routes:
-                yield self._block(first, n, routes)
+            for runs in _blocks(arrays, counts, row_bytes):
+                lo, hi = runs[0][0], runs[-1][1]
+                at = np.concatenate([[0], np.cumsum(counts[lo:hi])])  # each sample's first row in the block
+                out = np.empty((int(at[-1]), *shape), dtype=self.dtype)  # the block's routes, one buffer
+                for i, j in runs:  # samples i..j-1: one array, one batched read
+                    array = arrays[i]
+                    if at[j - lo] > at[i - lo]:
+                        if array not in checked:
+                            reader.geometry_of(array)  # the whole array must match its sample table, as for get()
+                            checked.add(array)
+                        reader.read_runs(array, [(int(starts[k]), int(starts[k] + counts[k]), int(at[k - lo]))
+                                                 for k in range(i, j)], self.positions, out)
+                # views of one buffer, back to back: the ragged tensor column wraps it without a copy
+                yield self._block(lo, hi, np.split(out, at[1:-1]))
 
     def _block(self, lo: int, hi: int, routes: list[np.ndarray]) -> pa.Table:
         rows = self.table.slice(lo, hi - lo)
@@ -257,6 +247,27 @@ class _ReadGroup:
                    "num_tokens": rows.column("num_tokens")}
         columns.update((name, rows.column(name)) for name in self.columns)
         return pa.table(columns)
+
+
+def _blocks(arrays: list[Any], counts: np.ndarray, row_bytes: int) -> Iterator[list[tuple[int, int]]]:
+    """Cut the task's samples into blocks of about :data:`BLOCK_BYTES`: each block a list of
+    runs ``(i, j)`` (samples ``i..j-1`` of one route array, read in one batched call), the
+    runs of a block consecutive; a block ends once its routes reach ``BLOCK_BYTES``."""
+    runs: list[tuple[int, int]] = []
+    nbytes, i, n = 0, 0, len(arrays)
+    while i < n:
+        j, size = i, 0
+        while j < n and arrays[j] == arrays[i] and (j == i or nbytes + size < BLOCK_BYTES):
+            size += int(counts[j]) * row_bytes
+            j += 1
+        runs.append((i, j))
+        nbytes += size
+        i = j
+        if nbytes >= BLOCK_BYTES:
+            yield runs
+            runs, nbytes = [], 0
+    if runs:
+        yield runs
 
 
 def read_routes(

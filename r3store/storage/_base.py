@@ -112,6 +112,10 @@ class Backend(ABC):
     def set(self, key: str, data: bytes | memoryview) -> None:
         """Write an object atomically (all or nothing).
 
+        ``data`` may be a view of a buffer the caller reuses once the call returns (the
+        writer encodes every storage object into one buffer): a backend that keeps the
+        bytes past the call copies them.
+
         Raises
         ------
         r3store.errors.ReadOnlyStoreError
@@ -215,6 +219,23 @@ class Backend(ABC):
         for key in keys:
             self.delete(key)
         return len(keys)
+
+    def sync(self, keys: Iterable[str]) -> None:  # noqa: B027 - optional hook
+        """Make the names of these written keys durable (the commit protocol calls it once
+        for a commit's array objects before writing its sample table, and once after).
+
+        :meth:`set` and :meth:`set_if_absent` make the bytes durable; on a file system the
+        name that points at them lives in the folder, which needs its own ``fsync``
+        (POSIX does not order a rename or link with a later one). The local backend
+        fsyncs each distinct folder holding one of ``keys`` and each folder in which it
+        created a folder since the last call; object stores need nothing (a PUT that
+        returned is durable), so the default does nothing.
+
+        Raises
+        ------
+        r3store.errors.StorageError
+            The backend failed.
+        """
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release handles (open descriptors); the store stays usable and reopens them on demand."""

@@ -192,6 +192,9 @@ class CachingBackend(Backend):
     def set_if_absent(self, key: str, data: bytes) -> bool:
         return self.inner.set_if_absent(key, data)
 
+    def sync(self, keys: Iterable[str]) -> None:
+        self.inner.sync(keys)
+
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)
 

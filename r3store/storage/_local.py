@@ -7,7 +7,7 @@ import stat
 import tempfile
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from r3store.errors import StorageError
@@ -74,6 +74,8 @@ class LocalBackend(Backend):
         super().__init__(str(self.root))
         self._files: OrderedDict[str, _Handle] = OrderedDict()
         self._lock = threading.Lock()
+        self._made: set[Path] = set()
+        """Folders this backend created since the last :meth:`sync` (their parents gained an entry)."""
 
     def _path(self, key: str) -> Path:
         """The file of ``key``; a key that could leave the root raises StorageError."""
@@ -158,7 +160,7 @@ class LocalBackend(Backend):
     def set(self, key: str, data: bytes | memoryview) -> None:
         path = self._path(key)
         with map_storage_errors(self.path_of(key)):
-            tmp = _write_temp(path, data)
+            tmp = _write_temp(path, data, self._made)
             try:
                 os.replace(tmp, path)
             except BaseException:
@@ -171,7 +173,9 @@ class LocalBackend(Backend):
         """Atomic create: the data is written to a temp file, then hard-linked into place."""
         path = self._path(key)
         with map_storage_errors(self.path_of(key)):
-            tmp = _write_temp(path, data)
+            if path.is_file():  # taken: the link would fail (no temp file to write and fsync)
+                return False
+            tmp = _write_temp(path, data, self._made)
             try:
                 os.link(tmp, path)
                 return True
@@ -179,6 +183,21 @@ class LocalBackend(Backend):
                 return False
             finally:
                 tmp.unlink(missing_ok=True)
+
+    def sync(self, keys: Iterable[str]) -> None:
+        """``fsync`` each folder holding one of ``keys`` and each parent of a folder created
+        since the last call (see :meth:`r3store.storage.Backend.sync`), each folder once."""
+        with self._lock:
+            made, self._made = self._made, set()
+        folders = {self._path(key).parent for key in keys} | {folder.parent for folder in made}
+        try:
+            for folder in sorted(folders, key=lambda f: -len(f.parts)):  # deepest first
+                with map_storage_errors(str(folder)):
+                    _fsync_folder(folder)
+        except BaseException:
+            with self._lock:
+                self._made |= made  # a retry syncs them again
+            raise
 
     def exists(self, key: str) -> bool:
         with map_storage_errors(self.path_of(key)):
@@ -228,9 +247,38 @@ class LocalBackend(Backend):
             self._files.clear()  # each descriptor closes once no read holds it
 
 
-def _write_temp(path: Path, data: bytes | memoryview) -> Path:
-    """Write ``data`` to a fsynced temporary file beside ``path``; removed again on failure."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _fsync_folder(folder: Path) -> None:
+    """``fsync`` a folder (its entries' names become durable); a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except (PermissionError, IsADirectoryError):  # Windows opens no folder: its renames are durable as made
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _make_folders(folder: Path, made: set[Path]) -> None:
+    """``mkdir -p folder``, adding each folder it creates to ``made``."""
+    missing = []
+    while not folder.is_dir():
+        missing.append(folder)
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    for f in reversed(missing):
+        try:
+            f.mkdir()
+            made.add(f)
+        except FileExistsError:  # another writer made it first (or it is a file: the write then fails)
+            pass
+
+
+def _write_temp(path: Path, data: bytes | memoryview, made: set[Path] | None = None) -> Path:
+    """Write ``data`` to a fsynced temporary file beside ``path``; removed again on failure.
+    Folders created on the way are added to ``made``."""
+    _make_folders(path.parent, set() if made is None else made)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:

@@ -166,6 +166,15 @@ class BackendTests:
         assert self.raw_get(backend, "b") == b"raw"
         assert backend.list_prefix("") == ["a/obj", "b"]
 
+    def test_sync_of_written_keys_changes_nothing_visible(self, backend: Backend) -> None:
+        backend.set("a/b/obj", b"one")
+        assert backend.set_if_absent("c", b"two") is True
+        backend.sync(["a/b/obj", "c"])
+        backend.sync([])
+        assert backend.get("a/b/obj") == b"one"
+        assert backend.get("c") == b"two"
+        assert backend.list_prefix("") == ["a/b/obj", "c"]
+
     # -- exists / delete ------------------------------------------------------------
 
     def test_exists(self, backend: Backend) -> None:

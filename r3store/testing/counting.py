@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from r3store.storage import Backend, ByteRange, ObjectInfo, SuffixByteRange
@@ -87,6 +87,9 @@ class CountingBackend(Backend):
 
     def set_if_absent(self, key: str, data: bytes) -> bool:
         return self.inner.set_if_absent(key, data)
+
+    def sync(self, keys: Iterable[str]) -> None:
+        self.inner.sync(keys)
 
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)

@@ -196,6 +196,10 @@ class Committer:
         """The store's identity (known after :meth:`init_store`)."""
         self._seq = 0
         self._pending: _Pending | None = None
+        self._scratch: list[np.ndarray] = []
+        """The buffer storage objects are encoded into, reused from commit to commit."""
+        self._manifest: tuple[bytes, Manifest] | None = None
+        """The manifest's bytes as last read and their parse (re-parsed only when they change)."""
 
     # -- store set-up -----------------------------------------------------------------
 
@@ -231,6 +235,7 @@ class Committer:
         for key, attrs in (("zarr.json", {"r3store": {"manifest": MANIFEST_KEY}}), (f"{ROUTES_PREFIX}zarr.json", {})):
             if not self.backend.exists(key):
                 self.backend.set_if_absent(key, json.dumps(zarr_group_json(attrs), indent=2).encode())
+        self.backend.sync([MANIFEST_KEY, f"{ROUTES_PREFIX}zarr.json"])
 
     def check_spec(self) -> Manifest:
         """Re-read the manifest: commit nothing into a store whose spec or version changed.
@@ -245,7 +250,12 @@ class Committer:
             The manifest is damaged (its checksum fails, ...).
         """
         path = self.backend.path_of(MANIFEST_KEY)
-        manifest = parse_manifest(loads_document(self.backend.get(MANIFEST_KEY), path), path)
+        raw = bytes(self.backend.get(MANIFEST_KEY))  # read every commit; parsed again only when it changed
+        if self._manifest is not None and self._manifest[0] == raw:
+            manifest = self._manifest[1]
+        else:
+            manifest = parse_manifest(loads_document(raw, path), path)
+            self._manifest = (raw, manifest)
         if manifest.version != FORMAT_VERSION:
             raise FormatVersionError(path, f"the store is of format version {manifest.version}; this release reads "
                                            f"it but writes only format version {FORMAT_VERSION} stores (write to a "
@@ -303,24 +313,30 @@ class Committer:
             raise StorageError(self.backend.path_of(doc_key), "holds another array document than this commit's "
                                                               "(writer ids must be unique)")
         parts = (materialize(p) for s in samples for p in s.parts)  # spilled parts read back one at a time
-        for i, blob in enumerate(_encode_objects(pending.geometry, parts, tag_prefix(pending.commit, self.store_id))):
-            self.backend.set(f"{array}/{ArrayGeometry.object_key(i)}", blob)
+        objects = _encode_objects(pending.geometry, parts, tag_prefix(pending.commit, self.store_id), self._scratch)
+        keys = [doc_key]
+        for i, blob in enumerate(objects):
+            keys.append(f"{array}/{ArrayGeometry.object_key(i)}")
+            self.backend.set(keys[-1], blob)
+        self.backend.sync(keys)  # the array's names are durable before the table that commits it
         key = self._table_key(pending)
         self._put_table(key, pending)
-        self._ensure_visible(key, pending)
+        key = self._ensure_visible(key, pending)
+        self.backend.sync([key])  # a commit that returns is on disk, its name included
 
     def _put_table(self, key: str, pending: _Pending) -> None:
         if not self.backend.set_if_absent(key, pending.table) and bytes(self.backend.get(key)) != pending.table:
             raise StorageError(self.backend.path_of(key),
                                "another writer committed this commit name (writer ids must be unique)")
 
-    def _ensure_visible(self, key: str, pending: _Pending) -> None:
+    def _ensure_visible(self, key: str, pending: _Pending) -> str:
         """FORMAT.md 12.2: the table's bucket is no older than the hour of its store timestamp
-        less 15 minutes, else the same bytes go again under the bucket of the store's time."""
+        less 15 minutes, else the same bytes go again under the bucket of the store's time.
+        Returns the key of the table that stays."""
         for _ in range(3):
             landed = _store_time(self.backend, key)
             if landed is None or pending.bucket is None or pending.bucket >= watermark_of(landed):
-                return
+                return key
             skew = (self.clock() - landed).total_seconds()
             pending.bucket, pending.first_try = bucket_of(landed), self.clock()
             moved = table_key(pending.commit, pending.bucket)
@@ -383,31 +399,42 @@ def _store_time(backend: Backend, key: str) -> datetime | None:
     return datetime.fromtimestamp(mtime, UTC)
 
 
-def _encode_objects(geometry: ArrayGeometry, parts: Iterator[np.ndarray], commit: str) -> Iterator[bytes]:
+def _encode_objects(geometry: ArrayGeometry, parts: Iterator[np.ndarray], commit: str,
+                    scratch: list[np.ndarray] | None = None) -> Iterator[bytes | memoryview]:
     """Yield one encoded storage object after another, assembling rows chunk by chunk; frames
-    are bound to their place in ``commit``'s array."""
+    are bound to their place in ``commit``'s array. Each object may be a view of
+    ``scratch``'s buffer, valid until the next is requested (the caller writes it first)."""
     blocks = _row_blocks(parts, geometry)
+    scratch = [] if scratch is None else scratch  # one buffer for every object: each is written before the next
     for i in range(geometry.num_objects):
-        yield encode_object(blocks, geometry, commit=commit, first_row_chunk=i * geometry.row_chunks_per_object)
+        yield encode_object(blocks, geometry, commit=commit, first_row_chunk=i * geometry.row_chunks_per_object,
+                            scratch=scratch)
 
 
 def _row_blocks(parts: Iterator[np.ndarray], geometry: ArrayGeometry) -> Iterator[np.ndarray]:
-    """Re-cut a stream of per-sample arrays into blocks of ``chunk_rows`` rows."""
-    block = np.zeros((geometry.chunk_rows, geometry.num_moe_layers, geometry.top_k), dtype=np.uint16)
+    """Re-cut a stream of per-sample arrays into spans of whole ``chunk_rows``-row blocks
+    (the array's last may be short) that never cross a storage object's end: runs of
+    whole blocks inside one part are views of it (one encode call each), blocks that
+    straddle parts are copied into a buffer."""
     cr = geometry.chunk_rows
+    block = np.zeros((cr, geometry.num_moe_layers, geometry.top_k), dtype=np.uint16)
+    left = geometry.row_chunks_per_object  # row blocks left in the current object
     fill = 0
     for part in parts:
         i = 0
         while i < len(part):
-            if not fill and len(part) - i >= cr:  # a whole chunk inside one part: a view, not a copy
-                yield part[i : i + cr]
-                i += cr
+            if not fill and len(part) - i >= cr:  # whole blocks inside one part: a view, not a copy
+                m = min((len(part) - i) // cr, left)
+                yield part[i : i + m * cr]
+                i += m * cr
+                left = left - m or geometry.row_chunks_per_object
                 continue
-            take = min(geometry.chunk_rows - fill, len(part) - i)
+            take = min(cr - fill, len(part) - i)
             block[fill : fill + take] = part[i : i + take]
             fill, i = fill + take, i + take
-            if fill == geometry.chunk_rows:
+            if fill == cr:
                 yield block
                 fill = 0
+                left = left - 1 or geometry.row_chunks_per_object
     if fill:
         yield block[:fill]

@@ -59,7 +59,8 @@ class WriterConfig:
     memory reach it, the largest buffered samples are spilled to a scratch folder
     (``spill_dir``) until half of it is left, and read back one part at a time when
     committed. Peak memory is about ``buffer_bytes`` plus one sample part plus one encoded
-    storage object, however many samples are open."""
+    storage object, however many samples are open (the buffer objects are encoded into is
+    kept from commit to commit: at most about ``object_bytes``)."""
     chunk_rows: int = 128
     """Rows per inner chunk (the unit of decoding and of rank-local reads). 128 keeps the
     bytes a context-parallel rank fetches within 1.25x of its own rows for samples of 8K

@@ -49,3 +49,30 @@ def test_capabilities_are_checked_once_per_object(monkeypatch: pytest.MonkeyPatc
     blocks = [np.zeros((4, 5, 3), np.uint16)] * 3
     encode_object(iter(blocks), _geometry(2), commit="w-00007")
     assert len(calls) == 1  # not once per frame (9 frames)
+
+
+def _geometry4(rows: int = 37) -> ArrayGeometry:  # 4 MoE layers in 2 layer chunks: the batch-encoded shape
+    return ArrayGeometry.for_rows(rows, num_moe_layers=4, top_k=3, codec={"id": "r3store.bitpack", "bits": 5,
+                                                                          "frame_version": 2},
+                                  chunk_rows=4, layers_per_chunk=2, object_rows=16)
+
+
+@pytest.mark.parametrize("commit", ["w-00007", None])
+def test_spans_of_many_row_blocks_encode_as_block_by_block(commit: str | None) -> None:
+    geometry = _geometry4()
+    ids = np.random.default_rng(3).integers(0, 32, (37, 4, 3)).astype(np.uint16)
+    for i in range(geometry.num_objects):
+        rows = ids[i * 16 : (i + 1) * 16]
+        one_by_one = [rows[j : j + 4] for j in range(0, len(rows), 4)]
+        spans = [rows[:8], rows[8:]] if len(rows) > 8 else [rows]  # the last object: 5 rows, 1 short block
+        want = bytes(encode_object(iter(one_by_one), geometry, commit=commit, first_row_chunk=4 * i))
+        scratch: list[np.ndarray] = []
+        got = encode_object(iter(spans), geometry, commit=commit, first_row_chunk=4 * i, scratch=scratch)
+        assert bytes(got) == want
+        again = encode_object(iter(spans), geometry, commit=commit, first_row_chunk=4 * i, scratch=scratch)
+        assert bytes(again) == want  # the reused buffer gives the same object
+
+
+def test_a_span_past_the_objects_end_is_refused() -> None:
+    with pytest.raises(ValueError, match="runs past the object's end"):
+        encode_object(iter([np.zeros((20, 4, 3), np.uint16)]), _geometry4(), commit="w-00007")

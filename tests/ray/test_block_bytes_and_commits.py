@@ -95,3 +95,23 @@ def test_forty_rows_from_items_are_one_commit(tmp_path: Path, ray_cluster: str) 
     assert sorted(out.sample_ids) == [d["sample_id"] for d in data]
     for d in data:
         np.testing.assert_array_equal(out.get(d["sample_id"]), d["routes"])
+
+
+def test_each_write_task_commits_once_per_writer_buffer(tmp_path: Path, ray_cluster: str) -> None:
+    spec = r3store.ModelSpec(num_layers=3, num_experts=48, top_k=2)
+    rng = np.random.default_rng(2)
+    data = [{"sample_id": f"s{i:02d}", "routes": distinct_routes(rng, 40 + i, 3, 48, 2)} for i in range(40)]
+    ds = ray.data.from_items(data).materialize()
+    assert ds.num_blocks() == 40
+    buffer = ds.size_bytes() // 4  # Ray bundles about a quarter of the input per write task
+    summary = r3ray.write_routes(ds, tmp_path / "out", spec, config={"buffer_bytes": buffer})
+    assert summary.samples == 40
+    assert 1 < summary.tasks < 40
+    # a task's rows fit its writer's buffer (2 bytes per id, less than Ray's input bytes):
+    # one commit per writer, made when the task ends, whatever the number of blocks
+    assert len(summary.commits) == summary.tasks
+    assert all(c.endswith("-00000") for c in summary.commits)
+    out = r3store.open_store(tmp_path / "out")
+    assert sorted(out.sample_ids) == [d["sample_id"] for d in data]
+    for d in data:
+        np.testing.assert_array_equal(out.get(d["sample_id"]), d["routes"])

@@ -234,3 +234,21 @@ def test_commit_retried_after_gc_delete_is_complete(tmp_path: Path) -> None:
     store = r3store.open_store(tmp_path)
     np.testing.assert_array_equal(store.get("a"), _routes(7, 3))
     assert r3store.audit.validate(store).ok
+
+
+@pytest.mark.parametrize("sizes", [[37], [3, 30, 4], [16, 16, 5], [1] * 37, [4, 33]])
+def test_row_spans_are_whole_blocks_that_never_cross_an_object(sizes: list[int]) -> None:
+    from r3store._format import ArrayGeometry
+    from r3store.writer._commit import _row_blocks
+
+    geometry = ArrayGeometry.for_rows(37, num_moe_layers=4, top_k=3, codec={"id": "r3store.bitpack", "bits": 5},
+                                      chunk_rows=4, layers_per_chunk=2, object_rows=16)
+    ids = np.arange(37 * 12, dtype=np.uint16).reshape(37, 4, 3)
+    parts = np.split(ids, np.cumsum(sizes)[:-1])
+    got, row = [], 0
+    for span in _row_blocks(iter(parts), geometry):
+        assert len(span) % 4 == 0 or row + len(span) == 37  # only the array's last block is short
+        assert row // 16 == (row + len(span) - 1) // 16  # inside one storage object
+        got.append(span.copy())  # the straddling block's buffer is reused
+        row += len(span)
+    np.testing.assert_array_equal(np.concatenate(got), ids)

@@ -126,16 +126,32 @@ R3_DOC(encode_frames_doc, "encode_frames(src, bits, version, layers_per_chunk, t
 "version 1). The frames are written back to back into the writable bytes out (room for\n"
 "each frame untrimmed) and their sizes into lengths (C-contiguous int64, one per frame).\n"
 "Returns the bytes written, or -1 when an id lies outside [0, 2**bits) (the caller\n"
-"encodes frame by frame to report which).");
+"encodes frame by frame to report which).\n\n"
+"Optional chunk_rows > 0: src holds rows / chunk_rows whole row blocks (rows a multiple of\n"
+"chunk_rows), encoded in C order of (row block, layer chunk); tags then hold one per frame\n"
+"in that order. Optional prefix_crc >= 0 (a u32, the CRC-32C of '<prefix>/'): the tags are\n"
+"computed here instead, frame (a, b) tagged crc32c('<prefix>/<first_row_chunk + a>/<b>')\n"
+"(the position tag, FORMAT.md 5.1), and tags is ignored (may be None).");
 
 PyObject *py_encode_frames(PyObject *self, PyObject *args) {
     PyObject *src_obj, *tags_obj, *out_obj, *len_obj;
     int bits, version;
-    Py_ssize_t lpc;
+    Py_ssize_t lpc, chunk_rows = 0, first_row_chunk = 0;
+    long long prefix_crc = -1;
     Py_buffer src, tags, out, lens;
-    if (!PyArg_ParseTuple(args, "OiinOOO", &src_obj, &bits, &version, &lpc, &tags_obj, &out_obj, &len_obj)
+    if (!PyArg_ParseTuple(args, "OiinOOO|nLn", &src_obj, &bits, &version, &lpc, &tags_obj, &out_obj, &len_obj,
+                          &chunk_rows, &prefix_crc, &first_row_chunk)
         || check_bits(bits) < 0) {
         return NULL;
+    }
+    const int own_tags = prefix_crc >= 0;
+    if (prefix_crc > 0xFFFFFFFFll || chunk_rows < 0 || first_row_chunk < 0 || (own_tags && version != 2)) {
+        PyErr_SetString(PyExc_ValueError, "encode_frames: chunk_rows and first_row_chunk must be >= 0, prefix_crc "
+                                          "a u32 (or -1) and only for version 2");
+        return NULL;
+    }
+    if (own_tags) {
+        tags_obj = Py_None;
     }
     if (version != 1 && version != 2) {
         PyErr_Format(PyExc_ValueError, "encode_frames: version must be 1 or 2, got %d", version);
@@ -144,7 +160,9 @@ PyObject *py_encode_frames(PyObject *self, PyObject *args) {
     if (get_int_buffer(src_obj, &src, 0, "src") < 0) {
         return NULL;
     }
-    if (get_i64_array(tags_obj, &tags, "tags") < 0) {
+    if (own_tags) {
+        memset(&tags, 0, sizeof tags); /* no buffer: nothing to release */
+    } else if (get_i64_array(tags_obj, &tags, "tags") < 0) {
         PyBuffer_Release(&src);
         return NULL;
     }
@@ -160,20 +178,24 @@ PyObject *py_encode_frames(PyObject *self, PyObject *args) {
         return NULL;
     }
     const int hdr = frame_header_size(version);
-    const Py_ssize_t nf = tags.len / 8;
     const char *fault = NULL;
-    Py_ssize_t n = 0, f, total = 0;
+    Py_ssize_t n = 0, f, total = 0, cr = 0, ncol = 0, nf = 0;
     const int64_t *tg = (const int64_t *)tags.buf;
-    if (src.ndim != 3 || lpc < 1 || src.shape[1] % lpc || src.shape[1] / lpc != nf || buffer_type(&lens) != T_I64
-        || lens.len != nf * 8) {
-        fault = "encode_frames: src must be (rows, layers, top_k) with layers = len(tags) * layers_per_chunk, "
-                "lengths an int64 array of len(tags)";
+    if (src.ndim == 3 && lpc >= 1) {
+        cr = chunk_rows ? chunk_rows : src.shape[0];
+        ncol = src.shape[1] / lpc;
+        nf = cr ? (src.shape[0] / cr) * ncol : 0;
+    }
+    if (src.ndim != 3 || lpc < 1 || src.shape[1] % lpc || cr < 1 || src.shape[0] % cr
+        || (!own_tags && tags.len / 8 != nf) || buffer_type(&lens) != T_I64 || lens.len != nf * 8) {
+        fault = "encode_frames: src must be (rows, layers, top_k) with rows a multiple of chunk_rows and layers "
+                "of layers_per_chunk, tags (unless prefix_crc) and lengths int64 arrays of one per frame";
     } else {
-        n = src.shape[0] * lpc * src.shape[2];
+        n = cr * lpc * src.shape[2];
         if ((uint64_t)n > 0xFFFFFFFFu || out.len < nf * (hdr + packed_nbytes(n, bits))) {
             fault = "encode_frames: out has no room for every frame (or a frame of 2**32 ids or more)";
         }
-        for (f = 0; !fault && f < nf; f++) {
+        for (f = 0; !fault && !own_tags && f < nf; f++) {
             if (tg[f] < 0 || tg[f] > 0xFFFFFFFFll || (version == 1 && tg[f])) {
                 fault = "encode_frames: tags must be u32 (0 for version 1)";
             }
@@ -192,9 +214,18 @@ PyObject *py_encode_frames(PyObject *self, PyObject *args) {
     int bad = 0;
     Py_BEGIN_ALLOW_THREADS
     for (f = 0; f < nf && !bad; f++) {
-        Py_ssize_t shape[3] = {src.shape[0], lpc, src.shape[2]}, used;
+        Py_ssize_t shape[3] = {cr, lpc, src.shape[2]}, used;
         Py_buffer view = src;
-        view.buf = (char *)src.buf + f * lpc * src.strides[1];
+        const Py_ssize_t a = f / ncol, b = f % ncol;
+        uint32_t tag = 0;
+        if (own_tags) { /* position tag: crc32c('<prefix>/<row chunk>/<layer chunk>') */
+            char text[48];
+            int k = snprintf(text, sizeof text, "%lld/%lld", (long long)(first_row_chunk + a), (long long)b);
+            tag = crc32c_extend((uint32_t)prefix_crc, (const uint8_t *)text, (size_t)k);
+        } else {
+            tag = (uint32_t)tg[f];
+        }
+        view.buf = (char *)src.buf + a * cr * src.strides[0] + b * lpc * src.strides[1];
         view.shape = shape;
         view.len = n * src.itemsize;
         uint8_t *d = (uint8_t *)out.buf + total;
@@ -210,14 +241,14 @@ PyObject *py_encode_frames(PyObject *self, PyObject *args) {
         d[6] = d[7] = 0;
         put_u32(d + 8, (uint32_t)n);
         put_u32(d + 12, (uint32_t)used);
-        if (version == 2) put_u32(d + 16, (uint32_t)tg[f]);
+        if (version == 2) put_u32(d + 16, tag);
         put_u32(d + hdr - 4, crc32c_extend(crc32c_extend(0, d, (size_t)hdr - 4), d + hdr, (size_t)plen));
         ln[f] = hdr + plen;
         total += hdr + plen;
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&src);
-    PyBuffer_Release(&tags);
+    if (!own_tags) PyBuffer_Release(&tags);
     PyBuffer_Release(&out);
     PyBuffer_Release(&lens);
     return PyLong_FromSsize_t(bad ? -1 : total);

@@ -192,6 +192,41 @@ uint64_t pack_buffer(const Py_buffer *src, int type, int bits, uint8_t *out, Py_
         *n_used = last_nonzero((const uint8_t *)src->buf, n, type_size[type]);
         return pack_contig(src->buf, type_size[type], n, bits, out);
     }
+    if ((type == T_U8 || type == T_U16) && src->ndim >= 2 && n > 0) {
+        /* rows contiguous in themselves, strided between (a frame's layer chunk of a row
+         * block): rows copied into a stage with memcpy, packed a stage at a time */
+        const Py_ssize_t isz = type_size[type];
+        Py_ssize_t expect = isz, d, rows_per;
+        int ok = 1;
+        for (d = src->ndim - 1; d >= 1; d--) {
+            if (src->shape[d] > 1 && src->strides && src->strides[d] != expect) ok = 0;
+            expect *= src->shape[d];
+        }
+        const Py_ssize_t row = expect / isz, rstride = src->strides ? src->strides[0] : expect;
+        rows_per = row > 0 ? R3_CHUNK / row : 0;
+        if (row % 8) rows_per &= ~(Py_ssize_t)7; /* every stage but the last a multiple of 8 ids */
+        if (ok && rows_per > 0) {
+            uint16_t stage[R3_CHUNK + 8];
+            uint64_t acc = 0;
+            Py_ssize_t r0, used = 0;
+            const Py_ssize_t nrows = src->shape[0];
+            for (r0 = 0; r0 < nrows; r0 += rows_per) {
+                const Py_ssize_t nr = nrows - r0 < rows_per ? nrows - r0 : rows_per, m = nr * row, start = r0 * row;
+                Py_ssize_t r, last;
+                for (r = 0; r < nr; r++) {
+                    memcpy((uint8_t *)stage + r * row * isz, (const char *)src->buf + (r0 + r) * rstride,
+                           (size_t)(row * isz));
+                }
+                last = last_nonzero((const uint8_t *)stage, m, (int)isz);
+                if (last) {
+                    used = start + last;
+                }
+                acc |= pack_contig(stage, (int)isz, m, bits, out + (start / 8) * bits);
+            }
+            *n_used = used;
+            return acc;
+        }
+    }
     uint16_t stage[R3_CHUNK + 8];
     uint64_t acc = 0;
     Py_ssize_t start, used = 0;
