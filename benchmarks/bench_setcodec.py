@@ -28,7 +28,12 @@ Tables:
    int32). Targets: set decode >= 0.3x bitpack decode, set encode >= 0.3x bitpack encode.
 4. **Byte-aligned bitpack**: BitpackCodec decode of one frame to int32 against the widen
    limit (``np.copyto(int32, uint8)``, the same ids) for 6, 7, 8, 9 bits (E 64..512), and
-   to uint8 against ``memcpy`` at 8 bits. Targets >= 0.8x.
+   to uint8 against ``memcpy`` at 8 bits. Targets >= 0.8x. Then the **CRC-32C** alone at
+   64 B, 1 KiB, 4 KiB, 64 KiB and 8 MiB on each code path the CPU has (``table``
+   slicing-by-8, ``sse4.2`` three crc32 streams: the default before the folding paths,
+   ``pclmul`` 4 x 128-bit folding, ``avx512`` 4 x 512-bit VPCLMULQDQ folding) against
+   ``memcpy`` (``np.copyto``) of the same bytes; ns per call (Python call included) and
+   ns per byte.
 5. **Below the uniform bound?** (issue 20 item 4) Ideal code lengths on FLAME of set models
    fitted on the even sequences, measured on the odd ones (and vice versa): per-layer
    expert frequencies (a Bernoulli product over experts conditioned on k ids), and that
@@ -215,6 +220,54 @@ def _bytes_row(rng: np.random.Generator, bits: int, n: int, reps: int) -> dict[s
     return row
 
 
+CRC_SIZES = (64, 1 << 10, 1 << 12, 1 << 16, 1 << 23)
+
+
+def table_crc(rng: np.random.Generator, reps: int, sizes: tuple[int, ...] = CRC_SIZES) -> list[dict[str, Any]]:
+    native = kernels.native_module()
+    if native is None or not hasattr(native, "set_crc_path"):
+        return [{"skipped": "no C extension with set_crc_path"}]
+    paths = []
+    for path in ("table", "sse4.2", "pclmul", "avx512"):
+        try:
+            native.set_crc_path(native.set_crc_path(path))
+            paths.append(path)
+        except ValueError:
+            pass
+    prev = native.crc_path()
+    try:
+        return [_crc_row(native, paths, rng.integers(0, 256, size, dtype=np.uint8), reps) for size in sizes]
+    finally:
+        native.set_crc_path(prev)
+
+
+def _crc_row(native: Any, paths: list[str], data: np.ndarray, reps: int) -> dict[str, Any]:
+    size, dst = data.size, np.empty_like(data)
+    calls = max(1, (1 << 22) // size)  # about 4 MiB of bytes per timing
+
+    def per_call(fn: Callable[[], object]) -> float:
+        def loop() -> None:
+            for _ in range(calls):
+                fn()
+
+        return median_time(loop, reps) / calls
+
+    row: dict[str, Any] = {"bytes": size}
+    t_copy = per_call(lambda: np.copyto(dst, data))
+    for path in paths:
+        native.set_crc_path(path)
+        t = per_call(lambda: native.crc32c(data))
+        row[f"{path}_ns"] = round(t * 1e9, 1)
+        row[f"{path}_ns_per_byte"] = round(t / size * 1e9, 4)
+    native.set_crc_path("best")
+    best = native.crc_path()
+    row.update({"memcpy_ns": round(t_copy * 1e9, 1), "memcpy_ns_per_byte": round(t_copy / size * 1e9, 4),
+                "best": best, "memcpy_vs_best": round(t_copy * 1e9 / row[f"{best}_ns"], 2)})
+    if "sse4.2" in paths:  # the default before the folding paths
+        row["best_vs_sse42"] = round(row["sse4.2_ns"] / row[f"{best}_ns"], 2)
+    return row
+
+
 # -- item 4: models below the uniform bound ---------------------------------------------
 
 
@@ -294,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         "trace_sizes": table_traces(traces),
         "speed": table_speed(traces, reps),
         "byte_aligned": table_bytes(rng, 1 << 20 if args.quick else 1 << 23, reps),
+        "crc32c": table_crc(rng, reps),
         "below_the_bound": table_models(flame),
     }
     for name, rows in results.items():
