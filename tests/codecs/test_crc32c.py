@@ -67,9 +67,10 @@ def test_crc32c_check_value_on_every_path(path: str) -> None:
 @pytest.mark.parametrize("path", CRC_PATHS)
 def test_crc32c_path_equals_the_table_on_all_lengths_and_alignments(path: str) -> None:
     """Every length to 1,100 (across the 128- and 256-byte folding minimums, the 64- and
-    256-byte fold steps and the 16-byte lane tail) at each of the 64 alignments, then random
-    lengths to 100K at random alignments, seeded by a random register: equal to the
-    slicing-by-8 table and to google_crc32c."""
+    256-byte fold steps and the 16-byte lane tail) at several alignments, lengths around
+    the 8 KiB start of the folding-plus-crc32-streams code and its 376-byte step, random
+    lengths to 100K at random alignments, and 4K, 64K, 100K at each of the 64 alignments,
+    each extending a random register: equal to the slicing-by-8 table and to google_crc32c."""
     native = _path_or_skip(path)
     rng = np.random.default_rng(20)
     data = rng.integers(0, 256, 100_064 + 64, dtype=np.uint8).tobytes()
@@ -77,6 +78,7 @@ def test_crc32c_path_equals_the_table_on_all_lengths_and_alignments(path: str) -
     cases += [(n, int(off)) for n, off in zip(range(1100, 1200), rng.integers(0, 64, 100), strict=True)]
     lengths, offsets = rng.integers(0, 100_001, 300), rng.integers(0, 64, 300)
     cases += [(int(n), int(off)) for n, off in zip(lengths, offsets, strict=True)]
+    cases += [(n, off) for n in (8191, 8192, 8193, 8192 + 375, 8192 + 376, 16384 + 7, 2 * 376 * 22) for off in (0, 13)]
     cases += [(n, off) for n in (4096, 65536, 100_000) for off in range(64)]
     seeds = rng.integers(0, 1 << 32, len(cases), dtype=np.uint64)
     prev = native.set_crc_path(path)
