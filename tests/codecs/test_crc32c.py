@@ -139,3 +139,17 @@ def test_frame_crc_checked_on_every_path(path: str) -> None:
                 codec.decode(bytes(bad))
     finally:
         native.set_crc_path(prev)
+
+
+def test_describe_names_the_crc_path_in_use() -> None:
+    native = kernels.native_module()
+    info = kernels.describe()
+    if native is None or not hasattr(native, "crc_path"):
+        assert info["crc32c"] == "google_crc32c"
+        return
+    assert info["crc32c"] == native.crc_path()
+    with kernels.use("numpy"):
+        assert kernels.describe()["crc32c"] == "google_crc32c"
+    if native.simd() == "avx2":
+        with kernels.use("native"):
+            assert kernels.describe()["crc32c"] == "table"

@@ -313,14 +313,14 @@ R3_TARGET_VPCLMUL static uint32_t crc_vpclmul(uint32_t crc, const uint8_t *p, si
 
 /*
  * Inputs of CRC_HYBRID_MIN bytes or more: the 512-bit folding and three crc32 streams at
- * once (the carry-less multiplier and the crc32 unit are separate units: on the Zen 4 this was
- * measured on, the folding alone is bound by VPCLMULQDQ's throughput, one zmm every two
- * cycles, and the crc32 unit is idle: 0.016 ns per byte alone, 0.0113 with three streams of
- * five words a step, 8 KiB to 8 MiB; three or eight words: 0.013-0.015). Each step folds 256 bytes at the front and takes
- * CRC_HYBRID_WORDS words from each of three streams that share the back of the input; the
- * four register values are then joined, each shifted over the bytes after it by a
- * multiplication by x^(8m) mod P (crc_mulq), and the bytes after the last whole step go
- * through crc_hw.
+ * once (the carry-less multiplier and the crc32 unit are separate units; on the AMD EPYC
+ * this was measured on, the folding alone is bound by the multiplies and leaves the crc32
+ * unit idle: 0.016 ns per byte alone, 0.0113 with three streams of five words a step,
+ * 8 KiB to 8 MiB; three or eight words: 0.013-0.015). Each step folds 256 bytes at the
+ * front and takes CRC_HYBRID_WORDS words from each of three streams that share the back
+ * of the input; the four register values are then joined, each shifted over the bytes
+ * after it by a multiplication by x^(8m) mod P (crc_mulq), and the bytes after the last
+ * whole step go through crc_hw.
  */
 #define CRC_HYBRID_WORDS 5
 #define CRC_HYBRID_MIN 8192
@@ -415,9 +415,9 @@ static int crc_path_supported(int path) {
 
 /*
  * 'avx512' where the CPU has it, else 'sse4.2', else 'table'. 'pclmul' is never chosen by
- * itself: on the AMD EPYC (Zen 4) this was measured on, the 128-bit folding ran at 0.115 ns
- * per byte, the three crc32 streams at 0.043 and the 512-bit folding at 0.018 (8 MiB, one
- * thread; benchmarks/bench_setcodec.py's CRC table).
+ * itself: on the AMD EPYC this was measured on, the 128-bit folding ran at 0.115 ns
+ * per byte, the three crc32 streams at 0.043 and the 512-bit folding at 0.016 (8 MiB, one
+ * thread, in cache).
  */
 int crc_best_path(void) {
     if (crc_path_supported(CRC_PATH_AVX512)) {
