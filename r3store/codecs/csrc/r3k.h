@@ -8,7 +8,8 @@
  *   crc32c.c   CRC-32C (table, SSE4.2, PCLMULQDQ and VPCLMULQDQ folding), crc32c(),
  *              crc_path()/set_crc_path()
  *   pack.c     bit packing (widths 1..16, AVX2 for <= 14 bits), pack()
- *   unpack.c   bit unpacking into 1-, 2-, 4-byte words (AVX2), unpack()
+ *   unpack.c   bit unpacking into 1-, 2-, 4-byte words (AVX2, AVX-512 VBMI), unpack(),
+ *              set_avx512()
  *   frames.c   r3store.bitpack frames: encode_frame(), encode_frames(), check_frame(), decode_frames()
  *   checks.c   route validation for writers (AVX2 fast path), check_routes(); audit
  *              statistics (top id, repeats, id histogram), route_stats()
@@ -147,6 +148,7 @@ R3_PYFUNC(gather_rows)
 R3_PYFUNC(crc32c)
 R3_PYFUNC(crc_path)
 R3_PYFUNC(set_crc_path)
+R3_PYFUNC(set_avx512)
 R3_PYFUNC(set_encode)
 R3_PYFUNC(set_check)
 R3_PYFUNC(set_decode)
