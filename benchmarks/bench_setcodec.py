@@ -28,7 +28,9 @@ Tables:
    int32). Targets: set decode >= 0.3x bitpack decode, set encode >= 0.3x bitpack encode.
 4. **Byte-aligned bitpack**: BitpackCodec decode of one frame to int32 against the widen
    limit (``np.copyto(int32, uint8)``, the same ids) for 6, 7, 8, 9 bits (E 64..512), and
-   to uint8 against ``memcpy`` at 8 bits. Targets >= 0.8x. Then the **CRC-32C** alone at
+   to uint8 against ``memcpy`` at 8 bits. Targets >= 0.8x. ``before_*``: the same decode
+   with the previous kernels (SSE4.2 CRC-32C, AVX2 unpack) in the same run, where the CPU
+   has the new ones. Then the **CRC-32C** alone at
    64 B, 1 KiB, 4 KiB, 64 KiB and 8 MiB on each code path the CPU has (``table``
    slicing-by-8, ``sse4.2`` three crc32 streams: the default before the folding paths,
    ``pclmul`` 4 x 128-bit folding, ``avx512`` 4 x 512-bit VPCLMULQDQ folding) against
@@ -209,14 +211,27 @@ def _bytes_row(rng: np.random.Generator, bits: int, n: int, reps: int) -> dict[s
     t_widen = median_time(lambda: np.copyto(out32, narrow, casting="unsafe"), reps)
     row: dict[str, Any] = {"bits": bits, "experts": 1 << bits, "decode_int32_ns_per_id": round(t_dec / n * 1e9, 4),
            "widen_ns_per_id": round(t_widen / n * 1e9, 4), "decode_vs_widen": round(t_widen / t_dec, 4)}
+    out8 = np.empty(n, np.uint8)
     if bits == 8:
-        out8 = np.empty(n, np.uint8)
         t8 = median_time(lambda: codec.decode(frame, out=out8), reps)
         tm = median_time(lambda: np.copyto(out8, narrow), reps)
         data = np.frombuffer(frame, np.uint8)
         tc = median_time(lambda: kernels.check_frame(data, 8), reps)
         row.update({"decode_uint8_ns_per_id": round(t8 / n * 1e9, 4), "memcpy_ns_per_id": round(tm / n * 1e9, 4),
                     "uint8_vs_memcpy": round(tm / t8, 4), "crc_check_ns_per_id": round(tc / n * 1e9, 4)})
+    native = kernels.native_module()
+    if native is not None and hasattr(native, "set_crc_path") and native.simd() == "avx2":
+        # before: the kernels of the previous release (three crc32 streams, AVX2 unpack), same run
+        crc, avx512 = native.set_crc_path("sse4.2"), native.set_avx512(False)
+        try:
+            t_old = median_time(lambda: codec.decode(frame, out=out32), reps)
+            row["before_decode_vs_widen"] = round(t_widen / t_old, 4)
+            if bits == 8:
+                t8_old = median_time(lambda: codec.decode(frame, out=out8), reps)
+                row["before_uint8_vs_memcpy"] = round(tm / t8_old, 4)
+        finally:
+            native.set_crc_path(crc)
+            native.set_avx512(avx512)
     return row
 
 

@@ -347,7 +347,7 @@ R3_TARGET_AVX2 static void widen_avx2(const uint8_t *restrict p, Py_ssize_t n, i
  * contiguous array of 1-, 2- or 4-byte words (values are truncated to the word).
  */
 void unpack_contig(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, char *out, int osize) {
-    if (bits == 8 || bits == 16) {
+    if ((bits == 8 && !(osize > 1 && avx512_on())) || bits == 16) {
 #ifdef R3_X86
         if (use_avx2) {
             widen_avx2(p, n, bits / 8, out, osize);
