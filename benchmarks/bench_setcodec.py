@@ -28,7 +28,14 @@ Tables:
    int32). Targets: set decode >= 0.3x bitpack decode, set encode >= 0.3x bitpack encode.
 4. **Byte-aligned bitpack**: BitpackCodec decode of one frame to int32 against the widen
    limit (``np.copyto(int32, uint8)``, the same ids) for 6, 7, 8, 9 bits (E 64..512), and
-   to uint8 against ``memcpy`` at 8 bits. Targets >= 0.8x.
+   to uint8 against ``memcpy`` at 8 bits. Targets >= 0.8x. ``before_*``: the same decode
+   with the previous kernels (SSE4.2 CRC-32C, AVX2 unpack) in the same run, where the CPU
+   has the new ones. Then the **CRC-32C** alone at
+   64 B, 1 KiB, 4 KiB, 64 KiB and 8 MiB on each code path the CPU has (``table``
+   slicing-by-8, ``sse4.2`` three crc32 streams: the default before the folding paths,
+   ``pclmul`` 4 x 128-bit folding, ``avx512`` 4 x 512-bit VPCLMULQDQ folding) against
+   ``memcpy`` (``np.copyto``) of the same bytes; ns per call (Python call included) and
+   ns per byte.
 5. **Below the uniform bound?** (issue 20 item 4) Ideal code lengths on FLAME of set models
    fitted on the even sequences, measured on the odd ones (and vice versa): per-layer
    expert frequencies (a Bernoulli product over experts conditioned on k ids), and that
@@ -204,14 +211,75 @@ def _bytes_row(rng: np.random.Generator, bits: int, n: int, reps: int) -> dict[s
     t_widen = median_time(lambda: np.copyto(out32, narrow, casting="unsafe"), reps)
     row: dict[str, Any] = {"bits": bits, "experts": 1 << bits, "decode_int32_ns_per_id": round(t_dec / n * 1e9, 4),
            "widen_ns_per_id": round(t_widen / n * 1e9, 4), "decode_vs_widen": round(t_widen / t_dec, 4)}
+    out8 = np.empty(n, np.uint8)
     if bits == 8:
-        out8 = np.empty(n, np.uint8)
         t8 = median_time(lambda: codec.decode(frame, out=out8), reps)
         tm = median_time(lambda: np.copyto(out8, narrow), reps)
         data = np.frombuffer(frame, np.uint8)
         tc = median_time(lambda: kernels.check_frame(data, 8), reps)
         row.update({"decode_uint8_ns_per_id": round(t8 / n * 1e9, 4), "memcpy_ns_per_id": round(tm / n * 1e9, 4),
                     "uint8_vs_memcpy": round(tm / t8, 4), "crc_check_ns_per_id": round(tc / n * 1e9, 4)})
+    native = kernels.native_module()
+    if native is not None and hasattr(native, "set_crc_path") and native.simd() == "avx2":
+        # before: the kernels of the previous release (three crc32 streams, AVX2 unpack), same run
+        crc, avx512 = native.set_crc_path("sse4.2"), native.set_avx512(False)
+        try:
+            t_old = median_time(lambda: codec.decode(frame, out=out32), reps)
+            row["before_decode_vs_widen"] = round(t_widen / t_old, 4)
+            if bits == 8:
+                t8_old = median_time(lambda: codec.decode(frame, out=out8), reps)
+                row["before_uint8_vs_memcpy"] = round(tm / t8_old, 4)
+        finally:
+            native.set_crc_path(crc)
+            native.set_avx512(avx512)
+    return row
+
+
+CRC_SIZES = (64, 1 << 10, 1 << 12, 1 << 16, 1 << 23)
+
+
+def table_crc(rng: np.random.Generator, reps: int, sizes: tuple[int, ...] = CRC_SIZES) -> list[dict[str, Any]]:
+    native = kernels.native_module()
+    if native is None or not hasattr(native, "set_crc_path"):
+        return [{"skipped": "no C extension with set_crc_path"}]
+    paths = []
+    for path in ("table", "sse4.2", "pclmul", "avx512"):
+        try:
+            native.set_crc_path(native.set_crc_path(path))
+            paths.append(path)
+        except ValueError:
+            pass
+    prev = native.crc_path()
+    try:
+        return [_crc_row(native, paths, rng.integers(0, 256, size, dtype=np.uint8), reps) for size in sizes]
+    finally:
+        native.set_crc_path(prev)
+
+
+def _crc_row(native: Any, paths: list[str], data: np.ndarray, reps: int) -> dict[str, Any]:
+    size, dst = data.size, np.empty_like(data)
+    calls = max(1, (1 << 22) // size)  # about 4 MiB of bytes per timing
+
+    def per_call(fn: Callable[[], object]) -> float:
+        def loop() -> None:
+            for _ in range(calls):
+                fn()
+
+        return median_time(loop, reps) / calls
+
+    row: dict[str, Any] = {"bytes": size}
+    t_copy = per_call(lambda: np.copyto(dst, data))
+    for path in paths:
+        native.set_crc_path(path)
+        t = per_call(lambda: native.crc32c(data))
+        row[f"{path}_ns"] = round(t * 1e9, 1)
+        row[f"{path}_ns_per_byte"] = round(t / size * 1e9, 4)
+    native.set_crc_path("best")
+    best = native.crc_path()
+    row.update({"memcpy_ns": round(t_copy * 1e9, 1), "memcpy_ns_per_byte": round(t_copy / size * 1e9, 4),
+                "best": best, "memcpy_vs_best": round(t_copy * 1e9 / row[f"{best}_ns"], 2)})
+    if "sse4.2" in paths:  # the default before the folding paths
+        row["best_vs_sse42"] = round(row["sse4.2_ns"] / row[f"{best}_ns"], 2)
     return row
 
 
@@ -294,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         "trace_sizes": table_traces(traces),
         "speed": table_speed(traces, reps),
         "byte_aligned": table_bytes(rng, 1 << 20 if args.quick else 1 << 23, reps),
+        "crc32c": table_crc(rng, reps),
         "below_the_bound": table_models(flame),
     }
     for name, rows in results.items():

@@ -516,3 +516,93 @@ def test_describe_and_version_report_the_implementation() -> None:
     result = CliRunner().invoke(main, ["--version"])
     assert result.exit_code == 0
     assert f"(kernels: {kernels.IMPLEMENTATION})" in result.output
+
+
+# -- the AVX-512 (VBMI) unpack and the AVX2 one it replaces where the CPU has it -----------
+
+
+def _avx512_levels() -> list[bool]:
+    native = kernels.native_module()
+    if native is None or not native.cpu_features()["avx2"] or not hasattr(native, "set_avx512"):
+        return []
+    try:
+        native.set_avx512(native.set_avx512(True))
+    except ValueError:
+        return [False]
+    return [False, True]
+
+
+@pytest.mark.parametrize("avx512", _avx512_levels())
+def test_unpack_avx2_and_avx512_equal_the_reference(avx512: bool) -> None:
+    """Every width into every output word, sizes around the 16-id step, payloads that end
+    exactly where their ids do (the plain 32-byte loads stop before the end, the masked
+    ones finish it)."""
+    native = kernels.native_module()
+    assert native is not None
+    rng = np.random.default_rng(512)
+    with kernels.use("native-avx2"):
+        prev = native.set_avx512(avx512)
+        try:
+            for bits in range(1, 17):
+                for n in (*range(50), 63, 64, 65, 255, 256, 257, 1000, 4099):
+                    ids = rng.integers(0, 1 << bits, n)
+                    payload = pack_bits_reference(ids, bits)
+                    for dtype in (np.uint8, np.uint16, np.int32):
+                        want = ids.astype(np.int64).astype(dtype)  # truncated like a cast
+                        out = np.full(n + 3, 99, dtype)
+                        native.unpack(payload, 0, n, bits, out)
+                        np.testing.assert_array_equal(out[:n], want, err_msg=f"avx512={avx512} {bits=} {n=} {dtype}")
+                        assert (out[n:] == 0).all()
+        finally:
+            native.set_avx512(prev)
+
+
+@pytest.mark.parametrize("avx512", _avx512_levels())
+def test_decode_frames_rows_path_avx2_and_avx512(avx512: bool) -> None:
+    """Chunks whose rows are byte-aligned (layers_per_chunk * top_k a multiple of 8, odd and
+    even multiples) decode straight into int32 rows with the AVX2 and AVX-512 kernels."""
+    native = kernels.native_module()
+    assert native is not None
+    rng = np.random.default_rng(8)
+    with kernels.use("native-avx2"):
+        prev = native.set_avx512(avx512)
+        try:
+            for bits in (3, 6, 7, 9, 12, 15):
+                codec = BitpackCodec(bits, 2)
+                for cr, lpc, top_k, layers in ((5, 1, 8, 3), (4, 3, 8, 6), (3, 4, 6, 8), (2, 2, 8, 4)):
+                    want = rng.integers(0, 1 << bits, (3 * cr, layers, top_k))
+                    frames, starts, rows, lays = [], [], [], []
+                    for r in range(3):
+                        for b in range(layers // lpc):
+                            starts.append(sum(len(f) for f in frames))
+                            frames.append(codec.encode(want[r * cr : (r + 1) * cr, b * lpc : (b + 1) * lpc]))
+                            rows.append(r * cr)
+                            lays.append(b * lpc)
+                    out = np.full(want.shape, 99, np.int32)
+                    n = len(frames)
+                    got = kernels.decode_frames(b"".join(frames), np.array(starts, np.int64),
+                                                np.array([len(f) for f in frames], np.int64), bits, out,
+                                                np.array(rows, np.int64), np.array(lays, np.int64), chunk_rows=cr,
+                                                layers_per_chunk=lpc, row_chunks=np.zeros(n, np.int64),
+                                                layer_chunks=np.zeros(n, np.int64))
+                    assert got == -1
+                    np.testing.assert_array_equal(out, want, err_msg=f"avx512={avx512} {bits=} {cr=} {lpc=}")
+        finally:
+            native.set_avx512(prev)
+
+
+def test_set_avx512_reports_and_refuses() -> None:
+    native = kernels.native_module()
+    if native is None or not hasattr(native, "set_avx512"):
+        pytest.skip("no extension with set_avx512")
+    if _avx512_levels() == [False, True]:
+        with kernels.use("native-avx2"):
+            prev = native.set_avx512(False)
+            try:
+                assert native.set_avx512(True) is False
+                assert native.set_avx512(True) is True
+            finally:
+                native.set_avx512(prev)
+    else:
+        with pytest.raises(ValueError, match="AVX-512"):
+            native.set_avx512(True)

@@ -17,7 +17,6 @@
 #include "r3k.h"
 
 int use_avx2 = 0;  /* AVX2 + BMI2 kernels */
-int use_sse42 = 0; /* hardware CRC-32C */
 
 PyDoc_STRVAR(simd_doc, "simd() -> str\n\n'avx2' when the AVX2/BMI2 kernels run, else 'scalar'.");
 
@@ -25,22 +24,30 @@ static PyObject *py_simd(PyObject *self, PyObject *unused) {
     return PyUnicode_FromString(use_avx2 ? "avx2" : "scalar");
 }
 
-PyDoc_STRVAR(cpu_doc, "cpu_features() -> dict\n\nWhat the CPU reports (x86: avx2, bmi2, sse4.2).");
+PyDoc_STRVAR(cpu_doc, "cpu_features() -> dict\n\nWhat the CPU reports (x86: avx2, bmi2, sse4.2, pclmulqdq, avx512f,\n"
+"avx512bw, vpclmulqdq).");
 
 static PyObject *py_cpu_features(PyObject *self, PyObject *unused) {
-    int avx2 = 0, bmi2 = 0, sse42 = 0;
+    int avx2 = 0, bmi2 = 0, sse42 = 0, pclmul = 0, avx512f = 0, avx512bw = 0, vpclmul = 0;
 #ifdef R3_X86
     __builtin_cpu_init();
     avx2 = __builtin_cpu_supports("avx2") != 0;
     bmi2 = __builtin_cpu_supports("bmi2") != 0;
     sse42 = __builtin_cpu_supports("sse4.2") != 0;
+    pclmul = __builtin_cpu_supports("pclmul") != 0;
+    avx512f = __builtin_cpu_supports("avx512f") != 0;
+    avx512bw = __builtin_cpu_supports("avx512bw") != 0;
+    vpclmul = __builtin_cpu_supports("vpclmulqdq") != 0;
 #endif
-    return Py_BuildValue("{s:O,s:O,s:O}", "avx2", avx2 ? Py_True : Py_False, "bmi2", bmi2 ? Py_True : Py_False,
-                         "sse4.2", sse42 ? Py_True : Py_False);
+    return Py_BuildValue("{s:O,s:O,s:O,s:O,s:O,s:O,s:O}", "avx2", avx2 ? Py_True : Py_False, "bmi2",
+                         bmi2 ? Py_True : Py_False, "sse4.2", sse42 ? Py_True : Py_False, "pclmulqdq",
+                         pclmul ? Py_True : Py_False, "avx512f", avx512f ? Py_True : Py_False, "avx512bw",
+                         avx512bw ? Py_True : Py_False, "vpclmulqdq", vpclmul ? Py_True : Py_False);
 }
 
 PyDoc_STRVAR(set_simd_doc, "set_simd(level) -> str\n\n"
-"Use 'avx2' (only where the CPU has it; with SSE4.2 CRC-32C) or 'scalar' kernels (the\n"
+"Use 'avx2' (only where the CPU has it; with the fastest CRC-32C path, see\n"
+"set_crc_path) or 'scalar' kernels (the\n"
 "portable C, table CRC-32C included); returns the previous level.\n"
 "For tests and benchmarks: both levels compute the same function.");
 
@@ -52,7 +59,7 @@ static PyObject *py_set_simd(PyObject *self, PyObject *args) {
     }
     if (strcmp(level, "scalar") == 0) {
         use_avx2 = 0;
-        use_sse42 = 0; /* the table CRC-32C too: "scalar" is the portable code, all of it */
+        crc_path = CRC_PATH_TABLE; /* the table CRC-32C too: "scalar" is the portable code, all of it */
     } else if (strcmp(level, "avx2") == 0) {
         int ok = 0;
 #ifdef R3_X86
@@ -64,9 +71,7 @@ static PyObject *py_set_simd(PyObject *self, PyObject *args) {
             return NULL;
         }
         use_avx2 = 1;
-#ifdef R3_X86
-        use_sse42 = __builtin_cpu_supports("sse4.2") != 0;
-#endif
+        crc_path = crc_best_path();
     } else {
         PyErr_Format(PyExc_ValueError, "level must be 'avx2' or 'scalar', got '%s'", level);
         return NULL;
@@ -85,6 +90,9 @@ static PyMethodDef methods[] = {
     {"gather_rows", py_gather_rows, METH_VARARGS, gather_rows_doc},
     {"decode_frames", py_decode_frames, METH_VARARGS, decode_frames_doc},
     {"crc32c", py_crc32c, METH_VARARGS, crc32c_doc},
+    {"crc_path", (PyCFunction)py_crc_path, METH_NOARGS, crc_path_doc},
+    {"set_crc_path", py_set_crc_path, METH_VARARGS, set_crc_path_doc},
+    {"set_avx512", py_set_avx512, METH_VARARGS, set_avx512_doc},
     {"set_encode", py_set_encode, METH_VARARGS, set_encode_doc},
     {"set_check", py_set_check, METH_VARARGS, set_check_doc},
     {"set_decode", py_set_decode, METH_VARARGS, set_decode_doc},
@@ -105,7 +113,7 @@ PyMODINIT_FUNC PyInit__kernels(void) {
 #ifdef R3_X86
     __builtin_cpu_init();
     use_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2");
-    use_sse42 = __builtin_cpu_supports("sse4.2") != 0;
 #endif
+    crc_path = crc_best_path();
     return PyModule_Create(&module);
 }

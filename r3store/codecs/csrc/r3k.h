@@ -5,9 +5,11 @@
  *
  *   buffers.c  buffer-protocol helpers, the integer type of a buffer, the strided cursor
  *   dtypes.c   integer conversions between the eight native integer types
- *   crc32c.c   CRC-32C (table and SSE4.2), crc32c()
+ *   crc32c.c   CRC-32C (table, SSE4.2, PCLMULQDQ and VPCLMULQDQ folding), crc32c(),
+ *              crc_path()/set_crc_path()
  *   pack.c     bit packing (widths 1..16, AVX2 for <= 14 bits), pack()
- *   unpack.c   bit unpacking into 1-, 2-, 4-byte words (AVX2), unpack()
+ *   unpack.c   bit unpacking into 1-, 2-, 4-byte words (AVX2, AVX-512 VBMI), unpack(),
+ *              set_avx512()
  *   frames.c   r3store.bitpack frames: encode_frame(), encode_frames(), check_frame(), decode_frames()
  *   checks.c   route validation for writers (AVX2 fast path), check_routes(); audit
  *              statistics (top id, repeats, id histogram), route_stats()
@@ -62,7 +64,11 @@
 
 /* module.c: the kernels chosen at import (set_simd changes them) */
 extern int use_avx2;  /* AVX2 + BMI2 kernels */
-extern int use_sse42; /* hardware CRC-32C */
+
+/* crc32c.c: the CRC-32C code path (set_crc_path and set_simd change it) */
+enum { CRC_PATH_TABLE, CRC_PATH_SSE42, CRC_PATH_PCLMUL, CRC_PATH_AVX512, CRC_PATH_COUNT };
+extern int crc_path;
+int crc_best_path(void);
 
 /* ---------------------------------------------------------------------------------
  * element types (buffers.c, dtypes.c)
@@ -140,6 +146,9 @@ R3_PYFUNC(check_routes)
 R3_PYFUNC(route_stats)
 R3_PYFUNC(gather_rows)
 R3_PYFUNC(crc32c)
+R3_PYFUNC(crc_path)
+R3_PYFUNC(set_crc_path)
+R3_PYFUNC(set_avx512)
 R3_PYFUNC(set_encode)
 R3_PYFUNC(set_check)
 R3_PYFUNC(set_decode)

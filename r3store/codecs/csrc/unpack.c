@@ -106,6 +106,151 @@ R3_TARGET_AVX2 static Py_ssize_t unpack_avx2(const uint8_t *p, Py_ssize_t groups
 }
 #endif
 
+/*
+ * AVX-512 (F, BW, VBMI): 16 ids a step from the 2 * bits bytes that hold them: a plain
+ * 32-byte load where it stays inside the payload, else a masked load of exactly those
+ * bytes (so every whole step runs here; the masked load alone ran 1.4x slower than AVX2
+ * when the payload streamed from memory, the plain one is not slower). Each 32-bit lane
+ * gathers the 4 bytes holding its id (vpermb), shifts it down (vpsrlvd) and masks; 2- and
+ * 1-byte outputs truncate (vpmovdw/vpmovdb), as the cast of the other paths does. Widths
+ * 1..15 (8 goes to the widen). Off unless the CPU has the three extensions and the AVX2
+ * kernels are on; set_avx512() turns it off for tests and benchmarks.
+ */
+static int unpack512 = -1; /* -1: not decided yet (the first unpack asks the CPU) */
+
+static int avx512_on(void) {
+    if (unpack512 < 0) {
+        int ok = 0;
+#ifdef R3_X86
+        __builtin_cpu_init();
+        ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+             && __builtin_cpu_supports("avx512vbmi");
+#endif
+        unpack512 = ok;
+    }
+    return unpack512 && use_avx2;
+}
+
+#ifdef R3_X86
+#define R3_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vbmi,avx2,bmi,bmi2")))
+
+typedef struct {
+    __m512i idx, shift, mask;
+    __mmask64 load;
+} unpack512_t;
+
+R3_TARGET_AVX512 static unpack512_t unpack512_setup(int bits, int osize) {
+    uint8_t idx[64];
+    uint32_t shifts[16];
+    int i, k;
+    for (i = 0; i < 16; i++) {
+        const int first = (i * bits) >> 3;
+        shifts[i] = (uint32_t)((i * bits) & 7);
+        for (k = 0; k < 4; k++) {
+            idx[i * 4 + k] = (uint8_t)(first + k < 2 * bits ? first + k : 0); /* bytes past the step: masked off */
+        }
+    }
+    unpack512_t u;
+    u.idx = _mm512_loadu_si512(idx);
+    u.shift = _mm512_loadu_si512(shifts);
+    u.mask = _mm512_set1_epi32(((1 << bits) - 1) & (osize == 1 ? 0xFF : 0xFFFF));
+    u.load = (__mmask64)((1ull << (2 * bits)) - 1);
+    return u;
+}
+
+R3_TARGET_AVX512 static inline __m512i unpack512_step(const unpack512_t *u, const uint8_t *p) {
+    const __m512i x = _mm512_permutexvar_epi8(u->idx, _mm512_maskz_loadu_epi8(u->load, p));
+    return _mm512_and_si512(_mm512_srlv_epi32(x, u->shift), u->mask);
+}
+
+/* the same from a plain 32-byte load (the caller knows 32 bytes at p exist; faster than the
+   masked load when the payload streams from memory) */
+R3_TARGET_AVX512 static inline __m512i unpack512_step32(const unpack512_t *u, const uint8_t *p) {
+    const __m512i x = _mm512_permutexvar_epi8(u->idx, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)));
+    return _mm512_and_si512(_mm512_srlv_epi32(x, u->shift), u->mask);
+}
+
+/* the whole 16-id steps of n ids from p (plen bytes); returns the ids done (a multiple of 16) */
+R3_TARGET_AVX512 static Py_ssize_t unpack_avx512(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, char *out,
+                                                 int osize) {
+    const unpack512_t u = unpack512_setup(bits, osize);
+    const Py_ssize_t steps = n / 16;
+    /* steps whose plain 32-byte load stays inside the payload */
+    Py_ssize_t s, plain = plen >= 32 ? (plen - 32) / (2 * bits) + 1 : 0;
+    if (plain > steps) {
+        plain = steps;
+    }
+    if (osize == 4) {
+        for (s = 0; s < plain; s++) {
+            _mm512_storeu_si512(out + s * 64, unpack512_step32(&u, p + s * 2 * bits));
+        }
+        for (; s < steps; s++) {
+            _mm512_storeu_si512(out + s * 64, unpack512_step(&u, p + s * 2 * bits));
+        }
+    } else if (osize == 2) {
+        for (s = 0; s < steps; s++) {
+            _mm256_storeu_si256((__m256i *)(out + s * 32), _mm512_cvtepi32_epi16(unpack512_step(&u, p + s * 2 * bits)));
+        }
+    } else {
+        for (s = 0; s < steps; s++) {
+            _mm_storeu_si128((__m128i *)(out + s * 16), _mm512_cvtepi32_epi8(unpack512_step(&u, p + s * 2 * bits)));
+        }
+    }
+    return steps * 16;
+}
+
+/* unpack_rows4 with AVX-512: whole rows (gpr groups of 8 ids); an odd last group is a
+   16-id step with half its load and half its store masked off */
+R3_TARGET_AVX512 static void unpack_rows4_avx512(const uint8_t *p, Py_ssize_t plen, Py_ssize_t rows, Py_ssize_t gpr,
+                                                 int bits, uint32_t *out, Py_ssize_t stride) {
+    const unpack512_t u = unpack512_setup(bits, 4);
+    unpack512_t half = u;
+    half.load = (__mmask64)((1ull << bits) - 1);
+    const Py_ssize_t row_bytes = gpr * bits;
+    const uint8_t *plain_end = p + plen - 32; /* a plain 32-byte load at q <= this stays inside */
+    Py_ssize_t r, g;
+    for (r = 0; r < rows; r++) {
+        const uint8_t *q = p + r * row_bytes;
+        uint32_t *o = out + r * stride;
+        for (g = 0; g + 2 <= gpr; g += 2, q += 2 * bits, o += 16) {
+            _mm512_storeu_si512(o, plen >= 32 && q <= plain_end ? unpack512_step32(&u, q) : unpack512_step(&u, q));
+        }
+        if (g < gpr) {
+            _mm512_mask_storeu_epi32(o, (__mmask16)0x00FF, unpack512_step(&half, q));
+        }
+    }
+}
+#endif
+
+R3_DOC(set_avx512_doc, "set_avx512(on) -> bool\n\n"
+"Let the unpack kernels use AVX-512 (F, BW, VBMI) where the CPU has it (the default), or\n"
+"not; returns the previous setting. It runs only while the AVX2 kernels are on (set_simd).\n"
+"For tests and benchmarks: both compute the same function. ValueError when turning it on\n"
+"without the CPU's support.");
+
+PyObject *py_set_avx512(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) {
+        return NULL;
+    }
+    (void)avx512_on(); /* decides the default */
+    const int prev = unpack512;
+    if (on) {
+        int ok = 0;
+#ifdef R3_X86
+        __builtin_cpu_init();
+        ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+             && __builtin_cpu_supports("avx512vbmi");
+#endif
+        if (!ok) {
+            PyErr_SetString(PyExc_ValueError, "this CPU has no AVX-512 F/BW/VBMI");
+            return NULL;
+        }
+    }
+    unpack512 = on;
+    return PyBool_FromLong(prev);
+}
+
 #ifdef R3_X86
 /* unpack_rows4 with AVX2: the shuffle set up once, then gpr groups per row. */
 R3_TARGET_AVX2 static Py_ssize_t unpack_rows4_avx2(const uint8_t *p, Py_ssize_t plen, Py_ssize_t rows, Py_ssize_t gpr,
@@ -151,6 +296,10 @@ R3_TARGET_AVX2 static Py_ssize_t unpack_rows4_avx2(const uint8_t *p, Py_ssize_t 
 Py_ssize_t unpack_rows4(const uint8_t *p, Py_ssize_t plen, Py_ssize_t rows, Py_ssize_t gpr, int bits, uint32_t *out,
                         Py_ssize_t stride) {
 #ifdef R3_X86
+    if (avx512_on() && bits < 16) {
+        unpack_rows4_avx512(p, plen, rows, gpr, bits, out, stride);
+        return rows;
+    }
     if (use_avx2) {
         return unpack_rows4_avx2(p, plen, rows, gpr, bits, out, stride);
     }
@@ -198,7 +347,7 @@ R3_TARGET_AVX2 static void widen_avx2(const uint8_t *restrict p, Py_ssize_t n, i
  * contiguous array of 1-, 2- or 4-byte words (values are truncated to the word).
  */
 void unpack_contig(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, char *out, int osize) {
-    if (bits == 8 || bits == 16) {
+    if ((bits == 8 && !(osize > 1 && avx512_on())) || bits == 16) {
 #ifdef R3_X86
         if (use_avx2) {
             widen_avx2(p, n, bits / 8, out, osize);
@@ -216,7 +365,9 @@ void unpack_contig(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, ch
         safe = full;
     }
 #ifdef R3_X86
-    if (use_avx2) {
+    if (avx512_on()) {
+        g = unpack_avx512(p, plen, n, bits, out, osize) / 8;
+    } else if (use_avx2) {
         g = unpack_avx2(p, safe, bits, out, osize);
     }
 #endif
