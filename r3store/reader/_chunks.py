@@ -17,6 +17,7 @@ Not thread-safe (the cache is shared state): give every thread its own reader
 from __future__ import annotations
 
 import copy
+import inspect
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -210,17 +211,43 @@ class ChunkReader:
             raise FormatError(self.backend.path_of(array),
                               f"rows [{start}, {stop}) beyond the array's {geometry.rows} rows")
         shape = (stop - start, len(positions), geometry.top_k)
+        if out is None and stop > start and len(positions):
+            per_object = geometry.row_chunks_per_object * geometry.chunk_rows
+            for obj in range(start // per_object, (stop - 1) // per_object + 1):  # checked before the allocation
+                self.object_index(array, geometry, obj)
+            # the rows of the first and last chunks outside [start, stop) get room before and after the
+            # result (a view): every chunk then decodes in place, none through a scratch and a copy
+            cr = geometry.chunk_rows
+            lead, tail = start % cr, -stop % cr
+            room = np.empty((lead + stop - start + tail, *shape[1:]), dtype=np.int32)
+            self._read(array, geometry, codec, [(start - lead, stop + tail, 0)], positions, room, remember=False)
+            if self._chunks.maxsize and (lead or tail):  # the chunks this sample shares with its neighbours
+                self._remember_edges(array, geometry, positions, room, start - lead)
+            return room[lead : lead + stop - start]
         if out is None:
-            if stop > start:  # what the storage objects hold is checked before the output is allocated
-                per_object = geometry.row_chunks_per_object * geometry.chunk_rows
-                for obj in range(start // per_object, (stop - 1) // per_object + 1):
-                    self.object_index(array, geometry, obj)
             out = np.empty(shape, dtype=np.int32)
         elif out.shape != shape:
             raise OptionError("out", f"<array of shape {out.shape}>", f"must have shape {shape}")
         if stop <= start or not len(positions):
             return out
         return self._read(array, geometry, codec, [(start, stop, 0)], positions, out, remember=True)
+
+    def _remember_edges(self, array: str, geometry: ArrayGeometry, positions: Sequence[int], room: np.ndarray,
+                        first_row: int) -> None:
+        """Cache the first and last row chunks of ``room`` (array rows from ``first_row``, whole
+        chunks, at ``positions``) for the layer chunks read whole: what :meth:`_read` caches when
+        it decodes a sample's partial edge chunks through a scratch."""
+        cr, lpc = geometry.chunk_rows, geometry.layers_per_chunk
+        pos = np.asarray(positions)
+        c0, c1 = first_row // cr, first_row // cr + len(room) // cr - 1
+        for b in np.unique(pos // lpc).tolist():
+            at = np.flatnonzero(pos // lpc == b)
+            if not (np.array_equal(pos[at], np.arange(b * lpc, (b + 1) * lpc))
+                    and np.array_equal(at, np.arange(at[0], at[0] + lpc))):
+                continue  # the layer chunk is not read whole, in order, to adjacent outputs: not kept
+            for c in {c0, c1}:
+                r = (c - c0) * cr
+                self._remember(array, c, b, np.ascontiguousarray(room[r : r + cr, at[0] : at[0] + lpc]))
 
     def read_runs(self, array: str, runs: Sequence[tuple[int, int, int]], positions: Sequence[int],
                   out: np.ndarray) -> np.ndarray:
@@ -316,7 +343,7 @@ class ChunkReader:
             row_place = np.array([pieces[c][0][2] if len(pieces[c]) == 1 and pieces[c][0][:2] == (c * cr, (c + 1) * cr)
                                   else -1 for c in row_chunks], dtype=np.int64)
             if fast and self._read_object_fast(array, geometry, codec, obj, row_chunks, sorted(by_chunk), row_place,
-                                               layer_place, copy, out, remember):
+                                               layer_place, copy, out, remember, pieces):
                 continue
             wanted = [(c, b) for c in row_chunks for b in by_chunk]
             for (c, b), chunk in self._stream_object(array, geometry, codec, obj, wanted, into, out):
@@ -328,13 +355,18 @@ class ChunkReader:
 
     def _read_object_fast(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int, row_chunks: list[int],
                           layer_chunks: list[int], row_place: np.ndarray, layer_place: np.ndarray,
-                          copy: Callable[[int, int, np.ndarray], None], out: np.ndarray, remember: bool) -> bool:
+                          copy: Callable[[int, int, np.ndarray], None], out: np.ndarray, remember: bool,
+                          pieces: Mapping[int, list[tuple[int, int, int]]]) -> bool:
         """The frames of ``row_chunks`` x ``layer_chunks`` of one storage object, vectorised: index
         entries looked up, ranges merged and whole chunks decoded in place by one kernel call
-        per fetched range; the others (a run's partial first and last chunks) by one more call per
-        range into a scratch of whole chunks, then copied.
+        per fetched range. A run's partial first and last chunks (a CP rank's pieces) whose
+        layers are read whole are decoded in place too, by the same call, when the codec's
+        ``decode_frames`` takes row ranges (``row_first``/``row_count``, as
+        :class:`~r3store.codecs.BitpackCodec`'s does) and they need not be cached;
+        the others go by one more call per range into a scratch of whole chunks, then copied.
         ``row_place``/``layer_place``: per row chunk and layer chunk, the output row or layer
-        it decodes in place to, or -1. ``remember``: cache the chunks decoded one by one.
+        it decodes in place to, or -1. ``pieces``: row chunk -> (first row, stop row, output
+        row) it serves. ``remember``: cache the chunks decoded through the scratch.
         False, having read nothing, when an index entry is unusual (a chunk past the array's
         end, a bad entry): the caller's general path handles (or names) it."""
         index = self.object_index(array, geometry, obj)
@@ -355,21 +387,42 @@ class ChunkReader:
         key = f"{array}/{ArrayGeometry.object_key(obj)}"
         blobs = self.backend.get_ranges(key, [ByteRange(int(a), int(b)) for a, b in zip(starts, stops, strict=True)])
         which = np.cumsum(new) - 1
-        rows_at = row_place[np.searchsorted(np.asarray(row_chunks), rc)]
+        chunk_at = np.searchsorted(np.asarray(row_chunks), rc)
+        rows_at = row_place[chunk_at]
         layers_at = layer_place[np.searchsorted(np.asarray(layer_chunks), lc)]
         direct = (rows_at >= 0) & (layers_at >= 0)  # decoded in place: whole rows and whole layers
+        cr = geometry.chunk_rows
+        ranged: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        if _decodes_row_ranges(codec) and not (remember and self._chunks.maxsize) and \
+                ((layers_at >= 0) & ~direct).any():
+            # partial row chunks read whole in their layers: one decode entry per piece, rows in place
+            parts = [pieces[c] for c in row_chunks]
+            counts = np.array([len(p) for p in parts], dtype=np.int64)
+            flat = np.array([piece for p in parts for piece in p], dtype=np.int64).reshape(-1, 3)
+            piece_chunk = np.repeat(np.asarray(row_chunks, dtype=np.int64), counts)
+            begin = np.concatenate([[0], np.cumsum(counts)[:-1]])
+            ranged = (flat, piece_chunk, begin, counts)
+            direct = layers_at >= 0
         bound = self.manifest.version >= 2 and _has(codec, SupportsBinding)
         for r, blob in enumerate(blobs):
-            sel = direct & (which == r)
-            if sel.any():
+            sel = np.flatnonzero(direct & (which == r))
+            if len(sel) and ranged is None:
                 cols = np.stack([offsets[sel] - starts[r], nbytes[sel], rows_at[sel], layers_at[sel], rc[sel], lc[sel]])
+                self._decode_batch(codec, geometry, array, key, blob, int(starts[r]), cols, bound, out)
+            elif len(sel) and ranged is not None:
+                flat, piece_chunk, begin, counts = ranged
+                n = counts[chunk_at[sel]]
+                fr = np.repeat(sel, n)  # frame of each entry, then its piece among its chunk's
+                piece = np.repeat(begin[chunk_at[sel]] - np.cumsum(n) + n, n) + np.arange(int(n.sum()))
+                lo, hi, at = flat[piece, 0], flat[piece, 1], flat[piece, 2]
+                cols = np.stack([offsets[fr] - starts[r], nbytes[fr], at, layers_at[fr], rc[fr], lc[fr],
+                                 lo - piece_chunk[piece] * cr, hi - lo])
                 self._decode_batch(codec, geometry, array, key, blob, int(starts[r]), cols, bound, out)
             rest = np.flatnonzero(~direct & (which == r))
             if not len(rest):
                 continue
             # the chunks a run only partly covers (a sample's first and last, a CP rank's pieces):
             # decoded by one batch call into a scratch of whole chunks, then copied
-            cr = geometry.chunk_rows
             scratch = np.empty((len(rest) * cr, geometry.layers_per_chunk, geometry.top_k), dtype=np.int32)
             cols = np.stack([offsets[rest] - starts[r], nbytes[rest], np.arange(len(rest), dtype=np.int64) * cr,
                              np.zeros(len(rest), dtype=np.int64), rc[rest], lc[rest]])
@@ -439,17 +492,20 @@ class ChunkReader:
                       first: int, cols: np.ndarray, bound: bool, out: np.ndarray | None) -> None:
         """Frames of one fetched range (``first``: its object offset), checked and decoded into
         ``out`` by one kernel call; ``cols``: int64 ``(6, n)``, per frame its start in ``blob``,
-        size, output row, output layer, row chunk and layer chunk. A frame that fails is
+        size, output row, output layer, row chunk and layer chunk (and, ``(8, n)``, the first
+        chunk row written and the rows written, for a codec whose ``decode_frames`` takes row
+        ranges). A frame that fails is
         decoded again alone, which names its fault."""
         assert out is not None
         prefix = self._tag_prefix(array.removeprefix(ROUTES_PREFIX))
+        ranges = {"row_first": cols[6], "row_count": cols[7]} if len(cols) == 8 else {}  # _decodes_row_ranges
         failed = cast(SupportsBatchDecode, codec).decode_frames(
             blob, cols[0], cols[1], out, cols[2], cols[3], chunk_rows=geometry.chunk_rows,
             layers_per_chunk=geometry.layers_per_chunk, tag_prefix=prefix if bound else None, row_chunks=cols[4],
-            layer_chunks=cols[5])
+            layer_chunks=cols[5], **ranges)
         if failed < 0:
             return
-        rel, nbytes, _, _, c, b = (int(v) for v in cols[:, failed])
+        rel, nbytes, _, _, c, b = (int(v) for v in cols[:6, failed])
         self._decode_frame(codec, geometry, array, key, blob, rel, nbytes, first + rel, (c, b), bound)
         raise FormatError(f"{array} chunk {(c, b, 0)}", "frame failed the batch decode's checks")  # not reached
 
@@ -687,6 +743,24 @@ def _sizes_frames(codec: Codec) -> bool:
 def _batch_decodes(codec: Codec) -> bool:
     """``isinstance(codec, SupportsBatchDecode)``, remembered per class."""
     return _has(codec, SupportsBatchDecode)
+
+
+_ROW_RANGES: dict[type, bool] = {}
+
+
+def _decodes_row_ranges(codec: Codec) -> bool:
+    """Whether ``codec.decode_frames`` (:class:`SupportsBatchDecode`) also takes ``row_first`` and
+    ``row_count`` (rows of each frame's chunk written from ``rows[f]``), remembered per class: an
+    ability beyond the protocol, read from the method's signature, never from the class."""
+    known = _ROW_RANGES.get(type(codec))
+    if known is None:
+        try:
+            params = inspect.signature(cast(SupportsBatchDecode, codec).decode_frames).parameters \
+                if _batch_decodes(codec) else {}
+        except (TypeError, ValueError):
+            params = {}
+        known = _ROW_RANGES[type(codec)] = "row_first" in params and "row_count" in params
+    return known
 
 
 def _batch_target(out: np.ndarray) -> bool:
