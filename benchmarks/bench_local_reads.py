@@ -33,6 +33,7 @@ import numpy as np
 
 import r3store
 from r3store.audit import validate
+from r3store.layout import LayoutOptions
 from r3store.storage import ByteRange, LocalBackend, SuffixByteRange
 from r3store.testing.synthetic import qwen3_30b_a3b_spec, synthetic_routes
 
@@ -97,7 +98,7 @@ def paths(tokens: int, repeats: int) -> None:
     try:
         np.save(folder / "a.npy", routes)
         counter = iter(range(1 << 30))
-        with r3store.RouteWriter(folder / "written", spec, writer_id="w") as writer:
+        with r3store.RouteWriter(folder / "written", spec, config={"writer_id": "w"}) as writer:
 
             def write() -> None:  # one sample appended and committed (its own commit) to an open store
                 writer.append(f"s{next(counter)}", routes)
@@ -105,14 +106,15 @@ def paths(tokens: int, repeats: int) -> None:
 
             write_cpu = cpu_median(write, repeats)
         save_cpu = cpu_median(lambda: np.save(folder / "b.npy", routes), repeats)
-        with r3store.RouteWriter(folder / "store", spec, writer_id="r") as w:
+        with r3store.RouteWriter(folder / "store", spec, config={"writer_id": "r"}) as w:
             w.append("before", routes[:100])  # the sample starts mid-chunk, as most do
             w.append("a", routes)
-        store = r3store.open_store(folder / "store", cache_bytes=0)
+        store = r3store.open_store(folder / "store", reader={"cache_bytes": 0})
         assert (store.get("a") == routes).all()
         load = cpu_median(lambda: np.load(folder / "a.npy"), repeats)
         get = cpu_median(lambda: store.get("a"), repeats)
-        assemble = cpu_median(lambda: store.assemble(["a"], layout="thd"), repeats)
+        thd = LayoutOptions(layout="thd")
+        assemble = cpu_median(lambda: store.assemble(["a"], thd), repeats)
         read_all = cpu_median(lambda: [store.get(s) for s in store.sample_ids], repeats)
         report = validate(store)
         assert report.ok, report.findings
