@@ -247,7 +247,7 @@ class ChunkReader:
                 continue  # the layer chunk is not read whole, in order, to adjacent outputs: not kept
             for c in {c0, c1}:
                 r = (c - c0) * cr
-                self._remember(array, c, b, np.ascontiguousarray(room[r : r + cr, at[0] : at[0] + lpc]))
+                self._remember(array, c, b, room[r : r + cr, at[0] : at[0] + lpc].copy())  # never a view of the result
 
     def read_runs(self, array: str, runs: Sequence[tuple[int, int, int]], positions: Sequence[int],
                   out: np.ndarray) -> np.ndarray:

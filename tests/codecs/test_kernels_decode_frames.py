@@ -155,7 +155,7 @@ def test_decode_frames_writes_only_the_row_ranges_asked(impl: str, bits: int) ->
     cols["rows"] = np.array([p[3] for p in pieces], np.int64)
     first, count = np.array([p[1] for p in pieces], np.int64), np.array([p[2] for p in pieces], np.int64)
     expected = np.full((47, layers, top_k), 99, np.int64)
-    for (fr, r0, n, at), (r, b) in zip(pieces, [places[p[0]] for p in pieces], strict=True):
+    for (_fr, r0, n, at), (r, b) in zip(pieces, [places[p[0]] for p in pieces], strict=True):
         expected[at : at + n, b * lpc : (b + 1) * lpc] = want[r * cr + r0 : r * cr + r0 + n, b * lpc : (b + 1) * lpc]
     with kernels.use(impl):
         out = np.full(expected.shape, 99, np.int32)

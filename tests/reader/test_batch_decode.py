@@ -159,7 +159,7 @@ def test_a_bad_byte_outside_the_rows_read_is_still_found(tmp_path: Path, store: 
     reader = r3store.open_store(tmp_path)
     array = reader.row("s1")["array"]
     index = reader._chunks.object_index(array, reader.geometry_of(array), 0)
-    offset, nbytes = (int(v) for v in index[4, 0])  # chunk 4 holds rows 32..39; s1 starts at row 37
+    offset, _ = (int(v) for v in index[4, 0])  # chunk 4 holds rows 32..39; s1 starts at row 37
     path = tmp_path / array / "c" / "0" / "0" / "0"
     blob = bytearray(path.read_bytes())
     blob[offset + 24] ^= 0x01  # the first payload byte: row 32, not s1's
