@@ -112,6 +112,8 @@ def merge_config(cls: type[C], config: C | Mapping[str, Any] | None, fields: Map
     given = {name: value for name, value in fields.items() if value is not None}
     if config is None:
         return from_dict(given)
+    if not given and isinstance(config, cls):  # the common call: a whole settings object, nothing loose
+        return config
     if isinstance(config, Mapping):
         base, explicit = from_dict(config), dict(config)
     elif isinstance(config, cls):

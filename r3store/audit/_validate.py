@@ -545,31 +545,34 @@ class _SampleScanner:
         hi = lo + len(x)
         if self.next >= len(self.samples) or self.samples[self.next].start >= hi:
             return
-        ok = np.ones((len(x), x.shape[1]), bool) if valid is None else valid.copy()
-        masked = False
+        ok = None if valid is None else valid.copy()  # None: every cell counts
         i = bisect.bisect_right(self.missing_ends, lo)  # rows the engine did not capture hold zeros: skip them
         while i < len(self.missing) and self.missing[i][0] < hi:
             a, b = self.missing[i]
+            if ok is None:
+                ok = np.ones((len(x), x.shape[1]), bool)
             ok[max(a, lo) - lo : min(b, hi) - lo] = False
-            masked, i = True, i + 1
+            i += 1
         in_sample = np.zeros(len(x), bool)
         i = self.next
         while i < len(self.samples) and self.samples[i].start < hi:
             s = self.samples[i]
             in_sample[max(lo, s.start) - lo : min(hi, s.stop) - lo] = True
             i += 1
-        counted = None if valid is None and not masked and in_sample.all() else ok & in_sample[:, None]
+        if ok is None and in_sample.all():
+            counted = None
+        else:
+            counted = (np.ones((len(x), x.shape[1]), bool) if ok is None else ok) & in_sample[:, None]
         # one pass in C: per (row, layer) the top id (ids are >= 0, so top == 0 means all zeros) and
         # whether an id repeats; the ids of the counted cells go to the histogram
         top, repeated = route_stats(x, self.res.hist, counted)
-        repeated &= ok
-        out_of_range = (top >= self.spec.num_experts) & ok
         i = self.next
         while i < len(self.samples) and self.samples[i].start < hi:
             s = self.samples[i]
             a, b = max(lo, s.start), min(hi, s.stop)
             sl = slice(a - lo, b - lo)
-            self._update(s, a - s.start, top[sl], repeated[sl], out_of_range[sl], ok[sl])
+            self._update(s, a - s.start, top[sl], repeated[sl], None if ok is None else ok[sl],
+                         self.spec.num_experts)
             if s.stop <= hi:
                 self._finish(s)
                 if i == self.next:
@@ -577,8 +580,24 @@ class _SampleScanner:
             i += 1
 
     @staticmethod
-    def _update(s: _Sample, row0: int, top: np.ndarray, repeated: np.ndarray, out_of_range: np.ndarray,
-                ok: np.ndarray) -> None:
+    def _update(s: _Sample, row0: int, top: np.ndarray, repeated: np.ndarray, ok: np.ndarray | None,
+                num_experts: int) -> None:
+        """Add rows ``row0 + [0, len(top))`` of ``s``: ``top``/``repeated`` per (row, layer) from
+        :func:`route_stats`; ``ok``: the cells that count (None: all of them, the common case,
+        which needs only per-layer reductions)."""
+        if ok is None:
+            s.valid += len(top)
+            s.nonzero += np.count_nonzero(top, axis=0)
+            layer_max = top.max(axis=0, initial=-1)
+            s.max_id = np.maximum(s.max_id, layer_max)
+            if repeated.any():
+                for pos in np.flatnonzero(repeated.any(axis=0)):
+                    s.repeated.setdefault(int(pos), RowRuns()).add_mask(repeated[:, pos], row0)
+            for pos in np.flatnonzero(layer_max >= num_experts):  # only layers whose max is out of range
+                s.out_of_range.setdefault(int(pos), RowRuns()).add_mask(top[:, pos] >= num_experts, row0)
+            return
+        repeated = repeated & ok
+        out_of_range = (top >= num_experts) & ok
         s.valid += ok.sum(axis=0)
         s.nonzero += ((top != 0) & ok).sum(axis=0)
         s.max_id = np.maximum(s.max_id, np.where(ok, top, -1).max(axis=0, initial=-1))

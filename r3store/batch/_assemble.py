@@ -295,20 +295,23 @@ def _read_rank_rows(reader: RouteReader, sample_ids: list[str], offsets: np.ndar
     n_layers, top_k = len(positions), reader.spec.top_k
     where = np.flatnonzero(flat >= 0)
     rows = flat[where]
-    order = np.argsort(rows, kind="stable")
-    rows, where = rows[order], where[order]
+    if len(rows) > 1 and (rows[1:] < rows[:-1]).any():  # THD and BSHD hand them sorted already
+        order = np.argsort(rows, kind="stable")
+        rows, where = rows[order], where[order]
     shape = (len(flat), n_layers, top_k)
     out = np.empty(shape, dtype=dtype) if allocate is None else _allocated(allocate, shape, dtype)
     if len(rows):
-        sample = np.searchsorted(offsets, rows, side="right") - 1
-        breaks = (np.diff(rows) != 1) | (np.diff(sample) != 0)
+        starts_here = np.zeros(int(offsets[-1]) + 1, bool)  # a sample's first row: a run ends before it
+        starts_here[offsets[:-1]] = True
+        breaks = (np.diff(rows) != 1) | starts_here[rows[1:]]
         direct = (breaks | (np.diff(where) != 1))
         if int(direct.sum()) <= 2 * int(breaks.sum()) + 2:  # output positions follow the rows: read in place
             breaks = direct
         cut = np.flatnonzero(breaks) + 1
-        firsts, lasts = np.r_[0, cut], np.r_[cut - 1, len(rows) - 1]
+        firsts, lasts = np.concatenate(([0], cut)), np.concatenate((cut - 1, [len(rows) - 1]))
+        sample = np.searchsorted(offsets, rows[firsts], side="right") - 1
         runs = [(sample_ids[s], int(rows[f]) - int(offsets[s]), int(rows[la]) + 1 - int(offsets[s]))
-                for f, la, s in zip(firsts.tolist(), lasts.tolist(), sample[firsts].tolist(), strict=True)]
+                for f, la, s in zip(firsts.tolist(), lasts.tolist(), sample.tolist(), strict=True)]
         if breaks is direct:
             reader.get_runs(runs, layers, out=out, at=where[firsts].tolist())
         else:

@@ -369,17 +369,21 @@ class BitpackCodec(Codec):
     def decode_frames(self, blob: bytes | memoryview | np.ndarray, starts: np.ndarray, lengths: np.ndarray,
                       out: np.ndarray, rows: np.ndarray, layers: np.ndarray, *, chunk_rows: int,
                       layers_per_chunk: int, tag_prefix: str | None = None, row_chunks: np.ndarray | None = None,
-                      layer_chunks: np.ndarray | None = None) -> int:
+                      layer_chunks: np.ndarray | None = None, row_first: np.ndarray | None = None,
+                      row_count: np.ndarray | None = None) -> int:
         """Check and decode a run of frames into their places in ``out``
         (:class:`r3store.codecs.SupportsBatchDecode`): one :func:`r3store.codecs.kernels.decode_frames`
         call (C, GIL released, where the kernels are built), frames of version 1 or 2.
+        ``row_first``/``row_count`` (beyond the protocol; the readers use them with this codec):
+        only those rows of each frame's chunk are written, to ``out`` rows from ``rows[f]``.
 
         Returns -1 when every frame decoded, else the index of the first that failed a
         check (:meth:`decode` of that frame names the fault).
         """
         return kernels.decode_frames(blob, starts, lengths, self.bits, out, rows, layers, chunk_rows=chunk_rows,
                                      layers_per_chunk=layers_per_chunk, tag_prefix=tag_prefix,
-                                     row_chunks=row_chunks, layer_chunks=layer_chunks)
+                                     row_chunks=row_chunks, layer_chunks=layer_chunks, row_first=row_first,
+                                     row_count=row_count)
 
     @staticmethod
     def frame_size(buf: bytes | memoryview | np.ndarray) -> int:

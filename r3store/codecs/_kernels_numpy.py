@@ -279,14 +279,17 @@ def gather_rows_numpy(src: np.ndarray, index: np.ndarray, out: np.ndarray, *, fi
 
 def decode_frames_numpy(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray, bits: int, out: np.ndarray,
                         rows: np.ndarray, layers: np.ndarray, chunk_rows: int, layers_per_chunk: int,
-                        prefix_crc: int, row_chunks: np.ndarray, layer_chunks: np.ndarray, check_tags: bool) -> int:
+                        prefix_crc: int, row_chunks: np.ndarray, layer_chunks: np.ndarray, check_tags: bool,
+                        row_first: np.ndarray | None = None, row_count: np.ndarray | None = None) -> int:
     """numpy twin of :func:`r3store.codecs.kernels.decode_frames`."""
     n_total = chunk_rows * layers_per_chunk * out.shape[2]
     stage = np.empty(n_total, dtype=np.uint32)
     for f in range(len(starts)):
         s, n, r, la = int(starts[f]), int(lengths[f]), int(rows[f]), int(layers[f])
-        if s < 0 or n < 0 or s + n > blob.size or r < 0 or r + chunk_rows > out.shape[0] or la < 0 or \
-                la + layers_per_chunk > out.shape[1]:
+        r0 = 0 if row_first is None else int(row_first[f])
+        nr = chunk_rows if row_count is None else int(row_count[f])
+        if s < 0 or n < 0 or s + n > blob.size or r0 < 0 or nr < 0 or r0 + nr > chunk_rows or r < 0 or \
+                r + nr > out.shape[0] or la < 0 or la + layers_per_chunk > out.shape[1]:
             return f
         frame = blob[s : s + n]
         check = check_frame_numpy(frame, bits)
@@ -297,7 +300,7 @@ def decode_frames_numpy(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarra
             if google_crc32c.extend(prefix_crc, text) != check.tag:
                 return f
         unpack_into_numpy(frame[check.header :], check.n_encoded, bits, stage)
-        out[r : r + chunk_rows, la : la + layers_per_chunk] = stage.reshape(chunk_rows, layers_per_chunk, -1)
+        out[r : r + nr, la : la + layers_per_chunk] = stage.reshape(chunk_rows, layers_per_chunk, -1)[r0 : r0 + nr]
     return -1
 
 

@@ -551,7 +551,8 @@ def route_stats(routes: np.ndarray, hist: np.ndarray | None = None,
 def decode_frames(blob: npt.ArrayLike | bytes | memoryview, starts: np.ndarray, lengths: np.ndarray, bits: int,
                   out: np.ndarray, rows: np.ndarray, layers: np.ndarray, *, chunk_rows: int, layers_per_chunk: int,
                   tag_prefix: str | None = None, row_chunks: np.ndarray | None = None,
-                  layer_chunks: np.ndarray | None = None) -> int:
+                  layer_chunks: np.ndarray | None = None, row_first: np.ndarray | None = None,
+                  row_count: np.ndarray | None = None) -> int:
     """Check and decode many ``r3store.bitpack`` frames straight into their places in ``out``.
 
     The batch decode of rank-local reads: one call per storage object instead of one per
@@ -577,6 +578,11 @@ def decode_frames(blob: npt.ArrayLike | bytes | memoryview, starts: np.ndarray, 
         with ``tag_prefix`` the commit). None: tags are not checked.
     row_chunks, layer_chunks : ndarray of int64, shape (n,), optional
         Needed with ``tag_prefix``.
+    row_first, row_count : ndarray of int64, shape (n,), optional
+        Given together: only rows ``[row_first[f], row_first[f] + row_count[f])`` of frame
+        ``f``'s chunk are written, to ``out[rows[f] : rows[f] + row_count[f], ...]`` (a
+        sample's partial first and last chunks, a CP rank's pieces, decoded in place); the
+        whole frame is still checked. Default: every row.
 
     Returns
     -------
@@ -603,6 +609,12 @@ def decode_frames(blob: npt.ArrayLike | bytes | memoryview, starts: np.ndarray, 
                 row_chunks is not None and layer_chunks is not None))):
         raise CodecError(_KERNELS, "decode_frames needs a writable C-contiguous 3-D out of 1-, 2- or 4-byte integers, "
                                    "1 <= layers_per_chunk <= its layers, and int64 arrays of one length")
+    if (row_first is None) != (row_count is None):
+        raise CodecError(_KERNELS, "decode_frames needs row_first and row_count together, or neither")
+    ranges = None if row_first is None or row_count is None else [np.ascontiguousarray(a, dtype=np.int64)
+                                                                   for a in (row_first, row_count)]
+    if ranges is not None and not all(a.size == n for a in ranges):
+        raise CodecError(_KERNELS, "decode_frames needs row_first and row_count of one length with starts")
     ints = is_int(chunk_rows) and is_int(layers_per_chunk)
     if not ints or not 1 <= int(chunk_rows) * int(layers_per_chunk) * out.shape[2] <= MAX_CHUNK_IDS:
         raise CodecError(_KERNELS, f"decode_frames needs int chunk_rows and layers_per_chunk whose chunk holds 1 to "
@@ -612,9 +624,9 @@ def decode_frames(blob: npt.ArrayLike | bytes | memoryview, starts: np.ndarray, 
     prefix_crc = int(google_crc32c.value(f"{tag_prefix}/".encode())) if check else 0
     if _native is None or not out.dtype.isnative:
         return decode_frames_numpy(data, arrays[0], arrays[1], bits, out, arrays[2], arrays[3], chunk_rows,
-                                   layers_per_chunk, prefix_crc, rc, lc, check)
+                                   layers_per_chunk, prefix_crc, rc, lc, check, *(ranges or ()))
     return int(_native.decode_frames(data, arrays[0], arrays[1], bits, out, arrays[2], arrays[3], int(chunk_rows),
-                                     int(layers_per_chunk), prefix_crc, rc, lc, check))
+                                     int(layers_per_chunk), prefix_crc, rc, lc, check, *(ranges or ())))
 
 
 # -- base64 --------------------------------------------------------------------------

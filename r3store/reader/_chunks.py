@@ -17,6 +17,7 @@ Not thread-safe (the cache is shared state): give every thread its own reader
 from __future__ import annotations
 
 import copy
+import inspect
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -210,17 +211,43 @@ class ChunkReader:
             raise FormatError(self.backend.path_of(array),
                               f"rows [{start}, {stop}) beyond the array's {geometry.rows} rows")
         shape = (stop - start, len(positions), geometry.top_k)
+        if out is None and stop > start and len(positions):
+            per_object = geometry.row_chunks_per_object * geometry.chunk_rows
+            for obj in range(start // per_object, (stop - 1) // per_object + 1):  # checked before the allocation
+                self.object_index(array, geometry, obj)
+            # the rows of the first and last chunks outside [start, stop) get room before and after the
+            # result (a view): every chunk then decodes in place, none through a scratch and a copy
+            cr = geometry.chunk_rows
+            lead, tail = start % cr, -stop % cr
+            room = np.empty((lead + stop - start + tail, *shape[1:]), dtype=np.int32)
+            self._read(array, geometry, codec, [(start - lead, stop + tail, 0)], positions, room, remember=False)
+            if self._chunks.maxsize and (lead or tail):  # the chunks this sample shares with its neighbours
+                self._remember_edges(array, geometry, positions, room, start - lead)
+            return room[lead : lead + stop - start]
         if out is None:
-            if stop > start:  # what the storage objects hold is checked before the output is allocated
-                per_object = geometry.row_chunks_per_object * geometry.chunk_rows
-                for obj in range(start // per_object, (stop - 1) // per_object + 1):
-                    self.object_index(array, geometry, obj)
             out = np.empty(shape, dtype=np.int32)
         elif out.shape != shape:
             raise OptionError("out", f"<array of shape {out.shape}>", f"must have shape {shape}")
         if stop <= start or not len(positions):
             return out
         return self._read(array, geometry, codec, [(start, stop, 0)], positions, out, remember=True)
+
+    def _remember_edges(self, array: str, geometry: ArrayGeometry, positions: Sequence[int], room: np.ndarray,
+                        first_row: int) -> None:
+        """Cache the first and last row chunks of ``room`` (array rows from ``first_row``, whole
+        chunks, at ``positions``) for the layer chunks read whole: what :meth:`_read` caches when
+        it decodes a sample's partial edge chunks through a scratch."""
+        cr, lpc = geometry.chunk_rows, geometry.layers_per_chunk
+        pos = np.asarray(positions)
+        c0, c1 = first_row // cr, first_row // cr + len(room) // cr - 1
+        for b in np.unique(pos // lpc).tolist():
+            at = np.flatnonzero(pos // lpc == b)
+            if not (np.array_equal(pos[at], np.arange(b * lpc, (b + 1) * lpc))
+                    and np.array_equal(at, np.arange(at[0], at[0] + lpc))):
+                continue  # the layer chunk is not read whole, in order, to adjacent outputs: not kept
+            for c in {c0, c1}:
+                r = (c - c0) * cr
+                self._remember(array, c, b, room[r : r + cr, at[0] : at[0] + lpc].copy())  # never a view of the result
 
     def read_runs(self, array: str, runs: Sequence[tuple[int, int, int]], positions: Sequence[int],
                   out: np.ndarray) -> np.ndarray:
@@ -283,12 +310,31 @@ class ChunkReader:
         pos = np.asarray(positions)
         lpc, cr, per_object = geometry.layers_per_chunk, geometry.chunk_rows, geometry.row_chunks_per_object
         by_chunk = {int(b): _as_slices(np.flatnonzero(pos // lpc == b), pos, b * lpc) for b in np.unique(pos // lpc)}
-        # row chunk -> pieces (first row, stop row, output row of the first) it serves
-        pieces: dict[int, list[tuple[int, int, int]]] = {}
-        for start, stop, at in runs:
-            for c in range(start // cr, (stop - 1) // cr + 1) if stop > start else ():
-                lo, hi = max(start, c * cr), min(stop, (c + 1) * cr)
-                pieces.setdefault(c, []).append((lo, hi, at + lo - start))
+        # the pieces the runs cut the row chunks into, grouped by chunk (a run's order kept within one):
+        # row chunk, first row, stop row, output row of the first
+        table = np.asarray(runs, dtype=np.int64).reshape(-1, 3)
+        table = table[table[:, 1] > table[:, 0]]
+        first_c, counts = table[:, 0] // cr, (table[:, 1] - 1) // cr - table[:, 0] // cr + 1
+        run_of = np.repeat(np.arange(len(table)), counts)
+        within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)  # chunk of its run
+        p_chunk = np.repeat(first_c, counts) + within
+        p_lo, p_hi = np.maximum(table[run_of, 0], p_chunk * cr), np.minimum(table[run_of, 1], (p_chunk + 1) * cr)
+        p_at = table[run_of, 2] + p_lo - table[run_of, 0]
+        order = np.argsort(p_chunk, kind="stable")
+        p_chunk, p_lo, p_hi, p_at = p_chunk[order], p_lo[order], p_hi[order], p_at[order]
+        chunks, begin, per_chunk = np.unique(p_chunk, return_index=True, return_counts=True)
+        whole_piece = (per_chunk == 1) & (p_lo[begin] == chunks * cr) & (p_hi[begin] == (chunks + 1) * cr)
+        chunk_place = np.where(whole_piece, p_at[begin], -1)  # per chunk: the output row it decodes in place to
+        piece_map: dict[int, list[tuple[int, int, int]]] = {}
+
+        def pieces(c: int) -> list[tuple[int, int, int]]:
+            """The pieces (first row, stop row, output row of the first) row chunk ``c`` serves."""
+            if not piece_map:
+                for i, (c0, n0) in enumerate(zip(begin.tolist(), per_chunk.tolist(), strict=True)):
+                    piece_map[int(chunks[i])] = list(zip(p_lo[c0 : c0 + n0].tolist(), p_hi[c0 : c0 + n0].tolist(),
+                                                         p_at[c0 : c0 + n0].tolist(), strict=True))
+            return piece_map[c]
+
         whole = {b for b, (dst, src) in by_chunk.items()  # layer chunks wanted whole, in order: decoded in place
                  if isinstance(dst, slice) and isinstance(src, slice) and src == slice(0, lpc)}
 
@@ -296,29 +342,31 @@ class ChunkReader:
             """Where a frame decodes in place (output row, output layer): its rows form one whole
             piece, and its layers are wanted whole and in order."""
             c, b = key
-            if b not in whole or len(pieces[c]) != 1:
+            if b not in whole or len(pieces(c)) != 1:
                 return None
-            lo, hi, o = pieces[c][0]
+            lo, hi, o = pieces(c)[0]
             dst = by_chunk[b][0]
             return (o, dst.start) if (lo, hi) == (c * cr, (c + 1) * cr) and isinstance(dst, slice) else None
 
         def copy(c: int, b: int, chunk: np.ndarray) -> None:
             dst, src = by_chunk[b]
-            for lo, hi, o in pieces[c]:
+            for lo, hi, o in pieces(c):
                 out[o : o + hi - lo, dst] = chunk[lo - c * cr : hi - c * cr, src]
 
         fast = _batch_decodes(codec) and _batch_target(out)
         layer_place = np.array([by_chunk[b][0].start if b in whole else -1 for b in sorted(by_chunk)],  # type: ignore[union-attr]
                                dtype=np.int64)
-        chunks = sorted(pieces)
-        for obj, group in itertools.groupby(chunks, key=lambda c: c // per_object):
-            row_chunks = list(group)
-            row_place = np.array([pieces[c][0][2] if len(pieces[c]) == 1 and pieces[c][0][:2] == (c * cr, (c + 1) * cr)
-                                  else -1 for c in row_chunks], dtype=np.int64)
-            if fast and self._read_object_fast(array, geometry, codec, obj, row_chunks, sorted(by_chunk), row_place,
-                                               layer_place, copy, out, remember):
+        if not len(chunks):  # empty runs only
+            return out
+        objects = chunks // per_object
+        cuts = np.flatnonzero(np.diff(objects)) + 1
+        for lo_i, hi_i in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(chunks)].tolist(), strict=True):
+            obj, row_chunks = int(objects[lo_i]), chunks[lo_i:hi_i]
+            piece_rows = (p_lo, p_hi, p_at, p_chunk, begin[lo_i:hi_i], per_chunk[lo_i:hi_i])
+            if fast and self._read_object_fast(array, geometry, codec, obj, row_chunks, sorted(by_chunk),
+                                               chunk_place[lo_i:hi_i], layer_place, copy, out, remember, piece_rows):
                 continue
-            wanted = [(c, b) for c in row_chunks for b in by_chunk]
+            wanted = [(c, b) for c in row_chunks.tolist() for b in by_chunk]
             for (c, b), chunk in self._stream_object(array, geometry, codec, obj, wanted, into, out):
                 if chunk is not None:  # else decoded in place
                     copy(c, b, chunk)
@@ -326,20 +374,27 @@ class ChunkReader:
                         self._remember(array, c, b, chunk)
         return out
 
-    def _read_object_fast(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int, row_chunks: list[int],
+    def _read_object_fast(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int, row_chunks: np.ndarray,
                           layer_chunks: list[int], row_place: np.ndarray, layer_place: np.ndarray,
-                          copy: Callable[[int, int, np.ndarray], None], out: np.ndarray, remember: bool) -> bool:
+                          copy: Callable[[int, int, np.ndarray], None], out: np.ndarray, remember: bool,
+                          pieces: tuple[np.ndarray, ...]) -> bool:
         """The frames of ``row_chunks`` x ``layer_chunks`` of one storage object, vectorised: index
         entries looked up, ranges merged and whole chunks decoded in place by one kernel call
-        per fetched range; the others (a run's partial first and last chunks) by one more call per
-        range into a scratch of whole chunks, then copied.
-        ``row_place``/``layer_place``: per row chunk and layer chunk, the output row or layer
-        it decodes in place to, or -1. ``remember``: cache the chunks decoded one by one.
+        per fetched range. A run's partial first and last chunks (a CP rank's pieces) whose
+        layers are read whole are decoded in place too, by the same call, when the codec's
+        ``decode_frames`` takes row ranges (``row_first``/``row_count``, as
+        :class:`~r3store.codecs.BitpackCodec`'s does) and they need not be cached;
+        the others go by one more call per range into a scratch of whole chunks, then copied.
+        ``row_chunks``: sorted int64. ``row_place``/``layer_place``: per row chunk and layer chunk,
+        the output row or layer it decodes in place to, or -1. ``pieces``: the first rows, stop
+        rows, output rows and row chunks of the pieces the runs cut, grouped by chunk, then per
+        row chunk its first piece and piece count. ``remember``: cache the chunks decoded
+        through the scratch.
         False, having read nothing, when an index entry is unusual (a chunk past the array's
         end, a bad entry): the caller's general path handles (or names) it."""
         index = self.object_index(array, geometry, obj)
         first = obj * geometry.row_chunks_per_object
-        rc = np.repeat(np.asarray(row_chunks, dtype=np.int64), len(layer_chunks))
+        rc = np.repeat(row_chunks, len(layer_chunks))
         lc = np.tile(np.asarray(layer_chunks, dtype=np.int64), len(row_chunks))
         entries = index[rc - first, lc]
         cached = self._chunks and any((array, int(c), int(b)) in self._chunks for c, b in zip(rc, lc, strict=True))
@@ -355,21 +410,36 @@ class ChunkReader:
         key = f"{array}/{ArrayGeometry.object_key(obj)}"
         blobs = self.backend.get_ranges(key, [ByteRange(int(a), int(b)) for a, b in zip(starts, stops, strict=True)])
         which = np.cumsum(new) - 1
-        rows_at = row_place[np.searchsorted(np.asarray(row_chunks), rc)]
+        chunk_at = np.searchsorted(row_chunks, rc)
+        rows_at = row_place[chunk_at]
         layers_at = layer_place[np.searchsorted(np.asarray(layer_chunks), lc)]
         direct = (rows_at >= 0) & (layers_at >= 0)  # decoded in place: whole rows and whole layers
+        cr = geometry.chunk_rows
+        ranged: tuple[np.ndarray, ...] | None = None
+        if _decodes_row_ranges(codec) and not (remember and self._chunks.maxsize) and \
+                ((layers_at >= 0) & ~direct).any():
+            ranged = pieces  # partial row chunks read whole in their layers: one entry per piece, rows in place
+            direct = layers_at >= 0
         bound = self.manifest.version >= 2 and _has(codec, SupportsBinding)
         for r, blob in enumerate(blobs):
-            sel = direct & (which == r)
-            if sel.any():
+            sel = np.flatnonzero(direct & (which == r))
+            if len(sel) and ranged is None:
                 cols = np.stack([offsets[sel] - starts[r], nbytes[sel], rows_at[sel], layers_at[sel], rc[sel], lc[sel]])
+                self._decode_batch(codec, geometry, array, key, blob, int(starts[r]), cols, bound, out)
+            elif len(sel) and ranged is not None:
+                p_lo, p_hi, p_at, p_chunk, begin, counts = ranged
+                n = counts[chunk_at[sel]]
+                fr = np.repeat(sel, n)  # frame of each entry, then its piece among its chunk's
+                piece = np.repeat(begin[chunk_at[sel]] - np.cumsum(n) + n, n) + np.arange(int(n.sum()))
+                lo, hi = p_lo[piece], p_hi[piece]
+                cols = np.stack([offsets[fr] - starts[r], nbytes[fr], p_at[piece], layers_at[fr], rc[fr], lc[fr],
+                                 lo - p_chunk[piece] * cr, hi - lo])
                 self._decode_batch(codec, geometry, array, key, blob, int(starts[r]), cols, bound, out)
             rest = np.flatnonzero(~direct & (which == r))
             if not len(rest):
                 continue
             # the chunks a run only partly covers (a sample's first and last, a CP rank's pieces):
             # decoded by one batch call into a scratch of whole chunks, then copied
-            cr = geometry.chunk_rows
             scratch = np.empty((len(rest) * cr, geometry.layers_per_chunk, geometry.top_k), dtype=np.int32)
             cols = np.stack([offsets[rest] - starts[r], nbytes[rest], np.arange(len(rest), dtype=np.int64) * cr,
                              np.zeros(len(rest), dtype=np.int64), rc[rest], lc[rest]])
@@ -439,17 +509,20 @@ class ChunkReader:
                       first: int, cols: np.ndarray, bound: bool, out: np.ndarray | None) -> None:
         """Frames of one fetched range (``first``: its object offset), checked and decoded into
         ``out`` by one kernel call; ``cols``: int64 ``(6, n)``, per frame its start in ``blob``,
-        size, output row, output layer, row chunk and layer chunk. A frame that fails is
+        size, output row, output layer, row chunk and layer chunk (and, ``(8, n)``, the first
+        chunk row written and the rows written, for a codec whose ``decode_frames`` takes row
+        ranges). A frame that fails is
         decoded again alone, which names its fault."""
         assert out is not None
         prefix = self._tag_prefix(array.removeprefix(ROUTES_PREFIX))
+        ranges = {"row_first": cols[6], "row_count": cols[7]} if len(cols) == 8 else {}  # _decodes_row_ranges
         failed = cast(SupportsBatchDecode, codec).decode_frames(
             blob, cols[0], cols[1], out, cols[2], cols[3], chunk_rows=geometry.chunk_rows,
             layers_per_chunk=geometry.layers_per_chunk, tag_prefix=prefix if bound else None, row_chunks=cols[4],
-            layer_chunks=cols[5])
+            layer_chunks=cols[5], **ranges)
         if failed < 0:
             return
-        rel, nbytes, _, _, c, b = (int(v) for v in cols[:, failed])
+        rel, nbytes, _, _, c, b = (int(v) for v in cols[:6, failed])
         self._decode_frame(codec, geometry, array, key, blob, rel, nbytes, first + rel, (c, b), bound)
         raise FormatError(f"{array} chunk {(c, b, 0)}", "frame failed the batch decode's checks")  # not reached
 
@@ -687,6 +760,24 @@ def _sizes_frames(codec: Codec) -> bool:
 def _batch_decodes(codec: Codec) -> bool:
     """``isinstance(codec, SupportsBatchDecode)``, remembered per class."""
     return _has(codec, SupportsBatchDecode)
+
+
+_ROW_RANGES: dict[type, bool] = {}
+
+
+def _decodes_row_ranges(codec: Codec) -> bool:
+    """Whether ``codec.decode_frames`` (:class:`SupportsBatchDecode`) also takes ``row_first`` and
+    ``row_count`` (rows of each frame's chunk written from ``rows[f]``), remembered per class: an
+    ability beyond the protocol, read from the method's signature, never from the class."""
+    known = _ROW_RANGES.get(type(codec))
+    if known is None:
+        try:
+            params = inspect.signature(cast(SupportsBatchDecode, codec).decode_frames).parameters \
+                if _batch_decodes(codec) else {}
+        except (TypeError, ValueError):
+            params = {}
+        known = _ROW_RANGES[type(codec)] = "row_first" in params and "row_count" in params
+    return known
 
 
 def _batch_target(out: np.ndarray) -> bool:

@@ -325,7 +325,10 @@ class RouteReader:
         ndarray of int32, shape (num_tokens - 1, len(layers), top_k)
             Row ``t``: expert ids chosen for input position ``t``; layers default to all
             MoE layers in ``spec.moe_layers`` order. Rows the engine could not capture
-            (:meth:`missing_rows`) hold -1 in every slot.
+            (:meth:`missing_rows`) hold -1 in every slot. Without ``out``, a C-contiguous
+            view of a buffer with room for the rest of the sample's first and last row
+            chunks (so every chunk decodes in place; at most ``2 * chunk_rows - 2`` rows
+            more).
 
         Raises
         ------

@@ -135,3 +135,41 @@ def test_decode_frames_refuses_a_chunk_it_cannot_hold(impl: str, chunk_rows: obj
     with kernels.use(impl), pytest.raises(CodecError, match="chunk_rows"):
         kernels.decode_frames(b"", empty, empty, 5, out, empty, empty, chunk_rows=chunk_rows,  # type: ignore[arg-type]
                               layers_per_chunk=layers_per_chunk)
+
+
+@pytest.mark.parametrize("bits", [3, 7, 8, 11])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_decode_frames_writes_only_the_row_ranges_asked(impl: str, bits: int) -> None:
+    """``row_first``/``row_count``: each entry writes rows of its frame's chunk at its output row
+    (the same frame twice, for two pieces), leaves every other row alone, and a range outside
+    the chunk or the output is that entry's failure."""
+    rng = np.random.default_rng(bits)
+    cr, lpc, top_k, layers = 16, 2, 8, 4
+    places = [(r, b) for r in range(3) for b in range(layers // lpc)]
+    blob, c, want = _frames(rng, bits, cr, lpc, top_k, places, layers)
+    # frame f again for a second piece: entries (frame, first chunk row, rows, output row)
+    pieces = [(0, 5, 11, 0), (1, 5, 11, 0), (2, 0, 16, 11), (3, 0, 16, 11), (4, 0, 3, 27), (5, 0, 3, 27),
+              (4, 9, 7, 40), (5, 9, 0, 30)]
+    f = np.array([p[0] for p in pieces])
+    cols = {k: v[f] for k, v in c.items()}
+    cols["rows"] = np.array([p[3] for p in pieces], np.int64)
+    first, count = np.array([p[1] for p in pieces], np.int64), np.array([p[2] for p in pieces], np.int64)
+    expected = np.full((47, layers, top_k), 99, np.int64)
+    for (_fr, r0, n, at), (r, b) in zip(pieces, [places[p[0]] for p in pieces], strict=True):
+        expected[at : at + n, b * lpc : (b + 1) * lpc] = want[r * cr + r0 : r * cr + r0 + n, b * lpc : (b + 1) * lpc]
+    with kernels.use(impl):
+        out = np.full(expected.shape, 99, np.int32)
+        assert kernels.decode_frames(blob, cols["starts"], cols["lengths"], bits, out, cols["rows"], cols["layers"],
+                                     chunk_rows=cr, layers_per_chunk=lpc, tag_prefix="w-00001",
+                                     row_chunks=cols["rc"], layer_chunks=cols["lc"], row_first=first,
+                                     row_count=count) == -1
+        np.testing.assert_array_equal(out, expected)
+        for bad_first, bad_count, bad_at in ((-1, 3, 0), (14, 3, 0), (0, 17, 0), (0, 8, 40)):
+            f2, n2, at2 = first.copy(), count.copy(), cols["rows"].copy()
+            f2[3], n2[3], at2[3] = bad_first, bad_count, bad_at
+            assert kernels.decode_frames(blob, cols["starts"], cols["lengths"], bits, np.zeros_like(out), at2,
+                                         cols["layers"], chunk_rows=cr, layers_per_chunk=lpc, row_first=f2,
+                                         row_count=n2) == 3
+        with pytest.raises(CodecError, match="together"):
+            kernels.decode_frames(blob, cols["starts"], cols["lengths"], bits, out, cols["rows"], cols["layers"],
+                                  chunk_rows=cr, layers_per_chunk=lpc, row_first=first)

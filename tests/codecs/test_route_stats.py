@@ -113,3 +113,28 @@ def test_route_stats_every_pair_of_slots_and_extreme_ids(dtype: str) -> None:
     _both(routes, 16, None)
     _both(routes, 16, mask)
     _both(routes[::2], 16, None)  # strided rows: still contiguous (layer, 8) blocks
+
+
+@pytest.mark.parametrize("dtype", ["int32", "uint32"])
+def test_route_stats_histogram_adds_to_the_counts_given(dtype: str) -> None:
+    """A Qwen3-shaped block (48 layers, top-8, 128 bins: the AVX2 path's per-call uint32 copy of
+    the histogram) adds its counts to a histogram that already holds some, masked or not."""
+    rng = np.random.default_rng(7)
+    routes = np.argsort(rng.random((300, 48, 128)), axis=2)[:, :, :8].astype(np.int64)
+    routes[3, 5, 2], routes[4, 6, 1], routes[5, 7, 0] = 128, 1 << 20, routes[5, 7, 1]
+    if dtype == "int32":
+        routes[6, 8, 3] = -1
+    routes = routes.astype(dtype)
+    mask = rng.random((300, 48)) < 0.7
+    start = rng.integers(0, 1 << 40, (48, 128))
+    for impl in ("numpy", "native", "native-avx2"):
+        if impl != "numpy" and (kernels.native_module() is None or (
+                impl == "native-avx2" and not kernels.native_module().cpu_features()["avx2"])):
+            continue
+        for m in (None, mask):
+            expected = start + _python(routes, 128, m)[2]
+            with kernels.use(impl):
+                hist = start.copy()
+                kernels.route_stats(routes, hist, m)
+                kernels.route_stats(routes[:0], hist, None if m is None else m[:0])
+            np.testing.assert_array_equal(hist, expected, err_msg=f"{impl} mask={m is not None}")

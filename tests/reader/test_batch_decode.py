@@ -105,12 +105,12 @@ def test_get_decodes_whole_chunks_in_one_call_per_range(monkeypatch: pytest.Monk
     reader, made = _reader_with(monkeypatch, tmp_path, Batching)
     np.testing.assert_array_equal(reader.get("s1"), store["s1"])  # rows 37..101: chunks 4..12, 4 and 12 partial
     (codec,) = made
-    # chunks 5..11 (three layer chunks each) in place, then the partial chunks 4 and 12 into a scratch:
-    # two calls for the one local range, none frame by frame
-    assert codec.batches == [7 * 3, 2 * 3]
+    # chunks 4..12 (three layer chunks each) in place, the partial 4 and 12 into room around the result:
+    # one call for the one local range, none frame by frame
+    assert codec.batches == [9 * 3]
     assert codec.decodes == 0
     np.testing.assert_array_equal(reader.get("s1", rows=slice(0, 3)), store["s1"][:3])  # chunk 4: cached
-    assert codec.batches == [7 * 3, 2 * 3]
+    assert codec.batches == [9 * 3]
     assert codec.decodes == 0
 
 
@@ -127,3 +127,45 @@ def test_a_bad_frame_in_a_batch_is_named(monkeypatch: pytest.MonkeyPatch, tmp_pa
     path.write_bytes(bytes(blob))
     with pytest.raises(ChecksumError, match=r"\(8, 1, 0\)"):
         r3store.open_store(tmp_path).get("s1")
+
+
+class RangeBatching(Batching):
+    """Batching whose decode_frames also takes row ranges (the ability read from its signature)."""
+
+    def decode_frames(self, blob: Any, starts: np.ndarray, *args: Any, row_first: np.ndarray | None = None,
+                      row_count: np.ndarray | None = None, **kwargs: Any) -> int:
+        self.batches.append(len(starts))
+        return self.inner.decode_frames(blob, starts, *args, row_first=row_first, row_count=row_count, **kwargs)
+
+
+@pytest.mark.parametrize("kind", [Batching, RangeBatching])
+def test_partial_chunks_decode_in_place_when_the_codec_takes_row_ranges(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, store: dict[str, np.ndarray], kind: type[Batching]) -> None:
+    opener = r3store.open_store
+    monkeypatch.setattr(r3store, "open_store", lambda root: opener(root, reader={"cache_bytes": 0}))
+    reader, made = _reader_with(monkeypatch, tmp_path, kind)
+    out = np.zeros((40, 6, 4), np.int32)
+    reader.get_runs([("s1", 0, 16), ("s3", 10, 34)], out=out)  # both runs start and end mid-chunk
+    np.testing.assert_array_equal(out, np.concatenate([store["s1"][:16], store["s3"][10:34]]))
+    (codec,) = made
+    # one call per fetched range with row ranges; a second per range (the scratch) without
+    assert len(codec.batches) == (2 if kind is RangeBatching else 4)
+    assert codec.decodes == 0
+
+
+def test_a_bad_byte_outside_the_rows_read_is_still_found(tmp_path: Path, store: dict[str, np.ndarray]) -> None:
+    """A partial chunk decoded in place by row range is checked whole: a flipped bit in rows the
+    read does not return still fails its CRC-32C."""
+    reader = r3store.open_store(tmp_path)
+    array = reader.row("s1")["array"]
+    index = reader._chunks.object_index(array, reader.geometry_of(array), 0)
+    offset, _ = (int(v) for v in index[4, 0])  # chunk 4 holds rows 32..39; s1 starts at row 37
+    path = tmp_path / array / "c" / "0" / "0" / "0"
+    blob = bytearray(path.read_bytes())
+    blob[offset + 24] ^= 0x01  # the first payload byte: row 32, not s1's
+    path.write_bytes(bytes(blob))
+    damaged = r3store.open_store(tmp_path, reader={"cache_bytes": 0})
+    with pytest.raises(ChecksumError, match=r"\(4, 0, 0\)"):
+        damaged.get_runs([("s1", 0, 3)], out=np.zeros((3, 6, 4), np.int32))
+    with pytest.raises(ChecksumError, match=r"\(4, 0, 0\)"):
+        damaged.get("s1", rows=slice(0, 3))

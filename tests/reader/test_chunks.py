@@ -221,3 +221,27 @@ def test_forged_huge_sample_is_refused_before_allocating(tmp_path: Path) -> None
     assert sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file()) < 10_000
     with pytest.raises(FormatError, match=r"sample 'big' has 549,755,813,888 rows, more than the cap of 4,194,304"):
         r3store.open_store(tmp_path).get("big")
+
+
+@pytest.mark.parametrize("layers_per_chunk", [1, 3])
+def test_get_results_and_the_chunk_cache_do_not_share_memory(tmp_path: Path, layers_per_chunk: int) -> None:
+    """``get`` decodes a sample's edge chunks into room around its result and caches them: writing
+    into one result (here -1, as ``get`` itself does on missing rows) never changes what a
+    neighbour sharing those chunks reads, nor what the next ``get`` returns."""
+    spec = r3store.ModelSpec(num_layers=3, num_experts=16, top_k=2)
+    rng = np.random.default_rng(3)
+    source = {f"s{i}": np.sort(rng.permuted(np.tile(np.arange(16), (n, 3, 1)), axis=-1)[..., :2], axis=-1)
+              for i, n in enumerate([5, 11, 7])}
+    with r3store.RouteWriter(tmp_path, spec, config={"chunk_rows": 4, "layers_per_chunk": layers_per_chunk}) as w:
+        for sid, routes in source.items():
+            w.append(sid, routes)
+    reader = open_store(tmp_path)
+    for sid, routes in source.items():
+        got = reader.get(sid)
+        np.testing.assert_array_equal(got, routes)
+        assert got.flags.c_contiguous
+        assert got.flags.writeable
+        got[...] = -1
+    for sid, routes in source.items():  # the edge chunks now come from the cache
+        np.testing.assert_array_equal(reader.get(sid), routes)
+        np.testing.assert_array_equal(reader.get(sid, rows=slice(1, 3)), routes[1:3])

@@ -307,8 +307,11 @@ static const stats_fn stats_table[T_COUNT] = {stats_u8, stats_i8, stats_u16, sta
 /*
  * The common case of route_stats in one vector per (row, layer): 32-bit ids, top_k = 8,
  * each (layer, 8) block contiguous. Repeats: compares against the 4 rotations that pair
- * every two slots; the top id: a max reduction. The histogram stays scalar.
+ * every two slots; the top id: a max reduction. The histogram stays scalar, counted in a
+ * uint32 copy (layers x nbins x 4 bytes: L1-resident at 48 x 128) added to hist at the end
+ * (and every HIST32_ROWS rows, so no count wraps).
  */
+#define HIST32_ROWS ((Py_ssize_t)1 << 28) /* 2**28 rows x 8 ids < 2**32 counts per bin */
 R3_TARGET_AVX2 static void stats_i32_k8_avx2(const char *base, Py_ssize_t R, Py_ssize_t L, Py_ssize_t s0,
                                              int is_signed, int64_t *top, uint8_t *repeated, int64_t *hist,
                                              Py_ssize_t nbins, const uint8_t *mask) {
@@ -318,6 +321,9 @@ R3_TARGET_AVX2 static void stats_i32_k8_avx2(const char *base, Py_ssize_t R, Py_
     const __m256i rot4 = _mm256_setr_epi32(4, 5, 6, 7, 0, 1, 2, 3);
     Py_ssize_t r, l;
     int i;
+    /* the uint32 copy of hist (NULL: counted straight into hist, when nbins is past 2**31 or no memory) */
+    uint32_t *h32 = hist && nbins > 0 && nbins <= ((Py_ssize_t)1 << 31) && L > 0
+                        ? (uint32_t *)calloc((size_t)(L * nbins), sizeof(uint32_t)) : NULL;
     for (r = 0; r < R; r++) {
         const char *row = base + r * s0;
         for (l = 0; l < L; l++) {
@@ -337,7 +343,17 @@ R3_TARGET_AVX2 static void stats_i32_k8_avx2(const char *base, Py_ssize_t R, Py_
                           : _mm256_max_epu32(m, _mm256_permutevar8x32_epi32(m, rot1));
             const int32_t lane = _mm256_cvtsi256_si32(m);
             top[cell] = is_signed ? (int64_t)lane : (int64_t)(uint32_t)lane;
-            if (hist && (!mask || mask[cell])) {
+            if (h32 && (!mask || mask[cell])) {
+                /* as uint32, a negative int32 id is >= 2**31 >= nbins: not counted, as below */
+                uint32_t *h = h32 + l * nbins;
+                uint32_t w[8];
+                memcpy(w, p, sizeof w);
+                for (i = 0; i < 8; i++) {
+                    if (w[i] < (uint32_t)nbins) {
+                        h[w[i]]++;
+                    }
+                }
+            } else if (hist && (!mask || mask[cell])) {
                 int64_t *h = hist + l * nbins;
                 int32_t w[8];
                 memcpy(w, p, sizeof w);
@@ -349,7 +365,14 @@ R3_TARGET_AVX2 static void stats_i32_k8_avx2(const char *base, Py_ssize_t R, Py_
                 }
             }
         }
+        if (h32 && ((r + 1) % HIST32_ROWS == 0 || r + 1 == R)) {
+            for (Py_ssize_t j = 0; j < L * nbins; j++) {
+                hist[j] += h32[j];
+            }
+            memset(h32, 0, (size_t)(L * nbins) * sizeof *h32);
+        }
     }
+    free(h32);
 }
 #endif
 

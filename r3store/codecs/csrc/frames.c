@@ -277,28 +277,40 @@ PyObject *py_check_frame(PyObject *self, PyObject *args) {
 }
 
 R3_DOC(decode_frames_doc, "decode_frames(blob, starts, lengths, bits, out, rows, layers, chunk_rows,\n"
-"layers_per_chunk, prefix_crc, row_chunks, layer_chunks, check_tags) -> int\n\n"
+"layers_per_chunk, prefix_crc, row_chunks, layer_chunks, check_tags, row_first=None,\n"
+"row_count=None) -> int\n\n"
 "Check and decode many r3store.bitpack frames of one storage object straight into their\n"
 "places in out, a C-contiguous integer array (n, L, K) of 1-, 2- or 4-byte words. Frame f\n"
 "is blob[starts[f] : starts[f] + lengths[f]]; it must hold chunk_rows * layers_per_chunk * K\n"
 "ids and lands in out[rows[f] : rows[f] + chunk_rows, layers[f] : layers[f] + layers_per_chunk]\n"
 "(ids past its n_encoded are 0). With check_tags its position tag must be the CRC-32C of\n"
 "the text '<prefix>/<row_chunks[f]>/<layer_chunks[f]>', given prefix_crc = crc32c(prefix +\n"
-"'/'). starts ... layer_chunks: C-contiguous int64 arrays of one length. Returns -1 when\n"
+"'/'). row_first, row_count (None, or int64 arrays like starts): only the chunk's rows\n"
+"[row_first[f], row_first[f] + row_count[f]) are written, to out rows [rows[f], rows[f] +\n"
+"row_count[f]) (default: every row); the whole frame is still checked.\n"
+"starts ... layer_chunks: C-contiguous int64 arrays of one length. Returns -1 when\n"
 "every frame decoded, else the index of the first frame that failed a check or lies\n"
 "outside blob or out (frames before it are decoded; the caller names the fault).");
 
 
 PyObject *py_decode_frames(PyObject *self, PyObject *args) {
-    PyObject *blob_obj, *out_obj, *arr_obj[6];
-    const char *names[6] = {"starts", "lengths", "rows", "layers", "row_chunks", "layer_chunks"};
+    PyObject *blob_obj, *out_obj, *arr_obj[8] = {NULL, NULL, NULL, NULL, NULL, NULL, Py_None, Py_None};
+    const char *names[8] = {"starts", "lengths", "rows", "layers", "row_chunks", "layer_chunks", "row_first",
+                            "row_count"};
     int bits, check_tags, i, ok = 1;
     Py_ssize_t chunk_rows, lpc, f, failed = -1;
     unsigned long prefix_crc;
-    Py_buffer blob, out, arr[6];
-    if (!PyArg_ParseTuple(args, "OOOiOOOnnkOOp", &blob_obj, &arr_obj[0], &arr_obj[1], &bits, &out_obj, &arr_obj[2],
-                          &arr_obj[3], &chunk_rows, &lpc, &prefix_crc, &arr_obj[4], &arr_obj[5], &check_tags)
+    Py_buffer blob, out, arr[8];
+    if (!PyArg_ParseTuple(args, "OOOiOOOnnkOOp|OO", &blob_obj, &arr_obj[0], &arr_obj[1], &bits, &out_obj, &arr_obj[2],
+                          &arr_obj[3], &chunk_rows, &lpc, &prefix_crc, &arr_obj[4], &arr_obj[5], &check_tags,
+                          &arr_obj[6], &arr_obj[7])
         || check_bits(bits) < 0) {
+        return NULL;
+    }
+    /* the row ranges come together or not at all */
+    const int narr = arr_obj[6] != Py_None || arr_obj[7] != Py_None ? 8 : 6;
+    if (narr == 8 && (arr_obj[6] == Py_None || arr_obj[7] == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "decode_frames: give both row_first and row_count, or neither");
         return NULL;
     }
     if (get_bytes_buffer(blob_obj, &blob) < 0) {
@@ -308,7 +320,7 @@ PyObject *py_decode_frames(PyObject *self, PyObject *args) {
         PyBuffer_Release(&blob);
         return NULL;
     }
-    for (i = 0; i < 6 && ok; i++) {
+    for (i = 0; i < narr && ok; i++) {
         if (get_i64_array(arr_obj[i], &arr[i], names[i]) < 0) {
             ok = 0;
             break;
@@ -349,6 +361,8 @@ PyObject *py_decode_frames(PyObject *self, PyObject *args) {
         const int64_t *st = (const int64_t *)arr[0].buf, *ln = (const int64_t *)arr[1].buf;
         const int64_t *rw = (const int64_t *)arr[2].buf, *ly = (const int64_t *)arr[3].buf;
         const int64_t *rc = (const int64_t *)arr[4].buf, *lc = (const int64_t *)arr[5].buf;
+        const int64_t *rf = narr == 8 ? (const int64_t *)arr[6].buf : NULL;
+        const int64_t *rn = narr == 8 ? (const int64_t *)arr[7].buf : NULL;
         const int osize = type_size[otype];
         const conv_fn conv = conv_table[T_U32][otype];
         char *base = (char *)out.buf;
@@ -356,8 +370,9 @@ PyObject *py_decode_frames(PyObject *self, PyObject *args) {
         for (f = 0; f < n; f++) {
             uint32_t nt = 0, ne = 0, tag = 0;
             int hdr = 0;
-            if (st[f] < 0 || ln[f] < 0 || st[f] > blob.len - ln[f] || rw[f] < 0 || rw[f] > N - chunk_rows
-                || ly[f] < 0 || ly[f] > L - lpc) {
+            const Py_ssize_t r0 = rf ? (Py_ssize_t)rf[f] : 0, nr = rn ? (Py_ssize_t)rn[f] : chunk_rows;
+            if (st[f] < 0 || ln[f] < 0 || st[f] > blob.len - ln[f] || r0 < 0 || nr < 0 || r0 > chunk_rows - nr
+                || rw[f] < 0 || rw[f] > N - nr || ly[f] < 0 || ly[f] > L - lpc) {
                 failed = f;
                 break;
             }
@@ -377,25 +392,25 @@ PyObject *py_decode_frames(PyObject *self, PyObject *args) {
             }
             if (osize == 4 && width % 8 == 0 && (Py_ssize_t)ne == n_total) {
                 /* every row of the chunk is byte-aligned in the payload: unpacked straight into out */
-                const uint8_t *pl = d + hdr;
-                const Py_ssize_t plen = (Py_ssize_t)ln[f] - hdr, row_bytes = width / 8 * bits;
+                const Py_ssize_t row_bytes = width / 8 * bits, plen = (Py_ssize_t)ln[f] - hdr - r0 * row_bytes;
+                const uint8_t *pl = d + hdr + r0 * row_bytes; /* chunk row r0 onwards */
                 uint32_t *o0 = (uint32_t *)(base + ((rw[f] * L + ly[f]) * K) * osize);
-                Py_ssize_t r = unpack_rows4(pl, plen, chunk_rows, width / 8, bits, o0, L * K);
-                for (; r < chunk_rows; r++) {
+                Py_ssize_t r = unpack_rows4(pl, plen, nr, width / 8, bits, o0, L * K);
+                for (; r < nr; r++) {
                     unpack_contig(pl + r * row_bytes, plen - r * row_bytes, width, bits, (char *)(o0 + r * L * K), 4);
                 }
                 continue;
             }
             unpack_contig(d + hdr, (Py_ssize_t)ln[f] - hdr, (Py_ssize_t)ne, bits, (char *)stage, 4);
             memset(stage + ne, 0, (size_t)(n_total - (Py_ssize_t)ne) * 4);
-            for (Py_ssize_t r = 0; r < chunk_rows; r++) {
-                conv((const char *)(stage + r * width), 4, base + (((rw[f] + r) * L + ly[f]) * K) * osize, width);
+            for (Py_ssize_t r = 0; r < nr; r++) {
+                conv((const char *)(stage + (r0 + r) * width), 4, base + (((rw[f] + r) * L + ly[f]) * K) * osize, width);
             }
         }
         Py_END_ALLOW_THREADS
         free(stage);
     }
-    for (i = 0; i < 6; i++) {
+    for (i = 0; i < narr; i++) {
         PyBuffer_Release(&arr[i]);
     }
     PyBuffer_Release(&blob);
