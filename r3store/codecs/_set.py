@@ -202,8 +202,17 @@ class SetCodec(Codec):
                                 or not out.flags.writeable):
             raise FormatError(_FRAME, f"out must be a writable integer array, got {getattr(out, 'dtype', out)!r}")
         native = kernels.native_module()
-        native = native if native is not None and hasattr(native, "set_check") else None
+        native = native if native is not None and hasattr(native, "set_decode_frames") else None
         p = self.params
+        if native is not None and (out is None or out.dtype.isnative) and (tag is None or 0 <= tag < 1 << 32):
+            # one call checks everything (CRC, sizes, tag, payload) and decodes; a frame that
+            # fails is checked again below, which names its fault
+            n = int(data[8:12].view("<u4")[0]) if data.size >= SET_HEADER.size else 0
+            if out is not None or n <= MAX_DECODE_IDS:
+                dest = out if out is not None else np.empty(n, dtype=np.int32)
+                if not native.set_decode(data, p.num_experts, p.top_k, p.block_rows, dest,
+                                         -1 if tag is None else tag):
+                    return dest
         if native is not None:
             check = SetCheck(*native.set_check(data, p.num_experts, p.top_k, p.block_rows))
         else:
@@ -228,6 +237,76 @@ class SetCodec(Codec):
         if status:
             raise FormatError(_FRAME, _PAYLOAD_FAULTS.get(status, f"invalid payload (check {status})"))
         return out
+
+    def decode_frames(self, blob: bytes | memoryview | np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                      out: np.ndarray, rows: np.ndarray, layers: np.ndarray, *, chunk_rows: int,
+                      layers_per_chunk: int, tag_prefix: str | None = None, row_chunks: np.ndarray | None = None,
+                      layer_chunks: np.ndarray | None = None) -> int:
+        """Check and decode a run of frames into their places in ``out``
+        (:class:`r3store.codecs.SupportsBatchDecode`; the arguments are told there).
+
+        One C call (GIL released) where the kernels are built and ``out`` is in native byte
+        order, else frame by frame with :meth:`decode`; each frame gets every check
+        :meth:`decode` makes (CRC-32C, header, sizes, payload, and with ``tag_prefix`` its
+        position tag). Set rows land ascending, as :meth:`decode` returns them.
+
+        Returns
+        -------
+        int
+            -1 when every frame decoded, else the index of the first frame that failed a
+            check or lies outside ``blob`` or ``out`` (the frames before it are decoded, the
+            others untouched): :meth:`decode` of that frame names the fault.
+
+        Raises
+        ------
+        r3store.errors.CodecError
+            Arguments of the wrong type, dtype or shape, or a chunk of other than 1 to
+            ``2**26`` ids.
+        """
+        data = np.frombuffer(blob, dtype=np.uint8) if not isinstance(blob, np.ndarray) \
+            else blob.view(np.uint8).reshape(-1)
+        cols = [np.ascontiguousarray(a, dtype=np.int64) for a in (starts, lengths, rows, layers)]
+        n = cols[0].size
+        check = tag_prefix is not None
+        rc = np.ascontiguousarray(row_chunks if row_chunks is not None else np.zeros(n), dtype=np.int64)
+        lc = np.ascontiguousarray(layer_chunks if layer_chunks is not None else np.zeros(n), dtype=np.int64)
+        if not (isinstance(out, np.ndarray) and out.ndim == 3 and out.dtype.kind in "iu" and out.dtype.itemsize <= 4
+                and out.flags.c_contiguous and out.flags.writeable and all(a.size == n for a in (*cols, rc, lc))
+                and (not check or (row_chunks is not None and layer_chunks is not None))):
+            raise CodecError(self.codec_id, "decode_frames needs a writable C-contiguous 3-D out of 1-, 2- or 4-byte "
+                                            "integers and int64 arrays of one length")
+        ints = all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in (chunk_rows, layers_per_chunk))
+        if not ints or not 1 <= int(layers_per_chunk) <= out.shape[1] or not \
+                1 <= int(chunk_rows) * int(layers_per_chunk) * out.shape[2] <= kernels.MAX_CHUNK_IDS:
+            raise CodecError(self.codec_id, f"decode_frames needs int chunk_rows and layers_per_chunk (at most the "
+                                            f"out's layers) whose chunk holds 1 to 2**26 ids, got chunk_rows="
+                                            f"{chunk_rows!r}, layers_per_chunk={layers_per_chunk!r}")
+        cr, lpc = int(chunk_rows), int(layers_per_chunk)
+        native = kernels.native_module()
+        p = self.params
+        if native is not None and hasattr(native, "set_decode_frames") and out.dtype.isnative:
+            prefix_crc = int(google_crc32c.value(f"{tag_prefix}/".encode())) if check else 0
+            return int(native.set_decode_frames(data, cols[0], cols[1], p.num_experts, p.top_k, p.block_rows, out,
+                                                cols[2], cols[3], cr, lpc, prefix_crc, rc, lc, check))
+        return self._decode_frames_each(data, cols, out, cr, lpc, tag_prefix, rc, lc)
+
+    def _decode_frames_each(self, data: np.ndarray, cols: list[np.ndarray], out: np.ndarray, cr: int, lpc: int,
+                            tag_prefix: str | None, rc: np.ndarray, lc: np.ndarray) -> int:
+        """:meth:`decode_frames` one :meth:`decode` at a time (no kernels, or a byte-swapped ``out``)."""
+        n_rows, n_layers, k = out.shape
+        stage = np.empty(cr * lpc * k, dtype=np.int32)
+        for f, (start, size, row, layer) in enumerate(zip(*(c.tolist() for c in cols), strict=True)):
+            if start < 0 or size < 0 or start + size > data.size or not 0 <= row <= n_rows - cr \
+                    or not 0 <= layer <= n_layers - lpc:
+                return f
+            tag = None if tag_prefix is None else \
+                int(google_crc32c.value(f"{tag_prefix}/{int(rc[f])}/{int(lc[f])}".encode()))  # the position tag
+            try:
+                self.decode(data[start : start + size], out=stage, tag=tag)
+            except FormatError:
+                return f
+            out[row : row + cr, layer : layer + lpc] = stage.reshape(cr, lpc, k)
+        return -1
 
     @staticmethod
     def frame_size(buf: bytes | memoryview | np.ndarray) -> int:

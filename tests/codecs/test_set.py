@@ -10,6 +10,7 @@ import google_crc32c
 import numpy as np
 import pytest
 
+from r3store._format import position_tag
 from r3store.codecs import Codec, SetCodec, get_codec, kernels
 from r3store.codecs._set_numpy import block_rows, encode_set_frame_numpy, set_params
 from r3store.errors import ChecksumError, CodecError, FormatError
@@ -275,3 +276,98 @@ def test_golden_frames(name: str) -> None:
     check_golden(FIXTURES, name)
     with kernels.use("numpy"):
         check_golden(FIXTURES, name)
+
+
+# -- batch decode (SupportsBatchDecode) ---------------------------------------------------
+
+
+def _set_frames(codec: SetCodec, rng: np.random.Generator, cr: int, lpc: int, layers: int,
+                places: list[tuple[int, int]]) -> tuple[bytes, dict[str, np.ndarray], np.ndarray]:
+    """Bound frames of random set rows (some zero, some exceptions) at ``places`` (row chunk,
+    layer chunk), back to back; the arguments of decode_frames and the expected out."""
+    k = codec.top_k
+    blob, cols = b"", {c: [] for c in ("starts", "lengths", "rows", "layers", "row_chunks", "layer_chunks")}
+    want = np.zeros(((max(r for r, _ in places) + 1) * cr, layers, k), np.int64)
+    for f, (r, b) in enumerate(places):
+        ids = random_sets(rng, cr * lpc, codec.num_experts, k).astype(np.int64)
+        ids[rng.random(len(ids)) < 0.1] = 0
+        ids[f % len(ids)] = [1] * k  # an exception row (an id repeated)
+        if f % 2:
+            ids[len(ids) // 2 :] = 0  # trailing zero rows, not stored
+        frame = codec.encode(ids, tag=position_tag("w-1", r, b))
+        for c, v in zip(cols, (len(blob), len(frame), r * cr, b * lpc, r, b), strict=True):
+            cols[c].append(v)
+        blob += frame
+        want[r * cr : (r + 1) * cr, b * lpc : (b + 1) * lpc] = as_sets(ids, codec.num_experts, k).reshape(cr, lpc, k)
+    return blob, {c: np.array(v, np.int64) for c, v in cols.items()}, want
+
+
+@pytest.mark.parametrize("implementation", ["native", "numpy"])
+@pytest.mark.parametrize(("num_experts", "top_k", "cr", "lpc", "layers"),
+                         [(64, 6, 16, 4, 8), (256, 8, 8, 2, 2), (1024, 16, 3, 1, 2), (8, 2, 5, 3, 3)])
+def test_decode_frames_lands_each_frame_where_decode_would(implementation: str, num_experts: int, top_k: int,
+                                                           cr: int, lpc: int, layers: int) -> None:
+    """Straight into an int32 out whose layers are one chunk, through a stage otherwise;
+    every output dtype holding the ids; places outside the frames untouched."""
+    if implementation == "native" and not NATIVE:
+        pytest.skip("the C extension is not built")
+    codec = SetCodec(num_experts, top_k)
+    places = [(r, b) for r in (2, 0, 3) for b in range(layers // lpc)]
+    blob, cols, want = _set_frames(codec, np.random.default_rng(num_experts + lpc), cr, lpc, layers, places)
+    touched = np.zeros(want.shape[:2], bool)
+    for r, b in places:
+        touched[r * cr : (r + 1) * cr, b * lpc : (b + 1) * lpc] = True
+    for dtype in ("int32", "uint16", "int16", "uint8", "uint32"):
+        if np.iinfo(dtype).max < (1 << codec.bits) - 1:
+            continue
+        out = np.full(want.shape, 77, dtype)
+        with kernels.use(implementation):
+            got = codec.decode_frames(blob, out=out, chunk_rows=cr, layers_per_chunk=lpc, tag_prefix="w-1", **cols)
+        assert got == -1
+        np.testing.assert_array_equal(out[touched], want[touched])
+        assert (out[~touched] == 77).all()
+
+
+@pytest.mark.parametrize("implementation", ["native", "numpy"])
+@pytest.mark.parametrize("fault", ["payload", "tag", "size", "shape"])
+def test_decode_frames_stops_at_a_forged_frame(implementation: str, fault: str) -> None:
+    """A frame with a valid CRC but a bad payload, another position's tag, another chunk size
+    or another codec shape stops the batch at its index, out past it untouched."""
+    if implementation == "native" and not NATIVE:
+        pytest.skip("the C extension is not built")
+    codec = SetCodec(100, 2)
+    places = [(0, 0), (1, 0), (2, 0)]
+    blob, cols, want = _set_frames(codec, np.random.default_rng(5), 4, 3, 3, places)
+    start, size = int(cols["starts"][1]), int(cols["lengths"][1])
+    frame = blob[start : start + size]
+    if fault == "payload":
+        bad = _ones(frame, 32, 37)  # the first block out of range
+    elif fault == "tag":
+        bad = codec.encode(want[4:8], tag=position_tag("w-1", 2, 0))
+    elif fault == "size":
+        bad = codec.encode(want[4:7], tag=position_tag("w-1", 1, 0))
+    else:
+        bad = SetCodec(100, 3).encode(want[4:8].reshape(-1), tag=position_tag("w-1", 1, 0))
+    blob = blob[:start] + bad + b"\0" * max(0, size - len(bad))
+    cols["lengths"][1] = len(bad)
+    cols["starts"][2] = len(blob)
+    blob += b"\0" * 8
+    out = np.full(want.shape, 77, np.int32)
+    with kernels.use(implementation):
+        got = codec.decode_frames(blob, out=out, chunk_rows=4, layers_per_chunk=3, tag_prefix="w-1", **cols)
+    assert got == 1
+    np.testing.assert_array_equal(out[:4], want[:4])
+    assert (out[4:] == 77).all()
+
+
+def test_decode_frames_refuses_bad_arguments() -> None:
+    codec = SetCodec(64, 6)
+    zeros = np.zeros(1, np.int64)
+    args = {"starts": zeros, "lengths": zeros, "rows": zeros, "layers": zeros}
+    with pytest.raises(CodecError, match="C-contiguous 3-D"):
+        codec.decode_frames(b"", out=np.zeros((4, 2), np.int32), chunk_rows=1, layers_per_chunk=1, **args)
+    with pytest.raises(CodecError, match="chunk_rows"):
+        codec.decode_frames(b"", out=np.zeros((4, 2, 6), np.int32), chunk_rows=1, layers_per_chunk=3, **args)
+    with pytest.raises(CodecError, match="C-contiguous 3-D"):
+        codec.decode_frames(b"", out=np.zeros((4, 2, 6), np.int32), chunk_rows=1, layers_per_chunk=1,
+                            tag_prefix="w-1", **args)

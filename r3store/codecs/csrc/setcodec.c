@@ -697,17 +697,18 @@ PyObject *py_set_check(PyObject *self, PyObject *args) {
                          (unsigned long)tag);
 }
 
-R3_DOC(set_decode_doc, "set_decode(buf, num_experts, top_k, block_rows, out) -> int\n\n"
+R3_DOC(set_decode_doc, "set_decode(buf, num_experts, top_k, block_rows, out, tag=-1) -> int\n\n"
 "Check and decode an r3store.set frame into out (any integer type and layout, exactly\n"
 "n_total elements, C order). Returns 0, or the number of the first failed check (1..10;\n"
-"out is then untouched).");
+"11: the frame's position tag is not tag, when tag >= 0; out is then untouched).");
 
 PyObject *py_set_decode(PyObject *self, PyObject *args) {
     PyObject *obj, *out_obj;
     int E, k, m, owned, status;
     Py_buffer b, out;
     uint32_t n_total = 0, n_rows = 0, n_except = 0, tag = 0;
-    if (!PyArg_ParseTuple(args, "OiiiO", &obj, &E, &k, &m, &out_obj)) return NULL;
+    long long want_tag = -1;
+    if (!PyArg_ParseTuple(args, "OiiiO|L", &obj, &E, &k, &m, &out_obj, &want_tag)) return NULL;
     set_tab *t = tab_get(E, k, m, &owned);
     if (!t) return NULL;
     if (get_bytes_buffer(obj, &b) < 0) {
@@ -728,6 +729,7 @@ PyObject *py_set_decode(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     status = set_status(t, d, b.len, &n_total, &n_rows, &n_except, &tag);
     if (!status && (Py_ssize_t)n_total != c.total) status = 5;
+    if (!status && want_tag >= 0 && (long long)tag != want_tag) status = 11;
     if (!status) status = set_payload_status(t, d + SET_HEADER, (size_t)(b.len - SET_HEADER), n_total, n_rows, n_except);
     if (!status) {
         int32_t *dst = direct ? (int32_t *)out.buf : (tmp = malloc((size_t)n_total * sizeof(int32_t) + 4));
@@ -745,4 +747,133 @@ PyObject *py_set_decode(PyObject *self, PyObject *args) {
     if (owned) tab_free(t);
     if (status < 0) return PyErr_NoMemory();
     return PyLong_FromLong(status);
+}
+
+R3_DOC(set_decode_frames_doc, "set_decode_frames(blob, starts, lengths, num_experts, top_k, block_rows, out, rows,\n"
+"layers, chunk_rows, layers_per_chunk, prefix_crc, row_chunks, layer_chunks, check_tags) -> int\n\n"
+"Check and decode many r3store.set frames of one storage object straight into their places\n"
+"in out, a C-contiguous integer array (n, L, K) of 1-, 2- or 4-byte words, as decode_frames\n"
+"does for r3store.bitpack: frame f is blob[starts[f] : starts[f] + lengths[f]], holds\n"
+"chunk_rows * layers_per_chunk * K ids and lands in out[rows[f] : rows[f] + chunk_rows,\n"
+"layers[f] : layers[f] + layers_per_chunk]; with check_tags its position tag must be the\n"
+"CRC-32C of '<prefix>/<row_chunks[f]>/<layer_chunks[f]>' (prefix_crc = crc32c(prefix + '/')).\n"
+"Every check of set_decode is made. Returns -1 when every frame decoded, else the index of\n"
+"the first frame that failed a check or lies outside blob or out (frames before it are\n"
+"decoded, the others untouched; the caller names the fault).");
+
+PyObject *py_set_decode_frames(PyObject *self, PyObject *args) {
+    PyObject *blob_obj, *out_obj, *arr_obj[6];
+    const char *names[6] = {"starts", "lengths", "rows", "layers", "row_chunks", "layer_chunks"};
+    int E, k, m, owned = 0, check_tags, i, ok = 1;
+    Py_ssize_t chunk_rows, lpc, f, failed = -1;
+    unsigned long prefix_crc;
+    Py_buffer blob, out, arr[6];
+    if (!PyArg_ParseTuple(args, "OOOiiiOOOnnkOOp", &blob_obj, &arr_obj[0], &arr_obj[1], &E, &k, &m, &out_obj,
+                          &arr_obj[2], &arr_obj[3], &chunk_rows, &lpc, &prefix_crc, &arr_obj[4], &arr_obj[5],
+                          &check_tags)) {
+        return NULL;
+    }
+    set_tab *t = tab_get(E, k, m, &owned);
+    if (!t) return NULL;
+    if (get_bytes_buffer(blob_obj, &blob) < 0) {
+        if (owned) tab_free(t);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&blob);
+        if (owned) tab_free(t);
+        return NULL;
+    }
+    for (i = 0; i < 6; i++) {
+        if (get_i64_array(arr_obj[i], &arr[i], names[i]) < 0) {
+            ok = 0;
+            break;
+        }
+        if (arr[i].len != arr[0].len) {
+            PyErr_Format(PyExc_ValueError, "%s has another length than starts", names[i]);
+            PyBuffer_Release(&arr[i]);
+            ok = 0;
+            break;
+        }
+    }
+    if (!ok) {
+        while (--i >= 0) PyBuffer_Release(&arr[i]);
+        PyBuffer_Release(&blob);
+        PyBuffer_Release(&out);
+        if (owned) tab_free(t);
+        return NULL;
+    }
+    const int otype = buffer_type(&out);
+    if (out.ndim != 3 || otype < 0 || type_size[otype] > 4 || chunk_rows < 1 || lpc < 1 || lpc > out.shape[1]) {
+        PyErr_SetString(PyExc_ValueError, "set_decode_frames: out must be a 3-D array of 1-, 2- or 4-byte integers "
+                                          "and 1 <= layers_per_chunk <= its layers");
+        ok = 0;
+    }
+    const Py_ssize_t N = ok ? out.shape[0] : 0, L = ok ? out.shape[1] : 0, K = ok ? out.shape[2] : 0;
+    const Py_ssize_t n_total = chunk_rows * lpc * K, width = lpc * K, n = arr[0].len / 8;
+    int32_t *stage = NULL;
+    if (ok && (n_total <= 0 || n_total > ((Py_ssize_t)1 << 26))) {
+        PyErr_SetString(PyExc_ValueError, "set_decode_frames: chunk of more than 2**26 ids");
+        ok = 0;
+    }
+    if (ok && !(stage = (int32_t *)malloc((size_t)n_total * 4 + 4))) {
+        PyErr_NoMemory();
+        ok = 0;
+    }
+    if (ok) {
+        const int64_t *st = (const int64_t *)arr[0].buf, *ln = (const int64_t *)arr[1].buf;
+        const int64_t *rw = (const int64_t *)arr[2].buf, *ly = (const int64_t *)arr[3].buf;
+        const int64_t *rc = (const int64_t *)arr[4].buf, *lc = (const int64_t *)arr[5].buf;
+        const int osize = type_size[otype];
+        const int direct = (otype == T_I32 || otype == T_U32) && lpc == L; /* a chunk is one run of out */
+        const conv_fn conv = conv_table[T_I32][otype];
+        char *base = (char *)out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (f = 0; f < n; f++) {
+            uint32_t nt = 0, nr = 0, ne = 0, tag = 0;
+            if (st[f] < 0 || ln[f] < 0 || st[f] > blob.len - ln[f] || rw[f] < 0 || rw[f] > N - chunk_rows
+                || ly[f] < 0 || ly[f] > L - lpc) {
+                failed = f;
+                break;
+            }
+            const uint8_t *d = (const uint8_t *)blob.buf + st[f];
+            const Py_ssize_t len = (Py_ssize_t)ln[f];
+            if (set_status(t, d, len, &nt, &nr, &ne, &tag) || (Py_ssize_t)nt != n_total) {
+                failed = f;
+                break;
+            }
+            if (check_tags) {
+                char text[48];
+                int tl = snprintf(text, sizeof text, "%lld/%lld", (long long)rc[f], (long long)lc[f]);
+                if (tl <= 0 || tl >= (int)sizeof text
+                    || crc32c_extend((uint32_t)prefix_crc, (const uint8_t *)text, (size_t)tl) != tag) {
+                    failed = f;
+                    break;
+                }
+            }
+            const uint8_t *pl = d + SET_HEADER;
+            const size_t plen = (size_t)(len - SET_HEADER);
+            if (set_payload_status(t, pl, plen, nt, nr, ne)) {
+                failed = f;
+                break;
+            }
+            char *o0 = base + ((rw[f] * L + ly[f]) * K) * osize;
+            if (direct) {
+                set_decode_into(t, pl, plen, nt, nr, ne, (int32_t *)o0);
+                continue;
+            }
+            set_decode_into(t, pl, plen, nt, nr, ne, stage);
+            for (Py_ssize_t r = 0; r < chunk_rows; r++) {
+                conv((const char *)(stage + r * width), 4, o0 + r * L * K * osize, width);
+            }
+        }
+        Py_END_ALLOW_THREADS
+        free(stage);
+    }
+    for (i = 0; i < 6; i++) PyBuffer_Release(&arr[i]);
+    PyBuffer_Release(&blob);
+    PyBuffer_Release(&out);
+    if (owned) tab_free(t);
+    if (!ok) return NULL;
+    return PyLong_FromSsize_t(failed);
 }
