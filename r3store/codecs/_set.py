@@ -150,6 +150,12 @@ class SetCodec(Codec):
             An id lies outside ``[0, 2**bits)``, ``ids`` is not integer or holds ``2**32``
             ids or more, or ``tag`` is out of range.
         """
+        native = kernels.native_module()
+        if native is not None and type(ids) is np.ndarray and ids.dtype.kind in "iu" and ids.dtype.isnative \
+                and type(tag) is int and 0 <= tag < 1 << 32 and ids.size < 1 << 32:
+            frame = native.set_encode(ids, self.num_experts, self.top_k, self.params.block_rows, tag)
+            if frame is not None:  # the hot path (writers); None: an id out of range, named below
+                return frame
         arr = np.asarray(ids)
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
             raise CodecError(self.codec_id, f"ids must be integers, got dtype {arr.dtype}")
@@ -157,7 +163,6 @@ class SetCodec(Codec):
             raise CodecError(self.codec_id, f"tag must be an int in [0, 2**32), got {tag!r}")
         if arr.size >= 1 << 32:
             raise CodecError(self.codec_id, f"a frame holds fewer than 2**32 ids, got {arr.size}")
-        native = kernels.native_module()
         frame: bytes | None
         if native is not None and hasattr(native, "set_encode") and arr.dtype.kind in "iu" and arr.dtype.isnative:
             frame = native.set_encode(arr, self.num_experts, self.top_k, self.params.block_rows, int(tag))
@@ -196,12 +201,21 @@ class SetCodec(Codec):
             writable integer array; or, without ``out``, the frame declares more than
             :data:`MAX_DECODE_IDS` ids.
         """
+        native = kernels.native_module()
+        if native is not None and type(out) is np.ndarray and out.dtype.kind in "iu" and out.flags.writeable \
+                and out.dtype.isnative and (tag is None or (type(tag) is int and 0 <= tag < 1 << 32)) \
+                and type(buf) is bytes:
+            # the hot path (readers, the loader): one kernel call checks everything (CRC-32C,
+            # header, sizes, tag, payload) and decodes; a frame failing it is checked again
+            # below, which names the fault
+            p = self.params
+            if not native.set_decode(buf, p.num_experts, p.top_k, p.block_rows, out, -1 if tag is None else tag):
+                return out
         data = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) \
             else buf.view(np.uint8).reshape(-1)
         if out is not None and (not isinstance(out, np.ndarray) or out.dtype.kind not in "iu"
                                 or not out.flags.writeable):
             raise FormatError(_FRAME, f"out must be a writable integer array, got {getattr(out, 'dtype', out)!r}")
-        native = kernels.native_module()
         native = native if native is not None and hasattr(native, "set_decode_frames") else None
         p = self.params
         if native is not None and (out is None or out.dtype.isnative) and (tag is None or 0 <= tag < 1 << 32):

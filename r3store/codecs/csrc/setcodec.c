@@ -331,6 +331,97 @@ typedef struct {
     Py_ssize_t digits_at_last; /* digits up to n_rows */
 } set_enc_t;
 
+/* One staged row into the encoder's lists: its digit, or an exception with its ids. */
+SET_INLINE void enc_row(set_enc_t *e, const int64_t *v, int kind, u128 rank, int64_t orv, Py_ssize_t row, const int k) {
+    const set_tab *t = e->t;
+    if (kind == 2) {
+        e->except[e->n_except++] = (uint32_t)row;
+        for (int j = 0; j < k; j++) e->raw[e->n_raw++] = (int16_t)v[j];
+    } else {
+        if (kind == 1) rank = t->sets;
+        if (t->narrow) {
+            ((uint64_t *)e->digits)[e->n_digits++] = (uint64_t)rank;
+        } else {
+            ((u128 *)e->digits)[e->n_digits++] = rank;
+        }
+    }
+    if (orv) { /* rows after the last non-zero one are not stored */
+        e->n_rows = row + 1;
+        e->digits_at_last = e->n_digits;
+    }
+}
+
+#ifdef R3_X86
+/* The AVX2/BMI2 classifier of narrow codecs with E <= 256 (ids below 2**bits <= 256): the
+   row's ids become a bitmap (one word for E <= 64, four in a ymm register otherwise), whose
+   popcount finds repeated ids and whose ascending set bits are the sorted ids: the colex
+   position of id x is 1 + the set bits below x. Same digits as row_digit. */
+static inline __attribute__((always_inline)) R3_TARGET_AVX2 void classify_fast_k(
+    set_enc_t *e, const int64_t *stage, Py_ssize_t rows, Py_ssize_t row, const int k, const int four) {
+    const set_tab *t = e->t;
+    const uint64_t *c64 = t->c64;
+    const int stride = t->stride, E = t->E;
+    const __m256i offs = _mm256_setr_epi64x(0, 64, 128, 192), ones = _mm256_set1_epi64x(1);
+    for (Py_ssize_t r = 0; r < rows; r++, row++) {
+        const int64_t *v = stage + r * k;
+        uint64_t orv = 0, rank = 0;
+        int kind = 0;
+        if (!four) {
+            uint64_t bm = 0;
+            for (int j = 0; j < k; j++) {
+                orv |= (uint64_t)v[j];
+                bm |= (uint64_t)1 << (v[j] & 63);
+            }
+            if (!orv && k >= 2) {
+                kind = 1;
+            } else if ((int)_mm_popcnt_u64(bm) != k || (E < 64 && (bm >> E))) {
+                kind = 2;
+            } else {
+                for (int i = 1; i <= k; i++) {
+                    rank += c64[i * stride + (int)_tzcnt_u64(bm)];
+                    bm = _blsr_u64(bm);
+                }
+            }
+        } else {
+            __m256i acc = _mm256_setzero_si256();
+            for (int j = 0; j < k; j++) {
+                orv |= (uint64_t)v[j];
+                acc = _mm256_or_si256(acc, _mm256_sllv_epi64(ones, _mm256_sub_epi64(_mm256_set1_epi64x(v[j]), offs)));
+            }
+            uint64_t w[4];
+            _mm256_storeu_si256((__m256i *)w, acc);
+            const int p1 = (int)_mm_popcnt_u64(w[0]), p2 = p1 + (int)_mm_popcnt_u64(w[1]);
+            const int p3 = p2 + (int)_mm_popcnt_u64(w[2]), total = p3 + (int)_mm_popcnt_u64(w[3]);
+            const int pre[4] = {1, p1 + 1, p2 + 1, p3 + 1};
+            int big = 0;
+            for (int j = 0; j < k; j++) big |= v[j] >= E;
+            if (!orv && k >= 2) {
+                kind = 1;
+            } else if (total != k || big) {
+                kind = 2;
+            } else {
+                for (int j = 0; j < k; j++) {
+                    const int x = (int)v[j];
+                    const int pos = pre[x >> 6] + (int)_mm_popcnt_u64(_bzhi_u64(w[x >> 6], (unsigned)(x & 63)));
+                    rank += c64[pos * stride + x];
+                }
+            }
+        }
+        enc_row(e, v, kind, (u128)rank, (int64_t)orv, row, k);
+    }
+}
+
+static R3_TARGET_AVX2 void classify_fast(set_enc_t *e, const int64_t *stage, Py_ssize_t rows, Py_ssize_t row) {
+    const int four = e->t->E > 64;
+    switch (e->t->k) {
+#define X(K) case K: if (four) classify_fast_k(e, stage, rows, row, K, 1); else classify_fast_k(e, stage, rows, row, K, 0); break;
+    SET_CASES(X)
+#undef X
+    default: break;
+    }
+}
+#endif
+
 /* Stage the ids (any type and layout) as int64 rows and classify them; 0 when an id is out of range. */
 static int encode_rows(set_enc_t *e, const Py_buffer *src, int type) {
     const set_tab *t = e->t;
@@ -342,6 +433,9 @@ static int encode_rows(set_enc_t *e, const Py_buffer *src, int type) {
     const Py_ssize_t per = (R3_CHUNK / k) * k;
     int64_t stage[R3_CHUNK];
     Py_ssize_t start, row = 0;
+#ifdef R3_X86
+    const int fast = use_avx2 && t->narrow && t->E <= 256;
+#endif
     for (start = 0; start < n; start += per) {
         Py_ssize_t cnt = n - start < per ? n - start : per, got = 0;
         while (got < cnt) {
@@ -358,6 +452,14 @@ static int encode_rows(set_enc_t *e, const Py_buffer *src, int type) {
         for (Py_ssize_t i = 0; i < cnt; i++) acc |= (uint64_t)stage[i];
         if (acc >= (uint64_t)hi) return 0;
         Py_ssize_t rows = cnt / k;
+#ifdef R3_X86
+        if (fast) {
+            classify_fast(e, stage, rows, row);
+            row += rows;
+            for (Py_ssize_t i = rows * k; i < cnt; i++) e->raw[e->n_raw++] = (int16_t)stage[i]; /* the tail */
+            continue;
+        }
+#endif
         for (Py_ssize_t r = 0; r < rows; r++, row++) {
             const int64_t *v = stage + r * k;
             u128 rank = 0;
