@@ -153,9 +153,9 @@ class SetCodec(Codec):
         native = kernels.native_module()
         if native is not None and type(ids) is np.ndarray and ids.dtype.kind in "iu" and ids.dtype.isnative \
                 and type(tag) is int and 0 <= tag < 1 << 32 and ids.size < 1 << 32:
-            frame = native.set_encode(ids, self.num_experts, self.top_k, self.params.block_rows, tag)
-            if frame is not None:  # the hot path (writers); None: an id out of range, named below
-                return frame
+            fast: bytes | None = native.set_encode(ids, self.num_experts, self.top_k, self.params.block_rows, tag)
+            if fast is not None:  # the hot path (writers); None: an id out of range, named below
+                return fast
         arr = np.asarray(ids)
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
             raise CodecError(self.codec_id, f"ids must be integers, got dtype {arr.dtype}")
