@@ -371,3 +371,28 @@ def test_decode_frames_refuses_bad_arguments() -> None:
     with pytest.raises(CodecError, match="C-contiguous 3-D"):
         codec.decode_frames(b"", out=np.zeros((4, 2, 6), np.int32), chunk_rows=1, layers_per_chunk=1,
                             tag_prefix="w-1", **args)
+
+
+AVX2 = NATIVE and bool(kernels.native_module().cpu_features()["avx2"])  # type: ignore[union-attr]
+
+
+@pytest.mark.skipif(not AVX2, reason="no AVX2 kernels here")
+@pytest.mark.parametrize(("num_experts", "top_k"), [(64, 6), (64, 1), (33, 5), (128, 8), (256, 8), (200, 16),
+                                                    (65, 2), (1, 1), (3, 2)])
+def test_avx2_kernels_equal_the_portable_c(num_experts: int, top_k: int) -> None:
+    """The AVX2/BMI2 bitmap classifier (E <= 256) and the portable C give the same frames and ids,
+    on sets, zero rows, repeated ids, ids in [E, 2**bits) and tails."""
+    rng = np.random.default_rng(num_experts * 7 + top_k)
+    codec = SetCodec(num_experts, top_k)
+    for dtype in ("int64", "uint16", "uint8"):
+        ids = _mixed_ids(rng, num_experts, top_k)
+        if dtype == "uint8" and ids.size and ids.max() > 255:
+            continue
+        ids = ids.astype(dtype)
+        with kernels.use("native-avx2"):
+            fast = codec.encode(ids)
+            fast_ids = codec.decode(fast)
+        with kernels.use("native"):
+            assert codec.encode(ids) == fast
+            np.testing.assert_array_equal(codec.decode(fast), fast_ids)
+        np.testing.assert_array_equal(fast_ids, as_sets(ids, num_experts, top_k))

@@ -17,7 +17,7 @@
 typedef unsigned __int128 u128;
 
 #define SET_HEADER 32
-#define SET_GUIDE_BITS 12
+#define SET_GUIDE_BITS 13
 #define SET_MAX_E 1024
 #define SET_MAX_K 16
 #define SET_MAX_M 64
@@ -265,19 +265,19 @@ static int row_digit(const set_tab *t, const int64_t *v, u128 *rank) {
    r - C(c, i)). The guide gives a c at most the answer, usually the answer or one below; a
    longer scan is rare. */
 SET_INLINE int find64(const set_tab *t, int i, uint64_t *r) {
-    const uint64_t *ci = t->c64 + i * t->stride;
+    const uint64_t *ci = t->c64 + (size_t)i * (size_t)t->stride;
     const uint64_t v = *r;
-    int c = t->guide[((size_t)i << SET_GUIDE_BITS) + (size_t)(v >> t->gshift[i])];
+    size_t c = t->guide[((size_t)i << SET_GUIDE_BITS) + (size_t)(v >> t->gshift[i])];
     const uint64_t a0 = ci[c], a1 = ci[c + 1], a2 = ci[c + 2]; /* loaded together: no second dependent load */
     if (__builtin_expect(a2 <= v, 0)) {
         c += 2;
         while (ci[c + 1] <= v) c++;
         *r = v - ci[c];
-        return c;
+        return (int)c;
     }
-    const int s = a1 <= v;
+    const size_t s = a1 <= v;
     *r = v - (s ? a1 : a0);
-    return c + s;
+    return (int)(c + s);
 }
 
 SET_INLINE int find128(const set_tab *t, int i, u128 r) {
@@ -653,30 +653,32 @@ static int set_payload_status(const set_tab *t, const uint8_t *p, size_t plen, u
 }
 
 #define SET_BATCH 256 /* digits decoded ahead */
+#ifndef SET_LANES
+#define SET_LANES 8 /* rows unranked in lockstep */
+#endif
 
 /* Unrank n narrow digits d[] into the rows dst[] (zero digits: k zeros), four at a time: independent
    chains of dependent loads the CPU overlaps. */
 SET_INLINE void unrank_batch64(const set_tab *t, const uint64_t *d, int32_t *const *dst, int n, const int k) {
     const uint64_t zero = k >= 2 ? (uint64_t)t->sets : UINT64_MAX;
     int q = 0;
-    for (; q + 4 <= n; q += 4) { /* four independent rows in registers, unrolled by hand */
-        uint64_t r0 = d[q] == zero ? 0 : d[q], r1 = d[q + 1] == zero ? 0 : d[q + 1];
-        uint64_t r2 = d[q + 2] == zero ? 0 : d[q + 2], r3 = d[q + 3] == zero ? 0 : d[q + 3];
-        int32_t *o0 = dst[q], *o1 = dst[q + 1], *o2 = dst[q + 2], *o3 = dst[q + 3];
-        for (int i = k; i >= 2; i--) {
-            const int c0 = find64(t, i, &r0), c1 = find64(t, i, &r1);
-            const int c2 = find64(t, i, &r2), c3 = find64(t, i, &r3);
-            o0[i - 1] = c0;
-            o1[i - 1] = c1;
-            o2[i - 1] = c2;
-            o3[i - 1] = c3;
+    for (; q + SET_LANES <= n; q += SET_LANES) { /* SET_LANES independent rows in registers */
+        uint64_t r[SET_LANES];
+        int32_t *o[SET_LANES];
+#pragma GCC unroll 16
+        for (int l = 0; l < SET_LANES; l++) {
+            r[l] = d[q + l] == zero ? 0 : d[q + l];
+            o[l] = dst[q + l];
         }
-        o0[0] = (int32_t)r0;
-        o1[0] = (int32_t)r1;
-        o2[0] = (int32_t)r2;
-        o3[0] = (int32_t)r3;
-        for (int l = 0; l < 4; l++) {
-            if (d[q + l] == zero) memset(dst[q + l], 0, (size_t)k * sizeof(int32_t));
+#pragma GCC unroll 16
+        for (int i = k; i >= 2; i--) {
+#pragma GCC unroll 16
+            for (int l = 0; l < SET_LANES; l++) o[l][i - 1] = find64(t, i, &r[l]);
+        }
+#pragma GCC unroll 16
+        for (int l = 0; l < SET_LANES; l++) {
+            o[l][0] = (int32_t)r[l];
+            if (d[q + l] == zero) memset(o[l], 0, (size_t)k * sizeof(int32_t));
         }
     }
     for (; q < n; q++) {
