@@ -9,8 +9,10 @@
  *
  * Ranks and blocks below 2**64 ("narrow") use 64-bit arithmetic; larger ones (E = 1024,
  * k = 16 needs 116 bits) unsigned __int128. Decoding a rank finds each id with a guide
- * table (the top bits of the remaining rank give the id to start from) and a short
- * upward scan of the C(c, i) table.
+ * table (the top 13 bits of the remaining rank give the id to start from) and a short
+ * upward scan of the C(c, i) table, eight rows in lockstep; for E <= 256 the last two ids
+ * come from one load of a pair table (rank below C(E, 2) -> both ids). Encoding on AVX2
+ * machines (E <= 256) sorts a row by a bitmap: popcounts give each id's colex position.
  */
 #include "r3k.h"
 
@@ -33,6 +35,7 @@ typedef struct {
     uint16_t *guide;               /* (k + 1) x 2**SET_GUIDE_BITS */
     uint64_t *c64;                 /* (k + 1) x stride: C(c, i), narrow */
     u128 *c128;                    /* the same, wide */
+    uint16_t *pair;                /* narrow, 2 <= k, E <= 256: rank r < C(E, 2) -> c_2 << 8 | c_1; else NULL */
 } set_tab;
 
 static int bitlen128(u128 x) {
@@ -49,6 +52,7 @@ static void tab_free(set_tab *t) {
     free(t->guide);
     free(t->c64);
     free(t->c128);
+    free(t->pair);
     free(t);
 }
 
@@ -100,6 +104,19 @@ static set_tab *tab_build(int E, int k, int m) {
             return (set_tab *)PyErr_NoMemory();
         }
         for (int i = 0; i < (k + 1) * stride; i++) t->c64[i] = t->c128[i] >> 64 ? UINT64_MAX : (uint64_t)t->c128[i];
+    }
+    if (t->narrow && k >= 2 && E <= 256) { /* the last two ids of a rank below C(E, 2) by one load */
+        const size_t n2 = (size_t)(E * (E - 1) / 2);
+        t->pair = malloc((n2 + 1) * sizeof(uint16_t));
+        if (!t->pair) {
+            tab_free(t);
+            return (set_tab *)PyErr_NoMemory();
+        }
+        size_t r = 0;
+        for (int c2 = 1; c2 < E; c2++) {
+            for (int c1 = 0; c1 < c2; c1++) t->pair[r++] = (uint16_t)(c2 << 8 | c1); /* colex order */
+        }
+        t->pair[n2] = 0;
     }
     for (int i = 1; i <= k; i++) { /* ranks at position i lie below C(E, i) */
         const u128 *ci = t->c128 + i * stride;
@@ -659,7 +676,9 @@ static int set_payload_status(const set_tab *t, const uint8_t *p, size_t plen, u
 
 /* Unrank n narrow digits d[] into the rows dst[] (zero digits: k zeros), four at a time: independent
    chains of dependent loads the CPU overlaps. */
-SET_INLINE void unrank_batch64(const set_tab *t, const uint64_t *d, int32_t *const *dst, int n, const int k) {
+SET_INLINE void unrank_batch64_p(const set_tab *t, const uint64_t *d, int32_t *const *dst, int n, const int k,
+                                  const int use_pair) {
+    const uint16_t *const pair = t->pair;
     const uint64_t zero = k >= 2 ? (uint64_t)t->sets : UINT64_MAX;
     int q = 0;
     for (; q + SET_LANES <= n; q += SET_LANES) { /* SET_LANES independent rows in registers */
@@ -670,14 +689,19 @@ SET_INLINE void unrank_batch64(const set_tab *t, const uint64_t *d, int32_t *con
             r[l] = d[q + l] == zero ? 0 : d[q + l];
             o[l] = dst[q + l];
         }
-#pragma GCC unroll 16
-        for (int i = k; i >= 2; i--) {
+        for (int i = k; i >= (use_pair ? 3 : 2); i--) {
 #pragma GCC unroll 16
             for (int l = 0; l < SET_LANES; l++) o[l][i - 1] = find64(t, i, &r[l]);
         }
 #pragma GCC unroll 16
         for (int l = 0; l < SET_LANES; l++) {
-            o[l][0] = (int32_t)r[l];
+            if (use_pair) {
+                const uint16_t p = pair[r[l]];
+                o[l][1] = p >> 8;
+                o[l][0] = p & 0xFF;
+            } else {
+                o[l][0] = (int32_t)r[l];
+            }
             if (d[q + l] == zero) memset(o[l], 0, (size_t)k * sizeof(int32_t));
         }
     }
@@ -687,6 +711,15 @@ SET_INLINE void unrank_batch64(const set_tab *t, const uint64_t *d, int32_t *con
         } else {
             unrank64(t, d[q], dst[q], k);
         }
+    }
+}
+
+/* Rows below C(E, 2) at the last two positions come from the pair table where there is one. */
+SET_INLINE void unrank_batch64(const set_tab *t, const uint64_t *d, int32_t *const *dst, int n, const int k) {
+    if (k >= 2 && t->pair) {
+        unrank_batch64_p(t, d, dst, n, k, 1);
+    } else {
+        unrank_batch64_p(t, d, dst, n, k, 0);
     }
 }
 
