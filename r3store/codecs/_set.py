@@ -218,14 +218,15 @@ class SetCodec(Codec):
             raise FormatError(_FRAME, f"out must be a writable integer array, got {getattr(out, 'dtype', out)!r}")
         native = native if native is not None and hasattr(native, "set_decode_frames") else None
         p = self.params
-        if native is not None and (out is None or out.dtype.isnative) and (tag is None or 0 <= tag < 1 << 32):
+        if native is not None and (out is None or out.dtype.isnative) and \
+                (tag is None or (isinstance(tag, int | np.integer) and 0 <= tag < 1 << 32)):
             # one call checks everything (CRC, sizes, tag, payload) and decodes; a frame that
             # fails is checked again below, which names its fault
             n = int(data[8:12].view("<u4")[0]) if data.size >= SET_HEADER.size else 0
             if out is not None or n <= MAX_DECODE_IDS:
                 dest = out if out is not None else np.empty(n, dtype=np.int32)
                 if not native.set_decode(data, p.num_experts, p.top_k, p.block_rows, dest,
-                                         -1 if tag is None else tag):
+                                         -1 if tag is None else int(tag)):
                     return dest
         if native is not None:
             check = SetCheck(*native.set_check(data, p.num_experts, p.top_k, p.block_rows))
