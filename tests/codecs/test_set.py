@@ -10,8 +10,9 @@ import google_crc32c
 import numpy as np
 import pytest
 
+import r3store
 from r3store._format import position_tag
-from r3store.codecs import Codec, SetCodec, get_codec, kernels
+from r3store.codecs import Codec, SetCodec, SupportsBatchDecode, get_codec, kernels
 from r3store.codecs._set_numpy import block_rows, encode_set_frame_numpy, set_params
 from r3store.errors import ChecksumError, CodecError, FormatError
 from r3store.testing import CodecTests
@@ -396,3 +397,18 @@ def test_avx2_kernels_equal_the_portable_c(num_experts: int, top_k: int) -> None
             assert codec.encode(ids) == fast
             np.testing.assert_array_equal(codec.decode(fast), fast_ids)
         np.testing.assert_array_equal(fast_ids, as_sets(ids, num_experts, top_k))
+
+
+def test_readers_batch_decode_set_stores(tmp_path: Path) -> None:
+    """SetCodec has the batch ability, so readers decode a set store's fetched ranges in one
+    call per range: get, get_runs-style slices and the whole store read back as sorted rows."""
+    assert isinstance(SetCodec(64, 6), SupportsBatchDecode)
+    spec = r3store.ModelSpec(num_layers=6, num_experts=64, top_k=6)
+    rng = np.random.default_rng(9)
+    samples = {f"s{i}": random_sets(rng, n * 6, 64, 6).reshape(n, 6, 6) for i, n in enumerate((300, 1, 129))}
+    with r3store.RouteWriter(tmp_path, spec, {"codec": "set", "chunk_rows": 16, "writer_id": "w"}) as writer:
+        for sid, routes in samples.items():
+            writer.append(sid, routes)
+    store = r3store.open_store(tmp_path)
+    for sid, routes in samples.items():
+        np.testing.assert_array_equal(store.get(sid), np.sort(routes, axis=-1))
