@@ -99,8 +99,10 @@ class SetCodec(Codec):
     The byte layout is given in this module's docstring and in ``schema/FORMAT.md``
     (section 5.2). Ids accepted: ``[0, 2**bits)``, ``bits = max(1, ceil(log2 E))``, as
     :class:`r3store.codecs.BitpackCodec` of that width accepts. Frames can be bound to
-    their position (:class:`r3store.codecs.SupportsBinding`) and tell their size
-    (:class:`r3store.codecs.SupportsFrameSize`). Encoding and decoding run the C kernel
+    their position (:class:`r3store.codecs.SupportsBinding`), tell their size
+    (:class:`r3store.codecs.SupportsFrameSize`), and a run of them decodes into a caller's
+    buffer in one call (:class:`r3store.codecs.SupportsBatchDecode`, :meth:`decode_frames`:
+    readers use it). Encoding and decoding run the C kernel
     when it is built, else the numpy reference (:mod:`r3store.codecs._set_numpy`); both
     give the same bytes.
 
