@@ -411,7 +411,9 @@ static inline __attribute__((always_inline)) R3_TARGET_AVX2 void classify_fast_k
             const int p3 = p2 + (int)_mm_popcnt_u64(w[2]), total = p3 + (int)_mm_popcnt_u64(w[3]);
             const int pre[4] = {1, p1 + 1, p2 + 1, p3 + 1};
             int big = 0;
-            for (int j = 0; j < k; j++) big |= v[j] >= E;
+            if (E < 256) { /* ids lie below 2**bits: with E = 256 none is too large */
+                for (int j = 0; j < k; j++) big |= v[j] >= E;
+            }
             if (!orv && k >= 2) {
                 kind = 1;
             } else if (total != k || big) {
