@@ -14,8 +14,9 @@ here asserts on timings; the targets of issue 20 are printed next to each figure
 Tables:
 
 1. **Size on uniform random sets** (E, k) in (64, 6), (128, 8), (256, 8), (384, 8):
-   bits per id of one large frame and of writer-geometry frames (128 rows x 4 layers,
-   headers included) over the bound ``log2 C(E, k) / k``. Target <= 1.02x.
+   bits per id of one large frame and of frames of 512 rows (the writer's default 128 rows
+   x 4 layers) and 2048 rows (``chunk_rows=512``), headers included, over the bound
+   ``log2 C(E, k) / k``. Target <= 1.02x.
 2. **Size on traces**: FLAME (the bundled real trace, 64 x top-6) and a DeepSeek-V3-shape
    trace (58 layers, 256 x top-8, :func:`r3store.testing.synthetic.synthetic_routes` with
    FLAME-like skew: per-layer expert entropy about 0.99 x log2 E, printed): SetCodec frames
@@ -26,6 +27,8 @@ Tables:
    per chunk: 4 for FLAME, 2 for the 58 layers of DeepSeek-V3), encoded and decoded to int32 by
    SetCodec, BitpackCodec and zstd level 1 (on uint8 ids; decode includes the widen to
    int32). Targets: set decode >= 0.3x bitpack decode, set encode >= 0.3x bitpack encode.
+   Also the readers' path: all the frames decoded into one (rows, layers, k) int32 array by
+   one ``decode_frames`` call (:class:`r3store.codecs.SupportsBatchDecode`) per codec.
 4. **Byte-aligned bitpack**: BitpackCodec decode of one frame to int32 against the widen
    limit (``np.copyto(int32, uint8)``, the same ids) for 6, 7, 8, 9 bits (E 64..512), and
    to uint8 against ``memcpy`` at 8 bits. Targets >= 0.8x. ``before_*``: the same decode
@@ -101,6 +104,7 @@ def table_uniform(rng: np.random.Generator, rows: int) -> list[dict[str, Any]]:
         codec = SetCodec(e, k)
         one = codec.encode(sets)
         framed = sum(len(codec.encode(sets[i : i + 512])) for i in range(0, rows, 512))
+        framed_2k = sum(len(codec.encode(sets[i : i + 2048])) for i in range(0, rows, 2048))
         ids = rows * k
         bound = bound_bits(e, k)
         out.append({"experts": e, "top_k": k, "bound_bits_per_id": round(bound, 4),
@@ -108,6 +112,8 @@ def table_uniform(rng: np.random.Generator, rows: int) -> list[dict[str, Any]]:
                     "one_frame_vs_bound": round(len(one) * 8 / ids / bound, 4),
                     "frames_512_rows_bits_per_id": round(framed * 8 / ids, 4),
                     "frames_vs_bound": round(framed * 8 / ids / bound, 4),
+                    "frames_2048_rows_bits_per_id": round(framed_2k * 8 / ids, 4),
+                    "frames_2048_vs_bound": round(framed_2k * 8 / ids / bound, 4),
                     "bitpack_bits_per_id": (e - 1).bit_length()})
     return out
 
@@ -180,10 +186,27 @@ def _speed_row(name: str, routes: np.ndarray, e: int, lpc: int, reps: int) -> di
         for f in z_frames or ():
             np.copyto(out32, np.frombuffer(z1.decode(f), np.uint8), casting="unsafe")
 
+    # the readers' path: every frame of the trace checked and decoded into its place in one
+    # (rows, layers, k) int32 array by one decode_frames call (SupportsBatchDecode)
+    rows, layers = routes.shape[0], routes.shape[1]
+    grid = [(r, b) for r in range(0, rows, 128) for b in range(0, layers, lpc)]
+    out3 = np.empty((-(-rows // 128) * 128, -(-layers // lpc) * lpc, k), np.int32)
+
+    places = np.array(grid, np.int64).T
+
+    def batch(codec: SetCodec | BitpackCodec, blobs: list[bytes]) -> Callable[[], int]:
+        blob = b"".join(blobs)
+        sizes = np.array([len(b) for b in blobs], np.int64)
+        starts = np.cumsum(sizes) - sizes
+        return lambda: codec.decode_frames(blob, starts, sizes, out3, places[0], places[1], chunk_rows=128,
+                                           layers_per_chunk=lpc)
+
     t = {"set_encode": median_time(lambda: [set_codec.encode(f) for f in frames], reps),
          "set_decode": median_time(set_dec, reps),
          "bitpack_encode": median_time(lambda: [bp.encode(f) for f in frames], reps),
-         "bitpack_decode": median_time(bp_dec, reps)}
+         "bitpack_decode": median_time(bp_dec, reps),
+         "set_decode_frames": median_time(batch(set_codec, set_frames), reps),
+         "bitpack_decode_frames": median_time(batch(bp, bp_frames), reps)}
     if u8_frames:
         t["zstd1_encode"] = median_time(lambda: [z1.encode(f.astype(np.uint8)) for f in frames], reps)
         t["zstd1_decode"] = median_time(z_dec, reps)
@@ -191,6 +214,7 @@ def _speed_row(name: str, routes: np.ndarray, e: int, lpc: int, reps: int) -> di
     row.update({f"{key}_ns_per_id": round(v / n * 1e9, 3) for key, v in t.items()})
     row["set_decode_vs_bitpack"] = round(t["bitpack_decode"] / t["set_decode"], 4)
     row["set_encode_vs_bitpack"] = round(t["bitpack_encode"] / t["set_encode"], 4)
+    row["set_decode_frames_vs_bitpack"] = round(t["bitpack_decode_frames"] / t["set_decode_frames"], 4)
     if u8_frames:
         row["set_decode_vs_zstd1"] = round(t["zstd1_decode"] / t["set_decode"], 4)
         row["set_encode_vs_zstd1"] = round(t["zstd1_encode"] / t["set_encode"], 4)

@@ -99,8 +99,10 @@ class SetCodec(Codec):
     The byte layout is given in this module's docstring and in ``schema/FORMAT.md``
     (section 5.2). Ids accepted: ``[0, 2**bits)``, ``bits = max(1, ceil(log2 E))``, as
     :class:`r3store.codecs.BitpackCodec` of that width accepts. Frames can be bound to
-    their position (:class:`r3store.codecs.SupportsBinding`) and tell their size
-    (:class:`r3store.codecs.SupportsFrameSize`). Encoding and decoding run the C kernel
+    their position (:class:`r3store.codecs.SupportsBinding`), tell their size
+    (:class:`r3store.codecs.SupportsFrameSize`), and a run of them decodes into a caller's
+    buffer in one call (:class:`r3store.codecs.SupportsBatchDecode`, :meth:`decode_frames`:
+    readers use it). Encoding and decoding run the C kernel
     when it is built, else the numpy reference (:mod:`r3store.codecs._set_numpy`); both
     give the same bytes.
 
@@ -150,6 +152,12 @@ class SetCodec(Codec):
             An id lies outside ``[0, 2**bits)``, ``ids`` is not integer or holds ``2**32``
             ids or more, or ``tag`` is out of range.
         """
+        native = kernels.native_module()
+        if native is not None and type(ids) is np.ndarray and ids.dtype.kind in "iu" and ids.dtype.isnative \
+                and type(tag) is int and 0 <= tag < 1 << 32 and ids.size < 1 << 32:
+            fast: bytes | None = native.set_encode(ids, self.num_experts, self.top_k, self.params.block_rows, tag)
+            if fast is not None:  # the hot path (writers); None: an id out of range, named below
+                return fast
         arr = np.asarray(ids)
         if arr.size and not np.issubdtype(arr.dtype, np.integer):
             raise CodecError(self.codec_id, f"ids must be integers, got dtype {arr.dtype}")
@@ -157,7 +165,6 @@ class SetCodec(Codec):
             raise CodecError(self.codec_id, f"tag must be an int in [0, 2**32), got {tag!r}")
         if arr.size >= 1 << 32:
             raise CodecError(self.codec_id, f"a frame holds fewer than 2**32 ids, got {arr.size}")
-        native = kernels.native_module()
         frame: bytes | None
         if native is not None and hasattr(native, "set_encode") and arr.dtype.kind in "iu" and arr.dtype.isnative:
             frame = native.set_encode(arr, self.num_experts, self.top_k, self.params.block_rows, int(tag))
@@ -196,14 +203,33 @@ class SetCodec(Codec):
             writable integer array; or, without ``out``, the frame declares more than
             :data:`MAX_DECODE_IDS` ids.
         """
+        native = kernels.native_module()
+        if native is not None and type(out) is np.ndarray and out.dtype.kind in "iu" and out.flags.writeable \
+                and out.dtype.isnative and (tag is None or (type(tag) is int and 0 <= tag < 1 << 32)) \
+                and type(buf) is bytes:
+            # the hot path (readers, the loader): one kernel call checks everything (CRC-32C,
+            # header, sizes, tag, payload) and decodes; a frame failing it is checked again
+            # below, which names the fault
+            p = self.params
+            if not native.set_decode(buf, p.num_experts, p.top_k, p.block_rows, out, -1 if tag is None else tag):
+                return out
         data = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) \
             else buf.view(np.uint8).reshape(-1)
         if out is not None and (not isinstance(out, np.ndarray) or out.dtype.kind not in "iu"
                                 or not out.flags.writeable):
             raise FormatError(_FRAME, f"out must be a writable integer array, got {getattr(out, 'dtype', out)!r}")
-        native = kernels.native_module()
-        native = native if native is not None and hasattr(native, "set_check") else None
+        native = native if native is not None and hasattr(native, "set_decode_frames") else None
         p = self.params
+        if native is not None and (out is None or out.dtype.isnative) and \
+                (tag is None or (isinstance(tag, int | np.integer) and 0 <= tag < 1 << 32)):
+            # one call checks everything (CRC, sizes, tag, payload) and decodes; a frame that
+            # fails is checked again below, which names its fault
+            n = int(data[8:12].view("<u4")[0]) if data.size >= SET_HEADER.size else 0
+            if out is not None or n <= MAX_DECODE_IDS:
+                dest = out if out is not None else np.empty(n, dtype=np.int32)
+                if not native.set_decode(data, p.num_experts, p.top_k, p.block_rows, dest,
+                                         -1 if tag is None else int(tag)):
+                    return dest
         if native is not None:
             check = SetCheck(*native.set_check(data, p.num_experts, p.top_k, p.block_rows))
         else:
@@ -228,6 +254,76 @@ class SetCodec(Codec):
         if status:
             raise FormatError(_FRAME, _PAYLOAD_FAULTS.get(status, f"invalid payload (check {status})"))
         return out
+
+    def decode_frames(self, blob: bytes | memoryview | np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                      out: np.ndarray, rows: np.ndarray, layers: np.ndarray, *, chunk_rows: int,
+                      layers_per_chunk: int, tag_prefix: str | None = None, row_chunks: np.ndarray | None = None,
+                      layer_chunks: np.ndarray | None = None) -> int:
+        """Check and decode a run of frames into their places in ``out``
+        (:class:`r3store.codecs.SupportsBatchDecode`; the arguments are told there).
+
+        One C call (GIL released) where the kernels are built and ``out`` is in native byte
+        order, else frame by frame with :meth:`decode`; each frame gets every check
+        :meth:`decode` makes (CRC-32C, header, sizes, payload, and with ``tag_prefix`` its
+        position tag). Set rows land ascending, as :meth:`decode` returns them.
+
+        Returns
+        -------
+        int
+            -1 when every frame decoded, else the index of the first frame that failed a
+            check or lies outside ``blob`` or ``out`` (the frames before it are decoded, the
+            others untouched): :meth:`decode` of that frame names the fault.
+
+        Raises
+        ------
+        r3store.errors.CodecError
+            Arguments of the wrong type, dtype or shape, or a chunk of other than 1 to
+            ``2**26`` ids.
+        """
+        data = np.frombuffer(blob, dtype=np.uint8) if not isinstance(blob, np.ndarray) \
+            else blob.view(np.uint8).reshape(-1)
+        cols = [np.ascontiguousarray(a, dtype=np.int64) for a in (starts, lengths, rows, layers)]
+        n = cols[0].size
+        check = tag_prefix is not None
+        rc = np.ascontiguousarray(row_chunks if row_chunks is not None else np.zeros(n), dtype=np.int64)
+        lc = np.ascontiguousarray(layer_chunks if layer_chunks is not None else np.zeros(n), dtype=np.int64)
+        if not (isinstance(out, np.ndarray) and out.ndim == 3 and out.dtype.kind in "iu" and out.dtype.itemsize <= 4
+                and out.flags.c_contiguous and out.flags.writeable and all(a.size == n for a in (*cols, rc, lc))
+                and (not check or (row_chunks is not None and layer_chunks is not None))):
+            raise CodecError(self.codec_id, "decode_frames needs a writable C-contiguous 3-D out of 1-, 2- or 4-byte "
+                                            "integers and int64 arrays of one length")
+        ints = all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in (chunk_rows, layers_per_chunk))
+        if not ints or not 1 <= int(layers_per_chunk) <= out.shape[1] or not \
+                1 <= int(chunk_rows) * int(layers_per_chunk) * out.shape[2] <= kernels.MAX_CHUNK_IDS:
+            raise CodecError(self.codec_id, f"decode_frames needs int chunk_rows and layers_per_chunk (at most the "
+                                            f"out's layers) whose chunk holds 1 to 2**26 ids, got chunk_rows="
+                                            f"{chunk_rows!r}, layers_per_chunk={layers_per_chunk!r}")
+        cr, lpc = int(chunk_rows), int(layers_per_chunk)
+        native = kernels.native_module()
+        p = self.params
+        if native is not None and hasattr(native, "set_decode_frames") and out.dtype.isnative:
+            prefix_crc = int(google_crc32c.value(f"{tag_prefix}/".encode())) if check else 0
+            return int(native.set_decode_frames(data, cols[0], cols[1], p.num_experts, p.top_k, p.block_rows, out,
+                                                cols[2], cols[3], cr, lpc, prefix_crc, rc, lc, check))
+        return self._decode_frames_each(data, cols, out, cr, lpc, tag_prefix, rc, lc)
+
+    def _decode_frames_each(self, data: np.ndarray, cols: list[np.ndarray], out: np.ndarray, cr: int, lpc: int,
+                            tag_prefix: str | None, rc: np.ndarray, lc: np.ndarray) -> int:
+        """:meth:`decode_frames` one :meth:`decode` at a time (no kernels, or a byte-swapped ``out``)."""
+        n_rows, n_layers, k = out.shape
+        stage = np.empty(cr * lpc * k, dtype=np.int32)
+        for f, (start, size, row, layer) in enumerate(zip(*(c.tolist() for c in cols), strict=True)):
+            if start < 0 or size < 0 or start + size > data.size or not 0 <= row <= n_rows - cr \
+                    or not 0 <= layer <= n_layers - lpc:
+                return f
+            tag = None if tag_prefix is None else \
+                int(google_crc32c.value(f"{tag_prefix}/{int(rc[f])}/{int(lc[f])}".encode()))  # the position tag
+            try:
+                self.decode(data[start : start + size], out=stage, tag=tag)
+            except FormatError:
+                return f
+            out[row : row + cr, layer : layer + lpc] = stage.reshape(cr, lpc, k)
+        return -1
 
     @staticmethod
     def frame_size(buf: bytes | memoryview | np.ndarray) -> int:

@@ -294,7 +294,8 @@ class CodecTests:
 
     def _batch(self, codec: Codec, bind: bool) -> tuple[bytes, list[int], np.ndarray, dict[str, Any]]:
         """Four frames of (2 rows, 3 layers, top_k 4) chunks, back to back with a gap, for an
-        out of (4, 6, 4): the blob, each frame's start, the expected out, and the arguments."""
+        out of (4, 6, 4): the blob, each frame's start, the expected out (each frame's
+        :meth:`decoded` form), and the arguments."""
         bound = self.id_bound(codec)
         expected = make_ids("random", 4 * 6 * 4, bound, seed=21).reshape(4, 6, 4)
         expected[3, 3:] = 0  # a zero tail
@@ -306,6 +307,7 @@ class CodecTests:
             starts.append(len(blob))
             blob += frame
             cols.append((len(frame), 2 * rc, 3 * lc, rc, lc))
+            expected[2 * rc : 2 * rc + 2, 3 * lc : 3 * lc + 3] = self.decoded(codec, ids).reshape(ids.shape)
         arrays = np.array(cols, dtype=np.int64).T
         kwargs: dict[str, Any] = {
             "starts": np.array(starts, dtype=np.int64), "lengths": arrays[0], "rows": arrays[1], "layers": arrays[2],

@@ -10,7 +10,9 @@ import google_crc32c
 import numpy as np
 import pytest
 
-from r3store.codecs import Codec, SetCodec, get_codec, kernels
+import r3store
+from r3store._format import position_tag
+from r3store.codecs import Codec, SetCodec, SupportsBatchDecode, get_codec, kernels
 from r3store.codecs._set_numpy import block_rows, encode_set_frame_numpy, set_params
 from r3store.errors import ChecksumError, CodecError, FormatError
 from r3store.testing import CodecTests
@@ -275,3 +277,138 @@ def test_golden_frames(name: str) -> None:
     check_golden(FIXTURES, name)
     with kernels.use("numpy"):
         check_golden(FIXTURES, name)
+
+
+# -- batch decode (SupportsBatchDecode) ---------------------------------------------------
+
+
+def _set_frames(codec: SetCodec, rng: np.random.Generator, cr: int, lpc: int, layers: int,
+                places: list[tuple[int, int]]) -> tuple[bytes, dict[str, np.ndarray], np.ndarray]:
+    """Bound frames of random set rows (some zero, some exceptions) at ``places`` (row chunk,
+    layer chunk), back to back; the arguments of decode_frames and the expected out."""
+    k = codec.top_k
+    blob, cols = b"", {c: [] for c in ("starts", "lengths", "rows", "layers", "row_chunks", "layer_chunks")}
+    want = np.zeros(((max(r for r, _ in places) + 1) * cr, layers, k), np.int64)
+    for f, (r, b) in enumerate(places):
+        ids = random_sets(rng, cr * lpc, codec.num_experts, k).astype(np.int64)
+        ids[rng.random(len(ids)) < 0.1] = 0
+        ids[f % len(ids)] = [1] * k  # an exception row (an id repeated)
+        if f % 2:
+            ids[len(ids) // 2 :] = 0  # trailing zero rows, not stored
+        frame = codec.encode(ids, tag=position_tag("w-1", r, b))
+        for c, v in zip(cols, (len(blob), len(frame), r * cr, b * lpc, r, b), strict=True):
+            cols[c].append(v)
+        blob += frame
+        want[r * cr : (r + 1) * cr, b * lpc : (b + 1) * lpc] = as_sets(ids, codec.num_experts, k).reshape(cr, lpc, k)
+    return blob, {c: np.array(v, np.int64) for c, v in cols.items()}, want
+
+
+@pytest.mark.parametrize("implementation", ["native", "numpy"])
+@pytest.mark.parametrize(("num_experts", "top_k", "cr", "lpc", "layers"),
+                         [(64, 6, 16, 4, 8), (256, 8, 8, 2, 2), (1024, 16, 3, 1, 2), (8, 2, 5, 3, 3)])
+def test_decode_frames_lands_each_frame_where_decode_would(implementation: str, num_experts: int, top_k: int,
+                                                           cr: int, lpc: int, layers: int) -> None:
+    """Straight into an int32 out whose layers are one chunk, through a stage otherwise;
+    every output dtype holding the ids; places outside the frames untouched."""
+    if implementation == "native" and not NATIVE:
+        pytest.skip("the C extension is not built")
+    codec = SetCodec(num_experts, top_k)
+    places = [(r, b) for r in (2, 0, 3) for b in range(layers // lpc)]
+    blob, cols, want = _set_frames(codec, np.random.default_rng(num_experts + lpc), cr, lpc, layers, places)
+    touched = np.zeros(want.shape[:2], bool)
+    for r, b in places:
+        touched[r * cr : (r + 1) * cr, b * lpc : (b + 1) * lpc] = True
+    for dtype in ("int32", "uint16", "int16", "uint8", "uint32"):
+        if np.iinfo(dtype).max < (1 << codec.bits) - 1:
+            continue
+        out = np.full(want.shape, 77, dtype)
+        with kernels.use(implementation):
+            got = codec.decode_frames(blob, out=out, chunk_rows=cr, layers_per_chunk=lpc, tag_prefix="w-1", **cols)
+        assert got == -1
+        np.testing.assert_array_equal(out[touched], want[touched])
+        assert (out[~touched] == 77).all()
+
+
+@pytest.mark.parametrize("implementation", ["native", "numpy"])
+@pytest.mark.parametrize("fault", ["payload", "tag", "size", "shape"])
+def test_decode_frames_stops_at_a_forged_frame(implementation: str, fault: str) -> None:
+    """A frame with a valid CRC but a bad payload, another position's tag, another chunk size
+    or another codec shape stops the batch at its index, out past it untouched."""
+    if implementation == "native" and not NATIVE:
+        pytest.skip("the C extension is not built")
+    codec = SetCodec(100, 2)
+    places = [(0, 0), (1, 0), (2, 0)]
+    blob, cols, want = _set_frames(codec, np.random.default_rng(5), 4, 3, 3, places)
+    start, size = int(cols["starts"][1]), int(cols["lengths"][1])
+    frame = blob[start : start + size]
+    if fault == "payload":
+        bad = _ones(frame, 32, 37)  # the first block out of range
+    elif fault == "tag":
+        bad = codec.encode(want[4:8], tag=position_tag("w-1", 2, 0))
+    elif fault == "size":
+        bad = codec.encode(want[4:7], tag=position_tag("w-1", 1, 0))
+    else:
+        bad = SetCodec(100, 3).encode(want[4:8].reshape(-1), tag=position_tag("w-1", 1, 0))
+    blob = blob[:start] + bad + b"\0" * max(0, size - len(bad))
+    cols["lengths"][1] = len(bad)
+    cols["starts"][2] = len(blob)
+    blob += b"\0" * 8
+    out = np.full(want.shape, 77, np.int32)
+    with kernels.use(implementation):
+        got = codec.decode_frames(blob, out=out, chunk_rows=4, layers_per_chunk=3, tag_prefix="w-1", **cols)
+    assert got == 1
+    np.testing.assert_array_equal(out[:4], want[:4])
+    assert (out[4:] == 77).all()
+
+
+def test_decode_frames_refuses_bad_arguments() -> None:
+    codec = SetCodec(64, 6)
+    zeros = np.zeros(1, np.int64)
+    args = {"starts": zeros, "lengths": zeros, "rows": zeros, "layers": zeros}
+    with pytest.raises(CodecError, match="C-contiguous 3-D"):
+        codec.decode_frames(b"", out=np.zeros((4, 2), np.int32), chunk_rows=1, layers_per_chunk=1, **args)
+    with pytest.raises(CodecError, match="chunk_rows"):
+        codec.decode_frames(b"", out=np.zeros((4, 2, 6), np.int32), chunk_rows=1, layers_per_chunk=3, **args)
+    with pytest.raises(CodecError, match="C-contiguous 3-D"):
+        codec.decode_frames(b"", out=np.zeros((4, 2, 6), np.int32), chunk_rows=1, layers_per_chunk=1,
+                            tag_prefix="w-1", **args)
+
+
+AVX2 = NATIVE and bool(kernels.native_module().cpu_features()["avx2"])  # type: ignore[union-attr]
+
+
+@pytest.mark.skipif(not AVX2, reason="no AVX2 kernels here")
+@pytest.mark.parametrize(("num_experts", "top_k"), [(64, 6), (64, 1), (33, 5), (128, 8), (256, 8), (200, 16),
+                                                    (65, 2), (1, 1), (3, 2)])
+def test_avx2_kernels_equal_the_portable_c(num_experts: int, top_k: int) -> None:
+    """The AVX2/BMI2 bitmap classifier (E <= 256) and the portable C give the same frames and ids,
+    on sets, zero rows, repeated ids, ids in [E, 2**bits) and tails."""
+    rng = np.random.default_rng(num_experts * 7 + top_k)
+    codec = SetCodec(num_experts, top_k)
+    for dtype in ("int64", "uint16", "uint8"):
+        ids = _mixed_ids(rng, num_experts, top_k)
+        if dtype == "uint8" and ids.size and ids.max() > 255:
+            continue
+        ids = ids.astype(dtype)
+        with kernels.use("native-avx2"):
+            fast = codec.encode(ids)
+            fast_ids = codec.decode(fast)
+        with kernels.use("native"):
+            assert codec.encode(ids) == fast
+            np.testing.assert_array_equal(codec.decode(fast), fast_ids)
+        np.testing.assert_array_equal(fast_ids, as_sets(ids, num_experts, top_k))
+
+
+def test_readers_batch_decode_set_stores(tmp_path: Path) -> None:
+    """SetCodec has the batch ability, so readers decode a set store's fetched ranges in one
+    call per range: get, get_runs-style slices and the whole store read back as sorted rows."""
+    assert isinstance(SetCodec(64, 6), SupportsBatchDecode)
+    spec = r3store.ModelSpec(num_layers=6, num_experts=64, top_k=6)
+    rng = np.random.default_rng(9)
+    samples = {f"s{i}": random_sets(rng, n * 6, 64, 6).reshape(n, 6, 6) for i, n in enumerate((300, 1, 129))}
+    with r3store.RouteWriter(tmp_path, spec, {"codec": "set", "chunk_rows": 16, "writer_id": "w"}) as writer:
+        for sid, routes in samples.items():
+            writer.append(sid, routes)
+    store = r3store.open_store(tmp_path)
+    for sid, routes in samples.items():
+        np.testing.assert_array_equal(store.get(sid), np.sort(routes, axis=-1))

@@ -96,6 +96,7 @@ static PyMethodDef methods[] = {
     {"set_encode", py_set_encode, METH_VARARGS, set_encode_doc},
     {"set_check", py_set_check, METH_VARARGS, set_check_doc},
     {"set_decode", py_set_decode, METH_VARARGS, set_decode_doc},
+    {"set_decode_frames", py_set_decode_frames, METH_VARARGS, set_decode_frames_doc},
     {"simd", py_simd, METH_NOARGS, simd_doc},
     {"set_simd", py_set_simd, METH_VARARGS, set_simd_doc},
     {"cpu_features", py_cpu_features, METH_NOARGS, cpu_doc},

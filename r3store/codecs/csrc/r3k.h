@@ -152,6 +152,7 @@ R3_PYFUNC(set_avx512)
 R3_PYFUNC(set_encode)
 R3_PYFUNC(set_check)
 R3_PYFUNC(set_decode)
+R3_PYFUNC(set_decode_frames)
 
 #undef R3_PYFUNC
 

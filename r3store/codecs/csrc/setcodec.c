@@ -9,15 +9,17 @@
  *
  * Ranks and blocks below 2**64 ("narrow") use 64-bit arithmetic; larger ones (E = 1024,
  * k = 16 needs 116 bits) unsigned __int128. Decoding a rank finds each id with a guide
- * table (the top bits of the remaining rank give the id to start from) and a short
- * upward scan of the C(c, i) table.
+ * table (the top 13 bits of the remaining rank give the id to start from) and a short
+ * upward scan of the C(c, i) table, eight rows in lockstep; for E <= 256 the last two ids
+ * come from one load of a pair table (rank below C(E, 2) -> both ids). Encoding on AVX2
+ * machines (E <= 256) sorts a row by a bitmap: popcounts give each id's colex position.
  */
 #include "r3k.h"
 
 typedef unsigned __int128 u128;
 
 #define SET_HEADER 32
-#define SET_GUIDE_BITS 12
+#define SET_GUIDE_BITS 13
 #define SET_MAX_E 1024
 #define SET_MAX_K 16
 #define SET_MAX_M 64
@@ -33,6 +35,7 @@ typedef struct {
     uint16_t *guide;               /* (k + 1) x 2**SET_GUIDE_BITS */
     uint64_t *c64;                 /* (k + 1) x stride: C(c, i), narrow */
     u128 *c128;                    /* the same, wide */
+    uint16_t *pair;                /* narrow, 2 <= k, E <= 256: rank r < C(E, 2) -> c_2 << 8 | c_1; else NULL */
 } set_tab;
 
 static int bitlen128(u128 x) {
@@ -49,6 +52,7 @@ static void tab_free(set_tab *t) {
     free(t->guide);
     free(t->c64);
     free(t->c128);
+    free(t->pair);
     free(t);
 }
 
@@ -100,6 +104,19 @@ static set_tab *tab_build(int E, int k, int m) {
             return (set_tab *)PyErr_NoMemory();
         }
         for (int i = 0; i < (k + 1) * stride; i++) t->c64[i] = t->c128[i] >> 64 ? UINT64_MAX : (uint64_t)t->c128[i];
+    }
+    if (t->narrow && k >= 2 && E <= 256) { /* the last two ids of a rank below C(E, 2) by one load */
+        const size_t n2 = (size_t)(E * (E - 1) / 2);
+        t->pair = malloc((n2 + 1) * sizeof(uint16_t));
+        if (!t->pair) {
+            tab_free(t);
+            return (set_tab *)PyErr_NoMemory();
+        }
+        size_t r = 0;
+        for (int c2 = 1; c2 < E; c2++) {
+            for (int c1 = 0; c1 < c2; c1++) t->pair[r++] = (uint16_t)(c2 << 8 | c1); /* colex order */
+        }
+        t->pair[n2] = 0;
     }
     for (int i = 1; i <= k; i++) { /* ranks at position i lie below C(E, i) */
         const u128 *ci = t->c128 + i * stride;
@@ -265,19 +282,19 @@ static int row_digit(const set_tab *t, const int64_t *v, u128 *rank) {
    r - C(c, i)). The guide gives a c at most the answer, usually the answer or one below; a
    longer scan is rare. */
 SET_INLINE int find64(const set_tab *t, int i, uint64_t *r) {
-    const uint64_t *ci = t->c64 + i * t->stride;
+    const uint64_t *ci = t->c64 + (size_t)i * (size_t)t->stride;
     const uint64_t v = *r;
-    int c = t->guide[((size_t)i << SET_GUIDE_BITS) + (size_t)(v >> t->gshift[i])];
+    size_t c = t->guide[((size_t)i << SET_GUIDE_BITS) + (size_t)(v >> t->gshift[i])];
     const uint64_t a0 = ci[c], a1 = ci[c + 1], a2 = ci[c + 2]; /* loaded together: no second dependent load */
     if (__builtin_expect(a2 <= v, 0)) {
         c += 2;
         while (ci[c + 1] <= v) c++;
         *r = v - ci[c];
-        return c;
+        return (int)c;
     }
-    const int s = a1 <= v;
+    const size_t s = a1 <= v;
     *r = v - (s ? a1 : a0);
-    return c + s;
+    return (int)(c + s);
 }
 
 SET_INLINE int find128(const set_tab *t, int i, u128 r) {
@@ -331,6 +348,99 @@ typedef struct {
     Py_ssize_t digits_at_last; /* digits up to n_rows */
 } set_enc_t;
 
+/* One staged row into the encoder's lists: its digit, or an exception with its ids. */
+SET_INLINE void enc_row(set_enc_t *e, const int64_t *v, int kind, u128 rank, int64_t orv, Py_ssize_t row, const int k) {
+    const set_tab *t = e->t;
+    if (kind == 2) {
+        e->except[e->n_except++] = (uint32_t)row;
+        for (int j = 0; j < k; j++) e->raw[e->n_raw++] = (int16_t)v[j];
+    } else {
+        if (kind == 1) rank = t->sets;
+        if (t->narrow) {
+            ((uint64_t *)e->digits)[e->n_digits++] = (uint64_t)rank;
+        } else {
+            ((u128 *)e->digits)[e->n_digits++] = rank;
+        }
+    }
+    if (orv) { /* rows after the last non-zero one are not stored */
+        e->n_rows = row + 1;
+        e->digits_at_last = e->n_digits;
+    }
+}
+
+#ifdef R3_X86
+/* The AVX2/BMI2 classifier of narrow codecs with E <= 256 (ids below 2**bits <= 256): the
+   row's ids become a bitmap (one word for E <= 64, four in a ymm register otherwise), whose
+   popcount finds repeated ids and whose ascending set bits are the sorted ids: the colex
+   position of id x is 1 + the set bits below x. Same digits as row_digit. */
+static inline __attribute__((always_inline)) R3_TARGET_AVX2 void classify_fast_k(
+    set_enc_t *e, const int64_t *stage, Py_ssize_t rows, Py_ssize_t row, const int k, const int four) {
+    const set_tab *t = e->t;
+    const uint64_t *c64 = t->c64;
+    const int stride = t->stride, E = t->E;
+    const __m256i offs = _mm256_setr_epi64x(0, 64, 128, 192), ones = _mm256_set1_epi64x(1);
+    for (Py_ssize_t r = 0; r < rows; r++, row++) {
+        const int64_t *v = stage + r * k;
+        uint64_t orv = 0, rank = 0;
+        int kind = 0;
+        if (!four) {
+            uint64_t bm = 0;
+            for (int j = 0; j < k; j++) {
+                orv |= (uint64_t)v[j];
+                bm |= (uint64_t)1 << (v[j] & 63);
+            }
+            if (!orv && k >= 2) {
+                kind = 1;
+            } else if ((int)_mm_popcnt_u64(bm) != k || (E < 64 && (bm >> E))) {
+                kind = 2;
+            } else {
+                for (int i = 1; i <= k; i++) {
+                    rank += c64[i * stride + (int)_tzcnt_u64(bm)];
+                    bm = _blsr_u64(bm);
+                }
+            }
+        } else {
+            __m256i acc = _mm256_setzero_si256();
+            for (int j = 0; j < k; j++) {
+                orv |= (uint64_t)v[j];
+                acc = _mm256_or_si256(acc, _mm256_sllv_epi64(ones, _mm256_sub_epi64(_mm256_set1_epi64x(v[j]), offs)));
+            }
+            uint64_t w[4];
+            _mm256_storeu_si256((__m256i *)w, acc);
+            const int p1 = (int)_mm_popcnt_u64(w[0]), p2 = p1 + (int)_mm_popcnt_u64(w[1]);
+            const int p3 = p2 + (int)_mm_popcnt_u64(w[2]), total = p3 + (int)_mm_popcnt_u64(w[3]);
+            const int pre[4] = {1, p1 + 1, p2 + 1, p3 + 1};
+            int big = 0;
+            if (E < 256) { /* ids lie below 2**bits: with E = 256 none is too large */
+                for (int j = 0; j < k; j++) big |= v[j] >= E;
+            }
+            if (!orv && k >= 2) {
+                kind = 1;
+            } else if (total != k || big) {
+                kind = 2;
+            } else {
+                for (int j = 0; j < k; j++) {
+                    const int x = (int)v[j];
+                    const int pos = pre[x >> 6] + (int)_mm_popcnt_u64(_bzhi_u64(w[x >> 6], (unsigned)(x & 63)));
+                    rank += c64[pos * stride + x];
+                }
+            }
+        }
+        enc_row(e, v, kind, (u128)rank, (int64_t)orv, row, k);
+    }
+}
+
+static R3_TARGET_AVX2 void classify_fast(set_enc_t *e, const int64_t *stage, Py_ssize_t rows, Py_ssize_t row) {
+    const int four = e->t->E > 64;
+    switch (e->t->k) {
+#define X(K) case K: if (four) classify_fast_k(e, stage, rows, row, K, 1); else classify_fast_k(e, stage, rows, row, K, 0); break;
+    SET_CASES(X)
+#undef X
+    default: break;
+    }
+}
+#endif
+
 /* Stage the ids (any type and layout) as int64 rows and classify them; 0 when an id is out of range. */
 static int encode_rows(set_enc_t *e, const Py_buffer *src, int type) {
     const set_tab *t = e->t;
@@ -342,6 +452,9 @@ static int encode_rows(set_enc_t *e, const Py_buffer *src, int type) {
     const Py_ssize_t per = (R3_CHUNK / k) * k;
     int64_t stage[R3_CHUNK];
     Py_ssize_t start, row = 0;
+#ifdef R3_X86
+    const int fast = use_avx2 && t->narrow && t->E <= 256;
+#endif
     for (start = 0; start < n; start += per) {
         Py_ssize_t cnt = n - start < per ? n - start : per, got = 0;
         while (got < cnt) {
@@ -358,6 +471,14 @@ static int encode_rows(set_enc_t *e, const Py_buffer *src, int type) {
         for (Py_ssize_t i = 0; i < cnt; i++) acc |= (uint64_t)stage[i];
         if (acc >= (uint64_t)hi) return 0;
         Py_ssize_t rows = cnt / k;
+#ifdef R3_X86
+        if (fast) {
+            classify_fast(e, stage, rows, row);
+            row += rows;
+            for (Py_ssize_t i = rows * k; i < cnt; i++) e->raw[e->n_raw++] = (int16_t)stage[i]; /* the tail */
+            continue;
+        }
+#endif
         for (Py_ssize_t r = 0; r < rows; r++, row++) {
             const int64_t *v = stage + r * k;
             u128 rank = 0;
@@ -551,30 +672,39 @@ static int set_payload_status(const set_tab *t, const uint8_t *p, size_t plen, u
 }
 
 #define SET_BATCH 256 /* digits decoded ahead */
+#ifndef SET_LANES
+#define SET_LANES 8 /* rows unranked in lockstep */
+#endif
 
 /* Unrank n narrow digits d[] into the rows dst[] (zero digits: k zeros), four at a time: independent
    chains of dependent loads the CPU overlaps. */
-SET_INLINE void unrank_batch64(const set_tab *t, const uint64_t *d, int32_t *const *dst, int n, const int k) {
+SET_INLINE void unrank_batch64_p(const set_tab *t, const uint64_t *d, int32_t *const *dst, int n, const int k,
+                                  const int use_pair) {
+    const uint16_t *const pair = t->pair;
     const uint64_t zero = k >= 2 ? (uint64_t)t->sets : UINT64_MAX;
     int q = 0;
-    for (; q + 4 <= n; q += 4) { /* four independent rows in registers, unrolled by hand */
-        uint64_t r0 = d[q] == zero ? 0 : d[q], r1 = d[q + 1] == zero ? 0 : d[q + 1];
-        uint64_t r2 = d[q + 2] == zero ? 0 : d[q + 2], r3 = d[q + 3] == zero ? 0 : d[q + 3];
-        int32_t *o0 = dst[q], *o1 = dst[q + 1], *o2 = dst[q + 2], *o3 = dst[q + 3];
-        for (int i = k; i >= 2; i--) {
-            const int c0 = find64(t, i, &r0), c1 = find64(t, i, &r1);
-            const int c2 = find64(t, i, &r2), c3 = find64(t, i, &r3);
-            o0[i - 1] = c0;
-            o1[i - 1] = c1;
-            o2[i - 1] = c2;
-            o3[i - 1] = c3;
+    for (; q + SET_LANES <= n; q += SET_LANES) { /* SET_LANES independent rows in registers */
+        uint64_t r[SET_LANES];
+        int32_t *o[SET_LANES];
+#pragma GCC unroll 16
+        for (int l = 0; l < SET_LANES; l++) {
+            r[l] = d[q + l] == zero ? 0 : d[q + l];
+            o[l] = dst[q + l];
         }
-        o0[0] = (int32_t)r0;
-        o1[0] = (int32_t)r1;
-        o2[0] = (int32_t)r2;
-        o3[0] = (int32_t)r3;
-        for (int l = 0; l < 4; l++) {
-            if (d[q + l] == zero) memset(dst[q + l], 0, (size_t)k * sizeof(int32_t));
+        for (int i = k; i >= (use_pair ? 3 : 2); i--) {
+#pragma GCC unroll 16
+            for (int l = 0; l < SET_LANES; l++) o[l][i - 1] = find64(t, i, &r[l]);
+        }
+#pragma GCC unroll 16
+        for (int l = 0; l < SET_LANES; l++) {
+            if (use_pair) {
+                const uint16_t p = pair[r[l]];
+                o[l][1] = p >> 8;
+                o[l][0] = p & 0xFF;
+            } else {
+                o[l][0] = (int32_t)r[l];
+            }
+            if (d[q + l] == zero) memset(o[l], 0, (size_t)k * sizeof(int32_t));
         }
     }
     for (; q < n; q++) {
@@ -583,6 +713,15 @@ SET_INLINE void unrank_batch64(const set_tab *t, const uint64_t *d, int32_t *con
         } else {
             unrank64(t, d[q], dst[q], k);
         }
+    }
+}
+
+/* Rows below C(E, 2) at the last two positions come from the pair table where there is one. */
+SET_INLINE void unrank_batch64(const set_tab *t, const uint64_t *d, int32_t *const *dst, int n, const int k) {
+    if (k >= 2 && t->pair) {
+        unrank_batch64_p(t, d, dst, n, k, 1);
+    } else {
+        unrank_batch64_p(t, d, dst, n, k, 0);
     }
 }
 
@@ -697,17 +836,18 @@ PyObject *py_set_check(PyObject *self, PyObject *args) {
                          (unsigned long)tag);
 }
 
-R3_DOC(set_decode_doc, "set_decode(buf, num_experts, top_k, block_rows, out) -> int\n\n"
+R3_DOC(set_decode_doc, "set_decode(buf, num_experts, top_k, block_rows, out, tag=-1) -> int\n\n"
 "Check and decode an r3store.set frame into out (any integer type and layout, exactly\n"
 "n_total elements, C order). Returns 0, or the number of the first failed check (1..10;\n"
-"out is then untouched).");
+"11: the frame's position tag is not tag, when tag >= 0; out is then untouched).");
 
 PyObject *py_set_decode(PyObject *self, PyObject *args) {
     PyObject *obj, *out_obj;
     int E, k, m, owned, status;
     Py_buffer b, out;
     uint32_t n_total = 0, n_rows = 0, n_except = 0, tag = 0;
-    if (!PyArg_ParseTuple(args, "OiiiO", &obj, &E, &k, &m, &out_obj)) return NULL;
+    long long want_tag = -1;
+    if (!PyArg_ParseTuple(args, "OiiiO|L", &obj, &E, &k, &m, &out_obj, &want_tag)) return NULL;
     set_tab *t = tab_get(E, k, m, &owned);
     if (!t) return NULL;
     if (get_bytes_buffer(obj, &b) < 0) {
@@ -728,6 +868,7 @@ PyObject *py_set_decode(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     status = set_status(t, d, b.len, &n_total, &n_rows, &n_except, &tag);
     if (!status && (Py_ssize_t)n_total != c.total) status = 5;
+    if (!status && want_tag >= 0 && (long long)tag != want_tag) status = 11;
     if (!status) status = set_payload_status(t, d + SET_HEADER, (size_t)(b.len - SET_HEADER), n_total, n_rows, n_except);
     if (!status) {
         int32_t *dst = direct ? (int32_t *)out.buf : (tmp = malloc((size_t)n_total * sizeof(int32_t) + 4));
@@ -745,4 +886,133 @@ PyObject *py_set_decode(PyObject *self, PyObject *args) {
     if (owned) tab_free(t);
     if (status < 0) return PyErr_NoMemory();
     return PyLong_FromLong(status);
+}
+
+R3_DOC(set_decode_frames_doc, "set_decode_frames(blob, starts, lengths, num_experts, top_k, block_rows, out, rows,\n"
+"layers, chunk_rows, layers_per_chunk, prefix_crc, row_chunks, layer_chunks, check_tags) -> int\n\n"
+"Check and decode many r3store.set frames of one storage object straight into their places\n"
+"in out, a C-contiguous integer array (n, L, K) of 1-, 2- or 4-byte words, as decode_frames\n"
+"does for r3store.bitpack: frame f is blob[starts[f] : starts[f] + lengths[f]], holds\n"
+"chunk_rows * layers_per_chunk * K ids and lands in out[rows[f] : rows[f] + chunk_rows,\n"
+"layers[f] : layers[f] + layers_per_chunk]; with check_tags its position tag must be the\n"
+"CRC-32C of '<prefix>/<row_chunks[f]>/<layer_chunks[f]>' (prefix_crc = crc32c(prefix + '/')).\n"
+"Every check of set_decode is made. Returns -1 when every frame decoded, else the index of\n"
+"the first frame that failed a check or lies outside blob or out (frames before it are\n"
+"decoded, the others untouched; the caller names the fault).");
+
+PyObject *py_set_decode_frames(PyObject *self, PyObject *args) {
+    PyObject *blob_obj, *out_obj, *arr_obj[6];
+    const char *names[6] = {"starts", "lengths", "rows", "layers", "row_chunks", "layer_chunks"};
+    int E, k, m, owned = 0, check_tags, i, ok = 1;
+    Py_ssize_t chunk_rows, lpc, f, failed = -1;
+    unsigned long prefix_crc;
+    Py_buffer blob, out, arr[6];
+    if (!PyArg_ParseTuple(args, "OOOiiiOOOnnkOOp", &blob_obj, &arr_obj[0], &arr_obj[1], &E, &k, &m, &out_obj,
+                          &arr_obj[2], &arr_obj[3], &chunk_rows, &lpc, &prefix_crc, &arr_obj[4], &arr_obj[5],
+                          &check_tags)) {
+        return NULL;
+    }
+    set_tab *t = tab_get(E, k, m, &owned);
+    if (!t) return NULL;
+    if (get_bytes_buffer(blob_obj, &blob) < 0) {
+        if (owned) tab_free(t);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&blob);
+        if (owned) tab_free(t);
+        return NULL;
+    }
+    for (i = 0; i < 6; i++) {
+        if (get_i64_array(arr_obj[i], &arr[i], names[i]) < 0) {
+            ok = 0;
+            break;
+        }
+        if (arr[i].len != arr[0].len) {
+            PyErr_Format(PyExc_ValueError, "%s has another length than starts", names[i]);
+            PyBuffer_Release(&arr[i]);
+            ok = 0;
+            break;
+        }
+    }
+    if (!ok) {
+        while (--i >= 0) PyBuffer_Release(&arr[i]);
+        PyBuffer_Release(&blob);
+        PyBuffer_Release(&out);
+        if (owned) tab_free(t);
+        return NULL;
+    }
+    const int otype = buffer_type(&out);
+    if (out.ndim != 3 || otype < 0 || type_size[otype] > 4 || chunk_rows < 1 || lpc < 1 || lpc > out.shape[1]) {
+        PyErr_SetString(PyExc_ValueError, "set_decode_frames: out must be a 3-D array of 1-, 2- or 4-byte integers "
+                                          "and 1 <= layers_per_chunk <= its layers");
+        ok = 0;
+    }
+    const Py_ssize_t N = ok ? out.shape[0] : 0, L = ok ? out.shape[1] : 0, K = ok ? out.shape[2] : 0;
+    const Py_ssize_t n_total = chunk_rows * lpc * K, width = lpc * K, n = arr[0].len / 8;
+    int32_t *stage = NULL;
+    if (ok && (n_total <= 0 || n_total > ((Py_ssize_t)1 << 26))) {
+        PyErr_SetString(PyExc_ValueError, "set_decode_frames: chunk of more than 2**26 ids");
+        ok = 0;
+    }
+    if (ok && !(stage = (int32_t *)malloc((size_t)n_total * 4 + 4))) {
+        PyErr_NoMemory();
+        ok = 0;
+    }
+    if (ok) {
+        const int64_t *st = (const int64_t *)arr[0].buf, *ln = (const int64_t *)arr[1].buf;
+        const int64_t *rw = (const int64_t *)arr[2].buf, *ly = (const int64_t *)arr[3].buf;
+        const int64_t *rc = (const int64_t *)arr[4].buf, *lc = (const int64_t *)arr[5].buf;
+        const int osize = type_size[otype];
+        const int direct = (otype == T_I32 || otype == T_U32) && lpc == L; /* a chunk is one run of out */
+        const conv_fn conv = conv_table[T_I32][otype];
+        char *base = (char *)out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (f = 0; f < n; f++) {
+            uint32_t nt = 0, nr = 0, ne = 0, tag = 0;
+            if (st[f] < 0 || ln[f] < 0 || st[f] > blob.len - ln[f] || rw[f] < 0 || rw[f] > N - chunk_rows
+                || ly[f] < 0 || ly[f] > L - lpc) {
+                failed = f;
+                break;
+            }
+            const uint8_t *d = (const uint8_t *)blob.buf + st[f];
+            const Py_ssize_t len = (Py_ssize_t)ln[f];
+            if (set_status(t, d, len, &nt, &nr, &ne, &tag) || (Py_ssize_t)nt != n_total) {
+                failed = f;
+                break;
+            }
+            if (check_tags) {
+                char text[48];
+                int tl = snprintf(text, sizeof text, "%lld/%lld", (long long)rc[f], (long long)lc[f]);
+                if (tl <= 0 || tl >= (int)sizeof text
+                    || crc32c_extend((uint32_t)prefix_crc, (const uint8_t *)text, (size_t)tl) != tag) {
+                    failed = f;
+                    break;
+                }
+            }
+            const uint8_t *pl = d + SET_HEADER;
+            const size_t plen = (size_t)(len - SET_HEADER);
+            if (set_payload_status(t, pl, plen, nt, nr, ne)) {
+                failed = f;
+                break;
+            }
+            char *o0 = base + ((rw[f] * L + ly[f]) * K) * osize;
+            if (direct) {
+                set_decode_into(t, pl, plen, nt, nr, ne, (int32_t *)o0);
+                continue;
+            }
+            set_decode_into(t, pl, plen, nt, nr, ne, stage);
+            for (Py_ssize_t r = 0; r < chunk_rows; r++) {
+                conv((const char *)(stage + r * width), 4, o0 + r * L * K * osize, width);
+            }
+        }
+        Py_END_ALLOW_THREADS
+        free(stage);
+    }
+    for (i = 0; i < 6; i++) PyBuffer_Release(&arr[i]);
+    PyBuffer_Release(&blob);
+    PyBuffer_Release(&out);
+    if (owned) tab_free(t);
+    if (!ok) return NULL;
+    return PyLong_FromSsize_t(failed);
 }
