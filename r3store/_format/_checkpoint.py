@@ -44,9 +44,9 @@ from r3store._format._keys import BUCKET_NAME, COMMIT_NAME, array_key, bucket_of
 from r3store._format._manifest import FORMAT_VERSION, MAX_ROWS
 from r3store._format._rows import check_texts
 from r3store._format._table import (
-    _check_spec,
     check_columns,
     check_identity,
+    check_spec,
     identity_of,
     read_parquet,
     table_schema,
@@ -311,7 +311,7 @@ def read_checkpoint_header(buf: bytes, path: str, *, spec: ModelSpec, spec_sourc
     if stored != computed:
         raise ChecksumError(path, (), f"checkpoint root digest {stored[:60]!r} does not match its header ({computed})")
     info = _info(doc, text, meta, path, version, store_id, expect=2)
-    _check_spec(meta.get("r3store.spec", b""), spec, path, spec_source)
+    check_spec(meta.get("r3store.spec", b""), spec, path, spec_source)
     rows, visible, unique, groups, recent, bloom = (doc.get(k) for k in ("rows", "visible", "unique_ids", "groups",
                                                                         "recent", "bloom"))
     fault = f"r3store.checkpoint metadata {text[:200]!r} is not a version 2 checkpoint header"

@@ -15,6 +15,14 @@ starts from the store's newest valid checkpoint (``index/<covered>-<token>.check
 tables it does not cover; a damaged checkpoint is skipped with a
 :class:`r3store.errors.CheckpointWarning`. :meth:`SampleCatalog.refresh` adds commits made
 since.
+
+From a version 2 checkpoint (FORMAT.md section 11.1) the catalogue opens from the
+checkpoint's header: it reads the tables of the commits the header does not name, checks
+their ids against the header's Bloom filter, and counts the visible samples from the
+header; the checkpoint's rows are read and checked (every group's digest, every row) on
+first use of anything that needs them (:attr:`SampleCatalog.samples`, a lookup, the commit
+list, a route array's row count). Rows that then fail their checks are dropped with a
+``CheckpointWarning`` and the covered commits' sample tables read instead.
 """
 
 from __future__ import annotations
