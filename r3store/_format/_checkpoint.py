@@ -383,7 +383,8 @@ def _info(doc: dict[str, object], text: str, meta: dict[str, bytes], path: str, 
 
 def read_checkpoint(buf: bytes, path: str, *, spec: ModelSpec, spec_source: str = "r3store.json",
                     max_sample_rows: int | None = None, version: int = FORMAT_VERSION,
-                    store_id: str | None = None, check_bloom: bool = True) -> tuple[pa.Table, CheckpointInfo]:
+                    store_id: str | None = None, check_bloom: bool = True,
+                    header: CheckpointHeader | None = None) -> tuple[pa.Table, CheckpointInfo]:
     """Parse and check a checkpoint (version 1 or 2), every row; return its rows and what it covers.
 
     Checked: the footer before pyarrow, the size caps, page CRCs, the digests (version 1:
@@ -395,7 +396,8 @@ def read_checkpoint(buf: bytes, path: str, *, spec: ModelSpec, spec_source: str 
     version 2 also the header's rows, visible rows, unique-id fact and recent commits
     against the rows, and (``check_bloom``) that its Bloom filter holds every id (about
     0.6 us per row; a reader that compares what it found without the rows with what the
-    rows say may skip it).
+    rows say may skip it). ``header``: what :func:`read_checkpoint_header` returned for these
+    same bytes (not parsed again).
 
     Returns
     -------
@@ -410,8 +412,9 @@ def read_checkpoint(buf: bytes, path: str, *, spec: ModelSpec, spec_source: str 
         sample tables; StoreIdentityError (format v3) when it was written for another store
         than ``store_id``.
     """
-    header = read_checkpoint_header(buf, path, spec=spec, spec_source=spec_source, version=version,
-                                    store_id=store_id)
+    if header is None:
+        header = read_checkpoint_header(buf, path, spec=spec, spec_source=spec_source, version=version,
+                                        store_id=store_id)
     table, meta = read_parquet(buf, path)
     _check_version(meta, path, version)
     text = _header_text(meta, path)

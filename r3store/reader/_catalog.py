@@ -421,7 +421,7 @@ class SampleCatalog:
                                               spec_source=backend.path_of(MANIFEST_KEY),
                                               max_sample_rows=self.max_sample_rows,
                                               version=self.manifest.version, store_id=self.manifest.store_id,
-                                              check_bloom=False)
+                                              check_bloom=False, header=pending.header)
             except FormatError as exc:
                 warnings.warn(CheckpointWarning(pending.path, f"{exc.fault} (found when its rows were first "
                                                               "needed; its commits' sample tables were read "
