@@ -214,6 +214,8 @@ def main() -> None:
                              "result": f"{result.nbytes:,} bytes", "where": "s3"}])
                     for c in range(n, n + args.after):
                         local_extra = tmp / f"extra-{n}"
+                        local_extra.mkdir()  # the uploaded store's manifest: its identity (format 3)
+                        shutil.copy(built(n) / "r3store.json", local_extra / "r3store.json")
                         build(local_extra, c, 1, past=False)
                         fs.put(str(local_extra / "routes") + "/", f"{BUCKET}/store-{n}/routes/", recursive=True)
                         fs.put(str(local_extra / "index") + "/", f"{BUCKET}/store-{n}/index/", recursive=True)
