@@ -177,6 +177,7 @@ def write_checkpoint(table: pa.Table, spec_json: str, *, listed_at: datetime, ve
                               "created_at": listed_at.astimezone(UTC).isoformat(timespec="seconds"),
                               "commits": len(commits), "rows": len(table), "visible": len(table) - hidden,
                               "unique_ids": unique, "groups": groups, "recent": sorted(recent),
+                              "max_rows": int(pc.max(table.column("num_rows")).as_py() or 0) if len(table) else 0,
                               "bloom": {"bits": bits, "hashes": BLOOM_HASHES}}
     if version >= 3:
         doc["store_id"] = store_id
@@ -280,6 +281,8 @@ class CheckpointHeader:
     """The covered commits whose sample tables lie in buckets at or after the watermark."""
     bloom: BloomFilter
     """The sample ids it holds (:meth:`BloomFilter.hits`)."""
+    max_rows: int = 0
+    """The largest ``num_rows`` of its rows (a reader with a lower cap reads the rows at open)."""
 
 
 def read_checkpoint_header(buf: bytes, path: str, *, spec: ModelSpec, spec_source: str = "r3store.json",
@@ -312,10 +315,10 @@ def read_checkpoint_header(buf: bytes, path: str, *, spec: ModelSpec, spec_sourc
         raise ChecksumError(path, (), f"checkpoint root digest {stored[:60]!r} does not match its header ({computed})")
     info = _info(doc, text, meta, path, version, store_id, expect=2)
     check_spec(meta.get("r3store.spec", b""), spec, path, spec_source)
-    rows, visible, unique, groups, recent, bloom = (doc.get(k) for k in ("rows", "visible", "unique_ids", "groups",
-                                                                        "recent", "bloom"))
+    rows, visible, unique, groups, recent, bloom, max_rows = (
+        doc.get(k) for k in ("rows", "visible", "unique_ids", "groups", "recent", "bloom", "max_rows"))
     fault = f"r3store.checkpoint metadata {text[:200]!r} is not a version 2 checkpoint header"
-    if not (is_int(rows) and is_int(visible) and 0 <= visible <= rows and isinstance(unique, bool)
+    if not (is_int(rows) and is_int(visible) and 0 <= visible <= rows and isinstance(unique, bool) and is_int(max_rows)
             and isinstance(groups, list) and isinstance(recent, list) and isinstance(bloom, dict)
             and all(isinstance(c, str) and COMMIT_NAME.fullmatch(c) for c in recent)
             and all(isinstance(g, list) and len(g) == 2 and is_int(g[0]) and 0 < g[0] <= GROUP_ROWS
@@ -336,6 +339,7 @@ def read_checkpoint_header(buf: bytes, path: str, *, spec: ModelSpec, spec_sourc
                                                 created_at=info.created_at, store_id=info.store_id),
                             commits=int(info_count(doc)), rows=rows, visible=visible, unique_ids=unique,
                             groups=tuple((int(g[0]), str(g[1])) for g in groups), recent=frozenset(recent),
+                            max_rows=int(max_rows),
                             bloom=BloomFilter(np.frombuffer(raw, dtype="<u8").copy(), int(hashes)))
 
 
@@ -458,6 +462,9 @@ def _check_header(table: pa.Table, header: CheckpointHeader, commits: frozenset[
     visible = table.num_rows - int(pc.sum(table.column("quarantined")).as_py() or 0)
     if visible != header.visible:
         raise FormatError(path, f"checkpoint header says {header.visible} visible rows, its rows hold {visible}")
+    top = int(pc.max(table.column("num_rows")).as_py() or 0) if table.num_rows else 0
+    if top != header.max_rows:
+        raise FormatError(path, f"checkpoint header says max_rows={header.max_rows}, its rows say {top}")
     unique = len(pc.unique(table.column("sample_id"))) == table.num_rows
     if unique != header.unique_ids:
         raise FormatError(path, f"checkpoint header says unique_ids={header.unique_ids}, its rows say {unique}")

@@ -70,6 +70,7 @@ from r3store.errors import (
     ObjectNotFoundError,
     OptionError,
     SampleNotFoundError,
+    SampleTooLargeError,
 )
 from r3store.reader._filter import filter_samples
 from r3store.storage import Backend
@@ -394,7 +395,9 @@ class SampleCatalog:
         self._pending = pending
         newer = self._merge(list(pending.newer.values())) if pending.newer else None
         ids = [] if newer is None else newer.column("sample_id").to_pylist()
-        if self.filter is not None or not header.unique_ids or len(set(ids)) != len(ids) or header.bloom.hits(ids):
+        over_cap = self.max_sample_rows is not None and header.max_rows > self.max_sample_rows
+        if self.filter is not None or over_cap or not header.unique_ids or len(set(ids)) != len(ids) or \
+                header.bloom.hits(ids):
             self._materialize()
             return
         hidden = 0 if newer is None else int(pc.sum(newer.column("quarantined")).as_py() or 0)
@@ -422,6 +425,8 @@ class SampleCatalog:
                                               max_sample_rows=self.max_sample_rows,
                                               version=self.manifest.version, store_id=self.manifest.store_id,
                                               check_bloom=False, header=pending.header)
+            except SampleTooLargeError:
+                raise  # the digests matched: the sample tables hold the same sample, over the same cap (no warning)
             except FormatError as exc:
                 warnings.warn(CheckpointWarning(pending.path, f"{exc.fault} (found when its rows were first "
                                                               "needed; its commits' sample tables were read "
@@ -834,6 +839,8 @@ def _open_checkpoint(backend: Backend, manifest: Manifest, cap: int | None,
                 return _Pending(key=key, path=path, buf=buf, header=header, backend=backend, newer={})
             table, info = read_checkpoint(buf, path, spec=manifest.spec, spec_source=backend.path_of(MANIFEST_KEY),
                                           max_sample_rows=cap, version=manifest.version, store_id=manifest.store_id)
+        except SampleTooLargeError:
+            raise  # intact (its digest matched): the tables would raise the same (no misleading warning)
         except (FormatError, ObjectNotFoundError) as exc:
             fault = exc.fault if isinstance(exc, FormatError) else "deleted while being read"
             warnings.warn(CheckpointWarning(path, fault), stacklevel=4)

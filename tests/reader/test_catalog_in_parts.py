@@ -17,7 +17,7 @@ import pytest
 import r3store
 from r3store._format import _checkpoint
 from r3store._format._checkpoint import _root_digest
-from r3store.errors import CheckpointWarning, DuplicateSampleError, FormatError
+from r3store.errors import CheckpointWarning, DuplicateSampleError, FormatError, SampleTooLargeError
 
 SPEC = r3store.ModelSpec(num_layers=2, num_experts=16, top_k=2)
 
@@ -145,3 +145,13 @@ def test_bloom_filter_that_lies_is_caught_when_the_rows_are_read(
     store_id = json.loads((tmp_path / "r3store.json").read_text())["store_id"]
     with pytest.raises(FormatError, match="Bloom filter misses"):
         _checkpoint.read_checkpoint(path.read_bytes(), str(path), spec=SPEC, store_id=store_id)
+
+
+def test_a_cap_below_the_headers_largest_sample_reads_the_rows_at_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    compacted(tmp_path, monkeypatch, after=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the checkpoint is intact: the cap's error alone, no CheckpointWarning
+        with pytest.raises(SampleTooLargeError, match="more than the cap of 2"):
+            r3store.open_store(tmp_path, reader={"max_sample_rows": 2})
+    assert r3store.open_store(tmp_path, reader={"max_sample_rows": 3})._catalog.in_parts
