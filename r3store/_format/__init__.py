@@ -15,10 +15,12 @@ from r3store._format._array import (
 from r3store._format._checkpoint import (
     CHECKPOINT_PREFIX,
     CHECKPOINT_VERSION,
+    CheckpointHeader,
     CheckpointInfo,
     checkpoint_key,
     parse_checkpoint_key,
     read_checkpoint,
+    read_checkpoint_header,
     watermark_of,
     write_checkpoint,
 )
@@ -72,6 +74,7 @@ __all__ = [
     "CHECKPOINT_PREFIX",
     "CHECKPOINT_VERSION",
     "COMMIT_NAME",
+    "CheckpointHeader",
     "CheckpointInfo",
     "DEFAULT_MAX_SAMPLE_ROWS",
     "DIGEST_TYPES",
@@ -116,6 +119,7 @@ __all__ = [
     "parse_table_key",
     "position_tag",
     "read_checkpoint",
+    "read_checkpoint_header",
     "read_footer",
     "read_table",
     "route_codec",

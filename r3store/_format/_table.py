@@ -44,6 +44,7 @@ __all__ = [
     "array_rows",
     "check_columns",
     "check_identity",
+    "check_spec",
     "identity_of",
     "read_parquet",
     "read_table",
@@ -234,7 +235,7 @@ def check_columns(table: pa.Table, meta: dict[str, bytes], path: str, *, version
         if got != field.type:
             raise FormatError(path, f"column {field.name!r} should be {field.type}, found {got}")
     if spec is not None:
-        _check_spec(meta.get("r3store.spec", b""), spec, path, spec_source)
+        check_spec(meta.get("r3store.spec", b""), spec, path, spec_source)
 
 
 def _check_utf8(table: pa.Table, path: str) -> None:
@@ -290,7 +291,13 @@ def _check_digest(table: pa.Table, meta: dict[str, bytes], version: str, path: s
         raise ChecksumError(path, (), f"sample table digest {stored[:60]!r} does not match its content ({computed})")
 
 
-def _check_spec(raw: bytes, spec: ModelSpec, path: str, source: str) -> None:
+def check_spec(raw: bytes, spec: ModelSpec, path: str, source: str) -> None:
+    """The ``r3store.spec`` metadata ``raw`` parses and equals ``spec`` (``source``: where ``spec`` came from).
+
+    Raises
+    ------
+    r3store.errors.FormatError, r3store.errors.SpecConflictError
+    """
     doc = loads_document(raw, f"{path} (r3store.spec)")
     try:
         found = ModelSpec.from_dict(doc).to_dict()

@@ -15,15 +15,24 @@ starts from the store's newest valid checkpoint (``index/<covered>-<token>.check
 tables it does not cover; a damaged checkpoint is skipped with a
 :class:`r3store.errors.CheckpointWarning`. :meth:`SampleCatalog.refresh` adds commits made
 since.
+
+From a version 2 checkpoint (FORMAT.md section 11.1) the catalogue opens from the
+checkpoint's header: it reads the tables of the commits the header does not name, checks
+their ids against the header's Bloom filter, and counts the visible samples from the
+header; the checkpoint's rows are read and checked (every group's digest, every row) on
+first use of anything that needs them (:attr:`SampleCatalog.samples`, a lookup, the commit
+list, a route array's row count). Rows that then fail their checks are dropped with a
+``CheckpointWarning`` and the covered commits' sample tables read instead.
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +45,7 @@ from r3store._format import (
     INDEX_PREFIX,
     MANIFEST_KEY,
     ROUTES_PREFIX,
+    CheckpointHeader,
     CheckpointInfo,
     Manifest,
     array_key,
@@ -48,6 +58,7 @@ from r3store._format import (
     parse_spans,
     parse_table_key,
     read_checkpoint,
+    read_checkpoint_header,
     read_table,
     table_key,
     table_schema,
@@ -352,27 +363,155 @@ class SampleCatalog:
         self.max_sample_rows = manifest.max_sample_rows if max_sample_rows is None else max_sample_rows
         self._commits: list[str] | None = []
         self.complete = commits is None
-        self.array_rows: dict[str, int] = {}
+        self._array_rows: dict[str, int] = {}
+        self.array_rows: Mapping[str, int] = _ArrayRows(self._array_rows, self._materialize)
+        """Rows each committed route array must have (a mapping that reads a version 2
+        checkpoint's rows on first use of an array it does not know otherwise)."""
         self.checkpoint: str | None = None
         """Key of the checkpoint the catalogue started from (None: it read every sample table)."""
         self._watermark: str | None = None
-        self.covered: frozenset[str] = frozenset()
-        """The commits the checkpoint covers (empty without one)."""
+        self._covered_v: frozenset[str] = frozenset()
         self._preloaded: frozenset[str] = frozenset()  # the commits of the preloaded rows
         self._read: set[str] = set()  # the commits whose sample tables were read
+        self._pending: _Pending | None = None  # a version 2 checkpoint whose rows are read on first use
+        self._lock = threading.RLock()
         wanted = None if commits is None else parse_commits(commits)
         self._buckets: list[str] | None = None
         if preloaded is None and wanted is None and use_checkpoint and manifest.version >= 2:
             files, self._buckets = backend.list_children(INDEX_PREFIX)  # checkpoints and buckets at once
-            loaded = load_checkpoint(backend, manifest, max_sample_rows=self.max_sample_rows,
-                                     keys=checkpoint_keys(backend, files))
-            if loaded is not None:
-                preloaded = Preloaded(loaded.table, loaded.info.commits)
-                self.checkpoint, self._watermark = loaded.key, loaded.info.watermark
-                self.covered = loaded.info.commits
+            found = _open_checkpoint(backend, manifest, self.max_sample_rows, checkpoint_keys(backend, files))
+            if isinstance(found, _Pending):
+                self._open_in_parts(backend, found)
+                return
+            if found is not None:
+                preloaded = Preloaded(found.table, found.info.commits)
+                self.checkpoint, self._watermark = found.key, found.info.watermark
+                self._covered_v = found.info.commits
         self._rows = self._load_tables(backend, preloaded, wanted)
         self.samples, self.duplicates = _dedupe(self._rows, on_duplicate)
         self._build_lookup()
+
+    def _open_in_parts(self, backend: Backend, pending: _Pending) -> None:
+        """Open from a version 2 checkpoint's header (FORMAT.md section 11): read the tables of the
+        commits it does not cover, and read its rows now only where the header cannot settle
+        the open (a filter, an id it holds twice, a newer id its Bloom filter may hold)."""
+        header = pending.header
+        self.checkpoint, self._watermark = pending.key, header.info.watermark
+        by_commit = self._table_keys(backend, None)
+        todo = {commit: keys for commit, keys in by_commit.items() if commit not in header.recent}
+        pending.newer = dict(zip(todo, self._read_tables(backend, todo), strict=True))
+        self._pending = pending
+        newer = self._merge(list(pending.newer.values())) if pending.newer else None
+        ids = [] if newer is None else newer.column("sample_id").to_pylist()
+        over_cap = self.max_sample_rows is not None and header.max_rows > self.max_sample_rows
+        if self.filter is not None or over_cap or not header.unique_ids or len(set(ids)) != len(ids) or \
+                header.bloom.hits(ids):
+            self._materialize()
+            return
+        hidden = 0 if newer is None else int(pc.sum(newer.column("quarantined")).as_py() or 0)
+        pending.visible = header.visible + len(ids) - hidden
+        self._read = set(todo)
+        self._build_lookup()
+
+    def _materialize(self) -> None:
+        """Read and check the pending checkpoint's rows (every group's digest, every row) and merge
+        them with the newer tables. A checkpoint whose rows fail their checks is dropped with a
+        :class:`r3store.errors.CheckpointWarning`; the sample tables of the commits it covers
+        are read instead (those in buckets before its watermark and its recent ones: not
+        commits made since the open)."""
+        if self._pending is None:
+            return
+        with self._lock:
+            pending = self._pending
+            if pending is None:
+                return
+            backend = pending.backend
+            newer = pending.newer
+            try:
+                table, info = read_checkpoint(pending.buf, pending.path, spec=self.manifest.spec,
+                                              spec_source=backend.path_of(MANIFEST_KEY),
+                                              max_sample_rows=self.max_sample_rows,
+                                              version=self.manifest.version, store_id=self.manifest.store_id,
+                                              check_bloom=False, header=pending.header)
+            except SampleTooLargeError:
+                raise  # the digests matched: the sample tables hold the same sample, over the same cap (no warning)
+            except FormatError as exc:
+                warnings.warn(CheckpointWarning(pending.path, f"{exc.fault} (found when its rows were first "
+                                                              "needed; its commits' sample tables were read "
+                                                              "instead)"), stacklevel=4)
+                listed = table_keys(backend.list_prefix(INDEX_PREFIX), self.manifest.version, backend.path_of)
+                older = {commit: keys for commit, keys in listed.items() if commit not in newer and
+                         (commit in pending.header.recent or keys[0].split("/")[1] < pending.header.info.watermark)}
+                newer = {**newer, **dict(zip(older, self._read_tables(backend, older), strict=True))}
+                table, info = None, CheckpointInfo(frozenset(), pending.header.info.watermark, "")
+                self.checkpoint = None
+            pieces = [] if table is None else [self._narrow(table)]
+            if table is not None:
+                self._note_preloaded(Preloaded(table, info.commits))
+            pieces += [t for commit, t in newer.items() if commit not in info.commits]
+            rows = self._merge(pieces)
+            samples, duplicates = _dedupe(rows, self.on_duplicate)
+            if pending.visible is not None and (duplicates or _count_visible(samples) != pending.visible):
+                raise FormatError(pending.path, f"its header and Bloom filter promised {pending.visible} visible "
+                                                f"samples and no id committed again; its rows give "
+                                                f"{_count_visible(samples)} and {len(duplicates)} such id(s)")
+            self._rows, self.samples, self.duplicates = rows, samples, duplicates
+            self._covered_v = info.commits
+            self._preloaded = info.commits
+            self._read = {commit for commit in newer if commit not in info.commits}
+            self._commits = None
+            self._build_lookup()
+            self._pending = None
+
+    @property
+    def samples(self) -> pa.Table:
+        """One row per committed sample (quarantined ones included), in store order."""
+        self._materialize()
+        return self._samples_v
+
+    @samples.setter
+    def samples(self, value: pa.Table) -> None:
+        self._samples_v = value
+
+    @property
+    def duplicates(self) -> dict[str, list[str]]:
+        """Ids committed by more than one commit, with the commits (earliest first)."""
+        self._materialize()
+        return self._duplicates_v
+
+    @duplicates.setter
+    def duplicates(self, value: dict[str, list[str]]) -> None:
+        self._duplicates_v = value
+
+    @property
+    def _rows(self) -> pa.Table:
+        self._materialize()
+        return self._rows_v
+
+    @_rows.setter
+    def _rows(self, value: pa.Table) -> None:
+        self._rows_v = value
+
+    @property
+    def covered(self) -> frozenset[str]:
+        """The commits the checkpoint covers (empty without one)."""
+        self._materialize()
+        return self._covered_v
+
+    @property
+    def in_parts(self) -> bool:
+        """Whether the rows of a version 2 checkpoint are still unread (read on first use)."""
+        return self._pending is not None
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._materialize()
+        state = dict(self.__dict__)
+        state.pop("_lock")
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     @property
     def all_rows(self) -> pa.Table:
@@ -383,6 +522,7 @@ class SampleCatalog:
     def commits(self) -> list[str]:
         """The committed commits loaded (those asked for, with ``commits``), in name order
         (sorted on first use)."""
+        self._materialize()
         commits = self._commits
         if commits is None:
             commits = self._commits = sorted(self._read.union(self._preloaded))
@@ -429,7 +569,7 @@ class SampleCatalog:
             table = read_table(blob, backend.path_of(keys[0]), commit, version=self.manifest.version,
                                spec=self.manifest.spec, spec_source=backend.path_of(MANIFEST_KEY),
                                max_sample_rows=self.max_sample_rows, store_id=self.manifest.store_id)
-            self.array_rows[array_key(commit)] = array_rows(table)
+            self._array_rows[array_key(commit)] = array_rows(table)
             tables.append(self._narrow(table))
         return tables
 
@@ -498,6 +638,7 @@ class SampleCatalog:
         if not self.complete:
             raise OptionError("commits", f"{len(self.commits)} commits",
                               "a reader opened on some commits only cannot refresh; open the whole store")
+        self._materialize()
         by_commit = self._table_keys(backend, None)
         todo = {commit: keys for commit, keys in by_commit.items()
                 if commit not in self._preloaded and commit not in self._read}
@@ -523,11 +664,12 @@ class SampleCatalog:
         top = np.zeros(len(encoded.dictionary), dtype=np.int64)
         np.maximum.at(top, encoded.indices.to_numpy(), ends)
         found = zip(encoded.dictionary.to_pylist(), top.tolist(), strict=True)
-        if not self.array_rows:  # the usual case: preloaded rows come first
-            self.array_rows.update(found)
+        rows = self._array_rows
+        if not rows:  # the usual case: preloaded rows come first
+            rows.update(found)
             return
         for array, end in found:
-            self.array_rows[array] = max(self.array_rows.get(array, 0), end)
+            rows[array] = max(rows.get(array, 0), end)
 
     def _build_lookup(self) -> None:
         """Forget the per-row lists of :attr:`samples` (rebuilt on first use: a caller that reads
@@ -583,11 +725,14 @@ class SampleCatalog:
 
     @property
     def num_visible(self) -> int:
-        """How many committed samples are not quarantined (``len(visible)``, without building it)."""
+        """How many committed samples are not quarantined (``len(visible)``, without building it;
+        from a version 2 checkpoint's header, without its rows, while they are unread)."""
+        pending = self._pending
+        if pending is not None and pending.visible is not None:
+            return pending.visible
         if "visible" in self.__dict__:
             return len(self.visible)
-        hidden = pc.sum(self.samples.column("quarantined")).as_py() or 0
-        return int(self.samples.num_rows) - int(hidden)
+        return _count_visible(self.samples)
 
     @property
     def _where(self) -> dict[str, int]:
@@ -633,6 +778,83 @@ class SampleCatalog:
             reason = self.samples.column("reason")[i].as_py() or "no reason recorded"
             raise SampleNotFoundError(sample_id, self.url, quarantined=reason)
         return i
+
+
+def _count_visible(table: pa.Table) -> int:
+    """Rows of ``table`` not quarantined."""
+    return int(table.num_rows) - int(pc.sum(table.column("quarantined")).as_py() or 0)
+
+
+@dataclass
+class _Pending:
+    """A version 2 checkpoint opened from its header: its bytes (fetched whole, in one request)
+    and the sample tables of the commits read besides it."""
+
+    key: str
+    path: str
+    buf: bytes
+    header: CheckpointHeader
+    backend: Backend
+    newer: dict[str, pa.Table]
+    """Commit -> its checked sample table (narrowed by the filter), for the commits the header
+    does not name as covered."""
+    visible: int | None = None
+    """Visible samples of the store, from the header and the newer tables (None: not settled)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("a catalogue with unread checkpoint rows is read before pickling")
+
+
+class _ArrayRows(Mapping[str, int]):
+    """Rows each route array must have: ``known``, and on a miss the catalogue's rows read
+    (``fill``) first (a version 2 checkpoint's arrays are known once its rows are read)."""
+
+    def __init__(self, known: dict[str, int], fill: Callable[[], None]) -> None:
+        self._known = known
+        self._fill = fill
+
+    def __getitem__(self, key: str) -> int:
+        if key not in self._known:
+            self._fill()
+        return self._known[key]
+
+    def __contains__(self, key: object) -> bool:
+        if key not in self._known:
+            self._fill()
+        return key in self._known
+
+    def __iter__(self) -> Iterator[str]:
+        self._fill()
+        return iter(self._known)
+
+    def __len__(self) -> int:
+        self._fill()
+        return len(self._known)
+
+
+def _open_checkpoint(backend: Backend, manifest: Manifest, cap: int | None,
+                     keys: list[str]) -> LoadedCheckpoint | _Pending | None:
+    """The newest checkpoint of ``keys`` that passes its checks: a version 1 checkpoint read whole,
+    or a version 2 one whose footer and header passed (its rows read later); None if none.
+    Each one skipped warns (:class:`r3store.errors.CheckpointWarning`)."""
+    for key in keys:
+        path = backend.path_of(key)
+        try:
+            buf = bytes(backend.get(key))
+            header = read_checkpoint_header(buf, path, spec=manifest.spec, spec_source=backend.path_of(MANIFEST_KEY),
+                                            version=manifest.version, store_id=manifest.store_id)
+            if header is not None:
+                return _Pending(key=key, path=path, buf=buf, header=header, backend=backend, newer={})
+            table, info = read_checkpoint(buf, path, spec=manifest.spec, spec_source=backend.path_of(MANIFEST_KEY),
+                                          max_sample_rows=cap, version=manifest.version, store_id=manifest.store_id)
+        except SampleTooLargeError:
+            raise  # intact (its digest matched): the tables would raise the same (no misleading warning)
+        except (FormatError, ObjectNotFoundError) as exc:
+            fault = exc.fault if isinstance(exc, FormatError) else "deleted while being read"
+            warnings.warn(CheckpointWarning(path, fault), stacklevel=4)
+            continue
+        return LoadedCheckpoint(key=key, table=table, info=info)
+    return None
 
 
 _STORE_ORDER = [("committed_at", "ascending"), ("commit", "ascending"), ("row_start", "ascending")]

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from r3store._format import (
+    INDEX_PREFIX,
     MANIFEST_KEY,
     checkpoint_key,
     loads_document,
@@ -25,7 +26,7 @@ from r3store._format import (
     write_checkpoint,
 )
 from r3store.errors import FormatVersionError, NotAStoreError, ObjectNotFoundError, StorageError
-from r3store.reader._catalog import SampleCatalog
+from r3store.reader._catalog import SampleCatalog, table_keys
 from r3store.storage import Backend, open_backend
 
 __all__ = ["CompactResult", "compact", "store_time"]
@@ -77,7 +78,9 @@ def compact(url: str | os.PathLike[str] | Backend, *, storage_options: Mapping[s
     Reads the newest valid checkpoint and the sample tables of the commits it does not
     cover (every table when there is none), then writes their rows, all of them
     (quarantined and duplicated ids included: readers resolve those as from the tables),
-    as ``index/<covered:012d>-<random>.checkpoint``, created only if absent. Safe while
+    as ``index/<covered:012d>-<random>.checkpoint`` (checkpoint version 2: row groups with their
+    own digests, a header naming the covered commits whose tables lie in buckets from the
+    watermark on, found by listing those buckets once more), created only if absent. Safe while
     writers commit and while other compactions run: each checkpoint names exactly the
     commits whose rows it holds, and a reader reads every other commit from its table, so
     nothing is lost or counted twice; of several checkpoints readers take the one covering
@@ -150,9 +153,14 @@ def compact(url: str | os.PathLike[str] | Backend, *, storage_options: Mapping[s
                              nbytes=0, watermark=catalog.watermark)
     if not commits:
         return CompactResult(key=None, written=False, commits=0, samples=0, nbytes=0, watermark=None)
+    watermark = watermark_of(listed_at)
+    buckets = backend.list_children(INDEX_PREFIX)[1]
+    late = table_keys([key for bucket in buckets if bucket >= watermark
+                       for key in backend.list_prefix(f"{INDEX_PREFIX}{bucket}/")], manifest.version, backend.path_of)
+    recent = set(late).intersection(catalog.commits)  # covered commits a reader must tell apart from newer ones
     blob = write_checkpoint(rows, json.dumps(manifest.spec.to_dict()), listed_at=listed_at,
-                            version=manifest.version, store_id=manifest.store_id)
+                            version=manifest.version, store_id=manifest.store_id, recent=recent)
     key = checkpoint_key(commits, uuid.uuid4().hex)
     backend.set_if_absent(key, blob)  # a fresh random name: never taken
     return CompactResult(key=key, written=True, commits=commits, samples=rows.num_rows, nbytes=len(blob),
-                         watermark=watermark_of(listed_at))
+                         watermark=watermark)

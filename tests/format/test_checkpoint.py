@@ -1,0 +1,142 @@
+"""Checkpoint version 2 (FORMAT.md section 11): row groups with their own digests, a header bound
+by a root digest, a Bloom filter of the ids; version 1 checkpoints still read."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import r3store
+from r3store._format import _checkpoint, read_checkpoint, read_checkpoint_header
+from r3store._format._checkpoint import BloomFilter, _root_digest
+from r3store.errors import ChecksumError, FormatError
+
+SPEC = r3store.ModelSpec(num_layers=2, num_experts=16, top_k=2)
+V1_STORE = Path(__file__).parents[1] / "fixtures" / "stores" / "v3-ckpt"
+
+
+def make_checkpoint(root: Path, samples: int, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A store of ``samples`` one-sample commits, compacted into groups of 4 rows."""
+    monkeypatch.setattr(_checkpoint, "GROUP_ROWS", 4)
+    for i in range(samples):
+        with r3store.RouteWriter(root, SPEC) as w:
+            w.append(f"s{i}", np.tile(np.array([i % 8, 8 + i % 8]), (3, 2, 1)).astype(np.int32),
+                     metadata={"index": i})
+    result = r3store.compact(root)
+    assert result.key is not None
+    return root / result.key
+
+
+def rewrite(path: Path, rows: object = None, header: object = None, reseal: bool = False) -> None:
+    """Rewrite a checkpoint in place: ``rows(table) -> table``, ``header(doc) -> doc``; the root
+    digest kept as it was unless ``reseal`` (then recomputed: an attacker who knows the format)."""
+    table = pq.read_table(path)
+    kv = dict(table.schema.metadata)
+    if callable(rows):
+        table = rows(table)
+    if callable(header):
+        doc = header(json.loads(kv[b"r3store.checkpoint"]))
+        kv[b"r3store.checkpoint"] = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    if reseal:
+        ident = (kv[b"r3store.store_id"].decode(),) if b"r3store.store_id" in kv else ()
+        kv[b"r3store.digest"] = _root_digest(kv[b"r3store.version"].decode(), kv[b"r3store.spec"].decode(),
+                                             kv[b"r3store.checkpoint"].decode(), kv[b"r3store.bloom"].decode(),
+                                             ident).encode()
+    pq.write_table(table.replace_schema_metadata(kv), path, row_group_size=4, write_page_checksum=True)
+
+
+def read(path: Path) -> tuple[pa.Table, object]:
+    store_id = json.loads((path.parents[1] / "r3store.json").read_text())["store_id"]
+    return read_checkpoint(path.read_bytes(), str(path), spec=SPEC, store_id=store_id)
+
+
+def header_of(path: Path) -> _checkpoint.CheckpointHeader | None:
+    store_id = json.loads((path.parents[1] / "r3store.json").read_text())["store_id"]
+    return read_checkpoint_header(path.read_bytes(), str(path), spec=SPEC, store_id=store_id)
+
+
+def test_header_lists_each_group_and_what_an_open_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = make_checkpoint(tmp_path, 10, monkeypatch)
+    header = header_of(path)
+    assert header is not None
+    assert [rows for rows, _ in header.groups] == [4, 4, 2]
+    assert (header.rows, header.visible, header.commits, header.unique_ids) == (10, 10, 10, True)
+    assert header.recent == header.info.commits  # every table lies in the current hour: all are recent
+    assert len(header.recent) == 10
+    assert pq.ParquetFile(path).metadata.num_row_groups == 3
+    table, _ = read(path)
+    assert table.num_rows == 10
+    assert header.bloom.hits(table.column("sample_id").to_pylist()) == [f"s{i}" for i in range(10)]
+
+
+def test_damaged_group_is_named_and_the_header_still_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = make_checkpoint(tmp_path, 10, monkeypatch)
+
+    def edit(table: pa.Table) -> pa.Table:
+        i = table.schema.get_field_index("index")
+        values = table.column(i).to_pylist()
+        values[5] = 99
+        return table.set_column(i, table.schema.field(i), pa.array(values, pa.int64()))
+
+    rewrite(path, rows=edit)
+    assert header_of(path) is not None  # the header and root digest are intact
+    with pytest.raises(ChecksumError, match=r"row group 1 \(rows 4 to 7\)"):
+        read(path)
+
+
+def test_edited_header_fails_the_root_digest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = make_checkpoint(tmp_path, 6, monkeypatch)
+    rewrite(path, header=lambda doc: dict(doc, visible=5))
+    with pytest.raises(ChecksumError, match="root digest"):
+        header_of(path)
+
+
+@pytest.mark.parametrize(("edit", "fault"), [
+    (lambda doc: dict(doc, visible=5), "header says 5 visible rows"),
+    (lambda doc: dict(doc, unique_ids=False), "unique_ids=False"),
+    (lambda doc: dict(doc, recent=["zz-00000"]), "recent commit 'zz-00000'"),
+    (lambda doc: dict(doc, rows=7, groups=[[4, doc["groups"][0][1]], [3, doc["groups"][1][1]]]), "holds 6 rows"),
+])
+def test_resealed_header_that_lies_is_refused_when_the_rows_are_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: object, fault: str) -> None:
+    path = make_checkpoint(tmp_path, 6, monkeypatch)
+    rewrite(path, header=edit, reseal=True)
+    assert header_of(path) is not None
+    with pytest.raises(FormatError, match=fault):
+        read(path)
+
+
+def test_bloom_filter_missing_an_id_is_refused_when_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = make_checkpoint(tmp_path, 6, monkeypatch)
+    table = pq.read_table(path)
+    kv = dict(table.schema.metadata)
+    kv[b"r3store.bloom"] = base64.b64encode(bytes(len(base64.b64decode(kv[b"r3store.bloom"]))))  # holds no id
+    pq.write_table(table.replace_schema_metadata(kv), path, row_group_size=4, write_page_checksum=True)
+    rewrite(path, reseal=True)
+    with pytest.raises(FormatError, match="Bloom filter misses"):
+        read(path)
+
+
+def test_version_1_checkpoint_has_no_header_and_reads_whole() -> None:
+    key = next(p for p in (V1_STORE / "index").iterdir() if p.suffix == ".checkpoint")
+    store_id = json.loads((V1_STORE / "r3store.json").read_text())["store_id"]
+    spec = r3store.open_store(V1_STORE).spec
+    assert read_checkpoint_header(key.read_bytes(), str(key), spec=spec, store_id=store_id) is None
+    table, info = read_checkpoint(key.read_bytes(), str(key), spec=spec, store_id=store_id)
+    assert table.num_rows == 3
+    assert len(info.commits) == 1
+
+
+def test_bloom_filter_holds_its_ids_and_few_others() -> None:
+    ids = [f"id-{i}" for i in range(2000)]
+    bloom = BloomFilter.build(ids, 16 * 2000, 11)
+    assert bloom.hits(ids) == ids
+    others = [f"other-{i}" for i in range(20000)]
+    assert len(bloom.hits(others)) < 40  # about 0.05% expected (10 of 20,000)
+    assert BloomFilter.build([], 1024, 11).hits(ids) == []
