@@ -350,8 +350,9 @@ def set_replay_routes(model_chunks: nn.Module | Iterable[nn.Module], batch: Mapp
         differs from a router's; an id is out of range or repeated in a row (with
         ``check``); the routes are not integers or not 3-d/4-d, or BSHD cannot be told
         from SBHD, or ``layout`` differs from the batch's ``layout``; a router cannot
-        replay (see :func:`moe_layers`). At the router's call: the router sees another number of tokens than the routes have rows (the batch
-        is laid out for other tokens), or a recompute finds the backward FIFO empty.
+        replay (see :func:`moe_layers`). At the router's call: the router sees another
+        number of tokens than the routes have rows (the batch is laid out for other
+        tokens), or a recompute finds the backward FIFO empty.
         Each names the decoder layer.
     TypeError
         ``model_chunks`` is not a module or a sequence of modules.
