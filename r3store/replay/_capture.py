@@ -23,7 +23,9 @@ class Capture:
     routes : list of numpy.ndarray of int32
         One array per sequence, shape ``(n_i - 1, len(moe_layers), top_k)`` (``n_i`` =
         the sequence's real tokens; no row for its last token), in the layout r3store
-        stores: pass them to ``RouteWriter.append`` as they are.
+        stores: pass them to ``RouteWriter.append`` as they are. The sequences are those
+        of the block's ``attention_mask`` / ``cu_seqlens``, else one per row of the
+        forward's ``(batch, seq)`` input.
     flat : numpy.ndarray of int32
         Shape ``(N, len(moe_layers), top_k)``: the ids of every flattened token position
         the routers saw (``batch * seq`` or the packed length), padding included.

@@ -294,8 +294,8 @@ class RoutingReplay:
             of range or repeated in a row, ``batch["layers"]`` differs from
             :attr:`moe_layers`, an SBHD batch, replay blocks are nested, or the hooks were
             removed. When the model is called: its input's ``(batch, seq)`` does not fit
-            the layout (see above). In the forward: the router sees a different number of tokens than the routes
-            are laid out for; a weight function does not reproduce its router's weights.
+            the layout (see above). In the forward: the router sees a different number
+            of tokens than the routes are laid out for; a weight function does not reproduce its router's weights.
             When the block exits, a router that did not run in it. In backward: a
             recompute matches no kept forward call.
         """
