@@ -29,7 +29,7 @@ from r3store.reader import RouteReader
 
 __all__ = ["BATCH_KEYS", "PadPolicy", "ROUTE_DTYPES", "RouteDType", "assemble", "packed_bits", "route_dtype"]
 
-BATCH_KEYS = ("routes", "replay_mask", "cu_seqlens", "num_tokens", "sample_ids", "layers", "sp_range")
+BATCH_KEYS = ("routes", "replay_mask", "cu_seqlens", "num_tokens", "sample_ids", "layers", "sp_range", "layout")
 """Keys of every batch (``tokens`` is added when token ids are given, ``policy_version`` when asked for)."""
 
 PadPolicy = Literal["spread", "fill"]
