@@ -90,7 +90,8 @@ class RouteStore(RouteReader):
             ``routes`` int32 ``(T, n_layers, top_k)`` or ``(B, T, n_layers, top_k)``,
             ``replay_mask`` bool (False on pad rows and on rows the engine could not
             capture), ``cu_seqlens`` int32, ``num_tokens`` int32 ``(B,)``,
-            ``sample_ids``, ``layers``, ``sp_range`` (and ``tokens``, ``policy_version``).
+            ``sample_ids``, ``layers``, ``sp_range``, ``layout`` (``"thd"``, ``"bshd"`` or
+            ``"sbhd"``) (and ``tokens``, ``policy_version``).
 
         Raises
         ------

@@ -29,7 +29,7 @@ from r3store.reader import RouteReader
 
 __all__ = ["BATCH_KEYS", "PadPolicy", "ROUTE_DTYPES", "RouteDType", "assemble", "packed_bits", "route_dtype"]
 
-BATCH_KEYS = ("routes", "replay_mask", "cu_seqlens", "num_tokens", "sample_ids", "layers", "sp_range")
+BATCH_KEYS = ("routes", "replay_mask", "cu_seqlens", "num_tokens", "sample_ids", "layers", "sp_range", "layout")
 """Keys of every batch (``tokens`` is added when token ids are given, ``policy_version`` when asked for)."""
 
 PadPolicy = Literal["spread", "fill"]
@@ -204,7 +204,9 @@ def assemble(
         ``(B, T)`` / ``(T, B)`` (False on pad rows and on rows the engine could not
         capture, which hold pad-row ids); ``cu_seqlens`` int32;
         ``num_tokens`` int32 ``(B,)``; ``sample_ids`` list of str; ``layers`` list of
-        global decoder-layer indices; ``sp_range`` (start, end); ``tokens`` int64 laid
+        global decoder-layer indices; ``sp_range`` (start, end); ``layout`` str,
+        ``options.layout`` (``"thd"``, ``"bshd"`` or ``"sbhd"``: how ``routes`` is
+        laid out, so a consumer never guesses it from shapes); ``tokens`` int64 laid
         out the same way when ``tokens`` is given (pad positions 0); ``policy_version``
         int64 ``(T,)`` / ``(B, T)`` with ``return_policy_version`` (-1 on pad rows and in
         samples written without a version). See :func:`r3store.layout.plan_layout` for
@@ -267,6 +269,7 @@ def assemble(
         "sample_ids": sample_ids,
         "layers": [spec.moe_layers[p] for p in positions],
         "sp_range": tuple(int(v) for v in plan.sp_range),
+        "layout": opts.layout,
     }
     if packed:
         batch["routes_bits"], batch["routes_shape"] = bits, tuple(out.shape)

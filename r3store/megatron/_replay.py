@@ -325,8 +325,9 @@ def set_replay_routes(model_chunks: nn.Module | Iterable[nn.Module], batch: Mapp
         Overrides ``batch["layers"]``. The batch may hold more layers than the chunks
         (e.g. every MoE layer); it must hold each router's layer.
     layout : {"thd", "bshd", "sbhd"}, optional
-        Default: THD for 3-d routes; for 4-d routes BSHD or SBHD as the batch's
-        ``num_tokens`` (one per sample) tells. Megatron's router sees its ``[s, b, h]``
+        Default: the batch's ``layout`` (``store.assemble`` sets it); without one, THD
+        for 3-d routes and for 4-d routes BSHD or SBHD as the batch's ``num_tokens``
+        (one per sample) tells. Megatron's router sees its ``[s, b, h]``
         input flattened sequence-major, so BSHD routes are transposed first.
     check : bool
         Check every id in ``[0, num_experts)`` and the ``top_k`` ids of a row distinct
@@ -348,9 +349,10 @@ def set_replay_routes(model_chunks: nn.Module | Iterable[nn.Module], batch: Mapp
         The batch does not hold a router's layer, or holds a layer twice; ``top_k``
         differs from a router's; an id is out of range or repeated in a row (with
         ``check``); the routes are not integers or not 3-d/4-d, or BSHD cannot be told
-        from SBHD; a router cannot replay (see :func:`moe_layers`). At the router's call:
-        the router sees another number of tokens than the routes have rows (the batch
-        is laid out for other tokens), or a recompute finds the backward FIFO empty.
+        from SBHD, or ``layout`` differs from the batch's ``layout``; a router cannot
+        replay (see :func:`moe_layers`). At the router's call: the router sees another
+        number of tokens than the routes have rows (the batch is laid out for other
+        tokens), or a recompute finds the backward FIFO empty.
         Each names the decoder layer.
     TypeError
         ``model_chunks`` is not a module or a sequence of modules.
@@ -366,7 +368,11 @@ def set_replay_routes(model_chunks: nn.Module | Iterable[nn.Module], batch: Mapp
                               "of the routes' layer axis)")
         layers = batch["layers"]
     names = [int(v) for v in layers]
-    flat = _flatten(routes, layout, num_tokens)
+    stated = batch.get("layout") if isinstance(batch, Mapping) else None  # store.assemble names its layout
+    if stated is not None and layout is not None and stated != layout:
+        raise ReplayError(f"layout={layout!r}, but the batch was assembled with layout {stated!r} "
+                          f"(routes of shape {tuple(routes.shape)})")
+    flat = _flatten(routes, layout if layout is not None else stated, num_tokens)
     if flat.shape[1] != len(names):
         raise ReplayError(f"the routes' layer axis has {flat.shape[1]} entries, layers names {len(names)}: {names}")
     position: dict[int, int] = {}

@@ -183,6 +183,10 @@ class GenerationCapture:
             raise ReplayError(f"the routers saw {prefill.shape[1]} prompt positions per row, the prefill fed {width}")
         mask = torch.cat(self._prompt_mask, dim=1)
         steps = len(self._fed)
+        for step, c in enumerate(per_call[num_prefill:], start=1):
+            if c.shape[0] != rows:
+                raise ReplayError(f"the routers saw {c.shape[0]} token positions in decode step {step}; its "
+                                  f"input_ids have {rows} rows of one token")
         decode = (torch.stack([c.reshape(rows, *lk) for c in per_call[num_prefill:]], dim=1) if steps
                   else torch.zeros((rows, 0, *lk), dtype=torch.int32))
         fed = torch.stack(self._fed, dim=1) if steps else torch.zeros((rows, 0), dtype=torch.long)

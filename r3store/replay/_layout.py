@@ -50,6 +50,10 @@ class Positions:
     """Route rows of each sequence (``n_i - 1``, 0 for an empty sequence)."""
     source: str
     """How the layout was given, for messages."""
+    shape: tuple[int, int] | None = None
+    """The attention mask's ``(batch, seq)``; None for sequences laid back to back."""
+    lengths: list[int] | None = None
+    """Token counts of the sequences laid back to back; None for a mask."""
 
 
 def _from_mask(mask: Any) -> Positions:
@@ -62,7 +66,7 @@ def _from_mask(mask: Any) -> Positions:
     routed = m & (rank < (n - 1)[:, None])
     rows = (n - 1).clamp(min=0).tolist()
     return Positions(m.numel(), routed.reshape(-1).nonzero().reshape(-1), rows,
-                     f"attention_mask of shape {tuple(m.shape)}")
+                     f"attention_mask of shape {tuple(m.shape)}", shape=(int(m.shape[0]), int(m.shape[1])))
 
 
 def _from_cu(cu_seqlens: Any, source: str) -> Positions:
@@ -74,7 +78,7 @@ def _from_cu(cu_seqlens: Any, source: str) -> Positions:
     seq = torch.searchsorted(cu[1:], pos, right=True)
     routed = pos < cu[1:][seq] - 1
     rows = (cu[1:] - cu[:-1] - 1).clamp(min=0).tolist()
-    return Positions(total, pos[routed], rows, source)
+    return Positions(total, pos[routed], rows, source, lengths=(cu[1:] - cu[:-1]).tolist())
 
 
 def positions(*, attention_mask: Any = None, cu_seqlens: Any = None,
@@ -106,6 +110,51 @@ def positions(*, attention_mask: Any = None, cu_seqlens: Any = None,
     return _from_cu(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]), "sequences laid back to back")
 
 
+def check_input_shape(shape: tuple[int, int], *, source: str, want_shape: tuple[int, int] | None = None,
+                      lengths: Sequence[int] | None = None, what: str = "routes") -> None:
+    """Check that a ``(batch, seq)`` model input fits a layout, so that no position shifts silently.
+
+    The routers of a Hugging Face model flatten their ``(batch, seq, hidden)`` input batch
+    first: flat position ``b * seq + t`` is token ``t`` of row ``b``.
+
+    Parameters
+    ----------
+    shape : (int, int)
+        The model input's ``(batch, seq)`` (``input_ids`` or ``inputs_embeds.shape[:2]``).
+    source : str
+        How the layout was given, for messages.
+    want_shape : (int, int), optional
+        The exact input shape the layout is for (an attention mask's shape, BSHD routes'
+        leading ``(B, T)``).
+    lengths : sequence of int, optional
+        Token counts of sequences laid back to back (packed boundaries, unpadded list):
+        on an input with ``batch > 1`` each must fill exactly one row of ``seq`` tokens.
+    what : str
+        What is laid out (``"routes"``, ``"captured sequences"``), for messages.
+
+    Raises
+    ------
+    r3store.errors.ReplayError
+        The shapes differ (naming both, and SBHD when they are transposed), or a
+        sequence does not fill one row of a multi-row input.
+    """
+    b, w = shape
+    if want_shape is not None and tuple(want_shape) != (b, w):
+        hint = ""
+        if tuple(want_shape) == (w, b):
+            hint = (" (transposed: sequence first, as the SBHD layout lays them out; the model's routers see "
+                    "(batch, seq) batch first: assemble with {'layout': 'bshd'})")
+        raise ReplayError(f"the model input has shape (batch, seq) = {(b, w)}; the {what} are laid out for "
+                          f"{tuple(want_shape)} by the {source}{hint}")
+    if lengths is not None and b > 1:
+        lengths = [int(n) for n in lengths]
+        if len(lengths) != b or any(n != w for n in lengths):
+            raise ReplayError(f"the model input has shape (batch, seq) = {(b, w)}; the {what} are laid out by the "
+                              f"{source} as {len(lengths)} sequences of {lengths[:8]} tokens back to back: on a "
+                              f"batch of several rows each sequence must fill one row of {w} tokens; pass "
+                              "attention_mask for a padded batch")
+
+
 @dataclass(eq=False)
 class TokenPlan:
     """Recorded ids for every flat position and MoE layer of one batch."""
@@ -116,9 +165,17 @@ class TokenPlan:
     """bool ``(N, L)``: the position has a recorded route in that MoE layer."""
     source: str
     """How the layout was given, for messages."""
+    want_shape: tuple[int, int] | None = None
+    """The ``(batch, seq)`` model input the plan is laid out for (mask shape, BSHD ``(B, T)``)."""
+    lengths: list[int] | None = None
+    """Token counts of sequences laid back to back (packed or unpadded), when known."""
     applied: set[int] = field(default_factory=set)
     """MoE-layer positions whose router replayed this plan."""
     _on: dict[torch.device, tuple[Tensor, Tensor]] = field(default_factory=dict)
+
+    def check_input(self, shape: tuple[int, int]) -> None:
+        """Raise :class:`~r3store.errors.ReplayError` unless a ``(batch, seq)`` model input fits this plan."""
+        check_input_shape(shape, source=self.source, want_shape=self.want_shape, lengths=self.lengths)
 
     @property
     def num_positions(self) -> int:
@@ -221,7 +278,7 @@ def plan_from_routes(routes: Sequence[Any], *, moe_layers: Sequence[int], num_ex
     dest = pos.routed[keep]
     ids[dest] = cat
     has_route[dest] = has
-    return TokenPlan(ids, has_route, pos.source)
+    return TokenPlan(ids, has_route, pos.source, want_shape=pos.shape, lengths=pos.lengths)
 
 
 def _check_rows(pos: Positions, rows: list[int], arrays: list[Tensor | None]) -> None:
@@ -239,12 +296,17 @@ def plan_from_batch(batch: Mapping[str, Any], *, moe_layers: Sequence[int], num_
 
     Positions are taken as laid out: THD ``routes`` ``(T, L, K)`` for a ``(1, T)`` token
     tensor, BSHD ``(B, T, L, K)`` for ``(B, T)``. ``replay_mask`` False rows keep live routing.
+    ``batch["layout"]`` (``store.assemble`` sets it) names the layout; SBHD
+    ``(T, B, L, K)`` is refused, since the routers of a ``(B, T)`` input flatten it batch
+    first (a 4-d batch without the key is taken as BSHD, and the model input's shape
+    must then be ``routes.shape[:2]``: see :meth:`TokenPlan.check_input`).
 
     Raises
     ------
     r3store.errors.ReplayError
-        A key is missing, ``batch["layers"]`` differs from the model's MoE layers, a
-        shape does not fit, or bad ids on a replayed row.
+        A key is missing, ``batch["layout"]`` is ``"sbhd"`` or does not fit the routes'
+        rank, ``batch["layers"]`` differs from the model's MoE layers, a shape does not
+        fit, or bad ids on a replayed row.
     """
     for key in ("routes", "replay_mask"):
         if key not in batch:
@@ -257,6 +319,16 @@ def plan_from_batch(batch: Mapping[str, Any], *, moe_layers: Sequence[int], num_
     routes = as_tensor(batch["routes"], "batch['routes']")
     mask = as_tensor(batch["replay_mask"], "batch['replay_mask']", integer=False)
     lead = routes.ndim - 2
+    layout = batch.get("layout")
+    if layout is not None and layout not in ("thd", "bshd", "sbhd"):
+        raise ReplayError(f"batch['layout'] is {layout!r}; expected 'thd', 'bshd' or 'sbhd'")
+    if layout == "sbhd":
+        raise ReplayError(f"this batch is SBHD: routes of shape {tuple(routes.shape)} = (seq, batch, MoE layers, "
+                          "top_k), sequence first; the routers of a (batch, seq) model input see the tokens batch "
+                          "first, so SBHD routes would replay transposed: assemble with {'layout': 'bshd'} for a "
+                          "(batch, seq) input or {'layout': 'thd'} for a packed (1, total) input")
+    if layout is not None and (lead == 2) != (layout == "bshd"):
+        raise ReplayError(f"batch['layout'] is {layout!r}, but batch['routes'] has shape {tuple(routes.shape)}")
     _check_shape(routes, "batch['routes']", len(moe_layers), top_k, lead=max(lead, 1))
     if tuple(mask.shape) != tuple(routes.shape[:lead]):
         raise ReplayError(f"batch['replay_mask'] has shape {tuple(mask.shape)}, routes {tuple(routes.shape)}")
@@ -271,7 +343,15 @@ def plan_from_batch(batch: Mapping[str, Any], *, moe_layers: Sequence[int], num_
 
     has = check_ids(flat, ~flat_mask.to(flat.device), num_experts, where)
     kind = "BSHD" if lead == 2 else "THD"
-    return TokenPlan(flat, has, f"{kind} batch of {flat.shape[0]} positions")
+    source = f"{kind} batch of {flat.shape[0]} positions"
+    if lead == 2:
+        return TokenPlan(flat, has, source, want_shape=(int(routes.shape[0]), int(routes.shape[1])))
+    lengths = None
+    if cu is not None:
+        bounds = as_tensor(cu, "cu_seqlens").to("cpu", torch.int64).reshape(-1)
+        if bounds.numel() >= 2 and int(bounds[-1]) == flat.shape[0]:
+            lengths = (bounds[1:] - bounds[:-1]).tolist()
+    return TokenPlan(flat, has, source, lengths=lengths)
 
 
 def _batch_row(r: int, width: int | None, cu: Any, sample_ids: list[str]) -> str:

@@ -169,8 +169,11 @@ class RoutingReplay:
         attention_mask : array of int or bool, shape (batch, seq), optional
             Padded batch (left or right): a sequence's tokens are its nonzero entries.
         cu_seqlens : array of int, shape (num_sequences + 1,), optional
-            Packed sequences in a ``(1, total)`` batch. Without either, the input is one
-            sequence (``(1, seq)``).
+            Packed sequences in a ``(1, total)`` batch (on a ``(batch, seq)`` input with
+            ``batch > 1``, each sequence must fill one row). Without either, every
+            position is a token: a ``(batch, seq)`` input (read from the model call's
+            ``input_ids`` or ``inputs_embeds``, else from a router's ``(batch, seq,
+            hidden)`` input) gives ``batch`` sequences of ``seq`` tokens each.
 
         Yields
         ------
@@ -183,7 +186,12 @@ class RoutingReplay:
         ------
         r3store.errors.ReplayError
             A router ran twice or not at all in the block, capture blocks are nested, the
-            layout does not fit the routers' token count, or the hooks were removed.
+            layout does not fit the routers' token count or the model input's
+            ``(batch, seq)`` (an ``attention_mask`` of another shape; packed sequences
+            that do not each fill one row of a multi-row input), neither is given and the
+            input's ``(batch, seq)`` cannot be read (a model called without
+            ``input_ids`` / ``inputs_embeds`` and flat router inputs: pass
+            ``attention_mask`` or ``cu_seqlens``), or the hooks were removed.
         """
         self._check_attached()
         if self._capture is not None or self._generation is not None:
@@ -259,22 +267,35 @@ class RoutingReplay:
             ``(n_i - 1, len(moe_layers), top_k)`` as ``store.get`` returns them (``None``
             for a sequence without routes), laid out by ``attention_mask`` /
             ``cu_seqlens`` (neither: sequences back to back, e.g. an unpadded
-            ``(batch, seq)`` input); or a batch of ``store.assemble`` /
-            ``RouteDataset`` (keys ``routes``, ``replay_mask``, ``layers``, ...), THD
-            for a ``(1, T)`` input or BSHD for ``(B, T)``, on any device.
+            ``(batch, seq)`` input, where each sequence must then fill one row); or a
+            batch of ``store.assemble`` / ``RouteDataset`` (keys ``routes``,
+            ``replay_mask``, ``layers``, ``layout``, ...), THD for a ``(1, T)`` input or
+            BSHD for ``(B, T)``, on any device. SBHD batches (``layout="sbhd"``,
+            routes ``(T, B, L, K)``, sequence first) are refused: the routers of a
+            ``(B, T)`` input flatten it batch first (Hugging Face models), so assemble
+            with ``{"layout": "bshd"}``; a 4-d batch without ``layout`` is BSHD.
         attention_mask : array, shape (batch, seq), optional
-            Padded input (left or right), as passed to the model.
+            Padded input (left or right), as passed to the model: the model input must
+            have this shape.
         cu_seqlens : array, shape (num_sequences + 1,), optional
             Packed input: boundaries in the ``(1, total)`` token tensor.
+
+        Each model call in the block (of the model given to ``RoutingReplay``) is
+        checked against the layout before it runs, by the ``(batch, seq)`` of its
+        ``input_ids`` or ``inputs_embeds``: a BSHD batch or ``attention_mask`` needs
+        exactly that shape (a transposed one is named as SBHD), and sequences laid back
+        to back (THD ``cu_seqlens``, a list without mask) on an input of several rows
+        must each fill one row, so no route lands on another token silently.
 
         Raises
         ------
         r3store.errors.ReplayError
             Layer count, top-k or row count do not fit the model or the layout, ids out
             of range or repeated in a row, ``batch["layers"]`` differs from
-            :attr:`moe_layers`, replay blocks are nested, or the hooks were removed. In
-            the forward: the router sees a different number of tokens than the routes
-            are laid out for; a weight function does not reproduce its router's weights.
+            :attr:`moe_layers`, an SBHD batch, replay blocks are nested, or the hooks were
+            removed. When the model is called: its input's ``(batch, seq)`` does not fit
+            the layout (see above). In the forward: the router sees a different number
+            of tokens than the routes are laid out for; a weight function does not reproduce its router's weights.
             When the block exits, a router that did not run in it. In backward: a
             recompute matches no kept forward call.
         """
@@ -345,6 +366,13 @@ class RoutingReplay:
                                 moe_layers=self.moe_layers, num_experts=self.num_experts, top_k=self.top_k)
 
     def _enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not self._grad_at_entry and (self._plan is not None or self._capture is not None):
+            shape = _input_shape(args, kwargs)
+            if shape is not None:
+                if self._plan is not None:
+                    self._plan.check_input(shape)
+                if self._capture is not None:
+                    self._capture.note_input(shape)
         self._grad_at_entry.append(torch.is_grad_enabled())
         if self._generation is not None and len(self._grad_at_entry) == 1:
             self._generation.begin(args, kwargs)
@@ -369,6 +397,8 @@ class RoutingReplay:
         plan = self._plan_for(j, hidden, recompute)
         new = None if plan is None else self._apply(j, output, plan)
         if not recompute:
+            if self._capture is not None and isinstance(hidden, Tensor) and hidden.ndim == 3:
+                self._capture.note_input((int(hidden.shape[0]), int(hidden.shape[1])), exact=False)
             self._record(j, (new if new is not None else output)[self._found[j].spec.ids_index])
         return new
 
@@ -501,6 +531,18 @@ def _eager(fn: Any) -> Any:
     so it never guards a compiled graph (no recompiles from it) and never graph-breaks inside the hook."""
     disable = getattr(getattr(torch, "compiler", None), "disable", None)
     return fn if disable is None else disable(fn)
+
+
+def _input_shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int] | None:
+    """``(batch, seq)`` of a model call: its integer ``input_ids`` (first positional argument or keyword)
+    or ``inputs_embeds``; None when neither is a tensor of that form."""
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if isinstance(ids, Tensor) and ids.ndim == 2 and not ids.is_floating_point():
+        return int(ids.shape[0]), int(ids.shape[1])
+    embeds = kwargs.get("inputs_embeds")
+    if ids is None and isinstance(embeds, Tensor) and embeds.ndim == 3:
+        return int(embeds.shape[0]), int(embeds.shape[1])
+    return None
 
 
 def _model_eos(model: nn.Module) -> Any:

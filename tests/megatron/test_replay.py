@@ -370,3 +370,29 @@ def test_faults_raise_replay_errors_naming_the_layer(megatron_cpu: None, tmp_pat
     assert info.value.layer == 1
     with pytest.raises(TypeError, match="sequence of them"):
         moe_layers([model, "chunk"])
+
+
+@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
+def test_the_batch_layout_decides_when_batch_equals_seq(megatron_cpu: None, tmp_path: Path, layout: str) -> None:
+    """B == T: shapes cannot tell BSHD from SBHD, store.assemble's batch['layout'] does; a contrary layout= raises."""
+    model = _chunk(_config(4, 1), seed=2)
+    store, tokens = _store(tmp_path / "routes", 4, 1, {"a": 2, "b": 2})
+    batch = store.assemble(["a", "b"], {"layout": layout}, tokens=[tokens["a"], tokens["b"]])
+    assert batch["layout"] == layout
+    assert batch["routes"].shape[:2] == (2, 2)
+    sequence_major = batch["routes"] if layout == "sbhd" else batch["routes"].transpose(1, 0, 2, 3)
+    routes = sequence_major.reshape(-1, 3, TOP_K)
+    inputs = batch["tokens"].T if layout == "sbhd" else batch["tokens"]
+    other = "sbhd" if layout == "bshd" else "bshd"
+    maps = _Maps([model])
+    try:
+        with pytest.raises(ReplayError, match=f"layout='{other}', but the batch was assembled with layout '{layout}'"):
+            set_replay_routes(model, batch, layout=other)  # type: ignore[arg-type]
+        with torch.no_grad():
+            set_replay_routes(model, batch)
+            _forward(model, torch.from_numpy(np.ascontiguousarray(inputs)), labels=False)
+    finally:
+        maps.remove()
+        clear_replay_routes(model)
+    for i, layer in enumerate([1, 2, 3]):
+        assert torch.equal(maps.calls[layer][0], _expected_map(routes[:, i])), f"layer {layer}"

@@ -8,6 +8,7 @@ scores at them; every other one must carry the router's own ids and weights.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 import r3store
+from r3store.errors import ReplayError
 from r3store.replay import ROUTER_FAMILIES, RoutingReplay
 from r3store.testing.moe import (
     FAMILIES,
@@ -218,4 +220,88 @@ def test_batch_pad_rows_keep_live_routing(models: tuple[nn.Module, nn.Module], r
         check_calls(probe, batch["routes"].astype(np.int64), has)
     finally:
         probe.remove()
+        rr.remove()
+
+
+def _random_routes(rows: list[int], layers: int, top_k: int, num_experts: int, seed: int) -> list[np.ndarray]:
+    """Distinct random ids per row: they differ from the router's own choice almost everywhere."""
+    rng = np.random.default_rng(seed)
+    return [rng.random((n, layers, num_experts)).argsort(-1)[..., :top_k].astype(np.int32) for n in rows]
+
+
+@pytest.mark.parametrize(("batch_size", "seqlen"), [(2, 7), (5, 5)])
+def test_assembled_batch_says_its_layout_and_sbhd_is_refused(models: tuple[nn.Module, nn.Module], tmp_path: Any,
+                                                              batch_size: int, seqlen: int) -> None:
+    """A BSHD batch replays exactly into a (B, T) forward; SBHD (T, B) never replays transposed, B == T too."""
+    trainer = models[1]
+    rr = RoutingReplay(trainer)
+    try:
+        routes = _random_routes([seqlen - 1] * batch_size, len(rr.moe_layers), rr.top_k, rr.num_experts, seed=11)
+        with r3store.RouteWriter(str(tmp_path / "s"), rr.spec) as w:
+            for i, r in enumerate(routes):
+                w.append(f"s{i}", r)
+        store = r3store.open_store(str(tmp_path / "s"))
+        sids = [f"s{i}" for i in range(batch_size)]
+        ids = torch.randint(3, 100, (batch_size, seqlen), generator=torch.Generator().manual_seed(1))
+        for layout in ("bshd", "thd"):
+            batch = store.assemble(sids, {"layout": layout}, return_tensors="pt")
+            assert batch["layout"] == layout
+            packed = layout == "thd"
+            with torch.no_grad(), rr.replay(batch), rr.capture(cu_seqlens=batch["cu_seqlens"] if packed else None) \
+                    as cap:
+                trainer(ids.reshape(1, -1) if packed else ids, use_cache=False)
+            for sid, got in zip(sids, cap.routes, strict=True):
+                np.testing.assert_array_equal(got, store.get(sid))
+        sbhd = store.assemble(sids, {"layout": "sbhd"}, return_tensors="pt")
+        assert sbhd["layout"] == "sbhd"
+        shape = re.escape(str((seqlen, batch_size, len(rr.moe_layers), rr.top_k)))
+        with pytest.raises(ReplayError, match=rf"this batch is SBHD: routes of shape {shape} = \(seq, batch, MoE "
+                                              r"layers, top_k\).*assemble with \{'layout': 'bshd'\}"):
+            rr.replay(sbhd).__enter__()
+        if batch_size != seqlen:  # a 4-d batch without its layout: the model input's shape tells
+            keyless = {k: v for k, v in sbhd.items() if k != "layout"}
+            with pytest.raises(ReplayError, match=rf"input has shape \(batch, seq\) = \({batch_size}, {seqlen}\); "
+                                                  rf"the routes are laid out for \({seqlen}, {batch_size}\) by the "
+                                                  r"BSHD batch .*\(transposed"), \
+                    torch.no_grad(), rr.replay(keyless):
+                trainer(ids, use_cache=False)
+        with pytest.raises(ReplayError, match=r"batch\['layout'\] is 'thd', but batch\['routes'\] has shape"):
+            rr.replay({**store.assemble(sids, {"layout": "bshd"}), "layout": "thd"}).__enter__()
+    finally:
+        rr.remove()
+
+
+def test_layouts_that_do_not_fit_the_input_raise(models: tuple[nn.Module, nn.Module], tmp_path: Any) -> None:
+    """Sequences laid back to back, or a mask of another shape, never land on other tokens of a (B, T) input."""
+    trainer = models[1]
+    rr = RoutingReplay(trainer)
+    try:
+        routes = _random_routes([3, 9], len(rr.moe_layers), rr.top_k, rr.num_experts, seed=12)  # 4 + 10 tokens
+        ids = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(2))
+        fill = r"as 2 sequences of \[4, 10\] tokens back to back: on a batch of several rows each sequence must fill"
+        with pytest.raises(ReplayError, match=r"input has shape \(batch, seq\) = \(2, 7\); the routes are laid out "
+                                              r"by the sequences laid back to back " + fill), \
+                torch.no_grad(), rr.replay(routes):
+            trainer(ids, use_cache=False)
+        with r3store.RouteWriter(str(tmp_path / "s"), rr.spec) as w:
+            for i, r in enumerate(routes):
+                w.append(f"s{i}", r)
+        thd = r3store.open_store(str(tmp_path / "s")).assemble(["s0", "s1"], return_tensors="pt")
+        with pytest.raises(ReplayError, match=r"by the THD batch of 14 positions " + fill), \
+                torch.no_grad(), rr.replay(thd):
+            trainer(ids, use_cache=False)
+        with torch.no_grad(), rr.replay(thd), rr.capture(cu_seqlens=thd["cu_seqlens"]) as cap:  # packed: fine
+            trainer(ids.reshape(1, -1), use_cache=False)
+        for got, want in zip(cap.routes, routes, strict=True):
+            np.testing.assert_array_equal(got, want)
+        square = _random_routes([6, 6], len(rr.moe_layers), rr.top_k, rr.num_experts, seed=13)
+        mask = torch.ones(7, 2, dtype=torch.long)  # 14 positions, but sequence first
+        with pytest.raises(ReplayError, match="2 route arrays for 7 sequences"):
+            rr.replay(square, attention_mask=mask).__enter__()
+        mask = torch.ones(2, 7, dtype=torch.long)
+        with pytest.raises(ReplayError, match=r"input has shape \(batch, seq\) = \(1, 14\); the routes are laid out "
+                                              r"for \(2, 7\) by the attention_mask of shape \(2, 7\)"), \
+                torch.no_grad(), rr.replay(square, attention_mask=mask):
+            trainer(ids.reshape(1, -1), use_cache=False)
+    finally:
         rr.remove()

@@ -138,10 +138,14 @@ def test_layout_errors(model: nn.Module, batch: Any) -> None:
         with pytest.raises(ReplayError, match=r"one .* array per sequence"):
             rr.replay(routes[0], attention_mask=mask).__enter__()
         # routes laid out for another batch than the forward sees
+        with pytest.raises(ReplayError, match=r"input has shape \(batch, seq\) = \(3, 16\); the routes are laid out "
+                                              r"by the cu_seqlens as 3 sequences of \[16, 14, 16\] tokens"), \
+                rr.replay(routes, cu_seqlens=pack(ids, mask)["cu_seqlens"]):
+            logits(model, ids, mask)
         with pytest.raises(ReplayError,
                            match=r"router sees 48 token positions; the routes are laid out for 46 \(cu_seqlens\)"), \
                 rr.replay(routes, cu_seqlens=pack(ids, mask)["cu_seqlens"]):
-            logits(model, ids, mask)
+            model(ids.reshape(1, -1), use_cache=False)
         with pytest.raises(ReplayError, match="do not nest"), rr.replay(routes, attention_mask=mask):  # noqa: PT012
             logits(model, ids, mask)
             rr.replay(routes, attention_mask=mask).__enter__()
@@ -236,7 +240,7 @@ def test_custom_router_by_class_and_name() -> None:
         assert rr.moe_layers == (0, 1, 2)
         assert rr.spec.num_layers == 3
         assert rr.top_k == 2
-        with rr.replay(routes), rr.capture() as cap:
+        with rr.replay(routes), rr.capture(cu_seqlens=[0, 10]) as cap:  # a flat input: no (batch, seq) to read
             toy(x).square().sum().backward()
         rr.remove()
         assert np.array_equal(cap.routes[0], routes[0])
