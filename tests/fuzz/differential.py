@@ -32,9 +32,15 @@ reads
     accepted).
 writer
     Valid appends given as strided, negative-stride, Fortran-order, big-endian and narrow
-    integer arrays read back equal; bad appends (ids out of range, repeats, floats, NaN, wrong
-    shape, ``top_k`` or layer count, bool, object arrays) raise an r3store error and leave
-    the store as it was.
+    integer arrays, in one to three turns (``start``/``final``), to a local or an fsspec
+    ``memory://`` store (the writer hands backends views of its reused buffer), read back
+    equal; bad appends (ids out of range, repeats, floats, NaN, wrong shape, ``top_k`` or
+    layer count, bool, object arrays) raise an r3store error and leave the store as it was.
+
+ray_blocks
+    ``r3store.ray.read_routes`` of random stores (0-row samples, layer subsets, 1 to 5 blocks):
+    every sample as written; a consumer writing into the arrays of its batches (numpy, zero-copy
+    ``map_batches``, ``take_all`` rows) changes no other sample and no later read.
 
 ``python -m tests.fuzz.differential --target crc --seconds 120 --seed 3`` runs one (all
 without ``--target``) and prints one JSON line per target; exit status 1 on any failure.
@@ -45,6 +51,7 @@ without ``--target``) and prints one JSON line per target; exit status 1 on any 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import sys
@@ -55,6 +62,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import google_crc32c
 import numpy as np
 
@@ -63,7 +71,7 @@ from r3store._format import position_tag
 from r3store.codecs import BitpackCodec, kernels
 from r3store.errors import ChecksumError, FormatError, R3StoreError
 
-__all__ = ["TARGETS", "crc", "frames", "reads", "run", "unpack", "writer"]
+__all__ = ["TARGETS", "crc", "frames", "ray_blocks", "reads", "run", "unpack", "writer"]
 
 Report = dict[str, Any]
 MAX_FAILURES = 20
@@ -407,6 +415,40 @@ def _expected(routes: np.ndarray, rows: slice | None, lays: list[int] | None) ->
     return part if lays is None else part[:, lays]
 
 
+def _check_runs(run: _Run, store: Any, samples: dict[str, np.ndarray], spec: r3store.ModelSpec,
+                corrupt: str | None = None) -> None:
+    """``get_runs`` of random row ranges of random samples into a random dtype, at random rows."""
+    rng = run.rng
+    runs, wants = [], []
+    for _ in range(int(rng.integers(1, 5))):
+        sid = str(rng.choice(list(samples)))
+        n = samples[sid].shape[0]
+        a = int(rng.integers(0, n))
+        b = int(rng.integers(a, n + 1))
+        runs.append((sid, a, b))
+        wants.append(samples[sid][a:b])
+    lays = None if rng.random() < 0.5 else [int(x) for x in rng.permutation(spec.num_layers)[
+        : int(rng.integers(1, spec.num_layers + 1))]]
+    want = np.concatenate(wants)
+    want = np.where(want < 0, 0, want)  # missing rows hold what is stored there (zeros)
+    if lays is not None:
+        want = want[:, lays]
+    dtype = np.uint8 if spec.num_experts <= 256 and rng.random() < 0.4 else \
+        np.uint16 if rng.random() < 0.5 else np.int32
+    out = np.full(want.shape, 77, dtype)
+    try:
+        got = store.get_runs(runs, lays, out=out)
+    except R3StoreError:
+        run.check(corrupt is not None, lambda: f"get_runs({runs}, {lays}) of an intact store raised")
+        return
+    except Exception as exc:  # noqa: BLE001 - the oracle
+        run.check(False, lambda e=exc: f"{corrupt or 'intact'}: get_runs raised {type(e).__name__}: {e}")
+        return
+    run.check(got is out and np.array_equal(out, want),
+              lambda: f"{corrupt or 'intact store'}: get_runs({runs}, {lays}) into {np.dtype(dtype)} differs from "
+                      "the written routes")
+
+
 def reads(seed: int = 0, cases: int | None = None, seconds: float | None = None, max_rows: int = 600) -> Report:
     run = _Run("reads", seed, cases, seconds)
     rng = run.rng
@@ -419,12 +461,17 @@ def reads(seed: int = 0, cases: int | None = None, seconds: float | None = None,
             for _ in range(int(rng.integers(4, 16))):
                 sid = str(rng.choice(list(samples)))
                 rows, lays = _random_read(rng, samples[sid], spec.num_layers)
-                got = store.get(sid, lays, rows=rows)
                 want = _expected(samples[sid], rows, lays)
-                run.check(np.array_equal(got, want), lambda s=sid, r=rows, la=lays: f"get({s!r}, {la}, rows={r}) "
-                                                                                     "differs from the written routes")
+                out = np.full(want.shape, 99, np.int32) if rng.random() < 0.3 else None
+                got = store.get(sid, lays, rows=rows, out=out)
+                run.check(np.array_equal(got, want) and (out is None or got is out),
+                          lambda s=sid, r=rows, la=lays, o=out: f"get({s!r}, {la}, rows={r}, out="
+                                                                f"{'given' if o is not None else None}) differs "
+                                                                "from the written routes")
                 if got.flags.writeable:
                     got[...] = int(rng.integers(-5, 5))  # the caller reuses its result
+                if rng.random() < 0.5:
+                    _check_runs(run, store, samples, spec)
             objects = [p for p in root.rglob("*") if p.is_file() and "/c/" in p.as_posix() and p.stat().st_size]
             if not objects:
                 continue
@@ -448,6 +495,8 @@ def reads(seed: int = 0, cases: int | None = None, seconds: float | None = None,
                 run.check(np.array_equal(got, _expected(samples[sid], rows, lays)),
                           lambda s=sid, r=rows, la=lays: f"{name} changed: get({s!r}, {la}, rows={r}) "
                                                          "returned different routes without an error")
+            for _ in range(int(rng.integers(0, 3))):
+                _check_runs(run, store, samples, spec, corrupt=name)
             refused = False
             for sid in samples:
                 try:
@@ -527,7 +576,8 @@ def writer(seed: int = 0, cases: int | None = None, seconds: float | None = None
     tmp = Path(tempfile.mkdtemp(prefix="r3-fuzz-writer-"))
     try:
         for case in run:
-            root = tmp / f"s{case}"
+            local = rng.random() < 0.7
+            root: Path | str = tmp / f"s{case}" if local else f"memory://r3-fuzz-writer/{seed}/{case}"
             experts = int(rng.choice([2, 3, 5, 16, 64, 255, 256, 257, 1000, 1024]))
             top_k = int(rng.integers(1, min(experts, 8) + 1))
             layers = int(rng.integers(1, 5))
@@ -543,8 +593,10 @@ def writer(seed: int = 0, cases: int | None = None, seconds: float | None = None
                     routes = _routes(rng, rows, layers, experts, top_k)
                     for form, arr in _valid_forms(rng, routes):
                         sid = f"v{i}-{len(samples)}"
-                        try:
-                            w.append(sid, arr)
+                        cuts = sorted({0, rows, *(int(x) for x in rng.integers(1, rows + 1, int(rng.integers(0, 3))))})
+                        try:  # in turns of random sizes (multi-turn continuation)
+                            for a, b in itertools.pairwise(cuts):
+                                w.append(sid, arr[a:b], start=a, final=b == rows)
                         except Exception as exc:  # noqa: BLE001 - the oracle
                             run.check(False, lambda f=form, e=exc: f"valid routes as {f} ({arr.dtype}, strides "
                                                                     f"{arr.strides}) refused: {type(e).__name__}: {e}")
@@ -571,7 +623,95 @@ def writer(seed: int = 0, cases: int | None = None, seconds: float | None = None
                     run.check(False, lambda s=sid, e=exc: f"get({s!r}) of a valid append: {e}")
                     continue
                 run.check(np.array_equal(got, routes), lambda s=sid: f"get({s!r}) differs from the written routes "
-                                                                     f"(spec {spec}, config {config})")
+                                                                     f"(spec {spec}, config {config}, {root})")
+            if isinstance(root, Path):
+                shutil.rmtree(root)
+            else:
+                fsspec.filesystem("memory").rm(root.removeprefix("memory://"), recursive=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return run.report()
+
+
+# -- Ray read_routes ---------------------------------------------------------------------
+
+
+def _ray_store(rng: np.random.Generator, root: Path) -> tuple[r3store.ModelSpec, dict[str, np.ndarray]]:
+    experts = int(rng.choice([4, 16, 255, 300, 1024]))
+    top_k = int(rng.integers(1, min(experts, 6) + 1))
+    layers = int(rng.integers(1, 4))
+    spec = r3store.ModelSpec(num_layers=layers, num_experts=experts, top_k=top_k)
+    samples: dict[str, np.ndarray] = {}
+    config = {"chunk_rows": int(rng.choice([1, 4, 16, 128])), "object_bytes": int(rng.choice([1 << 10, 32 << 20]))}
+    with r3store.RouteWriter(root, spec, config=config) as w:
+        for i in range(int(rng.integers(2, 24))):
+            rows = int(rng.integers(0, 60)) if rng.random() < 0.9 else int(rng.integers(200, 2000))
+            routes = _routes(rng, rows, layers, experts, top_k)
+            sid = f"s{i:02d}"
+            w.append(sid, routes, num_tokens=rows + 1)
+            samples[sid] = routes
+            if rng.random() < 0.3:
+                w.flush()
+    return spec, samples
+
+
+def ray_blocks(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """``r3store.ray.read_routes``: every sample's routes as written; a consumer writing into
+    the arrays it was given (where numpy lets it) changes no other sample of its batch, no later
+    read of the materialized dataset and no other consumer's rows. Needs ``ray.init()`` first."""
+    import r3store.ray as r3ray
+
+    run = _Run("ray_blocks", seed, cases, seconds)
+    rng = run.rng
+    tmp = Path(tempfile.mkdtemp(prefix="r3-fuzz-ray-"))
+    try:
+        for case in run:
+            root = tmp / f"s{case}"
+            spec, samples = _ray_store(rng, root)
+            lays = None if rng.random() < 0.6 else [int(x) for x in rng.permutation(spec.num_layers)[
+                : int(rng.integers(1, spec.num_layers + 1))]]
+            want = {sid: r if lays is None else r[:, lays] for sid, r in samples.items()}
+            blocks = int(rng.integers(1, 6)) if rng.random() < 0.7 else None
+            ds = r3ray.read_routes(root, layers=lays, override_num_blocks=blocks).materialize()
+
+            def same(rows: list[dict[str, Any]], what: str) -> None:
+                got = {str(r["sample_id"]): np.asarray(r["routes"]) for r in rows}
+                run.check(sorted(got) == sorted(want), lambda: f"{what}: samples {sorted(got)}, written {sorted(want)}")
+                for sid in set(got) & set(want):
+                    run.check(got[sid].shape == want[sid].shape and np.array_equal(got[sid], want[sid]),
+                              lambda s=sid: f"{what}: routes of {s!r} differ from the written ones "
+                                            f"(layers {lays}, {blocks} blocks)")
+
+            same(ds.take_all(), "first read")
+            size = int(rng.choice([1, 2, 3, 7, 4096])) if rng.random() < 0.8 else None
+            for batch in ds.iter_batches(batch_format="numpy", batch_size=size):
+                ids = [str(x) for x in batch["sample_id"]]
+                arrays = list(batch["routes"])
+                for k, (sid, arr) in enumerate(zip(ids, arrays, strict=True)):
+                    run.check(np.array_equal(arr, want[sid]), lambda s=sid: f"batch of {size}: {s!r} differs")
+                    if arr.flags.writeable:
+                        arr[...] = 1 + k % 200  # the consumer reuses the array
+                for k, (sid, arr) in enumerate(zip(ids, arrays, strict=True)):
+                    if arr.flags.writeable:
+                        run.check(bool((arr == 1 + k % 200).all()),
+                                  lambda s=sid: f"batch of {size}: writing another sample's array changed {s!r}")
+                    else:
+                        run.check(np.array_equal(arr, want[sid]),
+                                  lambda s=sid: f"batch of {size}: writing a neighbour changed read-only {s!r}")
+            taken = ds.take_all()
+            for row in taken:
+                if row["routes"].flags.writeable:
+                    row["routes"][...] = 0
+            same(ds.take_all(), "read after consumers wrote into their arrays")
+
+            def scribble(batch: dict[str, Any]) -> dict[str, Any]:
+                for arr in batch["routes"]:
+                    if arr.flags.writeable:
+                        arr[...] = 3
+                return {"sample_id": batch["sample_id"], "n": np.array([a.size for a in batch["routes"]])}
+
+            ds.map_batches(scribble, batch_size=size, zero_copy_batch=True).materialize()
+            same(ds.take_all(), "read after a map_batches wrote into its zero-copy batches")
             shutil.rmtree(root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -579,7 +719,8 @@ def writer(seed: int = 0, cases: int | None = None, seconds: float | None = None
 
 
 TARGETS: dict[str, Callable[..., Report]] = {"crc": crc, "unpack": unpack, "frames": frames, "reads": reads,
-                                              "writer": writer}
+                                              "writer": writer, "ray_blocks": ray_blocks}
+"""Every target; ``ray_blocks`` needs a Ray cluster (``main`` starts a local one)."""
 
 
 def run(target: str, seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
@@ -595,6 +736,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     failed = False
+    if "ray_blocks" in (args.target or TARGETS):
+        import logging
+
+        import ray
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+        ray.data.DataContext.get_current().enable_progress_bars = False
     for target in args.target or list(TARGETS):
         report = run(target, args.seed, args.cases, args.seconds)
         print(json.dumps(report), flush=True)

@@ -8,6 +8,7 @@ and refuses bad ones. The long campaign: ``python -m tests.fuzz.differential --s
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -77,3 +78,12 @@ def test_the_unpack_oracle_sees_a_wrong_kernel(monkeypatch: pytest.MonkeyPatch) 
     report = differential.unpack(seed=3, cases=300)
     assert report["failures"], report
     assert all("of 9 bits" in f for f in report["failures"]), report
+
+
+@pytest.mark.ray
+@pytest.mark.xdist_group("ray")
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
+def test_short_ray_read_routes_run_finds_nothing(ray_cluster: str) -> None:
+    report = differential.run("ray_blocks", seed=1, cases=2)
+    assert report["failures"] == [], report
+    assert report["checks"] > 10
