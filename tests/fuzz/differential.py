@@ -23,10 +23,16 @@ frames
     twin and the expected ids; then one byte of one frame changed (header, CRC, payload,
     including bytes of rows the call does not return): the call must report that frame (or
     an earlier one), never -1, on both implementations.
+frame_args
+    ``decode_frames`` with frame places, lengths, output rows/layers and row ranges pushed
+    past every bound (negative, off by one, 2**62, the int64 extremes): compiled and numpy
+    agree on the result and every byte of ``out``, and nothing is written outside ``out``.
 reads
     A random local store (experts 2..1024, chunk geometry, appends of many sizes, missing
-    rows), read by ``get`` with random row slices and layer lists, every result written over
-    by the caller before the next read (get's edge-chunk cache must not alias it); then one
+    rows), read by ``get`` with random row slices and layer lists (into ``out`` arrays of random
+    dtypes inside a larger buffer: those that cannot hold every id or -1 must be refused with an
+    OptionError, nothing written, the others filled without a byte outside), and ``get_runs``
+    into narrow dtypes; every result written over by the caller before the next read (get's edge-chunk cache must not alias it); then one
     byte of a storage object changed: every read must raise an r3store error or return the
     written routes, and a read of every sample must raise (corrupt bytes are never
     accepted).
@@ -69,9 +75,9 @@ import numpy as np
 import r3store
 from r3store._format import position_tag
 from r3store.codecs import BitpackCodec, kernels
-from r3store.errors import ChecksumError, FormatError, R3StoreError
+from r3store.errors import ChecksumError, CodecError, FormatError, OptionError, R3StoreError
 
-__all__ = ["TARGETS", "crc", "frames", "ray_blocks", "reads", "run", "unpack", "writer"]
+__all__ = ["TARGETS", "crc", "frame_args", "frames", "ray_blocks", "reads", "run", "unpack", "writer"]
 
 Report = dict[str, Any]
 MAX_FAILURES = 20
@@ -363,6 +369,65 @@ def frames(seed: int = 0, cases: int | None = None, seconds: float | None = None
     return run.report()
 
 
+def _perturb(rng: np.random.Generator, values: list[int], lo: int, hi: int) -> np.ndarray:
+    arr = np.array(values, np.int64)
+    if rng.random() < 0.3:
+        i = int(rng.integers(0, len(arr)))
+        arr[i] = int(rng.choice([lo, hi, -1, -(1 << 62), 1 << 62, (1 << 63) - 1, -(1 << 63), arr[i] + 1, arr[i] - 1]))
+    return arr
+
+
+def frame_args(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """``decode_frames`` with frame places, sizes and row ranges pushed past every bound
+    (negative, one off, 2**62, the int64 extremes; an ``out`` of 0 rows or too few layers):
+    the compiled kernel must agree with the numpy twin on the result (a CodecError, or the
+    first frame out of bounds) and on every byte of ``out``, and never write outside it."""
+    run = _Run("frame_args", seed, cases, seconds)
+    rng = run.rng
+    for _ in run:
+        bits = int(rng.integers(1, 17))
+        cr, lpc, top_k = int(rng.integers(1, 9)), int(rng.integers(1, 3)), int(rng.integers(1, 4))
+        codec = BitpackCodec(bits=bits, frame_version=2)
+        nf = int(rng.integers(1, 4))
+        blob, starts, lengths = b"", [], []
+        for f in range(nf):
+            frame = codec.encode(rng.integers(0, 1 << bits, (cr, lpc, top_k)), tag=position_tag("w", f, 0))
+            starts.append(len(blob))
+            lengths.append(len(frame))
+            blob += frame
+        layers_out, rows_out = int(rng.integers(lpc, 2 * lpc + 2)), int(rng.integers(0, cr * nf + 4))
+        args = {"starts": _perturb(rng, starts, 0, len(blob)), "lengths": _perturb(rng, lengths, 0, len(blob)),
+                "rows": _perturb(rng, rng.integers(0, max(rows_out, 1), nf).tolist(), 0, rows_out),
+                "layers": _perturb(rng, rng.integers(0, layers_out, nf).tolist(), 0, layers_out)}
+        ranges = (_perturb(rng, rng.integers(0, cr, nf).tolist(), 0, cr),
+                  _perturb(rng, rng.integers(1, cr + 1, nf).tolist(), 0, cr)) if rng.random() < 0.7 else None
+        dtype = np.dtype([np.uint8, np.uint16, np.int32, np.int16][int(rng.integers(0, 4))])
+        results = {}
+        for impl in ("numpy", "native"):
+            room = np.full((rows_out + 2) * layers_out * top_k, 7, dtype)
+            out = room[layers_out * top_k : -layers_out * top_k].reshape(rows_out, layers_out, top_k)
+            with kernels.use(impl):
+                try:
+                    rc: object = kernels.decode_frames(
+                        blob, args["starts"], args["lengths"], bits, out, args["rows"], args["layers"],
+                        chunk_rows=cr, layers_per_chunk=lpc, tag_prefix="w", row_chunks=np.arange(nf),
+                        layer_chunks=np.zeros(nf, np.int64), row_first=None if ranges is None else ranges[0],
+                        row_count=None if ranges is None else ranges[1])
+                except CodecError:
+                    rc = "CodecError"
+                except Exception as exc:  # noqa: BLE001 - the oracle
+                    rc = f"{type(exc).__name__}: {exc}"
+            results[impl] = (rc, room)
+            edge = layers_out * top_k
+            run.check((room[:edge] == 7).all() and (room[-edge:] == 7).all(),
+                      lambda i=impl: f"{i}: decode_frames wrote outside out ({args}, ranges {ranges})")
+        (rc_a, out_a), (rc_b, out_b) = results["numpy"], results["native"]
+        run.check(rc_a == rc_b and np.array_equal(out_a, out_b),
+                  lambda: f"numpy {rc_a} vs native {rc_b}, out equal {np.array_equal(out_a, out_b)}: {args}, "
+                          f"ranges {ranges}, out {(rows_out, layers_out, top_k)} {dtype}, chunk {cr}x{lpc}")
+    return run.report()
+
+
 # -- reads -------------------------------------------------------------------------------
 
 
@@ -462,8 +527,27 @@ def reads(seed: int = 0, cases: int | None = None, seconds: float | None = None,
                 sid = str(rng.choice(list(samples)))
                 rows, lays = _random_read(rng, samples[sid], spec.num_layers)
                 want = _expected(samples[sid], rows, lays)
-                out = np.full(want.shape, 99, np.int32) if rng.random() < 0.3 else None
+                out = None
+                if rng.random() < 0.3:
+                    dtype = np.dtype([np.int32, np.int16, np.int64, ">i4", np.uint8, np.uint16, np.int8][
+                        int(rng.integers(0, 7))])
+                    pre, post = int(rng.integers(0, 3)), int(rng.integers(0, 3))
+                    room = np.full((pre + len(want) + post, *want.shape[1:]), 99, dtype)
+                    out = room[pre : pre + len(want)]
+                    if dtype.kind != "i" or np.iinfo(dtype).max < spec.num_experts - 1:
+                        try:
+                            store.get(sid, lays, rows=rows, out=out)
+                            outcome = "filled"
+                        except OptionError:
+                            outcome = "OptionError"
+                        run.check(outcome == "OptionError" and (room == 99).all(),
+                                  lambda d=dtype, o=outcome: f"get({sid!r}, rows={rows}) into {d} out of a "
+                                                             f"{spec.num_experts}-expert store: {o}")
+                        continue
                 got = store.get(sid, lays, rows=rows, out=out)
+                if out is not None:
+                    run.check((room[:pre] == 99).all() and (room[pre + len(want) :] == 99).all(),
+                              lambda: f"get({sid!r}, rows={rows}, out=) wrote outside out")
                 run.check(np.array_equal(got, want) and (out is None or got is out),
                           lambda s=sid, r=rows, la=lays, o=out: f"get({s!r}, {la}, rows={r}, out="
                                                                 f"{'given' if o is not None else None}) differs "
@@ -561,6 +645,7 @@ def _bad_forms(rng: np.random.Generator, routes: np.ndarray, experts: int) -> li
     f2[0, 0, 0] = np.nan
     bad.append(("NaN", f2))
     bad.append(("bool", routes.astype(bool)))
+    bad.append(("timedelta64", routes.astype("m8[s]")))  # an np.integer to numpy
     bad.append(("object", routes.astype(object)))
     bad.append(("2-D", routes[:, 0]))
     bad.append(("extra top_k slot", np.concatenate([routes, routes[..., :1]], axis=2)))
@@ -718,8 +803,9 @@ def ray_blocks(seed: int = 0, cases: int | None = None, seconds: float | None = 
     return run.report()
 
 
-TARGETS: dict[str, Callable[..., Report]] = {"crc": crc, "unpack": unpack, "frames": frames, "reads": reads,
-                                              "writer": writer, "ray_blocks": ray_blocks}
+TARGETS: dict[str, Callable[..., Report]] = {"crc": crc, "unpack": unpack, "frames": frames,
+                                              "frame_args": frame_args, "reads": reads, "writer": writer,
+                                              "ray_blocks": ray_blocks}
 """Every target; ``ray_blocks`` needs a Ray cluster (``main`` starts a local one)."""
 
 
