@@ -32,10 +32,10 @@ reads
     rows), read by ``get`` with random row slices and layer lists (into ``out`` arrays of random
     dtypes inside a larger buffer: those that cannot hold every id or -1 must be refused with an
     OptionError, nothing written, the others filled without a byte outside), and ``get_runs``
-    into narrow dtypes; every result written over by the caller before the next read (get's edge-chunk cache must not alias it); then one
-    byte of a storage object changed: every read must raise an r3store error or return the
-    written routes, and a read of every sample must raise (corrupt bytes are never
-    accepted).
+    into narrow dtypes; every result written over by the caller before the next read (get's
+    edge-chunk cache must not alias it); then one byte of a storage object changed: every read
+    must raise an r3store error or return the written routes, and a read of every sample must
+    raise (corrupt bytes are never accepted).
 writer
     Valid appends given as strided, negative-stride, Fortran-order, big-endian and narrow
     integer arrays, in one to three turns (``start``/``final``), to a local or an fsspec
