@@ -28,7 +28,7 @@ frame_args
     past every bound (negative, off by one, 2**62, the int64 extremes): compiled and numpy
     agree on the result and every byte of ``out``, and nothing is written outside ``out``.
 reads
-    A random local store (experts 2..1024, chunk geometry, appends of many sizes, missing
+    A random local store (experts 2..65536, chunk geometry, appends of many sizes, missing
     rows), read by ``get`` with random row slices and layer lists (into ``out`` arrays of random
     dtypes inside a larger buffer: those that cannot hold every id or -1 must be refused with an
     OptionError, nothing written, the others filled without a byte outside), and ``get_runs``
@@ -37,11 +37,12 @@ reads
     must raise an r3store error or return the written routes, and a read of every sample must
     raise (corrupt bytes are never accepted).
 writer
-    Valid appends given as strided, negative-stride, Fortran-order, big-endian and narrow
-    integer arrays, in one to three turns (``start``/``final``), to a local or an fsspec
-    ``memory://`` store (the writer hands backends views of its reused buffer), read back
-    equal; bad appends (ids out of range, repeats, floats, NaN, wrong shape, ``top_k`` or
-    layer count, bool, object arrays) raise an r3store error and leave the store as it was.
+    Valid appends (experts 2..65536: 1 to 16 bits per id) given as strided, negative-stride,
+    Fortran-order, big-endian and narrow integer arrays, in one to three turns
+    (``start``/``final``), to a local or an fsspec ``memory://`` store (the writer hands
+    backends views of its reused buffer), read back equal; bad appends (ids out of range,
+    repeats, floats, NaN, timedelta64, wrong shape, ``top_k`` or layer count, bool, object
+    arrays) raise an r3store error and leave the store as it was.
 
 ray_blocks
     ``r3store.ray.read_routes`` of random stores (0-row samples, layer subsets, 1 to 5 blocks):
@@ -432,13 +433,17 @@ def frame_args(seed: int = 0, cases: int | None = None, seconds: float | None = 
 
 
 def _routes(rng: np.random.Generator, rows: int, layers: int, experts: int, top_k: int) -> np.ndarray:
+    if experts > 1024:  # ids b, b + s, b + 2s, ... mod experts: distinct while (top_k - 1) * s < experts
+        step = rng.integers(1, experts // top_k + 1, (rows, layers, 1))
+        first = rng.integers(0, experts, (rows, layers, 1))
+        return ((first + step * np.arange(top_k)) % experts).astype(np.int32)
     keys = rng.random((rows, layers, experts))
     return np.argpartition(keys, top_k - 1, axis=-1)[..., :top_k].astype(np.int32) if top_k < experts else \
         np.argsort(keys, axis=-1).astype(np.int32)
 
 
 def _random_store(rng: np.random.Generator, root: Path, max_rows: int) -> tuple[r3store.ModelSpec, dict[str, Any]]:
-    experts = int(rng.choice([2, 3, 8, 40, 64, 128, 257, 1024]))
+    experts = int(rng.choice([2, 3, 8, 40, 64, 128, 257, 1024, 4096, 65536]))
     top_k = int(rng.integers(1, min(experts, 8) + 1))
     layers = int(rng.integers(1, 6))
     spec = r3store.ModelSpec(num_layers=layers, num_experts=experts, top_k=top_k)
@@ -605,8 +610,10 @@ def reads(seed: int = 0, cases: int | None = None, seconds: float | None = None,
 
 def _valid_forms(rng: np.random.Generator, routes: np.ndarray) -> list[tuple[str, np.ndarray]]:
     forms = [("int32", routes), ("int64", routes.astype(np.int64)),
-             ("big-endian int32", routes.astype(">i4")), ("big-endian int16", routes.astype(">i2")),
-             ("uint16", routes.astype(np.uint16)), ("Fortran order", np.asfortranarray(routes))]
+             ("big-endian int32", routes.astype(">i4")), ("uint16", routes.astype(np.uint16)),
+             ("Fortran order", np.asfortranarray(routes))]
+    if routes.max() < 1 << 15:
+        forms.append(("big-endian int16", routes.astype(">i2")))
     if routes.max() < 128:
         forms.append(("int8", routes.astype(np.int8)))
     wide = np.empty((routes.shape[0] * 2, *routes.shape[1:]), routes.dtype)
@@ -663,7 +670,7 @@ def writer(seed: int = 0, cases: int | None = None, seconds: float | None = None
         for case in run:
             local = rng.random() < 0.7
             root: Path | str = tmp / f"s{case}" if local else f"memory://r3-fuzz-writer/{seed}/{case}"
-            experts = int(rng.choice([2, 3, 5, 16, 64, 255, 256, 257, 1000, 1024]))
+            experts = int(rng.choice([2, 3, 5, 16, 64, 255, 256, 257, 1000, 1024, 2049, 40000, 65536]))
             top_k = int(rng.integers(1, min(experts, 8) + 1))
             layers = int(rng.integers(1, 5))
             spec = r3store.ModelSpec(num_layers=layers, num_experts=experts, top_k=top_k)
