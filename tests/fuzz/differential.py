@@ -35,7 +35,7 @@ reads
     into narrow dtypes; every result written over by the caller before the next read (get's
     edge-chunk cache must not alias it); then one byte of a storage object changed: every read
     must raise an r3store error or return the written routes, and a read of every sample must
-    raise (corrupt bytes are never accepted).
+    raise (corrupt bytes are never accepted), on a CRC-32C path drawn at random.
 writer
     Valid appends (experts 2..65536: 1 to 16 bits per id) given as strided, negative-stride,
     Fortran-order, big-endian and narrow integer arrays, in one to three turns
@@ -522,6 +522,7 @@ def _check_runs(run: _Run, store: Any, samples: dict[str, np.ndarray], spec: r3s
 def reads(seed: int = 0, cases: int | None = None, seconds: float | None = None, max_rows: int = 600) -> Report:
     run = _Run("reads", seed, cases, seconds)
     rng = run.rng
+    paths = crc_paths()
     tmp = Path(tempfile.mkdtemp(prefix="r3-fuzz-reads-"))
     try:
         for case in run:
@@ -569,36 +570,38 @@ def reads(seed: int = 0, cases: int | None = None, seconds: float | None = None,
             where = int(rng.integers(0, len(data)))
             data[where] ^= int(rng.integers(1, 256))
             victim.write_bytes(bytes(data))
-            name = f"{victim.relative_to(root)} byte {where}"
-            store = r3store.open_store(root)
-            for _ in range(int(rng.integers(2, 8))):
-                sid = str(rng.choice(list(samples)))
-                rows, lays = _random_read(rng, samples[sid], spec.num_layers)
-                try:
-                    got = store.get(sid, lays, rows=rows)
-                except R3StoreError:
-                    continue
-                except Exception as exc:  # noqa: BLE001 - the oracle
-                    run.check(False, lambda e=exc: f"{name} changed: get raised {type(e).__name__}: {e}")
-                    continue
-                run.check(np.array_equal(got, _expected(samples[sid], rows, lays)),
-                          lambda s=sid, r=rows, la=lays: f"{name} changed: get({s!r}, {la}, rows={r}) "
-                                                         "returned different routes without an error")
-            for _ in range(int(rng.integers(0, 3))):
-                _check_runs(run, store, samples, spec, corrupt=name)
-            refused = False
-            for sid in samples:
-                try:
-                    ok = np.array_equal(r3store.open_store(root).get(sid), samples[sid])
-                except R3StoreError:
-                    refused = True
-                    break
-                except Exception as exc:  # noqa: BLE001 - the oracle
-                    run.check(False, lambda e=exc: f"{name} changed: get raised {type(e).__name__}: {e}")
-                    refused = True
-                    break
-                run.check(ok, lambda s=sid: f"{name} changed: full get({s!r}) differs without an error")
-            run.check(refused, lambda: f"{name} changed: every sample read back without an error")
+            path = paths[int(rng.integers(0, len(paths)))]  # the frame checks run on every CRC path
+            name = f"{victim.relative_to(root)} byte {where}, CRC-32C path {path}"
+            with crc_path(path):
+                store = r3store.open_store(root)
+                for _ in range(int(rng.integers(2, 8))):
+                    sid = str(rng.choice(list(samples)))
+                    rows, lays = _random_read(rng, samples[sid], spec.num_layers)
+                    try:
+                        got = store.get(sid, lays, rows=rows)
+                    except R3StoreError:
+                        continue
+                    except Exception as exc:  # noqa: BLE001 - the oracle
+                        run.check(False, lambda e=exc: f"{name} changed: get raised {type(e).__name__}: {e}")
+                        continue
+                    run.check(np.array_equal(got, _expected(samples[sid], rows, lays)),
+                              lambda s=sid, r=rows, la=lays: f"{name} changed: get({s!r}, {la}, rows={r}) "
+                                                             "returned different routes without an error")
+                for _ in range(int(rng.integers(0, 3))):
+                    _check_runs(run, store, samples, spec, corrupt=name)
+                refused = False
+                for sid in samples:
+                    try:
+                        ok = np.array_equal(r3store.open_store(root).get(sid), samples[sid])
+                    except R3StoreError:
+                        refused = True
+                        break
+                    except Exception as exc:  # noqa: BLE001 - the oracle
+                        run.check(False, lambda e=exc: f"{name} changed: get raised {type(e).__name__}: {e}")
+                        refused = True
+                        break
+                    run.check(ok, lambda s=sid: f"{name} changed: full get({s!r}) differs without an error")
+                run.check(refused, lambda: f"{name} changed: every sample read back without an error")
             shutil.rmtree(root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
