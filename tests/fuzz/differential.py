@@ -28,7 +28,8 @@ frame_args
     past every bound (negative, off by one, 2**62, the int64 extremes): compiled and numpy
     agree on the result and every byte of ``out``, and nothing is written outside ``out``.
 reads
-    A random local store (experts 2..65536, chunk geometry, appends of many sizes, missing
+    A random local store (experts 2..65536, codec ``bitpack`` or, a quarter of the time where
+    it applies, ``set`` (ids read back sorted), chunk geometry, appends of many sizes, missing
     rows), read by ``get`` with random row slices and layer lists (into ``out`` arrays of random
     dtypes inside a larger buffer: those that cannot hold every id or -1 must be refused with an
     OptionError, nothing written, the others filled without a byte outside), and ``get_runs``
@@ -442,14 +443,16 @@ def _routes(rng: np.random.Generator, rows: int, layers: int, experts: int, top_
         np.argsort(keys, axis=-1).astype(np.int32)
 
 
-def _random_store(rng: np.random.Generator, root: Path, max_rows: int) -> tuple[r3store.ModelSpec, dict[str, Any]]:
+def _random_store(rng: np.random.Generator, root: Path, max_rows: int,
+                  set_share: float = 0.0) -> tuple[r3store.ModelSpec, dict[str, Any]]:
     experts = int(rng.choice([2, 3, 8, 40, 64, 128, 257, 1024, 4096, 65536]))
     top_k = int(rng.integers(1, min(experts, 8) + 1))
     layers = int(rng.integers(1, 6))
     spec = r3store.ModelSpec(num_layers=layers, num_experts=experts, top_k=top_k)
     lpc = int(rng.choice([d for d in range(1, layers + 1) if layers % d == 0]))
     config = {"chunk_rows": int(rng.choice([1, 2, 3, 7, 16, 64, 100, 128])), "layers_per_chunk": lpc,
-              "object_bytes": int(rng.choice([1 << 10, 1 << 14, 1 << 25]))}
+              "object_bytes": int(rng.choice([1 << 10, 1 << 14, 1 << 25])),
+              "codec": "set" if experts <= 1024 and rng.random() < set_share else "bitpack"}
     samples: dict[str, Any] = {}
     with r3store.RouteWriter(root, spec, config=config) as w:
         for i in range(int(rng.integers(1, 7))):
@@ -462,7 +465,7 @@ def _random_store(rng: np.random.Generator, root: Path, max_rows: int) -> tuple[
                 w.append(sid, routes, allow_missing=True)
             else:
                 w.append(sid, routes)
-            samples[sid] = routes
+            samples[sid] = np.sort(routes, axis=-1) if config["codec"] == "set" else routes  # set: ids sorted
             if rng.random() < 0.3:
                 w.flush()
     return spec, samples
@@ -527,7 +530,7 @@ def reads(seed: int = 0, cases: int | None = None, seconds: float | None = None,
     try:
         for case in run:
             root = tmp / f"s{case}"
-            spec, samples = _random_store(rng, root, max_rows)
+            spec, samples = _random_store(rng, root, max_rows, set_share=0.25)
             store = r3store.open_store(root)
             for _ in range(int(rng.integers(4, 16))):
                 sid = str(rng.choice(list(samples)))
