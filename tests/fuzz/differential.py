@@ -45,6 +45,10 @@ writer
     repeats, floats, NaN, timedelta64, wrong shape, ``top_k`` or layer count, bool, object
     arrays) raise an r3store error and leave the store as it was.
 
+writer_faults
+    One write of a commit (a storage object torn half-way, its array document, its sample
+    table) fails with a StorageError; the call that raised it is repeated: every sample
+    appended reads back exactly, none lost, none twice.
 ray_blocks
     ``r3store.ray.read_routes`` of random stores (0-row samples, layer subsets, 1 to 5 blocks):
     every sample as written; a consumer writing into the arrays of its batches (numpy, zero-copy
@@ -77,9 +81,18 @@ import numpy as np
 import r3store
 from r3store._format import position_tag
 from r3store.codecs import BitpackCodec, kernels
-from r3store.errors import ChecksumError, CodecError, FormatError, OptionError, R3StoreError
+from r3store.errors import (
+    ChecksumError,
+    CodecError,
+    DuplicateSampleError,
+    FormatError,
+    OptionError,
+    R3StoreError,
+    StorageError,
+)
+from r3store.storage import LocalBackend
 
-__all__ = ["TARGETS", "crc", "frame_args", "frames", "ray_blocks", "reads", "run", "unpack", "writer"]
+__all__ = ["TARGETS", "crc", "frame_args", "frames", "ray_blocks", "reads", "run", "unpack", "writer", "writer_faults"]
 
 Report = dict[str, Any]
 MAX_FAILURES = 20
@@ -94,6 +107,7 @@ class _Run:
         self.done = 0
         self.checks = 0
         self.failures: list[str] = []
+        self.counts: dict[str, int] = {}  # what a target counts besides cases and checks
         self.started = time.monotonic()
 
     def __iter__(self) -> Iterator[int]:
@@ -109,7 +123,7 @@ class _Run:
 
     def report(self) -> Report:
         return {"target": self.target, "seed": self.seed, "cases": self.done, "checks": self.checks,
-                "seconds": round(time.monotonic() - self.started, 1), "failures": self.failures}
+                "seconds": round(time.monotonic() - self.started, 1), **self.counts, "failures": self.failures}
 
 
 def _native() -> Any:
@@ -731,6 +745,83 @@ def writer(seed: int = 0, cases: int | None = None, seconds: float | None = None
     return run.report()
 
 
+class _FailingBackend(LocalBackend):
+    """A local backend whose ``fail_at``-th write fails (after writing half of the object)."""
+
+    def __init__(self, root: Path, fail_at: int) -> None:
+        super().__init__(root)
+        self.fail_at, self.calls, self.failed = fail_at, 0, 0
+
+    def _fail(self, key: str) -> bool:
+        self.calls += 1
+        return self.calls == self.fail_at
+
+    def set(self, key: str, data: bytes | memoryview) -> None:
+        if self._fail(key):
+            super().set(key, bytes(data)[: len(data) // 2])  # a torn write, then the error
+            self.failed += 1
+            raise StorageError(self.path_of(key), "injected write failure")
+        super().set(key, data)
+
+    def set_if_absent(self, key: str, data: bytes) -> bool:
+        if self._fail(key):
+            self.failed += 1
+            raise StorageError(self.path_of(key), "injected write failure")
+        return super().set_if_absent(key, data)
+
+
+def writer_faults(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """One write of a commit (an object, torn half-way; its array document; its sample table)
+    fails with a StorageError: the append, flush or close that raised it is called again, and
+    every sample appended must then read back exactly, none twice, none lost."""
+    run = _Run("writer_faults", seed, cases, seconds)
+    rng = run.rng
+    tmp = Path(tempfile.mkdtemp(prefix="r3-fuzz-faults-"))
+    try:
+        for case in run:
+            root = tmp / f"s{case}"
+            experts = int(rng.choice([4, 300, 40000]))
+            spec = r3store.ModelSpec(num_layers=2, num_experts=experts, top_k=2)
+            backend = _FailingBackend(root, int(rng.integers(1, 30)))
+            config = {"chunk_rows": int(rng.choice([1, 8, 128])), "object_bytes": int(rng.choice([1 << 10, 1 << 25])),
+                      "buffer_bytes": int(rng.choice([1 << 12, 1 << 28]))}
+            try:
+                w = r3store.RouteWriter(backend, spec, config=config)
+            except StorageError:
+                backend.fail_at = -1
+                w = r3store.RouteWriter(backend, spec, config=config)
+            samples: dict[str, np.ndarray] = {}
+            steps: list[Callable[[], object]] = []
+            for i in range(int(rng.integers(1, 8))):
+                routes = _routes(rng, int(rng.integers(1, 400)), 2, experts, 2)
+                samples[f"s{i}"] = routes
+                steps.append(lambda s=f"s{i}", r=routes: w.append(s, r))
+                if rng.random() < 0.4:
+                    steps.append(w.flush)
+            steps.append(w.close)
+            for step in steps:
+                for _ in range(3):
+                    try:
+                        step()
+                        break
+                    except StorageError:
+                        continue
+                    except DuplicateSampleError:
+                        break  # the append was buffered before its flush failed
+            run.counts["failed_writes"] = run.counts.get("failed_writes", 0) + backend.failed
+            store = r3store.open_store(root)
+            run.check(sorted(store.sample_ids) == sorted(samples),
+                      lambda: f"after {backend.failed} failed write(s) (write {backend.fail_at}, config {config}): "
+                              f"store lists {sorted(store.sample_ids)}, appended {sorted(samples)}")
+            for sid in set(store.sample_ids) & set(samples):
+                run.check(np.array_equal(store.get(sid), samples[sid]),
+                          lambda s=sid: f"after a failed write {backend.fail_at}: {s!r} differs")
+            shutil.rmtree(root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return run.report()
+
+
 # -- Ray read_routes ---------------------------------------------------------------------
 
 
@@ -818,7 +909,7 @@ def ray_blocks(seed: int = 0, cases: int | None = None, seconds: float | None = 
 
 TARGETS: dict[str, Callable[..., Report]] = {"crc": crc, "unpack": unpack, "frames": frames,
                                               "frame_args": frame_args, "reads": reads, "writer": writer,
-                                              "ray_blocks": ray_blocks}
+                                              "writer_faults": writer_faults, "ray_blocks": ray_blocks}
 """Every target; ``ray_blocks`` needs a Ray cluster (``main`` starts a local one)."""
 
 

@@ -87,3 +87,9 @@ def test_short_ray_read_routes_run_finds_nothing(ray_cluster: str) -> None:
     report = differential.run("ray_blocks", seed=1, cases=2)
     assert report["failures"] == [], report
     assert report["checks"] > 10
+
+
+def test_the_writer_fault_target_injects_failures() -> None:
+    report = differential.run("writer_faults", seed=1, cases=10)
+    assert report["failures"] == [], report
+    assert report["failed_writes"] >= 3, report
