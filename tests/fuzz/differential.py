@@ -16,7 +16,8 @@ crc
     one in the header).
 unpack
     ``unpack`` (``native.unpack`` at a random byte offset, and ``kernels.unpack_into``) with
-    widths 1..16, 0..3000 ids, outputs uint8/uint16/int16/int32 (contiguous or strided), with
+    widths 1..16, 0..3000 ids, outputs of 1, 2, 4 and 8 bytes (contiguous or strided; ids
+    wider than the dtype wrap as numpy casts them), with
     the AVX-512 VBMI step on and off and with the portable C, against the numpy twin.
 frames
     ``decode_frames`` with random ``row_first``/``row_count`` (and without) against the numpy
@@ -267,7 +268,7 @@ def unpack(seed: int = 0, cases: int | None = None, seconds: float | None = None
     rng = run.rng
     native = _native()
     modes = unpack_modes()
-    dtypes = [np.uint8, np.uint16, np.int16, np.int32]
+    dtypes = [np.uint8, np.uint16, np.int16, np.int32, np.int8, np.uint32, np.int64]
     for _ in run:
         bits = int(rng.integers(1, 17))
         n = int(rng.choice([int(rng.integers(0, 70)), int(rng.integers(0, 3000))]))
@@ -348,9 +349,9 @@ def frames(seed: int = 0, cases: int | None = None, seconds: float | None = None
         blob = np.concatenate([rng.integers(0, 256, cols["starts"][0], dtype=np.uint8), *pieces])
         c = {k: np.array(v, np.int64) for k, v in cols.items()}
         ranges = (c["first"], c["count"])
-        dtype = np.dtype([np.uint8, np.uint16, np.int16, np.int32][int(rng.integers(0, 4))])
-        if np.iinfo(dtype).max < (1 << bits) - 1:
-            dtype = np.dtype(np.int32)
+        dtype = np.dtype([np.uint8, np.uint16, np.int16, np.int32, np.int8, np.uint32][int(rng.integers(0, 6))])
+        if np.iinfo(dtype).max < (1 << bits) - 1 and rng.random() < 0.7:
+            dtype = np.dtype(np.int32)  # else ids wider than out wrap, as numpy casts them
         layers = nlc * lpc
         expect = np.full((out_row + 2, layers, top_k), 77, dtype)
         for row, layer, ids in want:
