@@ -578,6 +578,14 @@ def reads(seed: int = 0, cases: int | None = None, seconds: float | None = None,
                                                                 "from the written routes")
                 if got.flags.writeable:
                     got[...] = int(rng.integers(-5, 5))  # the caller reuses its result
+                if rng.random() < 0.5:  # the same rows, and rows next to them (cached edge chunks)
+                    n = samples[sid].shape[0]
+                    a, b = (0, n) if rows is None else (rows.start, rows.stop)
+                    for again in (slice(a, b), slice(max(0, a - 1), a + 1), slice(b - 1, min(n, b + 1))):
+                        same = store.get(sid, lays, rows=again)
+                        run.check(np.array_equal(same, _expected(samples[sid], again, lays)),
+                                  lambda s=sid, r=again: f"get({s!r}, rows={r}) after the caller wrote into an "
+                                                         "earlier result differs from the written routes")
                 if rng.random() < 0.5:
                     _check_runs(run, store, samples, spec)
             objects = [p for p in root.rglob("*") if p.is_file() and "/c/" in p.as_posix() and p.stat().st_size]
