@@ -28,6 +28,10 @@ frame_args
     ``decode_frames`` with frame places, lengths, output rows/layers and row ranges pushed
     past every bound (negative, off by one, 2**62, the int64 extremes): compiled and numpy
     agree on the result and every byte of ``out``, and nothing is written outside ``out``.
+overread
+    The kernels' inputs placed so that they end just before (or start just after) a page that
+    may not be read: ``unpack`` in every mode, ``crc32c`` on every path, ``check_frame`` and
+    ``decode_frames``; a load outside the input kills the process (SIGSEGV).
 reads
     A random local store (experts 2..65536, codec ``bitpack`` or, a quarter of the time where
     it applies, ``set`` (ids read back sorted), chunk geometry, appends of many sizes, missing
@@ -64,8 +68,10 @@ without ``--target``) and prints one JSON line per target; exit status 1 on any 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import itertools
 import json
+import mmap
 import shutil
 import sys
 import tempfile
@@ -93,7 +99,8 @@ from r3store.errors import (
 )
 from r3store.storage import LocalBackend
 
-__all__ = ["TARGETS", "crc", "frame_args", "frames", "ray_blocks", "reads", "run", "unpack", "writer", "writer_faults"]
+__all__ = ["TARGETS", "crc", "frame_args", "frames", "guarded", "overread", "ray_blocks", "reads", "run", "unpack",
+           "writer", "writer_faults"]
 
 Report = dict[str, Any]
 MAX_FAILURES = 20
@@ -442,6 +449,79 @@ def frame_args(seed: int = 0, cases: int | None = None, seconds: float | None = 
         run.check(rc_a == rc_b and np.array_equal(out_a, out_b),
                   lambda: f"numpy {rc_a} vs native {rc_b}, out equal {np.array_equal(out_a, out_b)}: {args}, "
                           f"ranges {ranges}, out {(rows_out, layers_out, top_k)} {dtype}, chunk {cr}x{lpc}")
+    return run.report()
+
+
+def guarded(nbytes: int, *, at_end: bool = True) -> tuple[np.ndarray, mmap.mmap]:
+    """A writable uint8 array of ``nbytes`` whose last byte lies just before a page that may
+    not be read (``at_end``), or whose first byte lies just after one: a kernel reading one
+    byte outside it dies of SIGSEGV. Linux/POSIX (``mprotect``); keep the mmap alive."""
+    page = mmap.PAGESIZE
+    pages = (nbytes + page - 1) // page + 1
+    m = mmap.mmap(-1, pages * page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    guard = base + (pages - 1) * page if at_end else base
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mprotect(ctypes.c_void_p(guard), ctypes.c_size_t(page), 0) != 0:
+        raise OSError(ctypes.get_errno(), "mprotect failed")
+    offset = (pages - 1) * page - nbytes if at_end else page
+    return np.frombuffer(m, np.uint8, count=nbytes, offset=offset), m
+
+
+def overread(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """Kernel inputs that end just before (or start just after) a page that may not be read:
+    ``unpack`` in every mode and output width, ``crc32c`` on every path, ``check_frame`` and
+    ``decode_frames`` (with row ranges) of a blob whose last frame ends at the page. A load
+    past the input (a 32-byte or masked AVX-512 load, a 512-bit fold) kills the process."""
+    run = _Run("overread", seed, cases, seconds)
+    rng = run.rng
+    native = _native()
+    modes, paths = unpack_modes()[1:], crc_paths()
+    maps: list[mmap.mmap] = []
+    for case in run:
+        at_end = case % 4 != 3
+        bits = int(rng.integers(1, 17))
+        n = int(rng.integers(0, 70)) if rng.random() < 0.5 else int(rng.integers(0, 5000))
+        ids = rng.integers(0, 1 << bits, n)
+        packed = kernels.pack_bits(ids, bits) if n else np.zeros(0, np.uint8)
+        buf, m = guarded(len(packed), at_end=at_end)
+        maps.append(m)
+        buf[:] = packed
+        for mode in modes:
+            with _unpack_mode(mode):
+                for dtype in (np.uint8, np.uint16, np.int32):
+                    out = np.zeros(n, dtype)
+                    native.unpack(buf, 0, n, bits, out)
+                    run.check(np.array_equal(out, ids.astype(dtype)),
+                              lambda m=mode, d=dtype: f"{m}: unpack of {n} ids of {bits} bits into {d}")
+        for path in paths:
+            with crc_path(path):
+                run.check(int(native.crc32c(buf)) == int(google_crc32c.value(packed.tobytes())),
+                          lambda p=path: f"{p}: crc32c of {len(packed)} bytes at a page edge")
+        # a blob of frames, the last one ending at the page
+        cr, top_k = int(rng.integers(1, 65)), int(rng.integers(1, 9))
+        codec = BitpackCodec(bits=bits, frame_version=2)
+        chunks = [rng.integers(0, 1 << bits, (cr, 1, top_k)) for _ in range(int(rng.integers(1, 4)))]
+        frames_ = [codec.encode(c, tag=position_tag("w-00007", r, 0)) for r, c in enumerate(chunks)]
+        blob, m2 = guarded(sum(len(f) for f in frames_), at_end=at_end)
+        maps.append(m2)
+        blob[:] = np.frombuffer(b"".join(frames_), np.uint8)
+        lengths = np.array([len(f) for f in frames_], np.int64)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        run.check(int(native.check_frame(blob[starts[-1] :], bits)[0]) == 0, lambda: "check_frame at a page edge")
+        first = rng.integers(0, cr, len(chunks))
+        count = np.array([int(rng.integers(1, cr - f + 1)) for f in first], np.int64)
+        rows = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
+        out = np.zeros((int(count.sum()), 1, top_k), np.int32)
+        rc = kernels.decode_frames(blob, starts, lengths, bits, out, rows, np.zeros(len(chunks), np.int64),
+                                   chunk_rows=cr, layers_per_chunk=1, tag_prefix="w-00007",
+                                   row_chunks=np.arange(len(chunks)), layer_chunks=np.zeros(len(chunks), np.int64),
+                                   row_first=first.astype(np.int64), row_count=count)
+        want = np.concatenate([c[f : f + k] for c, f, k in zip(chunks, first, count, strict=True)])
+        run.check(rc == -1 and np.array_equal(out, want), lambda: f"decode_frames at a page edge: rc {rc}")
+        del buf, blob
+        if len(maps) > 64:
+            maps = maps[-64:]  # older maps are unmapped once nothing views them
     return run.report()
 
 
@@ -916,9 +996,9 @@ def ray_blocks(seed: int = 0, cases: int | None = None, seconds: float | None = 
     return run.report()
 
 
-TARGETS: dict[str, Callable[..., Report]] = {"crc": crc, "unpack": unpack, "frames": frames,
-                                              "frame_args": frame_args, "reads": reads, "writer": writer,
-                                              "writer_faults": writer_faults, "ray_blocks": ray_blocks}
+TARGETS: dict[str, Callable[..., Report]] = {
+    "crc": crc, "unpack": unpack, "frames": frames, "frame_args": frame_args, "overread": overread, "reads": reads,
+    "writer": writer, "writer_faults": writer_faults, "ray_blocks": ray_blocks}
 """Every target; ``ray_blocks`` needs a Ray cluster (``main`` starts a local one)."""
 
 

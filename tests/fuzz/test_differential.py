@@ -24,7 +24,7 @@ from tests.fuzz import differential  # noqa: E402
 
 pytestmark = pytest.mark.skipif(kernels.native_module() is None, reason="differential targets need the C extension")
 
-CASES = {"crc": 400, "unpack": 400, "frames": 200, "frame_args": 2000, "reads": 6, "writer": 4}
+CASES = {"crc": 400, "unpack": 400, "frames": 200, "frame_args": 2000, "overread": 300, "reads": 6, "writer": 4}
 
 
 @pytest.mark.parametrize("target", sorted(CASES))
