@@ -130,7 +130,7 @@ def find_missing_rows(sample_id: str, routes: np.ndarray, spec: ModelSpec) -> np
 
 
 def _check_shape(sample_id: str, routes: np.ndarray, spec: ModelSpec) -> None:
-    if routes.dtype == np.bool_ or not np.issubdtype(routes.dtype, np.integer):
+    if routes.dtype.kind not in "iu":  # not issubdtype(np.integer): numpy files timedelta64 under it
         raise RouteShapeError(sample_id, "routes", f"dtype must be integer, got {routes.dtype}")
     if routes.ndim != 3:
         raise RouteShapeError(sample_id, "routes",
@@ -257,7 +257,7 @@ def check_tokens(sample_id: str, tokens: Any) -> np.ndarray | None:
     if tokens is None:
         return None
     arr = as_numpy(sample_id, "tokens", tokens)
-    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):  # timedelta64 is an np.integer
         raise RouteValidationError(sample_id, "tokens",
                                    f"must be a 1-D integer sequence, got shape {arr.shape}, dtype {arr.dtype}")
     return arr

@@ -318,7 +318,8 @@ class RouteReader:
         include_quarantined : bool
             Also return samples the writer quarantined.
         out : ndarray of int32, optional
-            Destination of the result's shape (e.g. a slice of a batch buffer).
+            Destination of the result's shape (e.g. a slice of a batch buffer): writable, of
+            a signed integer dtype holding every expert id (int16, int32, int64).
 
         Returns
         -------
@@ -340,7 +341,8 @@ class RouteReader:
         r3store.errors.ChecksumError
             A chunk fails its CRC-32C; names the array and chunk.
         r3store.errors.OptionError
-            ``rows`` has a step other than 1, or ``out`` has the wrong shape.
+            ``rows`` has a step other than 1, or ``out`` has the wrong shape, is read-only,
+            or its dtype is not a signed integer holding every expert id.
         r3store.errors.StorageError
         """
         catalog = self._catalog
@@ -359,6 +361,7 @@ class RouteReader:
             raise OptionError("rows", rows, "must have step 1")
         base = int(catalog.row_start[i])
         array = catalog.array[i]
+        _check_out(out, self.spec.num_experts - 1, signed=True)
         self._chunks.geometry(array)  # the whole array must match its sample table
         stop = max(start, stop)
         got = self._chunks.read_rows(array, base + start, base + stop, positions, out=out)
@@ -508,8 +511,10 @@ class RouteReader:
             The rows lie past the array's end (an array shorter than its sample table is
             read up to its end, for audits; see :meth:`geometry_of`).
         r3store.errors.OptionError
-            ``start`` is negative or ``out`` has the wrong shape.
+            ``start`` is negative, or ``out`` has the wrong shape, is read-only or is not
+            of an integer dtype holding every expert id.
         """
+        _check_out(out, self.spec.num_experts - 1, signed=False)
         return self._chunks.read_rows(array, start, stop, positions, out)
 
     def read_runs(self, array: str, runs: Sequence[tuple[int, int, int]], positions: Sequence[int],
@@ -529,8 +534,10 @@ class RouteReader:
             A run lies past the array's end, or a frame or index is malformed.
         r3store.errors.ChecksumError
         r3store.errors.OptionError
-            A run is reversed or negative, or ``out`` has the wrong shape.
+            A run is reversed or negative, or ``out`` has the wrong shape, is read-only or
+            is not of an integer dtype holding every expert id.
         """
+        _check_out(out, self.spec.num_experts - 1, signed=False)
         return self._chunks.read_runs(array, runs, positions, out)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -579,6 +586,20 @@ def open_reader(
     warn("r3store.open_reader", "r3store.open_store(url, reader=ReaderOptions(...))")
     opts = resolve_config(ReaderOptions, "open_reader", "reader", reader, deprecated)
     return RouteReader._open(url, opts, storage_options)
+
+
+def _check_out(out: np.ndarray | None, top_id: int, *, signed: bool) -> None:
+    """Refuse an ``out`` that would not hold every expert id (``signed``: and -1, the fill of
+    missing rows), or is read-only: ids would wrap silently, or a write fail half-way."""
+    if out is None:
+        return
+    kinds = "i" if signed else "iu"
+    if isinstance(out, np.ndarray) and out.dtype.kind in kinds and np.iinfo(out.dtype).max >= top_id \
+            and out.flags.writeable:
+        return
+    what = f"<array of {out.dtype}>" if isinstance(out, np.ndarray) else f"<{type(out).__name__}>"
+    need = "signed integer array holding -1 (missing rows) and" if signed else "integer array holding"
+    raise OptionError("out", what, f"must be a writable {need} expert id {top_id}")
 
 
 def _parse_run(run: Any) -> tuple[str, int, int]:

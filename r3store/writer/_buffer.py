@@ -386,7 +386,7 @@ def _quarantined_num_tokens(num_tokens: Any, tokens: Any, rows: int) -> int:
 
 def _storable(arr: np.ndarray | None, spec: ModelSpec) -> np.ndarray | None:
     """Routes of a quarantined sample, when they fit the store's array geometry."""
-    if arr is None or arr.ndim != 3 or arr.shape[2] != spec.top_k or not np.issubdtype(arr.dtype, np.integer):
+    if arr is None or arr.ndim != 3 or arr.shape[2] != spec.top_k or arr.dtype.kind not in "iu":
         return None
     if arr.shape[1] == spec.num_layers and spec.num_layers != spec.num_moe_layers:
         arr = arr[:, list(spec.moe_layers)]

@@ -1,0 +1,1033 @@
+"""Differential and round-trip fuzzing of the byte-facing kernels, the reader's partial decode
+and the writer (random inputs from a seeded generator, no mutation engine).
+
+Each target draws cases from ``numpy.random.default_rng(seed)`` until ``cases`` ran or
+``seconds`` passed, and returns a report ``{"target", "seed", "cases", "checks", "failures"}``
+(``failures``: up to 20 descriptions, each with what to replay: the seed and case number).
+
+crc
+    ``crc32c`` on every CRC-32C code path the CPU has (``set_crc_path``: ``table``,
+    ``sse4.2``, ``pclmul``, ``avx512``) against ``google_crc32c``: random contents, start
+    offsets 0..63 (unaligned), seeds (``value``), lengths drawn around every internal
+    threshold (128 and 256 B folding starts, 8 KiB three-stream join, its 376-byte step,
+    multiples of 64/192/768) and at random up to 200 KiB. Then a bitpack frame of 1 B to
+    64 KiB with one bit flipped in its CRC-covered bytes must be refused on every path
+    (``ChecksumError`` for a flip in the payload or CRC field, an r3store ``FormatError`` for
+    one in the header).
+unpack
+    ``unpack`` (``native.unpack`` at a random byte offset, and ``kernels.unpack_into``) with
+    widths 1..16, 0..3000 ids, outputs of 1, 2, 4 and 8 bytes (contiguous or strided; ids
+    wider than the dtype wrap as numpy casts them), with
+    the AVX-512 VBMI step on and off and with the portable C, against the numpy twin.
+frames
+    ``decode_frames`` with random ``row_first``/``row_count`` (and without) against the numpy
+    twin and the expected ids; then one byte of one frame changed (header, CRC, payload,
+    including bytes of rows the call does not return): the call must report that frame (or
+    an earlier one), never -1, on both implementations.
+frame_args
+    ``decode_frames`` with frame places, lengths, output rows/layers and row ranges pushed
+    past every bound (negative, off by one, 2**62, the int64 extremes): compiled and numpy
+    agree on the result and every byte of ``out``, and nothing is written outside ``out``.
+overread
+    The kernels' inputs placed so that they end just before (or start just after) a page that
+    may not be read: ``unpack`` in every mode, ``crc32c`` on every path, ``check_frame`` and
+    ``decode_frames``; a load outside the input kills the process (SIGSEGV).
+reads
+    A random local store (experts 2..65536, codec ``bitpack`` or, a quarter of the time where
+    it applies, ``set`` (ids read back sorted), chunk geometry, appends of many sizes, missing
+    rows), read by ``get`` with random row slices and layer lists (into ``out`` arrays of random
+    dtypes inside a larger buffer: those that cannot hold every id or -1 must be refused with an
+    OptionError, nothing written, the others filled without a byte outside), and ``get_runs``
+    into narrow dtypes; every result written over by the caller before the next read (get's
+    edge-chunk cache must not alias it); then one byte of a storage object changed: every read
+    must raise an r3store error or return the written routes, and a read of every sample must
+    raise (corrupt bytes are never accepted), on a CRC-32C path drawn at random.
+writer
+    Valid appends (experts 2..65536: 1 to 16 bits per id) given as strided, negative-stride,
+    Fortran-order, big-endian and narrow integer arrays, in one to three turns
+    (``start``/``final``), to a local or an fsspec ``memory://`` store (the writer hands
+    backends views of its reused buffer), read back equal; bad appends (ids out of range,
+    repeats, floats, NaN, timedelta64, wrong shape, ``top_k`` or layer count, bool, object
+    arrays) raise an r3store error and leave the store as it was.
+
+writer_faults
+    One write of a commit (a storage object torn half-way, its array document, its sample
+    table) fails with a StorageError; the call that raised it is repeated: every sample
+    appended reads back exactly, none lost, none twice.
+ray_blocks
+    ``r3store.ray.read_routes`` of random stores (0-row samples, layer subsets, 1 to 5 blocks):
+    every sample as written; a consumer writing into the arrays of its batches (numpy, zero-copy
+    ``map_batches``, ``take_all`` rows) changes no other sample and no later read.
+
+``python -m tests.fuzz.differential --target crc --seconds 120 --seed 3`` runs one (all
+without ``--target``) and prints one JSON line per target; exit status 1 on any failure.
+"""
+
+# ruff: noqa: B023 - the message callables are called inside _Run.check, before the loop moves on
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import itertools
+import json
+import mmap
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import google_crc32c
+import numpy as np
+
+import r3store
+from r3store._format import position_tag
+from r3store.codecs import BitpackCodec, kernels
+from r3store.errors import (
+    ChecksumError,
+    CodecError,
+    DuplicateSampleError,
+    FormatError,
+    OptionError,
+    R3StoreError,
+    StorageError,
+)
+from r3store.storage import LocalBackend
+
+__all__ = ["TARGETS", "crc", "frame_args", "frames", "guarded", "overread", "ray_blocks", "reads", "run", "unpack",
+           "writer", "writer_faults"]
+
+Report = dict[str, Any]
+MAX_FAILURES = 20
+
+
+class _Run:
+    """Case loop with a budget and the failure list of one target."""
+
+    def __init__(self, target: str, seed: int, cases: int | None, seconds: float | None) -> None:
+        self.target, self.seed, self.cases, self.seconds = target, seed, cases, seconds
+        self.rng = np.random.default_rng(seed)
+        self.done = 0
+        self.checks = 0
+        self.failures: list[str] = []
+        self.counts: dict[str, int] = {}  # what a target counts besides cases and checks
+        self.started = time.monotonic()
+
+    def __iter__(self) -> Iterator[int]:
+        while (self.cases is None or self.done < self.cases) and (
+                self.seconds is None or time.monotonic() - self.started < self.seconds):
+            yield self.done
+            self.done += 1
+
+    def check(self, ok: bool, what: Callable[[], str]) -> None:
+        self.checks += 1
+        if not ok and len(self.failures) < MAX_FAILURES:
+            self.failures.append(f"case {self.done} (seed {self.seed}): {what()}")
+
+    def report(self) -> Report:
+        return {"target": self.target, "seed": self.seed, "cases": self.done, "checks": self.checks,
+                "seconds": round(time.monotonic() - self.started, 1), **self.counts, "failures": self.failures}
+
+
+def _native() -> Any:
+    native = kernels.native_module()
+    if native is None:
+        raise RuntimeError("the C extension is not built (python setup.py build_ext --inplace)")
+    return native
+
+
+def crc_paths() -> list[str]:
+    """The CRC-32C paths this CPU runs."""
+    native = _native()
+    saved, paths = native.crc_path(), []
+    for path in ("table", "sse4.2", "pclmul", "avx512"):
+        try:
+            native.set_crc_path(path)
+        except ValueError:
+            continue
+        paths.append(path)
+    native.set_crc_path(saved)
+    return paths
+
+
+@contextmanager
+def crc_path(path: str) -> Iterator[None]:
+    native = _native()
+    saved = native.set_crc_path(path)
+    try:
+        yield
+    finally:
+        native.set_crc_path(saved)
+
+
+_THRESHOLDS = (64, 128, 192, 256, 376, 512, 768, 1024, 4096, 8192, 8192 + 376, 16384, 65536)
+
+
+def _crc_length(rng: np.random.Generator) -> int:
+    kind = rng.integers(0, 4)
+    if kind == 0:
+        return int(rng.choice(_THRESHOLDS) + rng.integers(-48, 49)) if rng.random() < 0.7 else \
+            int(rng.choice(_THRESHOLDS))
+    if kind == 1:  # multiples of the folding widths and the three-stream step, +-1
+        unit = int(rng.choice([8, 16, 64, 192, 256, 376, 768]))
+        return max(0, unit * int(rng.integers(1, 200)) + int(rng.integers(-1, 2)))
+    if kind == 2:
+        return int(rng.integers(0, 600))
+    return int(rng.integers(0, 200 << 10))
+
+
+def crc(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    run = _Run("crc", seed, cases, seconds)
+    rng = run.rng
+    paths = crc_paths()
+    native = _native()
+    pool = rng.integers(0, 256, (200 << 10) + 64, dtype=np.uint8)
+    for case in run:
+        n, off = _crc_length(rng), int(rng.integers(0, 64))
+        if case % 4 == 0:
+            data = rng.integers(0, 256, n + off, dtype=np.uint8)[off:]
+        elif case % 4 == 1:  # runs of one value (zeros, ones) and sparse bits
+            data = np.full(n, rng.choice([0, 255, int(rng.integers(0, 256))]), np.uint8)
+            data[rng.integers(0, max(n, 1), min(n, 3))] ^= 1 << int(rng.integers(0, 8)) if n else 0
+        else:
+            data = pool[off : off + n]
+        value = int(rng.integers(0, 1 << 32)) if rng.random() < 0.5 else 0
+        raw = data.tobytes()
+        want = int(google_crc32c.extend(value, raw)) if value else int(google_crc32c.value(raw))
+        for path in paths:
+            with crc_path(path):
+                got = int(native.crc32c(data, value)) if value else int(native.crc32c(data))
+            run.check(got == want, lambda p=path, g=got: f"{p}: crc32c of {n} bytes at offset {off}, value "
+                                                          f"{value:#x}: {g:#x}, google_crc32c {want:#x}")
+        if case % 3 == 0:
+            _flipped_frame(run, paths)
+    return run.report()
+
+
+def _flipped_frame(run: _Run, paths: list[str]) -> None:
+    rng = run.rng
+    bits = int(rng.integers(1, 17))
+    size = int(rng.choice([1, 7, 63, 128, 255, 256, 1000, 8192, 8200, 20000, 65536]))
+    n = max(1, size * 8 // bits)
+    ids = rng.integers(0, 1 << bits, n)
+    ids[-1] = max(int(ids[-1]), 1)  # no trimmed tail: every payload byte is CRC-covered
+    version = int(rng.integers(1, 3))
+    codec = BitpackCodec(bits=bits, frame_version=version)
+    frame = bytearray(codec.encode(ids, tag=int(rng.integers(1, 1 << 32)) if version == 2 else 0))
+    header = 20 if version == 1 else 24
+    where = int(rng.integers(0, len(frame)))
+    frame[where] ^= 1 << int(rng.integers(0, 8))
+    for path in paths:
+        with crc_path(path):
+            try:
+                codec.decode(bytes(frame))
+                outcome = "accepted"
+            except ChecksumError:
+                outcome = "checksum"
+            except FormatError:
+                outcome = "format"
+            except R3StoreError as exc:
+                outcome = type(exc).__name__
+        ok = outcome == "checksum" if where >= header - 4 else outcome in ("checksum", "format")
+        run.check(ok, lambda p=path, o=outcome: f"{p}: frame v{version} of {len(frame)} bytes ({bits} bits) with "
+                                                f"byte {where} flipped: {o}")
+
+
+# -- unpack ------------------------------------------------------------------------------
+
+
+@contextmanager
+def _unpack_mode(mode: str) -> Iterator[None]:
+    """``numpy``, ``scalar`` (portable C), ``avx2`` (AVX-512 off) or ``avx512``."""
+    native = _native()
+    if mode == "numpy":
+        with kernels.use("numpy"):
+            yield
+        return
+    with kernels.use("native" if mode == "scalar" else "native-avx2"):
+        saved = native.set_avx512(mode == "avx512")
+        try:
+            yield
+        finally:
+            native.set_avx512(saved)
+
+
+def unpack_modes() -> list[str]:
+    native = _native()
+    modes = ["numpy", "scalar"]
+    if native.cpu_features().get("avx2"):
+        modes.append("avx2")
+        try:
+            native.set_avx512(native.set_avx512(True))
+            modes.append("avx512")
+        except ValueError:
+            pass
+    return modes
+
+
+def unpack(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    run = _Run("unpack", seed, cases, seconds)
+    rng = run.rng
+    native = _native()
+    modes = unpack_modes()
+    dtypes = [np.uint8, np.uint16, np.int16, np.int32, np.int8, np.uint32, np.int64]
+    for _ in run:
+        bits = int(rng.integers(1, 17))
+        n = int(rng.choice([int(rng.integers(0, 70)), int(rng.integers(0, 3000))]))
+        offset = int(rng.integers(0, 40))
+        slack = int(rng.integers(0, 3))
+        ids = rng.integers(0, 1 << bits, n)
+        packed = kernels.pack_bits(ids, bits) if n else np.zeros(0, np.uint8)
+        buf = np.concatenate([rng.integers(0, 256, offset, dtype=np.uint8), packed,
+                              rng.integers(0, 256, slack, dtype=np.uint8)])
+        dtype = np.dtype(dtypes[int(rng.integers(0, len(dtypes)))])
+        room = n + int(rng.integers(0, 5))
+        stride = int(rng.integers(1, 3))
+        want = (ids.astype(dtype) if n else np.zeros(0, dtype))
+        results = {}
+        for mode in modes:
+            base = np.full(room * stride, 0x5A, dtype)
+            out = base[::stride]
+            with _unpack_mode(mode):
+                if mode == "numpy":
+                    kernels.unpack_into(buf[offset:], n, bits, out)
+                else:
+                    native.unpack(buf, offset, n, bits, out)
+            results[mode] = out.copy()
+            run.check(np.array_equal(out[:n], want) and not out[n:].any()
+                      and (stride == 1 or (base[1::stride] == dtype.type(0x5A)).all()),
+                      lambda m=mode: f"{m}: unpack of {n} ids of {bits} bits at offset {offset} into {dtype} "
+                                     f"(stride {stride}) differs from the ids")
+        # whole-API path with the kernel's own output allocation
+        if np.iinfo(dtype).max >= (1 << bits) - 1 and dtype in kernels.OUT_DTYPES:
+            for mode in modes[1:]:
+                with _unpack_mode(mode):
+                    got = kernels.unpack_bits(buf[offset:].tobytes(), n, bits, dtype=dtype)
+                run.check(np.array_equal(got, want), lambda m=mode: f"{m}: unpack_bits of {n} ids, {bits} bits")
+    return run.report()
+
+
+# -- decode_frames -----------------------------------------------------------------------
+
+
+def _decode(blob: np.ndarray, c: dict[str, np.ndarray], bits: int, out: np.ndarray, cr: int, lpc: int,
+            ranges: tuple[np.ndarray, np.ndarray] | None) -> int:
+    return kernels.decode_frames(blob, c["starts"], c["lengths"], bits, out, c["rows"], c["layers"], chunk_rows=cr,
+                                 layers_per_chunk=lpc, tag_prefix="w-00007", row_chunks=c["rc"],
+                                 layer_chunks=c["lc"], row_first=None if ranges is None else ranges[0],
+                                 row_count=None if ranges is None else ranges[1])
+
+
+def frames(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    run = _Run("frames", seed, cases, seconds)
+    rng = run.rng
+    impls = ["numpy", "native"]
+    for _ in run:
+        bits = int(rng.integers(1, 17))
+        cr, lpc, top_k = int(rng.integers(1, 40)), int(rng.integers(1, 4)), int(rng.integers(1, 9))
+        nrc, nlc = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+        codec = BitpackCodec(bits=bits, frame_version=2)
+        chunks = [(r, b) for r in range(nrc) for b in range(nlc)]
+        rng.shuffle(chunks)
+        chunks = chunks[: int(rng.integers(1, len(chunks) + 1))]
+        pieces, cols = [], {k: [] for k in ("starts", "lengths", "rows", "layers", "rc", "lc", "first", "count")}
+        gap = int(rng.integers(0, 9))
+        pos, out_row = gap, 0
+        want = []
+        for r, b in chunks:
+            ids = rng.integers(0, 1 << bits, (cr, lpc, top_k))
+            if rng.random() < 0.3:  # a trimmed zero tail
+                ids.reshape(-1)[-int(rng.integers(1, ids.size + 1)):] = 0
+            frame = codec.encode(ids, tag=position_tag("w-00007", r, b))
+            first = int(rng.integers(0, cr))
+            count = int(rng.integers(1, cr - first + 1))
+            for k, v in zip(cols, (pos, len(frame), out_row, b * lpc, r, b, first, count), strict=True):
+                cols[k].append(v)
+            want.append((out_row, b * lpc, ids[first : first + count]))
+            pieces.append(np.frombuffer(frame, np.uint8))
+            pieces.append(rng.integers(0, 256, gap, dtype=np.uint8))
+            pos += len(frame) + gap
+            out_row += count
+        blob = np.concatenate([rng.integers(0, 256, cols["starts"][0], dtype=np.uint8), *pieces])
+        c = {k: np.array(v, np.int64) for k, v in cols.items()}
+        ranges = (c["first"], c["count"])
+        dtype = np.dtype([np.uint8, np.uint16, np.int16, np.int32, np.int8, np.uint32][int(rng.integers(0, 6))])
+        if np.iinfo(dtype).max < (1 << bits) - 1 and rng.random() < 0.7:
+            dtype = np.dtype(np.int32)  # else ids wider than out wrap, as numpy casts them
+        layers = nlc * lpc
+        expect = np.full((out_row + 2, layers, top_k), 77, dtype)
+        for row, layer, ids in want:
+            expect[row : row + len(ids), layer : layer + lpc] = ids
+        for impl in impls:
+            with kernels.use(impl):
+                out = np.full_like(expect, 77)
+                rc = _decode(blob, c, bits, out, cr, lpc, ranges)
+            run.check(rc == -1 and np.array_equal(out, expect),
+                      lambda i=impl, r=rc: f"{i}: {len(chunks)} frames ({bits} bits, chunk {cr}x{lpc}x{top_k}) "
+                                           f"with row ranges: rc {r}, out differs {not np.array_equal(out, expect)}")
+        # one changed byte anywhere in one frame (rows not returned included)
+        f = int(rng.integers(0, len(chunks)))
+        where = int(c["starts"][f] + rng.integers(0, c["lengths"][f]))
+        bad = blob.copy()
+        bad[where] ^= np.uint8(int(rng.integers(1, 256)))
+        for impl in impls:
+            with kernels.use(impl):
+                out = np.full_like(expect, 77)
+                rc = _decode(bad, c, bits, out, cr, lpc, ranges)
+            run.check(0 <= rc <= f, lambda i=impl, r=rc: f"{i}: byte {where - c['starts'][f]} of frame {f} "
+                                                         f"({c['lengths'][f]} bytes, rows {c['first'][f]}+"
+                                                         f"{c['count'][f]} of {cr} returned) changed: rc {r}")
+            if 0 <= rc <= f:  # the named frame's fault is an r3store error
+                frame = bad[c["starts"][rc] : c["starts"][rc] + c["lengths"][rc]]
+                try:
+                    codec.decode(frame, tag=position_tag("w-00007", int(c["rc"][rc]), int(c["lc"][rc])))
+                    named = "decoded"
+                except (ChecksumError, FormatError):
+                    named = "refused"
+                run.check(named == "refused", lambda i=impl: f"{i}: frame {rc} reported by decode_frames decodes")
+    return run.report()
+
+
+def _perturb(rng: np.random.Generator, values: list[int], lo: int, hi: int) -> np.ndarray:
+    arr = np.array(values, np.int64)
+    if rng.random() < 0.3:
+        i = int(rng.integers(0, len(arr)))
+        arr[i] = int(rng.choice([lo, hi, -1, -(1 << 62), 1 << 62, (1 << 63) - 1, -(1 << 63), arr[i] + 1, arr[i] - 1]))
+    return arr
+
+
+def frame_args(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """``decode_frames`` with frame places, sizes and row ranges pushed past every bound
+    (negative, one off, 2**62, the int64 extremes; an ``out`` of 0 rows or too few layers):
+    the compiled kernel must agree with the numpy twin on the result (a CodecError, or the
+    first frame out of bounds) and on every byte of ``out``, and never write outside it."""
+    run = _Run("frame_args", seed, cases, seconds)
+    rng = run.rng
+    for _ in run:
+        bits = int(rng.integers(1, 17))
+        cr, lpc, top_k = int(rng.integers(1, 9)), int(rng.integers(1, 3)), int(rng.integers(1, 4))
+        codec = BitpackCodec(bits=bits, frame_version=2)
+        nf = int(rng.integers(1, 4))
+        blob, starts, lengths = b"", [], []
+        for f in range(nf):
+            frame = codec.encode(rng.integers(0, 1 << bits, (cr, lpc, top_k)), tag=position_tag("w", f, 0))
+            starts.append(len(blob))
+            lengths.append(len(frame))
+            blob += frame
+        layers_out, rows_out = int(rng.integers(lpc, 2 * lpc + 2)), int(rng.integers(0, cr * nf + 4))
+        args = {"starts": _perturb(rng, starts, 0, len(blob)), "lengths": _perturb(rng, lengths, 0, len(blob)),
+                "rows": _perturb(rng, rng.integers(0, max(rows_out, 1), nf).tolist(), 0, rows_out),
+                "layers": _perturb(rng, rng.integers(0, layers_out, nf).tolist(), 0, layers_out)}
+        ranges = (_perturb(rng, rng.integers(0, cr, nf).tolist(), 0, cr),
+                  _perturb(rng, rng.integers(1, cr + 1, nf).tolist(), 0, cr)) if rng.random() < 0.7 else None
+        dtype = np.dtype([np.uint8, np.uint16, np.int32, np.int16][int(rng.integers(0, 4))])
+        results = {}
+        for impl in ("numpy", "native"):
+            room = np.full((rows_out + 2) * layers_out * top_k, 7, dtype)
+            out = room[layers_out * top_k : -layers_out * top_k].reshape(rows_out, layers_out, top_k)
+            with kernels.use(impl):
+                try:
+                    rc: object = kernels.decode_frames(
+                        blob, args["starts"], args["lengths"], bits, out, args["rows"], args["layers"],
+                        chunk_rows=cr, layers_per_chunk=lpc, tag_prefix="w", row_chunks=np.arange(nf),
+                        layer_chunks=np.zeros(nf, np.int64), row_first=None if ranges is None else ranges[0],
+                        row_count=None if ranges is None else ranges[1])
+                except CodecError:
+                    rc = "CodecError"
+                except Exception as exc:  # noqa: BLE001 - the oracle
+                    rc = f"{type(exc).__name__}: {exc}"
+            results[impl] = (rc, room)
+            edge = layers_out * top_k
+            run.check((room[:edge] == 7).all() and (room[-edge:] == 7).all(),
+                      lambda i=impl: f"{i}: decode_frames wrote outside out ({args}, ranges {ranges})")
+        (rc_a, out_a), (rc_b, out_b) = results["numpy"], results["native"]
+        run.check(rc_a == rc_b and np.array_equal(out_a, out_b),
+                  lambda: f"numpy {rc_a} vs native {rc_b}, out equal {np.array_equal(out_a, out_b)}: {args}, "
+                          f"ranges {ranges}, out {(rows_out, layers_out, top_k)} {dtype}, chunk {cr}x{lpc}")
+    return run.report()
+
+
+def guarded(nbytes: int, *, at_end: bool = True) -> tuple[np.ndarray, mmap.mmap]:
+    """A writable uint8 array of ``nbytes`` whose last byte lies just before a page that may
+    not be read (``at_end``), or whose first byte lies just after one: a kernel reading one
+    byte outside it dies of SIGSEGV. Linux/POSIX (``mprotect``); keep the mmap alive."""
+    page = mmap.PAGESIZE
+    pages = (nbytes + page - 1) // page + 1
+    m = mmap.mmap(-1, pages * page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    guard = base + (pages - 1) * page if at_end else base
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mprotect(ctypes.c_void_p(guard), ctypes.c_size_t(page), 0) != 0:
+        raise OSError(ctypes.get_errno(), "mprotect failed")
+    offset = (pages - 1) * page - nbytes if at_end else page
+    return np.frombuffer(m, np.uint8, count=nbytes, offset=offset), m
+
+
+def overread(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """Kernel inputs that end just before (or start just after) a page that may not be read:
+    ``unpack`` in every mode and output width, ``crc32c`` on every path, ``check_frame`` and
+    ``decode_frames`` (with row ranges) of a blob whose last frame ends at the page. A load
+    past the input (a 32-byte or masked AVX-512 load, a 512-bit fold) kills the process."""
+    run = _Run("overread", seed, cases, seconds)
+    rng = run.rng
+    native = _native()
+    modes, paths = unpack_modes()[1:], crc_paths()
+    maps: list[mmap.mmap] = []
+    for case in run:
+        at_end = case % 4 != 3
+        bits = int(rng.integers(1, 17))
+        n = int(rng.integers(0, 70)) if rng.random() < 0.5 else int(rng.integers(0, 5000))
+        ids = rng.integers(0, 1 << bits, n)
+        packed = kernels.pack_bits(ids, bits) if n else np.zeros(0, np.uint8)
+        buf, m = guarded(len(packed), at_end=at_end)
+        maps.append(m)
+        buf[:] = packed
+        for mode in modes:
+            with _unpack_mode(mode):
+                for dtype in (np.uint8, np.uint16, np.int32):
+                    out = np.zeros(n, dtype)
+                    native.unpack(buf, 0, n, bits, out)
+                    run.check(np.array_equal(out, ids.astype(dtype)),
+                              lambda m=mode, d=dtype: f"{m}: unpack of {n} ids of {bits} bits into {d}")
+        for path in paths:
+            with crc_path(path):
+                run.check(int(native.crc32c(buf)) == int(google_crc32c.value(packed.tobytes())),
+                          lambda p=path: f"{p}: crc32c of {len(packed)} bytes at a page edge")
+        # a blob of frames, the last one ending at the page
+        cr, top_k = int(rng.integers(1, 65)), int(rng.integers(1, 9))
+        codec = BitpackCodec(bits=bits, frame_version=2)
+        chunks = [rng.integers(0, 1 << bits, (cr, 1, top_k)) for _ in range(int(rng.integers(1, 4)))]
+        frames_ = [codec.encode(c, tag=position_tag("w-00007", r, 0)) for r, c in enumerate(chunks)]
+        blob, m2 = guarded(sum(len(f) for f in frames_), at_end=at_end)
+        maps.append(m2)
+        blob[:] = np.frombuffer(b"".join(frames_), np.uint8)
+        lengths = np.array([len(f) for f in frames_], np.int64)
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        run.check(int(native.check_frame(blob[starts[-1] :], bits)[0]) == 0, lambda: "check_frame at a page edge")
+        first = rng.integers(0, cr, len(chunks))
+        count = np.array([int(rng.integers(1, cr - f + 1)) for f in first], np.int64)
+        rows = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
+        out = np.zeros((int(count.sum()), 1, top_k), np.int32)
+        rc = kernels.decode_frames(blob, starts, lengths, bits, out, rows, np.zeros(len(chunks), np.int64),
+                                   chunk_rows=cr, layers_per_chunk=1, tag_prefix="w-00007",
+                                   row_chunks=np.arange(len(chunks)), layer_chunks=np.zeros(len(chunks), np.int64),
+                                   row_first=first.astype(np.int64), row_count=count)
+        want = np.concatenate([c[f : f + k] for c, f, k in zip(chunks, first, count, strict=True)])
+        run.check(rc == -1 and np.array_equal(out, want), lambda: f"decode_frames at a page edge: rc {rc}")
+        del buf, blob
+        if len(maps) > 64:
+            maps = maps[-64:]  # older maps are unmapped once nothing views them
+    return run.report()
+
+
+# -- reads -------------------------------------------------------------------------------
+
+
+def _routes(rng: np.random.Generator, rows: int, layers: int, experts: int, top_k: int) -> np.ndarray:
+    if experts > 1024:  # ids b, b + s, b + 2s, ... mod experts: distinct while (top_k - 1) * s < experts
+        step = rng.integers(1, experts // top_k + 1, (rows, layers, 1))
+        first = rng.integers(0, experts, (rows, layers, 1))
+        return ((first + step * np.arange(top_k)) % experts).astype(np.int32)
+    keys = rng.random((rows, layers, experts))
+    return np.argpartition(keys, top_k - 1, axis=-1)[..., :top_k].astype(np.int32) if top_k < experts else \
+        np.argsort(keys, axis=-1).astype(np.int32)
+
+
+def _random_store(rng: np.random.Generator, root: Path, max_rows: int,
+                  set_share: float = 0.0) -> tuple[r3store.ModelSpec, dict[str, Any]]:
+    experts = int(rng.choice([2, 3, 8, 40, 64, 128, 257, 1024, 4096, 65536]))
+    top_k = int(rng.integers(1, min(experts, 8) + 1))
+    layers = int(rng.integers(1, 6))
+    spec = r3store.ModelSpec(num_layers=layers, num_experts=experts, top_k=top_k)
+    lpc = int(rng.choice([d for d in range(1, layers + 1) if layers % d == 0]))
+    config = {"chunk_rows": int(rng.choice([1, 2, 3, 7, 16, 64, 100, 128])), "layers_per_chunk": lpc,
+              "object_bytes": int(rng.choice([1 << 10, 1 << 14, 1 << 25])),
+              "codec": "set" if experts <= 1024 and rng.random() < set_share else "bitpack"}
+    samples: dict[str, Any] = {}
+    with r3store.RouteWriter(root, spec, config=config) as w:
+        for i in range(int(rng.integers(1, 7))):
+            rows = int(rng.integers(1, max_rows + 1)) if rng.random() < 0.8 else int(rng.integers(1, 4))
+            routes = _routes(rng, rows, layers, experts, top_k)
+            sid = f"s{i}"
+            if rows > 2 and rng.random() < 0.3:
+                a = int(rng.integers(0, rows - 1))
+                routes[a : int(rng.integers(a + 1, rows))] = -1  # rows the engine could not capture
+                w.append(sid, routes, allow_missing=True)
+            else:
+                w.append(sid, routes)
+            samples[sid] = np.sort(routes, axis=-1) if config["codec"] == "set" else routes  # set: ids sorted
+            if rng.random() < 0.3:
+                w.flush()
+    return spec, samples
+
+
+def _random_read(rng: np.random.Generator, routes: np.ndarray, layers: int) -> tuple[slice | None, list[int] | None]:
+    n = routes.shape[0]
+    rows = None
+    if rng.random() < 0.7:
+        a = int(rng.integers(0, n))
+        rows = slice(a, int(rng.integers(a + 1, n + 1)))
+    lays = None
+    if rng.random() < 0.5:
+        lays = [int(x) for x in rng.permutation(layers)[: int(rng.integers(1, layers + 1))]]
+    return rows, lays
+
+
+def _expected(routes: np.ndarray, rows: slice | None, lays: list[int] | None) -> np.ndarray:
+    part = routes if rows is None else routes[rows]
+    return part if lays is None else part[:, lays]
+
+
+def _check_runs(run: _Run, store: Any, samples: dict[str, np.ndarray], spec: r3store.ModelSpec,
+                corrupt: str | None = None) -> None:
+    """``get_runs`` of random row ranges of random samples into a random dtype, at random rows."""
+    rng = run.rng
+    runs, wants = [], []
+    for _ in range(int(rng.integers(1, 5))):
+        sid = str(rng.choice(list(samples)))
+        n = samples[sid].shape[0]
+        a = int(rng.integers(0, n))
+        b = int(rng.integers(a, n + 1))
+        runs.append((sid, a, b))
+        wants.append(samples[sid][a:b])
+    lays = None if rng.random() < 0.5 else [int(x) for x in rng.permutation(spec.num_layers)[
+        : int(rng.integers(1, spec.num_layers + 1))]]
+    want = np.concatenate(wants)
+    want = np.where(want < 0, 0, want)  # missing rows hold what is stored there (zeros)
+    if lays is not None:
+        want = want[:, lays]
+    dtype = np.uint8 if spec.num_experts <= 256 and rng.random() < 0.4 else \
+        np.uint16 if rng.random() < 0.5 else np.int32
+    out = np.full(want.shape, 77, dtype)
+    try:
+        got = store.get_runs(runs, lays, out=out)
+    except R3StoreError:
+        run.check(corrupt is not None, lambda: f"get_runs({runs}, {lays}) of an intact store raised")
+        return
+    except Exception as exc:  # noqa: BLE001 - the oracle
+        run.check(False, lambda e=exc: f"{corrupt or 'intact'}: get_runs raised {type(e).__name__}: {e}")
+        return
+    run.check(got is out and np.array_equal(out, want),
+              lambda: f"{corrupt or 'intact store'}: get_runs({runs}, {lays}) into {np.dtype(dtype)} differs from "
+                      "the written routes")
+
+
+def reads(seed: int = 0, cases: int | None = None, seconds: float | None = None, max_rows: int = 600) -> Report:
+    run = _Run("reads", seed, cases, seconds)
+    rng = run.rng
+    paths = crc_paths()
+    tmp = Path(tempfile.mkdtemp(prefix="r3-fuzz-reads-"))
+    try:
+        for case in run:
+            root = tmp / f"s{case}"
+            spec, samples = _random_store(rng, root, max_rows, set_share=0.25)
+            store = r3store.open_store(root)
+            for _ in range(int(rng.integers(4, 16))):
+                sid = str(rng.choice(list(samples)))
+                rows, lays = _random_read(rng, samples[sid], spec.num_layers)
+                want = _expected(samples[sid], rows, lays)
+                out = None
+                if rng.random() < 0.3:
+                    dtype = np.dtype([np.int32, np.int16, np.int64, ">i4", np.uint8, np.uint16, np.int8][
+                        int(rng.integers(0, 7))])
+                    pre, post = int(rng.integers(0, 3)), int(rng.integers(0, 3))
+                    room = np.full((pre + len(want) + post, *want.shape[1:]), 99, dtype)
+                    out = room[pre : pre + len(want)]
+                    if dtype.kind != "i" or np.iinfo(dtype).max < spec.num_experts - 1:
+                        try:
+                            store.get(sid, lays, rows=rows, out=out)
+                            outcome = "filled"
+                        except OptionError:
+                            outcome = "OptionError"
+                        run.check(outcome == "OptionError" and (room == 99).all(),
+                                  lambda d=dtype, o=outcome: f"get({sid!r}, rows={rows}) into {d} out of a "
+                                                             f"{spec.num_experts}-expert store: {o}")
+                        continue
+                got = store.get(sid, lays, rows=rows, out=out)
+                if out is not None:
+                    run.check((room[:pre] == 99).all() and (room[pre + len(want) :] == 99).all(),
+                              lambda: f"get({sid!r}, rows={rows}, out=) wrote outside out")
+                run.check(np.array_equal(got, want) and (out is None or got is out),
+                          lambda s=sid, r=rows, la=lays, o=out: f"get({s!r}, {la}, rows={r}, out="
+                                                                f"{'given' if o is not None else None}) differs "
+                                                                "from the written routes")
+                if got.flags.writeable:
+                    got[...] = int(rng.integers(-5, 5))  # the caller reuses its result
+                if rng.random() < 0.5:  # the same rows, and rows next to them (cached edge chunks)
+                    n = samples[sid].shape[0]
+                    a, b = (0, n) if rows is None else (rows.start, rows.stop)
+                    for again in (slice(a, b), slice(max(0, a - 1), a + 1), slice(b - 1, min(n, b + 1))):
+                        same = store.get(sid, lays, rows=again)
+                        run.check(np.array_equal(same, _expected(samples[sid], again, lays)),
+                                  lambda s=sid, r=again: f"get({s!r}, rows={r}) after the caller wrote into an "
+                                                         "earlier result differs from the written routes")
+                if rng.random() < 0.5:
+                    _check_runs(run, store, samples, spec)
+            objects = [p for p in root.rglob("*") if p.is_file() and "/c/" in p.as_posix() and p.stat().st_size]
+            if not objects:
+                continue
+            victim = objects[int(rng.integers(0, len(objects)))]
+            data = bytearray(victim.read_bytes())
+            where = int(rng.integers(0, len(data)))
+            data[where] ^= int(rng.integers(1, 256))
+            victim.write_bytes(bytes(data))
+            path = paths[int(rng.integers(0, len(paths)))]  # the frame checks run on every CRC path
+            name = f"{victim.relative_to(root)} byte {where}, CRC-32C path {path}"
+            with crc_path(path):
+                store = r3store.open_store(root)
+                for _ in range(int(rng.integers(2, 8))):
+                    sid = str(rng.choice(list(samples)))
+                    rows, lays = _random_read(rng, samples[sid], spec.num_layers)
+                    try:
+                        got = store.get(sid, lays, rows=rows)
+                    except R3StoreError:
+                        continue
+                    except Exception as exc:  # noqa: BLE001 - the oracle
+                        run.check(False, lambda e=exc: f"{name} changed: get raised {type(e).__name__}: {e}")
+                        continue
+                    run.check(np.array_equal(got, _expected(samples[sid], rows, lays)),
+                              lambda s=sid, r=rows, la=lays: f"{name} changed: get({s!r}, {la}, rows={r}) "
+                                                             "returned different routes without an error")
+                for _ in range(int(rng.integers(0, 3))):
+                    _check_runs(run, store, samples, spec, corrupt=name)
+                refused = False
+                for sid in samples:
+                    try:
+                        ok = np.array_equal(r3store.open_store(root).get(sid), samples[sid])
+                    except R3StoreError:
+                        refused = True
+                        break
+                    except Exception as exc:  # noqa: BLE001 - the oracle
+                        run.check(False, lambda e=exc: f"{name} changed: get raised {type(e).__name__}: {e}")
+                        refused = True
+                        break
+                    run.check(ok, lambda s=sid: f"{name} changed: full get({s!r}) differs without an error")
+                run.check(refused, lambda: f"{name} changed: every sample read back without an error")
+            shutil.rmtree(root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return run.report()
+
+
+# -- writer ------------------------------------------------------------------------------
+
+
+def _valid_forms(rng: np.random.Generator, routes: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    forms = [("int32", routes), ("int64", routes.astype(np.int64)),
+             ("big-endian int32", routes.astype(">i4")), ("uint16", routes.astype(np.uint16)),
+             ("Fortran order", np.asfortranarray(routes))]
+    if routes.max() < 1 << 15:
+        forms.append(("big-endian int16", routes.astype(">i2")))
+    if routes.max() < 128:
+        forms.append(("int8", routes.astype(np.int8)))
+    wide = np.empty((routes.shape[0] * 2, *routes.shape[1:]), routes.dtype)
+    wide[::2] = routes
+    forms.append(("row-strided", wide[::2]))
+    rev = routes[::-1].copy()[::-1]
+    forms.append(("negative row stride", rev))
+    slot_rev = routes[:, :, ::-1].copy()[:, :, ::-1]
+    forms.append(("negative slot stride", slot_rev))
+    padded = np.zeros((*routes.shape[:2], routes.shape[2] + 3), routes.dtype)
+    padded[..., 1 : 1 + routes.shape[2]] = routes
+    forms.append(("slot-strided view", padded[..., 1 : 1 + routes.shape[2]]))
+    tr = np.ascontiguousarray(routes.transpose(1, 0, 2)).transpose(1, 0, 2)
+    forms.append(("layer-major", tr))
+    return [forms[int(i)] for i in rng.permutation(len(forms))[: int(rng.integers(2, 5))]]
+
+
+def _bad_forms(rng: np.random.Generator, routes: np.ndarray, experts: int) -> list[tuple[str, Any]]:
+    bad: list[tuple[str, Any]] = []
+    r = routes.copy()
+    r[int(rng.integers(0, len(r))), int(rng.integers(0, r.shape[1])), int(rng.integers(0, r.shape[2]))] = experts
+    bad.append(("id == num_experts", r))
+    r = routes.astype(np.int64)
+    r[int(rng.integers(0, len(r))), 0, 0] = -2
+    bad.append(("negative id", r))
+    r = routes.astype(np.int64)
+    r[0, 0, 0] = (1 << 32) + int(routes[0, 0, 0])
+    bad.append(("id wrapping to a valid one in 32 bits", r))
+    if routes.shape[2] > 1:
+        r = routes.copy()
+        r[-1, -1, 1] = r[-1, -1, 0]
+        bad.append(("repeated id", r))
+    f = routes.astype(np.float64)
+    bad.append(("float ids", f))
+    f2 = f.copy()
+    f2[0, 0, 0] = np.nan
+    bad.append(("NaN", f2))
+    bad.append(("bool", routes.astype(bool)))
+    bad.append(("timedelta64", routes.astype("m8[s]")))  # an np.integer to numpy
+    bad.append(("object", routes.astype(object)))
+    bad.append(("2-D", routes[:, 0]))
+    bad.append(("extra top_k slot", np.concatenate([routes, routes[..., :1]], axis=2)))
+    bad.append(("one layer short", routes[:, 1:] if routes.shape[1] > 1 else routes[:, :0]))
+    bad.append(("0 rows", routes[:0]))
+    bad.append(("string", "1,2,3"))
+    return [bad[int(i)] for i in rng.permutation(len(bad))[: int(rng.integers(3, 7))]]
+
+
+def writer(seed: int = 0, cases: int | None = None, seconds: float | None = None, max_rows: int = 5000) -> Report:
+    run = _Run("writer", seed, cases, seconds)
+    rng = run.rng
+    tmp = Path(tempfile.mkdtemp(prefix="r3-fuzz-writer-"))
+    try:
+        for case in run:
+            local = rng.random() < 0.7
+            root: Path | str = tmp / f"s{case}" if local else f"memory://r3-fuzz-writer/{seed}/{case}"
+            experts = int(rng.choice([2, 3, 5, 16, 64, 255, 256, 257, 1000, 1024, 2049, 40000, 65536]))
+            top_k = int(rng.integers(1, min(experts, 8) + 1))
+            layers = int(rng.integers(1, 5))
+            spec = r3store.ModelSpec(num_layers=layers, num_experts=experts, top_k=top_k)
+            config = {"chunk_rows": int(rng.choice([1, 5, 32, 128, 1000])),
+                      "layers_per_chunk": int(rng.choice([d for d in range(1, layers + 1) if layers % d == 0])),
+                      "object_bytes": int(rng.choice([1 << 12, 1 << 16, 32 << 20])),
+                      "buffer_bytes": int(rng.choice([1 << 12, 1 << 20, 256 << 20]))}
+            samples: dict[str, np.ndarray] = {}
+            with r3store.RouteWriter(root, spec, config=config) as w:
+                for i in range(int(rng.integers(1, 5))):
+                    rows = int(rng.integers(1, max_rows + 1)) if rng.random() < 0.5 else int(rng.integers(1, 40))
+                    routes = _routes(rng, rows, layers, experts, top_k)
+                    for form, arr in _valid_forms(rng, routes):
+                        sid = f"v{i}-{len(samples)}"
+                        cuts = sorted({0, rows, *(int(x) for x in rng.integers(1, rows + 1, int(rng.integers(0, 3))))})
+                        try:  # in turns of random sizes (multi-turn continuation)
+                            for a, b in itertools.pairwise(cuts):
+                                w.append(sid, arr[a:b], start=a, final=b == rows)
+                        except Exception as exc:  # noqa: BLE001 - the oracle
+                            run.check(False, lambda f=form, e=exc: f"valid routes as {f} ({arr.dtype}, strides "
+                                                                    f"{arr.strides}) refused: {type(e).__name__}: {e}")
+                            continue
+                        samples[sid] = routes
+                    for form, arr in _bad_forms(rng, routes, experts):
+                        try:
+                            w.append(f"bad{i}-{form}", arr)
+                            outcome = "accepted"
+                        except R3StoreError as exc:
+                            outcome = "r3store error" if str(exc) else "r3store error without a message"
+                        except Exception as exc:  # noqa: BLE001 - the oracle
+                            outcome = f"{type(exc).__name__}: {exc}"
+                        run.check(outcome == "r3store error", lambda f=form, o=outcome: f"bad append ({f}): {o}")
+                    if rng.random() < 0.4:
+                        w.flush()
+            store = r3store.open_store(root)
+            run.check(sorted(store.sample_ids) == sorted(samples),
+                      lambda: f"store lists {sorted(store.sample_ids)}, written {sorted(samples)}")
+            for sid, routes in samples.items():
+                try:
+                    got = store.get(sid)
+                except R3StoreError as exc:
+                    run.check(False, lambda s=sid, e=exc: f"get({s!r}) of a valid append: {e}")
+                    continue
+                run.check(np.array_equal(got, routes), lambda s=sid: f"get({s!r}) differs from the written routes "
+                                                                     f"(spec {spec}, config {config}, {root})")
+            if isinstance(root, Path):
+                shutil.rmtree(root)
+            else:
+                fsspec.filesystem("memory").rm(root.removeprefix("memory://"), recursive=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return run.report()
+
+
+class _FailingBackend(LocalBackend):
+    """A local backend whose ``fail_at``-th write fails (after writing half of the object)."""
+
+    def __init__(self, root: Path, fail_at: int) -> None:
+        super().__init__(root)
+        self.fail_at, self.calls, self.failed = fail_at, 0, 0
+
+    def _fail(self, key: str) -> bool:
+        self.calls += 1
+        return self.calls == self.fail_at
+
+    def set(self, key: str, data: bytes | memoryview) -> None:
+        if self._fail(key):
+            super().set(key, bytes(data)[: len(data) // 2])  # a torn write, then the error
+            self.failed += 1
+            raise StorageError(self.path_of(key), "injected write failure")
+        super().set(key, data)
+
+    def set_if_absent(self, key: str, data: bytes) -> bool:
+        if self._fail(key):
+            self.failed += 1
+            raise StorageError(self.path_of(key), "injected write failure")
+        return super().set_if_absent(key, data)
+
+
+def writer_faults(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """One write of a commit (an object, torn half-way; its array document; its sample table)
+    fails with a StorageError: the append, flush or close that raised it is called again, and
+    every sample appended must then read back exactly, none twice, none lost."""
+    run = _Run("writer_faults", seed, cases, seconds)
+    rng = run.rng
+    tmp = Path(tempfile.mkdtemp(prefix="r3-fuzz-faults-"))
+    try:
+        for case in run:
+            root = tmp / f"s{case}"
+            experts = int(rng.choice([4, 300, 40000]))
+            spec = r3store.ModelSpec(num_layers=2, num_experts=experts, top_k=2)
+            backend = _FailingBackend(root, int(rng.integers(1, 30)))
+            config = {"chunk_rows": int(rng.choice([1, 8, 128])), "object_bytes": int(rng.choice([1 << 10, 1 << 25])),
+                      "buffer_bytes": int(rng.choice([1 << 12, 1 << 28]))}
+            try:
+                w = r3store.RouteWriter(backend, spec, config=config)
+            except StorageError:
+                backend.fail_at = -1
+                w = r3store.RouteWriter(backend, spec, config=config)
+            samples: dict[str, np.ndarray] = {}
+            steps: list[Callable[[], object]] = []
+            for i in range(int(rng.integers(1, 8))):
+                routes = _routes(rng, int(rng.integers(1, 400)), 2, experts, 2)
+                samples[f"s{i}"] = routes
+                steps.append(lambda s=f"s{i}", r=routes: w.append(s, r))
+                if rng.random() < 0.4:
+                    steps.append(w.flush)
+            steps.append(w.close)
+            for step in steps:
+                for _ in range(3):
+                    try:
+                        step()
+                        break
+                    except StorageError:
+                        continue
+                    except DuplicateSampleError:
+                        break  # the append was buffered before its flush failed
+            run.counts["failed_writes"] = run.counts.get("failed_writes", 0) + backend.failed
+            store = r3store.open_store(root)
+            run.check(sorted(store.sample_ids) == sorted(samples),
+                      lambda: f"after {backend.failed} failed write(s) (write {backend.fail_at}, config {config}): "
+                              f"store lists {sorted(store.sample_ids)}, appended {sorted(samples)}")
+            for sid in set(store.sample_ids) & set(samples):
+                run.check(np.array_equal(store.get(sid), samples[sid]),
+                          lambda s=sid: f"after a failed write {backend.fail_at}: {s!r} differs")
+            shutil.rmtree(root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return run.report()
+
+
+# -- Ray read_routes ---------------------------------------------------------------------
+
+
+def _ray_store(rng: np.random.Generator, root: Path) -> tuple[r3store.ModelSpec, dict[str, np.ndarray]]:
+    experts = int(rng.choice([4, 16, 255, 300, 1024]))
+    top_k = int(rng.integers(1, min(experts, 6) + 1))
+    layers = int(rng.integers(1, 4))
+    spec = r3store.ModelSpec(num_layers=layers, num_experts=experts, top_k=top_k)
+    samples: dict[str, np.ndarray] = {}
+    config = {"chunk_rows": int(rng.choice([1, 4, 16, 128])), "object_bytes": int(rng.choice([1 << 10, 32 << 20]))}
+    with r3store.RouteWriter(root, spec, config=config) as w:
+        for i in range(int(rng.integers(2, 24))):
+            rows = int(rng.integers(0, 60)) if rng.random() < 0.9 else int(rng.integers(200, 2000))
+            routes = _routes(rng, rows, layers, experts, top_k)
+            sid = f"s{i:02d}"
+            w.append(sid, routes, num_tokens=rows + 1)
+            samples[sid] = routes
+            if rng.random() < 0.3:
+                w.flush()
+    return spec, samples
+
+
+def ray_blocks(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """``r3store.ray.read_routes``: every sample's routes as written; a consumer writing into
+    the arrays it was given (where numpy lets it) changes no other sample of its batch, no later
+    read of the materialized dataset and no other consumer's rows. Needs ``ray.init()`` first."""
+    import r3store.ray as r3ray
+
+    run = _Run("ray_blocks", seed, cases, seconds)
+    rng = run.rng
+    tmp = Path(tempfile.mkdtemp(prefix="r3-fuzz-ray-"))
+    try:
+        for case in run:
+            root = tmp / f"s{case}"
+            spec, samples = _ray_store(rng, root)
+            lays = None if rng.random() < 0.6 else [int(x) for x in rng.permutation(spec.num_layers)[
+                : int(rng.integers(1, spec.num_layers + 1))]]
+            want = {sid: r if lays is None else r[:, lays] for sid, r in samples.items()}
+            blocks = int(rng.integers(1, 6)) if rng.random() < 0.7 else None
+            ds = r3ray.read_routes(root, layers=lays, override_num_blocks=blocks).materialize()
+
+            def same(rows: list[dict[str, Any]], what: str) -> None:
+                got = {str(r["sample_id"]): np.asarray(r["routes"]) for r in rows}
+                run.check(sorted(got) == sorted(want), lambda: f"{what}: samples {sorted(got)}, written {sorted(want)}")
+                for sid in set(got) & set(want):
+                    run.check(got[sid].shape == want[sid].shape and np.array_equal(got[sid], want[sid]),
+                              lambda s=sid: f"{what}: routes of {s!r} differ from the written ones "
+                                            f"(layers {lays}, {blocks} blocks)")
+
+            same(ds.take_all(), "first read")
+            size = int(rng.choice([1, 2, 3, 7, 4096])) if rng.random() < 0.8 else None
+            for batch in ds.iter_batches(batch_format="numpy", batch_size=size):
+                ids = [str(x) for x in batch["sample_id"]]
+                arrays = list(batch["routes"])
+                for k, (sid, arr) in enumerate(zip(ids, arrays, strict=True)):
+                    run.check(np.array_equal(arr, want[sid]), lambda s=sid: f"batch of {size}: {s!r} differs")
+                    if arr.flags.writeable:
+                        arr[...] = 1 + k % 200  # the consumer reuses the array
+                for k, (sid, arr) in enumerate(zip(ids, arrays, strict=True)):
+                    if arr.flags.writeable:
+                        run.check(bool((arr == 1 + k % 200).all()),
+                                  lambda s=sid: f"batch of {size}: writing another sample's array changed {s!r}")
+                    else:
+                        run.check(np.array_equal(arr, want[sid]),
+                                  lambda s=sid: f"batch of {size}: writing a neighbour changed read-only {s!r}")
+            taken = ds.take_all()
+            for row in taken:
+                if row["routes"].flags.writeable:
+                    row["routes"][...] = 0
+            same(ds.take_all(), "read after consumers wrote into their arrays")
+
+            def scribble(batch: dict[str, Any]) -> dict[str, Any]:
+                for arr in batch["routes"]:
+                    if arr.flags.writeable:
+                        arr[...] = 3
+                return {"sample_id": batch["sample_id"], "n": np.array([a.size for a in batch["routes"]])}
+
+            ds.map_batches(scribble, batch_size=size, zero_copy_batch=True).materialize()
+            same(ds.take_all(), "read after a map_batches wrote into its zero-copy batches")
+            shutil.rmtree(root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return run.report()
+
+
+TARGETS: dict[str, Callable[..., Report]] = {
+    "crc": crc, "unpack": unpack, "frames": frames, "frame_args": frame_args, "overread": overread, "reads": reads,
+    "writer": writer, "writer_faults": writer_faults, "ray_blocks": ray_blocks}
+"""Every target; ``ray_blocks`` needs a Ray cluster (``main`` starts a local one)."""
+
+
+def run(target: str, seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """Run one target (see the module docstring) and return its report."""
+    return TARGETS[target](seed=seed, cases=cases, seconds=seconds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.fuzz.differential", description=__doc__.split("\n")[0])
+    parser.add_argument("--target", choices=sorted(TARGETS), action="append")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--cases", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    failed = False
+    if "ray_blocks" in (args.target or TARGETS):
+        import logging
+
+        import ray
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+        ray.data.DataContext.get_current().enable_progress_bars = False
+    for target in args.target or list(TARGETS):
+        report = run(target, args.seed, args.cases, args.seconds)
+        print(json.dumps(report), flush=True)
+        failed |= bool(report["failures"])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

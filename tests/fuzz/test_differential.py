@@ -1,0 +1,95 @@
+"""Short runs of the differential targets (``differential.py``): every CRC-32C path equals
+google_crc32c and refuses flipped frames, every unpack path equals the numpy twin,
+decode_frames with row ranges equals its twin and reports a changed byte of any frame, reads
+of random stores return the written routes (a caller's writes into a result change nothing)
+and never accept a changed byte, the writer reads back what valid appends in any layout gave
+and refuses bad ones. The long campaign: ``python -m tests.fuzz.differential --seconds 600``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from r3store.codecs import kernels  # noqa: E402
+from tests.fuzz import differential  # noqa: E402
+
+pytestmark = pytest.mark.skipif(kernels.native_module() is None, reason="differential targets need the C extension")
+
+CASES = {"crc": 400, "unpack": 400, "frames": 200, "frame_args": 2000, "overread": 300, "reads": 6, "writer": 4}
+
+
+@pytest.mark.parametrize("target", sorted(CASES))
+def test_short_differential_run_finds_nothing(target: str) -> None:
+    report = differential.run(target, seed=1, cases=CASES[target])
+    assert report["failures"] == [], report
+    assert report["cases"] == CASES[target]
+    assert report["checks"] > report["cases"]
+
+
+def test_every_crc_path_of_this_cpu_is_compared() -> None:
+    paths = differential.crc_paths()
+    assert paths[0] == "table"
+    features = kernels.native_module().cpu_features()
+    assert ("avx512" in paths) == bool(features.get("vpclmulqdq") and features.get("avx512bw"))
+
+
+def test_the_crc_oracle_sees_a_wrong_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    native = kernels.native_module()
+    real = native.crc32c
+
+    class Wrong:
+        def __getattr__(self, name: str) -> object:
+            return getattr(native, name)
+
+        @staticmethod
+        def crc32c(data: object, value: int = 0) -> int:
+            n = len(memoryview(data))  # type: ignore[arg-type]
+            return int(real(data, value)) ^ (1 if n == 8192 + 376 and native.crc_path() == "avx512" else 0)
+
+    monkeypatch.setattr(differential, "_native", lambda: Wrong())
+    report = differential.crc(seed=2, cases=3000)
+    assert report["failures"], report
+    assert all("8568 bytes" in f for f in report["failures"]), report
+
+
+def test_the_unpack_oracle_sees_a_wrong_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    native = kernels.native_module()
+
+    class Wrong:
+        def __getattr__(self, name: str) -> object:
+            return getattr(native, name)
+
+        @staticmethod
+        def unpack(buf: object, offset: int, n: int, bits: int, out: np.ndarray) -> None:
+            native.unpack(buf, offset, n, bits, out)
+            if bits == 9 and n > 16:
+                out[16] ^= 1
+
+    monkeypatch.setattr(differential, "_native", lambda: Wrong())
+    report = differential.unpack(seed=3, cases=300)
+    assert report["failures"], report
+    assert all("of 9 bits" in f for f in report["failures"]), report
+
+
+@pytest.mark.ray
+@pytest.mark.xdist_group("ray")
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
+def test_short_ray_read_routes_run_finds_nothing(ray_cluster: str) -> None:
+    report = differential.run("ray_blocks", seed=1, cases=2)
+    assert report["failures"] == [], report
+    assert report["checks"] > 10
+
+
+def test_the_writer_fault_target_injects_failures() -> None:
+    report = differential.run("writer_faults", seed=1, cases=10)
+    assert report["failures"] == [], report
+    assert report["failed_writes"] >= 3, report
