@@ -17,7 +17,8 @@ from r3store.errors import R3StoreError
 
 __all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_OK", "BadValue", "MissingExtra", "SafeConsole", "echo_json",
            "error_line", "exit_on_error", "exit_on_usage", "handle_errors", "is_local_url", "is_one_line_usage",
-           "json_text", "make_console", "parse_storage_options", "printable", "storage_option_flag", "styled"]
+           "json_text", "make_console", "parse_storage_options", "printable", "storage_option_flag", "styled",
+           "warn_duplicates"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -206,3 +207,34 @@ def handle_errors(func: F) -> F:
             exit_on_error(exc)
 
     return wrapper  # type: ignore[return-value]
+
+
+def warn_duplicates(store: Any, *, only: str | None = None, shown: int = 3) -> None:
+    """Print one warning line on stderr when ``store`` (a :class:`r3store.RouteReader` opened
+    with ``on_duplicate="first"``) holds sample ids committed more than once.
+
+    The line names the ids (the first ``shown`` of them, and how many more), their commits,
+    and the copy the command reads: the reader's choice (the earliest commit's, unless that
+    copy is quarantined and a later one is not). ``open_store`` with default options refuses
+    such a store (:class:`r3store.errors.DuplicateSampleError`); ``r3store validate`` lists
+    every duplicate. ``only``: warn about this id alone (``show``), if it is duplicated.
+    """
+    dupes: dict[str, list[str]] = store.duplicates
+    if only is not None:
+        dupes = {only: dupes[only]} if only in dupes else {}
+    if not dupes:
+        return
+    ids = list(dupes)[:shown]
+    table = store.samples
+    chosen = dict(zip(table.column("sample_id").to_pylist(), table.column("commit").to_pylist(), strict=True))
+    why = "open_store refuses such a store with DuplicateSampleError; r3store validate lists every duplicate"
+    if only is not None:
+        text = (f"sample {only!r} of {store.url} is committed by commits {', '.join(dupes[only])}; showing the copy "
+                f"of {chosen.get(only, dupes[only][0])} ({why})")
+    else:
+        parts = [f"{sid!r} (commits {', '.join(dupes[sid])}; read: {chosen.get(sid, dupes[sid][0])})" for sid in ids]
+        more = f" and {len(dupes) - len(ids):,} more" if len(dupes) > len(ids) else ""
+        count = len(dupes)
+        text = (f"{count:,} sample id{' is' if count == 1 else 's are'} committed more than once in {store.url}: "
+                f"{'; '.join(parts)}{more}; one copy of each is read ({why})")
+    make_console(stderr=True).print(styled(("warning:", "yellow"), " ", text), soft_wrap=True)

@@ -18,6 +18,7 @@ from r3store.cli._options import (
     printable,
     storage_option_flag,
     styled,
+    warn_duplicates,
 )
 from r3store.cli._scan import echo_json
 from r3store.errors import OptionError, SampleNotFoundError
@@ -141,6 +142,7 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
     window = _parse(rows, parse_rows, "--rows")
     store = RouteReader.open(url, storage_options=parse_storage_options(storage_options, url),
                              reader={"on_duplicate": "first"})
+    warn_duplicates(store, only=sample_id)
     console = make_console()
     fit = layers_that_fit(console.width, num_experts=store.spec.num_experts, top_k=store.spec.top_k,
                           row_digits=6)  # rows up to 999,999

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag, warn_duplicates
 from r3store.cli._scan import (
     emit,
     on_ray,
@@ -18,6 +18,7 @@ from r3store.cli._scan import (
     plot_format,
     plot_options,
     progress_bar,
+    require_selection,
     scan_options,
 )
 
@@ -121,7 +122,10 @@ def stats(url: str, as_json: bool, top: int, plot_path: str | None, plot_size: s
             progress=progress))
     else:
         store = RouteReader.open(url, storage_options=options, reader={"on_duplicate": "first"})
+        warn_duplicates(store)
         with progress_bar("stats", enabled=not as_json) as progress:
             result = run_stats(store, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress,
                                top=top)
+    require_selection(result["samples"], url, sample_filter=sample_filter, limit=limit, what="visible sample",
+                      total=None if ray_address is not None else len(store.sample_ids))
     emit(result, as_json=as_json, render=render_stats, draw=plot_stats, plot_path=plot_path, size=size)

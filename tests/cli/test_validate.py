@@ -62,7 +62,7 @@ def test_validate_exits_0_when_missing_rows_are_all_it_found(tmp_path: Path) -> 
         bad = routes_of_16(rng, 6)
         bad[1, 0] = [3, 3]
         w.append("bad", bad)
-    failed = run("validate", str(tmp_path / "s"), "--json")
+    failed = run("validate", str(tmp_path / "s"), "--json", "--strict")  # quarantined: a fault with --strict
     assert failed.exit_code == 1
     assert checked_json(failed, "validate")["ok"] is False
 
