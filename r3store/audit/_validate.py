@@ -189,8 +189,10 @@ def validate(store: RouteReader, *, sample_filter: str | None = None, limit: int
     ...     w.append("bad", np.array([[[5, 5], [2, 3]]] * 4), num_tokens=5)
     >>> report = validate(r3store.open_store(path))
     >>> [str(f) for f in report.findings if f.kind == "repeated_ids"]  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
-    ["error repeated_ids: sample 'bad', decoder layer 0, rows 0-3, routes/...:
-      4 of 4 rows hold an expert id more than once"]
+    ["warning repeated_ids: sample 'bad', decoder layer 0, rows 0-3, routes/...:
+      4 of 4 rows hold an expert id more than once (quarantined sample: hidden from readers)"]
+    >>> report.ok, report.strict_ok, report.num_errors  # a quarantined sample is a warning
+    (True, False, 0)
     """
     plan = plan_validate(store, sample_filter=sample_filter, limit=limit, max_findings=max_findings)
     return run_plan(plan, [store], workers=workers, progress=progress)

@@ -69,9 +69,10 @@ def render_report(report: ValidationReport, console: Console, *, strict: bool = 
         quarantined = report.counts.get("quarantined", 0)
         inside = sum(report.on_quarantined.values())
         found = f" and the faults in their routes ({inside:,})" if inside else ""
-        console.print(styled(("ok", "bold green"), f": no errors; the warnings are quarantined samples ({quarantined:,})"
-                                                    f"{found}: the writer kept them aside as on_invalid='quarantine' "
-                                                    "does, and readers hide them (--strict fails on them)"))
+        console.print(styled(("ok", "bold green"), ": no errors; the warnings are quarantined samples "
+                                                    f"({quarantined:,}){found}: the writer kept them aside as "
+                                                    "on_invalid='quarantine' does, and readers hide them "
+                                                    "(--strict fails on them)"))
     elif report.ok:
         console.print(styled(("--strict", "bold red"), ": quarantined samples count as faults (exit status 1)"))
 
