@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag, warn_duplicates
+from r3store.cli._options import handle_errors, parse_storage_options, plural, storage_option_flag, warn_duplicates
 from r3store.cli._scan import (
     NothingSelected,
     emit,
@@ -59,7 +59,7 @@ def render_diff(result: dict[str, Any], console: Console) -> None:
         if result[f"only_in_{side}"]:
             ids = ", ".join(result[f"only_in_{side}_examples"][:5])
             count = result[f"only_in_{side}"]
-            console.print(Text(f"only in {side.upper()}: {count:,} samples (e.g. {ids})"))
+            console.print(Text(f"only in {side.upper()}: {plural(count, 'sample')} (e.g. {ids})"))
 
 
 def require_shared(result: dict[str, Any], url_a: str, url_b: str, *, sample_filter: str | None,
@@ -75,7 +75,7 @@ def require_shared(result: dict[str, Any], url_a: str, url_b: str, *, sample_fil
     for side, url in (("a", url_a), ("b", url_b)):
         count, examples = result[f"only_in_{side}"], result[f"only_in_{side}_examples"][:3]
         shown = f" (e.g. {', '.join(repr(e) for e in examples)})" if examples else ""
-        sides.append(f"{url} {count:,} sample{'' if count == 1 else 's'}{shown}")
+        sides.append(f"{url} {plural(count, 'sample')}{shown}")
     which = "" if sample_filter is None else f" matching --sample-filter {sample_filter!r}"
     raise NothingSelected(f"the stores share no sample id{which}, so nothing was compared: "
                           f"only in A: {sides[0]}; only in B: {sides[1]}")

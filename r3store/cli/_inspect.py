@@ -9,7 +9,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from r3store.cli._options import echo_json, handle_errors, make_console, parse_storage_options, storage_option_flag
+from r3store.cli._options import (
+    echo_json,
+    handle_errors,
+    make_console,
+    parse_storage_options,
+    plural,
+    storage_option_flag,
+)
 
 __all__ = ["inspect", "render_summary"]
 
@@ -59,7 +66,7 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     if summary["duplicates"]:
         rows.append(("duplicate ids", f"{len(summary['duplicates'])}"))
     if summary["uncommitted_commits"]:
-        rows.append(("uncommitted leftovers", f"{len(summary['uncommitted_commits'])} commits, "
+        rows.append(("uncommitted leftovers", f"{plural(len(summary['uncommitted_commits']), 'commit')}, "
                                               f"{_bytes(summary['uncommitted_bytes'])} (see r3store gc)"))
     for name, value in rows:
         table.add_row(name, Text(value))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -17,8 +19,8 @@ from r3store.errors import R3StoreError
 
 __all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_OK", "BadValue", "MissingExtra", "SafeConsole", "echo_json",
            "error_line", "exit_on_error", "exit_on_usage", "handle_errors", "is_local_url", "is_one_line_usage",
-           "json_text", "make_console", "parse_storage_options", "printable", "storage_option_flag", "styled",
-           "warn_duplicates"]
+           "json_text", "make_console", "parse_storage_options", "plural", "printable", "quiet_stdout",
+           "storage_option_flag", "styled", "warn_duplicates"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -46,6 +48,17 @@ def printable(text: str, *, keep: str = "") -> str:
     return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
 
 
+def plural(n: int, noun: str) -> str:
+    """``n`` (with thousands separators) and ``noun``, with an ``s`` unless ``n`` is 1.
+
+    Examples
+    --------
+    >>> plural(1, "commit"), plural(0, "sample"), plural(12345, "sample row")
+    ('1 commit', '0 samples', '12,345 sample rows')
+    """
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def json_text(doc: Any) -> str:
     """``doc`` as indented JSON with every non-ASCII and control character escaped (``\\uXXXX``):
     what every ``--json`` prints (DEL, which JSON leaves raw, is escaped too)."""
@@ -57,10 +70,28 @@ def echo_json(doc: Any) -> None:
     click.echo(json_text(doc))
 
 
+def quiet_stdout() -> None:
+    """Point stdout at the null device, so that no later write or the flush at exit fails on
+    a closed pipe (what Python's documentation advises for ``SIGPIPE``)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, io.UnsupportedOperation):  # no file descriptor (an in-process runner)
+        pass
+
+
 class SafeConsole(Console):
     """A rich console that applies :func:`printable` to every text it renders (not to the
     style codes rich adds itself), so no command can print a raw control character of user
     data, whichever string or table it builds."""
+
+    def on_broken_pipe(self) -> None:
+        """The reader closed the output early (``r3store stats s | head -3``): stop quietly with
+        exit status 0, as ``head`` wanted no more (rich's own handler exits 1)."""
+        self.quiet = True
+        quiet_stdout()
+        raise SystemExit(EXIT_OK)
 
     def _render_buffer(self, buffer: Any) -> str:
         safe = (s if s.control else Segment(printable(s.text, keep="\n"), s.style, s.control) for s in buffer)

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag, warn_duplicates
+from r3store.cli._options import handle_errors, parse_storage_options, plural, storage_option_flag, warn_duplicates
 from r3store.cli._scan import (
     emit,
     on_ray,
@@ -30,8 +30,9 @@ def render_stats(result: dict[str, Any], console: Console) -> None:
     spec = result["spec"]
     most = f"; entropy at most {result['layers'][0]['max_entropy_bits']:.3f} bits" if result["layers"] else ""
     # load: tokens routed to an expert; ids out of range: ids >= num_experts
-    console.print(Text(f"r3store stats {result['url']}: {result['samples']:,} samples, {result['rows']:,} "
-                       f"routed tokens, {spec['num_experts']} experts, top-{spec['top_k']}{most}"))
+    console.print(Text(f"r3store stats {result['url']}: {plural(result['samples'], 'sample')}, "
+                       f"{plural(result['rows'], 'routed token')}, {spec['num_experts']} experts, "
+                       f"top-{spec['top_k']}{most}"))
     table = Table()
     # headers broken by hand and numbers never wrapped: readable at 80 columns
     for name in ("layer", "mean\nload", "max\nload", "max/mean", "entropy\n(bits)"):
@@ -56,11 +57,11 @@ def render_stats(result: dict[str, Any], console: Console) -> None:
                     f"{h['load_over_mean']:.2f}")
     console.print(hot)
     n = result["lengths"]
-    console.print(f"sequence length (tokens): {n['samples']:,} samples, min {n['min']:,}, p50 {n['p50']:,.0f}, "
+    console.print(f"sequence length (tokens): {plural(n['samples'], 'sample')}, min {n['min']:,}, p50 {n['p50']:,.0f}, "
                   f"mean {n['mean']:,.1f}, p90 {n['p90']:,.0f}, p99 {n['p99']:,.0f}, max {n['max']:,}", highlight=False)
     if result["missing_rows"]:
         console.print(f"missing rows (not captured by the engine, left out above): {result['missing_rows']:,} in "
-                      f"{result['samples_with_missing_rows']:,} samples", highlight=False)
+                      f"{plural(result['samples_with_missing_rows'], 'sample')}", highlight=False)
     policy = result["policy"]
     if policy["samples_with_version"]:
         count, mixed = policy["samples_with_version"], policy["mixed_version_samples"]
