@@ -132,11 +132,11 @@ def parse_storage_options(pairs: tuple[str, ...], *urls: str) -> dict[str, Any]:
         else:
             options[key] = value
     if pairs and urls and all(is_local_url(url) for url in urls):
+        from r3store.storage._open import local_options_fault
+
         key = pairs[0].partition("=")[0]
         where = "a local store" if len(urls) == 1 else "local stores"
-        raise BadValue("--storage-option", pairs[0], f"option {key!r} is not taken by {where} ({', '.join(urls)}): "
-                                                     "local stores take no storage options (they go to fsspec "
-                                                     "and s3fs, for URLs such as s3://bucket/prefix)")
+        raise BadValue("--storage-option", pairs[0], local_options_fault(key, f"{where} ({', '.join(urls)})"))
     return options
 
 
