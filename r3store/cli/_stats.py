@@ -53,12 +53,19 @@ def render_stats(result: dict[str, Any], console: Console) -> None:
     for name in ("layer", "expert", "tokens", "share of layer", "load / mean"):
         hot.add_column(name, justify="right", no_wrap=True)
     for h in result["hottest"]:
+        if not h["tokens"]:  # an empty store (or layer): no expert is hot
+            continue
         hot.add_row(str(h["layer"]), str(h["expert"]), f"{h['tokens']:,}", f"{h['share']:.2%}",
                     f"{h['load_over_mean']:.2f}")
-    console.print(hot)
+    if hot.row_count:
+        console.print(hot)
     n = result["lengths"]
-    console.print(f"sequence length (tokens): {plural(n['samples'], 'sample')}, min {n['min']:,}, p50 {n['p50']:,.0f}, "
-                  f"mean {n['mean']:,.1f}, p90 {n['p90']:,.0f}, p99 {n['p99']:,.0f}, max {n['max']:,}", highlight=False)
+    if not n["samples"]:
+        console.print("sequence length (tokens): no samples", highlight=False)
+    else:
+        console.print(f"sequence length (tokens): {plural(n['samples'], 'sample')}, min {n['min']:,}, "
+                      f"p50 {n['p50']:,.0f}, mean {n['mean']:,.1f}, p90 {n['p90']:,.0f}, p99 {n['p99']:,.0f}, "
+                      f"max {n['max']:,}", highlight=False)
     if result["missing_rows"]:
         console.print(f"missing rows (not captured by the engine, left out above): {result['missing_rows']:,} in "
                       f"{plural(result['samples_with_missing_rows'], 'sample')}", highlight=False)
