@@ -122,15 +122,15 @@ def diff(url_a: str, url_b: str, as_json: bool, plot_path: str | None, plot_size
 
     size = parse_size(plot_size)
     options = parse_storage_options(storage_options, url_a, url_b)
+    store_a = RouteReader.open(url_a, storage_options=options, reader={"on_duplicate": "first"})
+    store_b = RouteReader.open(url_b, storage_options=options, reader={"on_duplicate": "first"})
+    warn_duplicates(store_a)  # here, with --ray too: its output is the local scan's
+    warn_duplicates(store_b)
     if ray_address is not None:
         result = on_ray(ray_address, "diff", not as_json, lambda on_cluster, progress: on_cluster.diff(
             url_a, url_b, storage_options=options, sample_filter=sample_filter, limit=limit, workers=workers,
             progress=progress))
     else:
-        store_a = RouteReader.open(url_a, storage_options=options, reader={"on_duplicate": "first"})
-        store_b = RouteReader.open(url_b, storage_options=options, reader={"on_duplicate": "first"})
-        warn_duplicates(store_a)
-        warn_duplicates(store_b)
         with progress_bar("diff", enabled=not as_json) as progress:
             result = run_diff(store_a, store_b, sample_filter=sample_filter, limit=limit, workers=workers,
                               progress=progress)

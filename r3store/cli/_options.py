@@ -132,7 +132,7 @@ def parse_storage_options(pairs: tuple[str, ...], *urls: str) -> dict[str, Any]:
         else:
             options[key] = value
     if pairs and urls and all(is_local_url(url) for url in urls):
-        from r3store.storage._open import local_options_fault
+        from r3store.storage import local_options_fault
 
         key = pairs[0].partition("=")[0]
         where = "a local store" if len(urls) == 1 else "local stores"

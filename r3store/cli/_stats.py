@@ -124,16 +124,16 @@ def stats(url: str, as_json: bool, top: int, plot_path: str | None, plot_size: s
 
     size = parse_size(plot_size)
     options = parse_storage_options(storage_options, url)
+    store = RouteReader.open(url, storage_options=options, reader={"on_duplicate": "first"})
+    warn_duplicates(store)  # here, with --ray too: its output is the local scan's
     if ray_address is not None:
         result = on_ray(ray_address, "stats", not as_json, lambda on_cluster, progress: on_cluster.stats(
             url, storage_options=options, sample_filter=sample_filter, limit=limit, top=top, workers=workers,
             progress=progress))
     else:
-        store = RouteReader.open(url, storage_options=options, reader={"on_duplicate": "first"})
-        warn_duplicates(store)
         with progress_bar("stats", enabled=not as_json) as progress:
             result = run_stats(store, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress,
                                top=top)
     require_selection(result["samples"], url, sample_filter=sample_filter, limit=limit, what="visible sample",
-                      total=None if ray_address is not None else len(store.sample_ids))
+                      total=len(store.sample_ids))
     emit(result, as_json=as_json, render=render_stats, draw=plot_stats, plot_path=plot_path, size=size)
