@@ -16,7 +16,7 @@ from r3store._format import ArrayGeometry
 from r3store.batch import assemble
 from r3store.layout import LayoutOptions, LayoutOptionsDict
 from r3store.reader import ReaderOptions, ReaderOptionsDict, RouteReader
-from r3store.storage import Backend
+from r3store.storage import Backend, refuse_local_options
 
 __all__ = ["RouteStore", "open_store"]
 
@@ -127,6 +127,7 @@ class RouteStore(RouteReader):
         """Deprecated (removed in r3store 0.4.0): use :func:`r3store.open_store`, the same parameters."""
         warn("RouteStore.open", "r3store.open_store(url, reader=...)")
         options = resolve_config(ReaderOptions, "RouteStore.open", "reader", reader, deprecated)
+        refuse_local_options(url, storage_options)
         return cls._open(url, options, storage_options)
 
     shards = renamed_property("shards", "commits")
@@ -220,4 +221,5 @@ def open_store(
     ['s1']
     """
     options = resolve_config(ReaderOptions, "open_store", "reader", reader, deprecated)
+    refuse_local_options(url, storage_options)
     return RouteStore._open(url, options, storage_options)

@@ -206,14 +206,15 @@ class AlignmentError(R3StoreError, ValueError):
 
     Attributes
     ----------
-    sample_id : str
+    sample_id : str or None
+        The sample at fault; None when the fault is the batch's (the message is then the fault alone).
     fault : str
     """
 
-    def __init__(self, sample_id: str, fault: str) -> None:
+    def __init__(self, sample_id: str | None, fault: str) -> None:
         self.sample_id = sample_id
         self.fault = fault
-        super().__init__(f"sample {sample_id!r}: {fault}")
+        super().__init__(fault if sample_id is None else f"sample {sample_id!r}: {fault}")
 
 
 class DuplicateSampleError(R3StoreError, ValueError):

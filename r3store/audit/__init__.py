@@ -16,7 +16,7 @@ units that name the commits they read (map) and a pure merge, run here by
 """
 
 from r3store.audit._diff import diff, plan_diff
-from r3store.audit._findings import INFORMATIONAL, KINDS, Finding, ValidationReport, format_rows
+from r3store.audit._findings import ACCEPTED, INFORMATIONAL, KINDS, Finding, ValidationReport, format_rows
 from r3store.audit._gc import Leftover, collect_garbage
 from r3store.audit._physical import physical_id_test
 from r3store.audit._scan import ScanPlan, ScanUnit, run_plan
@@ -26,6 +26,7 @@ from r3store.audit._summary import summarize
 from r3store.audit._validate import plan_validate, validate, zero_layer_min_rows
 
 __all__ = [
+    "ACCEPTED",
     "Finding",
     "INFORMATIONAL",
     "KINDS",

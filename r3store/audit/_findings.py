@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["INFORMATIONAL", "KINDS", "Finding", "ValidationReport", "format_rows"]
+__all__ = ["ACCEPTED", "INFORMATIONAL", "KINDS", "Finding", "ValidationReport", "format_rows"]
 
 Severity = Literal["error", "warning"]
 
@@ -42,6 +42,13 @@ KINDS: Mapping[str, tuple[Severity, str]] = {
 #: only these is :attr:`ValidationReport.ok` (``r3store validate`` exits 0). ``missing_rows``
 #: are rows stored as missing on purpose (``append(..., allow_missing=True)``).
 INFORMATIONAL: frozenset[str] = frozenset({"missing_rows"})
+
+#: Kinds a report holding only these (and :data:`INFORMATIONAL` ones) is still
+#: :attr:`ValidationReport.ok` with, but not :attr:`ValidationReport.strict_ok`:
+#: ``quarantined`` samples, which the writer kept aside as ``on_invalid="quarantine"``
+#: promised (readers hide them; ``r3store validate --strict`` fails on them). The faults
+#: found in a quarantined sample's routes are warnings too (:attr:`ValidationReport.on_quarantined`).
+ACCEPTED: frozenset[str] = frozenset({"quarantined"})
 
 _SEVERITY_RANK = {"error": 0, "warning": 1}
 _KIND_RANK = {kind: i for i, kind in enumerate(KINDS)}
@@ -168,26 +175,44 @@ class ValidationReport:
     """The glob the samples were filtered with."""
     limit: int | None = None
     """The sample limit."""
+    on_quarantined: dict[str, int] = field(default_factory=dict)
+    """Of :attr:`counts`, the findings in the routes of quarantined samples, per kind: warnings
+    whatever their kind (the ``quarantined`` finding gives the writer's reason; readers
+    never return these routes)."""
+
+    def _faults(self, accepted: frozenset[str]) -> int:
+        return sum(n - self.on_quarantined.get(kind, 0) for kind, n in self.counts.items() if kind not in accepted)
 
     @property
     def ok(self) -> bool:
-        """No findings other than :data:`INFORMATIONAL` ones (rows stored as missing on purpose)."""
-        return not any(n for kind, n in self.counts.items() if kind not in INFORMATIONAL)
+        """No findings other than :data:`INFORMATIONAL` ones (rows stored as missing on purpose),
+        :data:`ACCEPTED` ones (quarantined samples) and those in quarantined samples' routes."""
+        return not self._faults(INFORMATIONAL | ACCEPTED)
+
+    @property
+    def strict_ok(self) -> bool:
+        """No findings other than :data:`INFORMATIONAL` ones: :attr:`ok`, and no sample
+        quarantined (``r3store validate --strict``)."""
+        return not self._faults(INFORMATIONAL) and not self.on_quarantined
 
     @property
     def num_errors(self) -> int:
-        return sum(n for k, n in self.counts.items() if KINDS[k][0] == "error")
+        """Error findings (those in quarantined samples' routes are counted as warnings)."""
+        return sum(n - self.on_quarantined.get(k, 0) for k, n in self.counts.items() if KINDS[k][0] == "error")
 
     @property
     def num_warnings(self) -> int:
-        return sum(n for k, n in self.counts.items() if KINDS[k][0] == "warning")
+        """Warning findings, those in quarantined samples' routes included."""
+        return sum(n if KINDS[k][0] == "warning" else self.on_quarantined.get(k, 0) for k, n in self.counts.items())
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict, validated by ``schema/cli-validate.schema.json``."""
+    def to_dict(self, *, strict: bool = False) -> dict[str, Any]:
+        """JSON-ready dict, validated by ``schema/cli-validate.schema.json``; its ``ok`` is
+        :attr:`strict_ok` when ``strict`` (``r3store validate --strict``), else :attr:`ok`."""
         return {
             "url": self.url,
             "spec": self.spec,
-            "ok": self.ok,
+            "ok": self.strict_ok if strict else self.ok,
+            "strict": strict,
             "sample_filter": self.sample_filter,
             "limit": self.limit,
             "summary": {
@@ -199,6 +224,7 @@ class ValidationReport:
                 "errors": self.num_errors,
                 "warnings": self.num_warnings,
                 "by_kind": {k: self.counts[k] for k in KINDS if self.counts.get(k)},
+                "on_quarantined": dict(self.on_quarantined),
                 "truncated": self.truncated,
             },
             "findings": [f.to_dict() for f in self.findings],

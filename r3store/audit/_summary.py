@@ -30,13 +30,15 @@ def summarize(store: RouteReader) -> dict[str, Any]:
         expert_ids), ``ideal_bits_per_id`` (``ceil(log2(num_experts))``),
         ``overhead_pct`` (over the ideal), ``codec`` (the codec id of the newest
         commit's route array: ``"r3store.bitpack"``, ``"r3store.set"``; None without
-        commits), ``set_bound_bits_per_id`` (``log2 C(num_experts, top_k) / top_k``: the
+        commits), ``codecs`` (every codec id of the committed route arrays, with how many
+        arrays use it: a store written with several codecs has several),
+        ``set_bound_bits_per_id`` (``log2 C(num_experts, top_k) / top_k``: the
         fewest bits per id any coder of uniformly random sets spends, the bound
         ``r3store.set`` comes within 2% of), ``size_vs_int32`` (route_bytes / (4 *
         expert_ids)), ``int32_bytes``, ``commits``, ``writers``, ``uncommitted_commits``,
         ``uncommitted_bytes``, ``first_commit``/``last_commit`` (ISO 8601, UTC) and
-        ``metadata_columns`` (``schema/cli-inspect.schema.json`` version 2: the old
-        ``shards`` and ``uncommitted_shards`` keys are gone).
+        ``metadata_columns`` (``schema/cli-inspect.schema.json`` version 3: ``codecs`` added;
+        version 2 dropped the old ``shards`` and ``uncommitted_shards`` keys).
     """
     spec = store.spec
     table = store.samples
@@ -52,6 +54,10 @@ def summarize(store: RouteReader) -> dict[str, Any]:
         newest = table.column("array")[pc.index(table.column("committed_at"), pc.max(table.column("committed_at")))
                                        .as_py()].as_py()
         codec = store.geometry_of(newest).codec["id"]
+    codecs: dict[str, int] = {}
+    for array in sorted(set(table.column("array").to_pylist())):
+        codec_id = store.geometry_of(array).codec["id"]
+        codecs[codec_id] = codecs.get(codec_id, 0) + 1
     bound = math.log2(math.comb(spec.num_experts, spec.top_k)) / spec.top_k
     return {
         "url": store.url,
@@ -70,6 +76,7 @@ def summarize(store: RouteReader) -> dict[str, Any]:
         "ideal_bits_per_id": spec.bits_per_id,
         "overhead_pct": round((bits / spec.bits_per_id - 1) * 100, 3) if ids else 0.0,
         "codec": codec,
+        "codecs": dict(sorted(codecs.items())),
         "set_bound_bits_per_id": round(bound, 4),
         "size_vs_int32": round(route_bytes / (ids * 4), 5) if ids else 0.0,
         "commits": len(store.commits),

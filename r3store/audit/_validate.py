@@ -21,6 +21,7 @@ kind, see :data:`r3store.audit.KINDS`):
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import math
 import re
@@ -112,6 +113,8 @@ class _Result:
     decoded: int = 0
     """Route-array rows decoded (whole chunks: rows of other samples, or of none, too)."""
     frames: int = 0
+    on_quarantined: dict[str, int] = field(default_factory=dict)
+    """Findings per kind on quarantined samples (warnings, see :func:`_on_quarantined`)."""
 
 
 @dataclass(frozen=True)
@@ -186,8 +189,10 @@ def validate(store: RouteReader, *, sample_filter: str | None = None, limit: int
     ...     w.append("bad", np.array([[[5, 5], [2, 3]]] * 4), num_tokens=5)
     >>> report = validate(r3store.open_store(path))
     >>> [str(f) for f in report.findings if f.kind == "repeated_ids"]  # doctest: +ELLIPSIS +NORMALIZE_WHITESPACE
-    ["error repeated_ids: sample 'bad', decoder layer 0, rows 0-3, routes/...:
-      4 of 4 rows hold an expert id more than once"]
+    ["warning repeated_ids: sample 'bad', decoder layer 0, rows 0-3, routes/...:
+      4 of 4 rows hold an expert id more than once (quarantined sample: hidden from readers)"]
+    >>> report.ok, report.strict_ok, report.num_errors  # a quarantined sample is a warning
+    (True, False, 0)
     """
     plan = plan_validate(store, sample_filter=sample_filter, limit=limit, max_findings=max_findings)
     return run_plan(plan, [store], workers=workers, progress=progress)
@@ -221,19 +226,28 @@ def plan_validate(store: RouteReader, *, sample_filter: str | None = None, limit
         head += _leftover_findings(store)
         if not store.is_partial:
             head += _checkpoint_findings(store)
+    flags = table.column("quarantined").to_pylist()
+    quarantined = frozenset(sid for sid, q in zip(table.column("sample_id").to_pylist(), flags, strict=True) if q)
     commit_of = {array_key(commit): commit for commit in store.commits}
     units = tuple(ScanUnit(i, sum(n for _, _, n in u.samples), ((commit_of[u.array],),), u)
                   for i, u in enumerate(_units(store, table, full=not subset)))
     merge = functools.partial(_merge, url=store.url, spec=spec, head=tuple(head), arrays=len(units),
                               max_findings=max_findings, sample_filter=sample_filter, limit=limit)
-    return ScanPlan("validate", units, functools.partial(_scan_unit, max_findings=max_findings), merge,
+    return ScanPlan("validate", units, functools.partial(_scan_unit, max_findings=max_findings,
+                                                         quarantined=quarantined), merge,
                     on_duplicate="report")
 
 
 def _scan_unit(stores: Sequence[RouteReader], unit: ScanUnit, advance: Callable[[int], None], *,
-               max_findings: int) -> _Result:
-    """The mapper: scan one route array; keep its first ``max_findings`` findings (all counted)."""
+               max_findings: int, quarantined: frozenset[str] = frozenset()) -> _Result:
+    """The mapper: scan one route array; keep its first ``max_findings`` findings (all counted).
+
+    Findings on ``quarantined`` samples are warnings (the writer kept them aside, as
+    ``on_invalid="quarantine"`` promised), counted per kind in ``_Result.on_quarantined``."""
     res = _scan_array(stores[0], unit.work, advance)
+    if quarantined:
+        res.findings = [_on_quarantined(f, res.on_quarantined) if f.sample_id in quarantined else f
+                        for f in res.findings]
     if len(res.findings) > max_findings:
         kept = _Kept(max_findings)
         kept.add(res.findings)
@@ -248,8 +262,11 @@ def _merge(partials: Iterable[_Result], *, url: str, spec: ModelSpec, head: tupl
     findings.add(list(head))
     hist = np.zeros((spec.num_moe_layers, 1 << spec.bits_per_id), np.int64)
     samples = rows = decoded = frames = 0
+    on_quarantined: dict[str, int] = {}
     for res in partials:
         hist += res.hist
+        for kind, n in res.on_quarantined.items():
+            on_quarantined[kind] = on_quarantined.get(kind, 0) + n
         findings.add(res.findings, res.counts)
         samples, rows, frames = samples + res.samples, rows + res.rows, frames + res.frames
         decoded += res.decoded
@@ -264,7 +281,15 @@ def _merge(partials: Iterable[_Result], *, url: str, spec: ModelSpec, head: tupl
         url=url, spec=dict(spec.to_dict()), findings=kept, counts=findings.counts,
         samples_checked=samples, rows_checked=rows, rows_decoded=decoded, frames_checked=frames, arrays_checked=arrays,
         layer_tests=tuple(tests), truncated=findings.truncated, sample_filter=sample_filter, limit=limit,
+        on_quarantined={k: on_quarantined[k] for k in KINDS if k in on_quarantined},
     )
+
+
+def _on_quarantined(finding: Finding, counts: dict[str, int]) -> Finding:
+    """``finding`` (of a quarantined sample) as a warning; counted in ``counts`` by kind."""
+    counts[finding.kind] = counts.get(finding.kind, 0) + 1
+    return dataclasses.replace(finding, severity="warning",
+                               detail=f"{finding.detail} (quarantined sample: hidden from readers)")
 
 
 class _Kept:
@@ -333,7 +358,10 @@ def _table_findings(table: pa.Table) -> list[Finding]:
 def _duplicate_findings(store: RouteReader, table: pa.Table, subset: bool) -> list[Finding]:
     wanted = set(table.column("sample_id").to_pylist()) if subset else None
     return [make_finding("duplicate_sample", sample_id=sid,
-                         detail=f"committed by commits {', '.join(commits)}; readers keep the first")
+                         detail=f"committed by commits {', '.join(commits)}; open_store refuses the store "
+                                "(DuplicateSampleError) unless the reader option on_duplicate is 'first' or "
+                                "'report' (both read one copy: the earliest commit's, unless it is quarantined "
+                                "and a later one is not)")
             for sid, commits in store.duplicates.items() if wanted is None or sid in wanted]
 
 

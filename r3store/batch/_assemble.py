@@ -112,7 +112,9 @@ def packed_bits(bits_per_id: int, pad_policy: PadPolicy = "spread", fill_value: 
 
 def _check_tokens(reader: RouteReader, sample_ids: Sequence[str], tokens: Sequence[Any]) -> np.ndarray:
     if len(tokens) != len(sample_ids):
-        raise AlignmentError("<batch>", f"got token ids for {len(tokens)} samples, asked for {len(sample_ids)}")
+        entries = f"{len(tokens)} {'entry' if len(tokens) == 1 else 'entries'}"
+        raise AlignmentError(None, f"tokens has {entries} for {len(sample_ids)} sample(s) in sample_ids: give one "
+                                   "token-id sequence per sample, in sample_ids order")
     parts = []
     for sid, toks in zip(sample_ids, tokens, strict=True):
         arr = as_numpy(sid, "tokens", toks)
@@ -216,12 +218,13 @@ def assemble(
     ------
     r3store.errors.AlignmentError
         ``tokens`` given and a sample's ``len(tokens) - 1`` differs from its route rows,
-        its token hash differs from the stored one, or its ids are not integers.
+        its token hash differs from the stored one, or its ids are not integers; or
+        ``tokens`` has another length than ``sample_ids`` (``sample_id`` None).
     r3store.errors.LayoutOptionError
         An option, ``pad_policy`` or ``fill_value`` is invalid, or ``fill_value`` does
         not fit ``dtype`` (an :class:`~r3store.errors.OptionError`).
     r3store.errors.OptionError
-        ``dtype`` is not one of the choices, or cannot hold every expert id; or
+        ``sample_ids`` is empty; ``dtype`` is not one of the choices, or cannot hold every expert id; or
         ``allocate`` returned anything but a writable C-contiguous array of the shape
         and dtype asked for.
     r3store.errors.SampleNotFoundError, r3store.errors.LayerError
@@ -240,6 +243,8 @@ def assemble(
     if pad_policy == "spread":  # top_k <= num_experts and ep_size divides num_experts, before any work
         pad_routes(0, 0, spec.top_k, spec.num_experts, ep_size=opts.ep_size)
     sample_ids = list(sample_ids)
+    if not sample_ids:
+        raise OptionError("sample_ids", sample_ids, "is empty: assemble needs at least one sample id")
     positions = spec.layer_positions(layers)
     flat_tokens = _check_tokens(reader, sample_ids, tokens) if tokens is not None else None
     num_tokens = [reader.num_tokens(s) for s in sample_ids]

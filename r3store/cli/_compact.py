@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from r3store.cli._options import echo_json, handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import echo_json, handle_errors, parse_storage_options, plural, storage_option_flag
 
 __all__ = ["compact"]
 
@@ -28,7 +28,8 @@ def compact(url: str, as_json: bool, storage_options: tuple[str, ...]) -> None:
     elif result.key is None:
         click.echo("no commits: nothing to compact")
     elif not result.written:
-        click.echo(f"{result.key} already covers all {result.commits:,} commits: nothing written")
+        click.echo(f"{result.key} already covers {'the' if result.commits == 1 else 'all'} "
+                   f"{plural(result.commits, 'commit')}: nothing written")
     else:
-        click.echo(f"wrote {result.key}: {result.commits:,} commits, {result.samples:,} sample rows, "
-                   f"{result.nbytes:,} bytes (tables of later commits are in buckets >= {result.watermark})")
+        click.echo(f"wrote {result.key}: {plural(result.commits, 'commit')}, {plural(result.samples, 'sample row')}, "
+                   f"{plural(result.nbytes, 'byte')} (tables of later commits are in buckets >= {result.watermark})")

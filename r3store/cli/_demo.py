@@ -40,6 +40,9 @@ def demo(directory: Path | None, writers: int, loader_workers: int) -> None:
                            "(or 'r3store[hf]' for its replay part too)") from exc
     console = make_console()
     target = directory or Path(tempfile.mkdtemp(prefix="r3store-demo-"))
+    if directory is None:
+        console.print(f"writing into the temporary folder {target}, removed on exit "
+                      "(r3store demo DIR keeps the stores in DIR)", soft_wrap=True, highlight=False)
     try:
         report = run_demo(target, num_writers=writers, loader_workers=loader_workers,
                           log=lambda line: console.print(line, soft_wrap=True))

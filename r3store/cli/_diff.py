@@ -9,8 +9,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import handle_errors, parse_storage_options, plural, storage_option_flag, warn_duplicates
 from r3store.cli._scan import (
+    NothingSelected,
     emit,
     on_ray,
     parse_size,
@@ -21,7 +22,7 @@ from r3store.cli._scan import (
     scan_options,
 )
 
-__all__ = ["diff", "plot_diff", "render_diff"]
+__all__ = ["diff", "plot_diff", "render_diff", "require_shared"]
 
 
 def render_diff(result: dict[str, Any], console: Console) -> None:
@@ -58,7 +59,26 @@ def render_diff(result: dict[str, Any], console: Console) -> None:
         if result[f"only_in_{side}"]:
             ids = ", ".join(result[f"only_in_{side}_examples"][:5])
             count = result[f"only_in_{side}"]
-            console.print(Text(f"only in {side.upper()}: {count:,} samples (e.g. {ids})"))
+            console.print(Text(f"only in {side.upper()}: {plural(count, 'sample')} (e.g. {ids})"))
+
+
+def require_shared(result: dict[str, Any], url_a: str, url_b: str, *, sample_filter: str | None,
+                   limit: int | None) -> None:
+    """Raise :class:`r3store.cli._scan.NothingSelected` when the diff compared no sample (the
+    stores share no id, or none that ``--sample-filter`` / ``--limit`` selects): "0% differ"
+    over nothing is no result (exit 2, one line naming what each store holds)."""
+    if result["samples_compared"]:
+        return
+    if limit == 0:
+        raise NothingSelected(f"--limit 0 selects no sample of {url_a} and {url_b}: nothing was compared")
+    sides = []
+    for side, url in (("a", url_a), ("b", url_b)):
+        count, examples = result[f"only_in_{side}"], result[f"only_in_{side}_examples"][:3]
+        shown = f" (e.g. {', '.join(repr(e) for e in examples)})" if examples else ""
+        sides.append(f"{url} {plural(count, 'sample')}{shown}")
+    which = "" if sample_filter is None else f" matching --sample-filter {sample_filter!r}"
+    raise NothingSelected(f"the stores share no sample id{which}, so nothing was compared: "
+                          f"only in A: {sides[0]}; only in B: {sides[1]}")
 
 
 def plot_diff(result: dict[str, Any], path: str, size: tuple[int, int]) -> None:
@@ -102,14 +122,17 @@ def diff(url_a: str, url_b: str, as_json: bool, plot_path: str | None, plot_size
 
     size = parse_size(plot_size)
     options = parse_storage_options(storage_options, url_a, url_b)
+    store_a = RouteReader.open(url_a, storage_options=options, reader={"on_duplicate": "first"})
+    store_b = RouteReader.open(url_b, storage_options=options, reader={"on_duplicate": "first"})
+    warn_duplicates(store_a)  # here, with --ray too: its output is the local scan's
+    warn_duplicates(store_b)
     if ray_address is not None:
         result = on_ray(ray_address, "diff", not as_json, lambda on_cluster, progress: on_cluster.diff(
             url_a, url_b, storage_options=options, sample_filter=sample_filter, limit=limit, workers=workers,
             progress=progress))
     else:
-        store_a = RouteReader.open(url_a, storage_options=options, reader={"on_duplicate": "first"})
-        store_b = RouteReader.open(url_b, storage_options=options, reader={"on_duplicate": "first"})
         with progress_bar("diff", enabled=not as_json) as progress:
             result = run_diff(store_a, store_b, sample_filter=sample_filter, limit=limit, workers=workers,
                               progress=progress)
+    require_shared(result, url_a, url_b, sample_filter=sample_filter, limit=limit)
     emit(result, as_json=as_json, render=render_diff, draw=plot_diff, plot_path=plot_path, size=size)

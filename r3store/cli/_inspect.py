@@ -9,7 +9,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from r3store.cli._options import echo_json, handle_errors, make_console, parse_storage_options, storage_option_flag
+from r3store.cli._options import (
+    echo_json,
+    handle_errors,
+    make_console,
+    parse_storage_options,
+    plural,
+    storage_option_flag,
+)
 
 __all__ = ["inspect", "render_summary"]
 
@@ -25,6 +32,25 @@ def _bytes(n: int) -> str:
 def _vs(bits: float, bound: float) -> str:
     """``bits`` against the set bound, as a ratio."""
     return f"{bits / bound:.3f}x" if bound > 0 else "-"
+
+
+def _codecs(summary: dict[str, Any]) -> str:
+    """Every codec of the committed route arrays; with several, how many arrays each."""
+    codecs: dict[str, int] = summary["codecs"]
+    if len(codecs) < 2:
+        return next(iter(codecs), "-")
+    return ", ".join(f"{codec} ({plural(n, 'array')})" for codec, n in codecs.items())
+
+
+def _bits(summary: dict[str, Any]) -> str:
+    """Bits per expert id against the bit-packed width (the ideal for bitpack; a set coder
+    spends fewer, so no "ideal" then) and the set bound; ``-`` without ids."""
+    if not summary["expert_ids"]:
+        return "-"
+    width = "ideal" if set(summary["codecs"]) <= {"r3store.bitpack"} else "bit-packed width"
+    return (f"{summary['bits_per_id']:.4f} ({width} {summary['ideal_bits_per_id']}, {summary['overhead_pct']:+.3f}%; "
+            f"set bound {summary['set_bound_bits_per_id']:.4f}, "
+            f"{_vs(summary['bits_per_id'], summary['set_bound_bits_per_id'])})")
 
 
 def render_summary(summary: dict[str, Any], console: Console) -> None:
@@ -46,20 +72,19 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
         ("expert ids", f"{summary['expert_ids']:,}"),
         ("stored route bytes", _bytes(summary["route_bytes"])),
         ("sample index bytes", _bytes(summary["index_bytes"])),
-        ("codec", str(summary["codec"] or "-")),
-        ("bits per expert id", f"{summary['bits_per_id']:.4f} (ideal {summary['ideal_bits_per_id']}, "
-                               f"+{summary['overhead_pct']:.3f}%; set bound {summary['set_bound_bits_per_id']:.4f}, "
-                               f"{_vs(summary['bits_per_id'], summary['set_bound_bits_per_id'])})"),
-        ("size vs int32", f"{summary['size_vs_int32'] * 100:.2f}% ({_bytes(summary['int32_bytes'])} as int32)"),
+        ("codec" if len(summary["codecs"]) < 2 else "codecs", _codecs(summary)),
+        ("bits per expert id", _bits(summary)),
+        ("size vs int32", f"{summary['size_vs_int32'] * 100:.2f}% ({_bytes(summary['int32_bytes'])} as int32)"
+                          if summary["expert_ids"] else "-"),
         ("commits", f"{summary['commits']:,}"),
         ("writers", f"{summary['writers']:,}"),
-        ("committed", f"{summary['first_commit']} .. {summary['last_commit']}"),
+        ("committed", f"{summary['first_commit']} .. {summary['last_commit']}" if summary["first_commit"] else "-"),
         ("metadata columns", ", ".join(summary["metadata_columns"]) or "-"),
     ]
     if summary["duplicates"]:
         rows.append(("duplicate ids", f"{len(summary['duplicates'])}"))
     if summary["uncommitted_commits"]:
-        rows.append(("uncommitted leftovers", f"{len(summary['uncommitted_commits'])} commits, "
+        rows.append(("uncommitted leftovers", f"{plural(len(summary['uncommitted_commits']), 'commit')}, "
                                               f"{_bytes(summary['uncommitted_bytes'])} (see r3store gc)"))
     for name, value in rows:
         table.add_row(name, Text(value))

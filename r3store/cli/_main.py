@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 import click
@@ -33,7 +34,8 @@ class LazyGroup(click.Group):
     Every r3store error that reaches it (from a command, an option callback or the
     command's import) is printed as one line on stderr, verbatim, with exit status 2; so is
     every bad option value and missing extra (:func:`r3store.cli._options.is_one_line_usage`),
-    instead of click's three-line usage block.
+    instead of click's three-line usage block. A reader that closes the output early
+    (``r3store stats s | head -3``) ends the command quietly with exit status 0.
     """
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -41,6 +43,11 @@ class LazyGroup(click.Group):
 
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:  # click.echo's writes (rich consoles handle theirs: SafeConsole.on_broken_pipe)
+            from r3store.cli._options import EXIT_OK, quiet_stdout
+
+            quiet_stdout()
+            sys.exit(EXIT_OK)
         except R3StoreError as exc:
             from r3store.cli._options import exit_on_error
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -17,7 +19,8 @@ from r3store.errors import R3StoreError
 
 __all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_OK", "BadValue", "MissingExtra", "SafeConsole", "echo_json",
            "error_line", "exit_on_error", "exit_on_usage", "handle_errors", "is_local_url", "is_one_line_usage",
-           "json_text", "make_console", "parse_storage_options", "printable", "storage_option_flag", "styled"]
+           "json_text", "make_console", "parse_storage_options", "plural", "printable", "quiet_stdout",
+           "storage_option_flag", "styled", "warn_duplicates"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -45,6 +48,17 @@ def printable(text: str, *, keep: str = "") -> str:
     return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
 
 
+def plural(n: int, noun: str) -> str:
+    """``n`` (with thousands separators) and ``noun``, with an ``s`` unless ``n`` is 1.
+
+    Examples
+    --------
+    >>> plural(1, "commit"), plural(0, "sample"), plural(12345, "sample row")
+    ('1 commit', '0 samples', '12,345 sample rows')
+    """
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def json_text(doc: Any) -> str:
     """``doc`` as indented JSON with every non-ASCII and control character escaped (``\\uXXXX``):
     what every ``--json`` prints (DEL, which JSON leaves raw, is escaped too)."""
@@ -56,10 +70,28 @@ def echo_json(doc: Any) -> None:
     click.echo(json_text(doc))
 
 
+def quiet_stdout() -> None:
+    """Point stdout at the null device, so that no later write or the flush at exit fails on
+    a closed pipe (what Python's documentation advises for ``SIGPIPE``)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, io.UnsupportedOperation):  # no file descriptor (an in-process runner)
+        pass
+
+
 class SafeConsole(Console):
     """A rich console that applies :func:`printable` to every text it renders (not to the
     style codes rich adds itself), so no command can print a raw control character of user
     data, whichever string or table it builds."""
+
+    def on_broken_pipe(self) -> None:
+        """The reader closed the output early (``r3store stats s | head -3``): stop quietly with
+        exit status 0, as ``head`` wanted no more (rich's own handler exits 1)."""
+        self.quiet = True
+        quiet_stdout()
+        raise SystemExit(EXIT_OK)
 
     def _render_buffer(self, buffer: Any) -> str:
         safe = (s if s.control else Segment(printable(s.text, keep="\n"), s.style, s.control) for s in buffer)
@@ -100,11 +132,11 @@ def parse_storage_options(pairs: tuple[str, ...], *urls: str) -> dict[str, Any]:
         else:
             options[key] = value
     if pairs and urls and all(is_local_url(url) for url in urls):
+        from r3store.storage import local_options_fault
+
         key = pairs[0].partition("=")[0]
         where = "a local store" if len(urls) == 1 else "local stores"
-        raise BadValue("--storage-option", pairs[0], f"option {key!r} is not taken by {where} ({', '.join(urls)}): "
-                                                     "local stores take no storage options (they go to fsspec "
-                                                     "and s3fs, for URLs such as s3://bucket/prefix)")
+        raise BadValue("--storage-option", pairs[0], local_options_fault(key, f"{where} ({', '.join(urls)})"))
     return options
 
 
@@ -206,3 +238,34 @@ def handle_errors(func: F) -> F:
             exit_on_error(exc)
 
     return wrapper  # type: ignore[return-value]
+
+
+def warn_duplicates(store: Any, *, only: str | None = None, shown: int = 3) -> None:
+    """Print one warning line on stderr when ``store`` (a :class:`r3store.RouteReader` opened
+    with ``on_duplicate="first"``) holds sample ids committed more than once.
+
+    The line names the ids (the first ``shown`` of them, and how many more), their commits,
+    and the copy the command reads: the reader's choice (the earliest commit's, unless that
+    copy is quarantined and a later one is not). ``open_store`` with default options refuses
+    such a store (:class:`r3store.errors.DuplicateSampleError`); ``r3store validate`` lists
+    every duplicate. ``only``: warn about this id alone (``show``), if it is duplicated.
+    """
+    dupes: dict[str, list[str]] = store.duplicates
+    if only is not None:
+        dupes = {only: dupes[only]} if only in dupes else {}
+    if not dupes:
+        return
+    ids = list(dupes)[:shown]
+    table = store.samples
+    chosen = dict(zip(table.column("sample_id").to_pylist(), table.column("commit").to_pylist(), strict=True))
+    why = "open_store refuses such a store with DuplicateSampleError; r3store validate lists every duplicate"
+    if only is not None:
+        text = (f"sample {only!r} of {store.url} is committed by commits {', '.join(dupes[only])}; showing the copy "
+                f"of {chosen.get(only, dupes[only][0])} ({why})")
+    else:
+        parts = [f"{sid!r} (commits {', '.join(dupes[sid])}; read: {chosen.get(sid, dupes[sid][0])})" for sid in ids]
+        more = f" and {len(dupes) - len(ids):,} more" if len(dupes) > len(ids) else ""
+        count = len(dupes)
+        text = (f"{count:,} sample id{' is' if count == 1 else 's are'} committed more than once in {store.url}: "
+                f"{'; '.join(parts)}{more}; one copy of each is read ({why})")
+    make_console(stderr=True).print(styled(("warning:", "yellow"), " ", text), soft_wrap=True)

@@ -12,10 +12,11 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 
-from r3store.cli._options import BadValue, MissingExtra, make_console
+from r3store.cli._options import EXIT_ERROR, BadValue, MissingExtra, make_console
 
-__all__ = ["PLOT_FORMATS", "RAY_CONNECT_TIMEOUT_S", "MissingExtra", "echo_json", "on_ray", "parse_size", "plot_canvas",
-           "plot_format", "plot_options", "probe", "progress_bar", "ray_endpoint", "save_plot", "scan_options"]
+__all__ = ["PLOT_FORMATS", "RAY_CONNECT_TIMEOUT_S", "MissingExtra", "NothingSelected", "echo_json", "on_ray",
+           "parse_size", "plot_canvas", "plot_format", "plot_options", "probe", "progress_bar", "ray_endpoint",
+           "ray_missing_text", "require_selection", "save_plot", "scan_options"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,6 +35,35 @@ def scan_options(func: F) -> F:
                         help="Audit only the first N (matching) samples, in store order.")(func)
     return click.option("--sample-filter", default=None, metavar="GLOB",
                         help="Audit only samples whose id matches this fnmatch glob (e.g. 'step-3-*').")(func)
+
+
+class NothingSelected(click.ClickException):
+    """A scan selected no sample (a ``--sample-filter`` matching no id, ``--limit 0``, two stores
+    sharing no id): printed as one line on stderr, exit 2 (``EXIT_ERROR``), never as a clean
+    result, so that a mistyped filter fails a CI job instead of passing it."""
+
+    exit_code = EXIT_ERROR
+
+
+def require_selection(selected: int, url: str, *, sample_filter: str | None, limit: int | None,
+                      total: int | None = None, what: str = "sample") -> None:
+    """Raise :class:`NothingSelected` when ``--sample-filter`` or ``--limit`` left no sample.
+
+    ``selected``: samples the scan covered; ``total``: samples of the store, when known
+    (named in the message). An empty store scanned without either option is not refused
+    (there is nothing to select).
+
+    Raises
+    ------
+    NothingSelected
+        ``selected`` is 0 and a filter or limit was given.
+    """
+    if selected or (sample_filter is None and limit is None):
+        return
+    if limit == 0:
+        raise NothingSelected(f"--limit 0 selects no sample of {url}: nothing was checked")
+    of = f" (the store holds {total:,} {what}{'' if total == 1 else 's'})" if total is not None else ""
+    raise NothingSelected(f"--sample-filter {sample_filter!r} matched no {what} id of {url}{of}: nothing was checked")
 
 
 @contextmanager
@@ -76,7 +106,7 @@ def on_ray(address: str, description: str, enabled: bool, scan: Callable[[Any, A
     try:
         import r3store.ray as on_cluster
     except ImportError as exc:
-        raise MissingExtra(f"--ray needs ray ({exc}): pip install 'r3store[ray]'") from exc
+        raise MissingExtra(ray_missing_text(exc)) from exc
     import ray
 
     shown = address or "the default address"
@@ -90,6 +120,24 @@ def on_ray(address: str, description: str, enabled: bool, scan: Callable[[Any, A
         raise BadValue("--ray", shown, f"cannot connect to Ray: {exc}") from exc
     with progress_bar(description, enabled=enabled, unit="tasks") as progress:
         return scan(on_cluster, progress)
+
+
+def ray_missing_text(exc: ImportError) -> str:
+    """The one line for ``--ray`` without ray: the import failure (``r3store.ray``'s own
+    ImportError carries the pip hint already; its cause is what failed), then the hint once.
+
+    Examples
+    --------
+    >>> try:
+    ...     raise ImportError("r3store.ray needs ray: pip install 'r3store[ray]'") from ModuleNotFoundError(
+    ...         "No module named 'ray'")
+    ... except ImportError as exc:
+    ...     print(ray_missing_text(exc))
+    --ray needs ray (No module named 'ray'): pip install 'r3store[ray]'
+    """
+    cause = exc.__cause__ if isinstance(exc.__cause__, ImportError) else exc
+    reason = str(cause).split(": pip install")[0]
+    return f"--ray needs ray ({reason}): pip install 'r3store[ray]'"
 
 
 RAY_CONNECT_TIMEOUT_S = 10.0

@@ -18,11 +18,12 @@ from r3store.cli._options import (
     printable,
     storage_option_flag,
     styled,
+    warn_duplicates,
 )
 from r3store.cli._scan import echo_json
 from r3store.errors import OptionError, SampleNotFoundError
 
-__all__ = ["layers_that_fit", "render_show", "show"]
+__all__ = ["DEFAULT_ROWS", "layers_that_fit", "render_show", "show"]
 
 MAX_TABLE_LAYERS = 8
 """Layers shown in the table when --layers is not given and the terminal is wide enough for more
@@ -51,6 +52,9 @@ def _cell_width(console: Console, num_layers: int, row_digits: int) -> int:
     borders = 1 + (row_digits + 3)  # the right border, the row column with its padding and left border
     return max(6, (console.width - borders) // max(1, num_layers) - 3)
 
+
+DEFAULT_ROWS = 50
+"""Rows ``show`` prints without ``--rows`` (``--json`` gives every row)."""
 
 def layers_that_fit(width: int, *, num_experts: int, top_k: int, row_digits: int) -> int:
     """How many layer columns fit ``width`` characters with each cell's top-k ids on one line
@@ -120,7 +124,8 @@ def _parse(value: str | None, parser: Any, hint: str) -> Any:
               help=f"Decoder layers, e.g. '2,3,10-12' (default: as many of the first MoE layers as fit the "
                    f"terminal, up to {MAX_TABLE_LAYERS}, in the table; every MoE layer with --json).")
 @click.option("--rows", default=None, metavar="A:B",
-              help="Rows within the sample, counted from 0, e.g. '0:64' (default: all).")
+              help="Rows within the sample, counted from 0, e.g. '0:64' or '0:' for all (default: the first 50; "
+                   "--json: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print the ids as JSON (schema/cli-show.schema.json).")
 @storage_option_flag
 @handle_errors
@@ -139,8 +144,11 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
 
     chosen = _parse(layers, parse_layers, "--layers")
     window = _parse(rows, parse_rows, "--rows")
+    if window is None and not as_json:
+        window = slice(0, DEFAULT_ROWS)  # a 32K-token sample is 32K lines: its head, and how to see the rest
     store = RouteReader.open(url, storage_options=parse_storage_options(storage_options, url),
                              reader={"on_duplicate": "first"})
+    warn_duplicates(store, only=sample_id)
     console = make_console()
     fit = layers_that_fit(console.width, num_experts=store.spec.num_experts, top_k=store.spec.top_k,
                           row_digits=6)  # rows up to 999,999
@@ -165,3 +173,6 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
         echo_json(result)
     else:
         render_show(result, console)
+        if rows is None and result["num_rows"] > DEFAULT_ROWS:
+            console.print(f"showing rows 0-{DEFAULT_ROWS - 1} of {result['num_rows']:,}: --rows a:b shows others, "
+                          "--rows 0: all of them (--json gives every row)", highlight=False)

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from r3store.cli._options import handle_errors, parse_storage_options, storage_option_flag
+from r3store.cli._options import handle_errors, parse_storage_options, plural, storage_option_flag, warn_duplicates
 from r3store.cli._scan import (
     emit,
     on_ray,
@@ -18,6 +18,7 @@ from r3store.cli._scan import (
     plot_format,
     plot_options,
     progress_bar,
+    require_selection,
     scan_options,
 )
 
@@ -29,8 +30,9 @@ def render_stats(result: dict[str, Any], console: Console) -> None:
     spec = result["spec"]
     most = f"; entropy at most {result['layers'][0]['max_entropy_bits']:.3f} bits" if result["layers"] else ""
     # load: tokens routed to an expert; ids out of range: ids >= num_experts
-    console.print(Text(f"r3store stats {result['url']}: {result['samples']:,} samples, {result['rows']:,} "
-                       f"routed tokens, {spec['num_experts']} experts, top-{spec['top_k']}{most}"))
+    console.print(Text(f"r3store stats {result['url']}: {plural(result['samples'], 'sample')}, "
+                       f"{plural(result['rows'], 'routed token')}, {spec['num_experts']} experts, "
+                       f"top-{spec['top_k']}{most}"))
     table = Table()
     # headers broken by hand and numbers never wrapped: readable at 80 columns
     for name in ("layer", "mean\nload", "max\nload", "max/mean", "entropy\n(bits)"):
@@ -51,15 +53,22 @@ def render_stats(result: dict[str, Any], console: Console) -> None:
     for name in ("layer", "expert", "tokens", "share of layer", "load / mean"):
         hot.add_column(name, justify="right", no_wrap=True)
     for h in result["hottest"]:
+        if not h["tokens"]:  # an empty store (or layer): no expert is hot
+            continue
         hot.add_row(str(h["layer"]), str(h["expert"]), f"{h['tokens']:,}", f"{h['share']:.2%}",
                     f"{h['load_over_mean']:.2f}")
-    console.print(hot)
+    if hot.row_count:
+        console.print(hot)
     n = result["lengths"]
-    console.print(f"sequence length (tokens): {n['samples']:,} samples, min {n['min']:,}, p50 {n['p50']:,.0f}, "
-                  f"mean {n['mean']:,.1f}, p90 {n['p90']:,.0f}, p99 {n['p99']:,.0f}, max {n['max']:,}", highlight=False)
+    if not n["samples"]:
+        console.print("sequence length (tokens): no samples", highlight=False)
+    else:
+        console.print(f"sequence length (tokens): {plural(n['samples'], 'sample')}, min {n['min']:,}, "
+                      f"p50 {n['p50']:,.0f}, mean {n['mean']:,.1f}, p90 {n['p90']:,.0f}, p99 {n['p99']:,.0f}, "
+                      f"max {n['max']:,}", highlight=False)
     if result["missing_rows"]:
         console.print(f"missing rows (not captured by the engine, left out above): {result['missing_rows']:,} in "
-                      f"{result['samples_with_missing_rows']:,} samples", highlight=False)
+                      f"{plural(result['samples_with_missing_rows'], 'sample')}", highlight=False)
     policy = result["policy"]
     if policy["samples_with_version"]:
         count, mixed = policy["samples_with_version"], policy["mixed_version_samples"]
@@ -115,13 +124,16 @@ def stats(url: str, as_json: bool, top: int, plot_path: str | None, plot_size: s
 
     size = parse_size(plot_size)
     options = parse_storage_options(storage_options, url)
+    store = RouteReader.open(url, storage_options=options, reader={"on_duplicate": "first"})
+    warn_duplicates(store)  # here, with --ray too: its output is the local scan's
     if ray_address is not None:
         result = on_ray(ray_address, "stats", not as_json, lambda on_cluster, progress: on_cluster.stats(
             url, storage_options=options, sample_filter=sample_filter, limit=limit, top=top, workers=workers,
             progress=progress))
     else:
-        store = RouteReader.open(url, storage_options=options, reader={"on_duplicate": "first"})
         with progress_bar("stats", enabled=not as_json) as progress:
             result = run_stats(store, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress,
                                top=top)
+    require_selection(result["samples"], url, sample_filter=sample_filter, limit=limit, what="visible sample",
+                      total=len(store.sample_ids))
     emit(result, as_json=as_json, render=render_stats, draw=plot_stats, plot_path=plot_path, size=size)

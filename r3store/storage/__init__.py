@@ -11,7 +11,7 @@ from r3store.storage._caching import CachingStore as _CachingStore
 from r3store.storage._errors import handled_exceptions, map_storage_errors
 from r3store.storage._fsspec import FsspecBackend
 from r3store.storage._local import LocalBackend
-from r3store.storage._open import open_backend
+from r3store.storage._open import local_options_fault, open_backend, refuse_local_options
 
 __all__ = [
     "Backend",
@@ -24,8 +24,10 @@ __all__ = [
     "REMOTE_COALESCE_GAP",
     "SuffixByteRange",
     "handled_exceptions",
+    "local_options_fault",
     "map_storage_errors",
     "open_backend",
+    "refuse_local_options",
 ]
 
 

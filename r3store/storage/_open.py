@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from r3store._deprecated import warn
-from r3store.errors import StorageError
+from r3store.errors import NotAStoreError, OptionError, StorageError
 from r3store.storage._base import Backend
 from r3store.storage._caching import CachingBackend, CachingStore, Immutable
 from r3store.storage._errors import map_storage_errors, mask_userinfo
@@ -15,7 +15,7 @@ from r3store.storage._fsspec import FsspecBackend, mask_credentials
 from r3store.storage._local import LocalBackend
 from r3store.storage._s3 import s3_options
 
-__all__ = ["open_backend"]
+__all__ = ["install_hint", "local_options_fault", "open_backend", "refuse_local_options"]
 
 
 def open_backend(
@@ -77,6 +77,8 @@ def _open_uncached(url: str | os.PathLike[str] | Backend, storage_options: Mappi
     if "\x00" in str(url):  # the OS would refuse it later, as a bare ValueError
         raise StorageError(mask_credentials(str(url)), "the URL holds a NUL byte")
     if "://" not in url and "::" not in url:
+        if os.path.exists(url) and not os.path.isdir(url):
+            raise NotAStoreError(url, "it is a file, not a folder (a store is a folder holding r3store.json)")
         return LocalBackend(url)
     import fsspec
     from fsspec.implementations.local import LocalFileSystem
@@ -88,12 +90,12 @@ def _open_uncached(url: str | os.PathLike[str] | Backend, storage_options: Mappi
         try:
             options, s3fs_retries = s3_options(masked, options)
         except ImportError as exc:
-            raise StorageError(masked, f"{exc} (for s3:// URLs: pip install 'r3store[s3]')") from exc
+            raise StorageError(masked, f"{exc}{install_hint(url)}") from exc
     with map_storage_errors(masked):
         try:
             fs, root = fsspec.core.url_to_fs(url, **options)
         except ImportError as exc:
-            raise StorageError(masked, f"{exc} (for s3:// URLs: pip install 'r3store[s3]')") from exc
+            raise StorageError(masked, f"{exc}{install_hint(url)}") from exc
         except TypeError as exc:  # an option the filesystem's constructor does not take
             raise StorageError(masked, f"bad storage options: {mask_userinfo(str(exc))}") from _cause(exc)
         except ValueError as exc:  # fsspec: "Protocol not known", a malformed URL
@@ -101,6 +103,52 @@ def _open_uncached(url: str | os.PathLike[str] | Backend, storage_options: Mappi
     if isinstance(fs, LocalFileSystem):
         return LocalBackend(root)
     return FsspecBackend(fs, root, url, retries=s3fs_retries)
+
+
+INSTALL_HINTS: dict[str, str] = {
+    "s3": "pip install 'r3store[s3]'", "s3a": "pip install 'r3store[s3]'",
+    "gs": "pip install gcsfs", "gcs": "pip install gcsfs",
+    "az": "pip install adlfs", "abfs": "pip install adlfs", "abfss": "pip install adlfs",
+}
+"""URL protocol -> how to install the fsspec filesystem it needs."""
+
+
+def install_hint(url: str) -> str:
+    """``" (for gs:// URLs: pip install gcsfs)"``: the install hint for the protocol of ``url``,
+    or ``""`` for a protocol with no known package (fsspec's own message names it).
+
+    Examples
+    --------
+    >>> install_hint("gs://bucket/x"), install_hint("s3://b/x"), install_hint("weird://x")
+    (' (for gs:// URLs: pip install gcsfs)', " (for s3:// URLs: pip install 'r3store[s3]')", '')
+    """
+    protocol = _protocol(url.split("::")[0])
+    hint = INSTALL_HINTS.get(protocol)
+    return f" (for {protocol}:// URLs: {hint})" if hint else ""
+
+
+def local_options_fault(key: str, where: str) -> str:
+    """Why a storage option given for a local store is refused (the CLI says the same)."""
+    return (f"option {key!r} is not taken by {where}: local stores take no storage options (they go to fsspec "
+            "and s3fs, for URLs such as s3://bucket/prefix)")
+
+
+def refuse_local_options(url: str | os.PathLike[str] | Backend, storage_options: Mapping[str, Any] | None) -> None:
+    """Refuse storage options given for a local store (a path or ``file://`` URL), which takes
+    none (r3store reads and writes it itself), instead of ignoring them; what ``open_store``
+    and ``RouteWriter`` do, as the CLI's ``-o`` does.
+
+    Raises
+    ------
+    r3store.errors.OptionError
+        ``storage_options`` is not empty and ``url`` is local.
+    """
+    if not storage_options or isinstance(url, Backend):
+        return
+    text = os.fspath(url)
+    if text.lower().startswith("file://") or ("://" not in text and "::" not in text):
+        key = str(next(iter(storage_options)))
+        raise OptionError("storage_options", dict(storage_options), local_options_fault(key, f"a local store ({text})"))
 
 
 def _cause(exc: BaseException) -> BaseException | None:

@@ -14,7 +14,7 @@ from r3store._checks import resolve_config
 from r3store._deprecated import renamed_property, warn
 from r3store._spec import ModelSpec
 from r3store.errors import DiscardedSampleWarning, IncompleteSampleError, RouteValidationError, WriterClosedError
-from r3store.storage import Backend, open_backend
+from r3store.storage import Backend, open_backend, refuse_local_options
 from r3store.writer._buffer import SampleBuffer
 from r3store.writer._commit import Committer, default_layers_per_chunk
 from r3store.writer._config import WriterConfig, WriterConfigDict
@@ -115,6 +115,7 @@ class RouteWriter:
             writer_id=settings.writer_id or f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}")
         self.spec = spec
         self.writer_id: str = self.config.writer_id or ""
+        refuse_local_options(url, storage_options)
         self._committer = Committer(open_backend(url, storage_options), spec, writer_id=self.writer_id,
                                     chunk_rows=self.config.chunk_rows,
                                     layers_per_chunk=self.config.layers_per_chunk or 1,

@@ -511,3 +511,20 @@ def test_assemble_refuses_tokens_that_are_not_integer_ids(tiny: Path, tokens: ob
         assemble(reader, ["five"], tokens=[tokens])
     batch = assemble(reader, ["five"], tokens=[np.arange(6, dtype=np.uint16)])
     assert batch["tokens"][:6].tolist() == list(range(6))
+
+
+def test_assemble_errors_name_the_argument_at_fault(tmp_path: Path) -> None:
+    """New-user findings: ``assemble([])`` named ``num_tokens=[]``; a short ``tokens`` list named
+    sample ``'<batch>'``."""
+    from r3store.errors import AlignmentError, OptionError
+    from tests.routes import make_store
+
+    make_store(tmp_path / "s", n=2, rows=10)
+    store = r3store.open_store(tmp_path / "s")
+    with pytest.raises(OptionError, match=r"^sample_ids=\[\]: is empty") as empty:
+        store.assemble([])
+    assert empty.value.option == "sample_ids"
+    with pytest.raises(AlignmentError, match=r"^tokens has 1 entry for 2 sample\(s\) in sample_ids") as short:
+        store.assemble(["s0", "s1"], tokens=[np.arange(11)])
+    assert short.value.sample_id is None
+    assert "<batch>" not in str(short.value)

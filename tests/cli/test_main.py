@@ -76,7 +76,7 @@ def test_inspect_validate_stats_print_paths_and_ids_verbatim(odd: Path) -> None:
     inspected = run("inspect", str(odd))
     assert inspected.exit_code == 0
     assert flat(str(odd)) in flat(inspected.stdout)
-    validated = run("validate", str(odd))
+    validated = run("validate", str(odd), "--strict")  # its only findings are a quarantined sample's
     assert validated.exit_code == 1, validated.output
     assert "[red]rep[/red]" in validated.stdout
     assert flat(str(odd)) in flat(validated.stdout)
@@ -240,3 +240,20 @@ def test_missing_arguments_and_unknown_options_keep_clicks_usage(small: Path, ar
     result = run(*(a.format(store=str(small)) for a in args))
     assert result.exit_code == 2
     assert "Usage:" in result.stderr
+
+
+@pytest.mark.parametrize("args", [["show", "{store}", "s0", "--rows", "0:"], ["show", "{store}", "s0", "--json"],
+                                  ["stats", "{store}"]])
+def test_closed_output_pipe_exits_0_quietly(tmp_path: Path, args: list[str]) -> None:
+    """New-user finding: ``r3store stats s | head -3`` exited 1 (rich's broken-pipe handler)."""
+    from tests.routes import make_store
+
+    make_store(tmp_path / "s", n=1, rows=6000)  # far more output than a pipe buffer holds
+    cmd = [sys.executable, "-m", "r3store.cli", *(a.format(store=tmp_path / "s") for a in args)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert proc.stdout.readline()
+    proc.stdout.close()  # what head does after its lines
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert err == b""

@@ -91,3 +91,41 @@ def test_show_prints_a_long_quarantine_reason_at_the_console_width(store: Path) 
     out = run("show", str(store), "bad", "--layers", "1", columns=100).stdout
     title = out[: out.index("┏")].splitlines()
     assert max(len(line) for line in title) > 60  # wrapped at 100 columns, not at the 2-column table's ~40
+
+
+def test_show_of_a_duplicated_id_warns_and_names_the_copy_shown(tmp_path: Path) -> None:
+    """New-user finding: show used one copy of a duplicated id silently (open_store refuses the store)."""
+    import pyarrow.compute as pc
+
+    import r3store
+    from tests.routes import make_store
+
+    make_store(tmp_path / "s", n=2)
+    make_store(tmp_path / "s", n=1, seed=9)
+    store = r3store.open_store(tmp_path / "s", reader={"on_duplicate": "first"})
+    commits = store.duplicates["s0"]
+    read = store.samples.filter(pc.field("sample_id") == "s0").column("commit")[0].as_py()
+    assert read == commits[0]  # the earliest commit's copy
+    result = run("show", str(tmp_path / "s"), "s0", "--json")
+    assert result.exit_code == 0
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"warning: sample 's0' of {tmp_path / 's'} is committed by commits {commits[0]}, "
+                           f"{commits[1]}; showing the copy of {read}")
+    assert json.loads(result.stdout)["sample_id"] == "s0"
+    assert run("show", str(tmp_path / "s"), "s1").stderr == ""  # not duplicated: no warning
+
+
+def test_show_prints_a_head_of_a_long_sample_and_says_how_to_see_all(tmp_path: Path) -> None:
+    """New-user finding: a 32K-token sample printed 32K lines; now the first DEFAULT_ROWS and a hint."""
+    from r3store.cli._show import DEFAULT_ROWS
+    from tests.routes import make_store
+
+    make_store(tmp_path / "s", n=1, rows=120)
+    result = run("show", str(tmp_path / "s"), "s0")
+    assert result.exit_code == 0
+    assert len(body_rows(result.stdout)) == DEFAULT_ROWS
+    assert f"showing rows 0-{DEFAULT_ROWS - 1} of 120: --rows a:b shows others, --rows 0: all" in result.stdout
+    assert len(body_rows(run("show", str(tmp_path / "s"), "s0", "--rows", "0:").stdout)) == 120
+    assert len(json.loads(run("show", str(tmp_path / "s"), "s0", "--json").stdout)["routes"]) == 120
+    short = run("show", str(tmp_path / "s"), "s0", "--rows", "0:3")
+    assert "showing rows" not in short.stdout

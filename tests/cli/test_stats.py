@@ -86,3 +86,31 @@ def test_stats_policy_range_uses_every_version_of_a_sample(tmp_path: Path) -> No
     doc = checked_json(run("stats", str(tmp_path / "s"), "--json"), "stats")
     assert doc["policy"] == {"samples_with_version": 1, "mixed_version_samples": 1, "min_version": 41,
                              "max_version": 42}
+
+
+def test_stats_filter_selecting_no_sample_is_an_error(tmp_path: Path) -> None:
+    """New-user finding: ``--sample-filter nomatch*`` printed statistics of nothing and exited 0."""
+    from tests.clirun import run_cli
+    from tests.routes import make_store
+
+    make_store(tmp_path / "s", n=2)
+    result = run_cli("stats", str(tmp_path / "s"), "--sample-filter", "nomatch*")
+    assert result.exit_code == 2, result.output
+    assert "--sample-filter 'nomatch*' matched no visible sample id" in result.stderr
+    assert "(the store holds 2 visible samples)" in result.stderr
+    assert run_cli("stats", str(tmp_path / "s"), "--limit", "0", "--json").exit_code == 2
+    assert run_cli("stats", str(tmp_path / "s"), "--sample-filter", "s*").exit_code == 0
+
+
+def test_stats_warns_of_duplicate_ids(tmp_path: Path) -> None:
+    from tests.clirun import run_cli
+    from tests.routes import make_store
+
+    make_store(tmp_path / "s", n=2)
+    make_store(tmp_path / "s", n=2)
+    result = run_cli("stats", str(tmp_path / "s"), "--json")
+    assert result.exit_code == 0
+    assert "2 sample ids are committed more than once" in result.stderr
+    assert "'s0' (commits " in result.stderr
+    assert "'s1' (commits " in result.stderr
+    assert json.loads(result.stdout)["samples"] == 2

@@ -62,7 +62,7 @@ def test_validate_exits_0_when_missing_rows_are_all_it_found(tmp_path: Path) -> 
         bad = routes_of_16(rng, 6)
         bad[1, 0] = [3, 3]
         w.append("bad", bad)
-    failed = run("validate", str(tmp_path / "s"), "--json")
+    failed = run("validate", str(tmp_path / "s"), "--json", "--strict")  # quarantined: a fault with --strict
     assert failed.exit_code == 1
     assert checked_json(failed, "validate")["ok"] is False
 
@@ -91,3 +91,85 @@ def test_validate_limit_reports_the_rows_of_the_samples_it_selects(tmp_path: Pat
     assert "2 samples, 60 rows (decoded: 64 rows in " in text
     whole = checked_json(run("validate", str(path), "--json"), "validate")["summary"]
     assert (whole["samples_checked"], whole["rows_checked"], whole["rows_decoded"]) == (20, 600, 600)
+
+
+# -- new-user findings: empty selections, quarantined samples, duplicate ids ----------------------
+
+
+def test_validate_filter_or_limit_selecting_no_sample_is_an_error(tmp_path: Path) -> None:
+    """A mistyped filter must fail a CI job, not report "clean" over nothing."""
+    from tests.routes import make_store
+
+    make_store(tmp_path / "s", n=3)
+    for args, words in ((["--sample-filter", "zzz*"], "--sample-filter 'zzz*' matched no sample id"),
+                        (["--limit", "0"], "--limit 0 selects no sample")):
+        result = run("validate", str(tmp_path / "s"), *args)
+        assert result.exit_code == 2, result.output
+        assert words in result.stderr
+        assert "clean" not in result.output
+    assert "(the store holds 3 samples)" in run("validate", str(tmp_path / "s"), "--sample-filter", "x").stderr
+    assert run("validate", str(tmp_path / "s"), "--sample-filter", "s1").exit_code == 0
+
+
+def quarantined_store(path: Path) -> Path:
+    """One valid sample and one quarantined for a repeated id (row 3, decoder layer 1)."""
+    rng = np.random.default_rng(7)
+    bad = routes_of_16(rng, 8)
+    bad[3, 0] = [5, 5]
+    with r3store.RouteWriter(path, SPEC_3X16, config={"on_invalid": "quarantine"}) as w:
+        w.append("ok", routes_of_16(rng, 8))
+        w.append("bad", bad)
+    return path
+
+
+def test_validate_quarantined_sample_is_a_warning_and_exits_0(tmp_path: Path) -> None:
+    """The writer did what on_invalid="quarantine" promised: text, JSON "ok" and exit status agree."""
+    path = quarantined_store(tmp_path / "q")
+    result = run("validate", str(path))
+    assert result.exit_code == 0, result.output
+    assert "0 error(s), 2 warning(s): 1 repeated_ids, 1 quarantined" in result.stdout
+    assert "error" not in result.stdout.replace("0 error(s)", "").replace("no errors", "")
+    assert "expert id repeated within row 3, decoder layer 1" in result.stdout  # the recorded reason
+    assert "ok: no errors" in result.stdout
+    doc = checked_json(run("validate", str(path), "--json"), "validate")
+    assert doc["ok"] is True
+    assert doc["strict"] is False
+    assert (doc["summary"]["errors"], doc["summary"]["warnings"]) == (0, 2)
+    assert doc["summary"]["on_quarantined"] == {"repeated_ids": 1}
+    assert {(f["kind"], f["severity"]) for f in doc["findings"]} == {("repeated_ids", "warning"),
+                                                                     ("quarantined", "warning")}
+
+
+def test_validate_strict_fails_on_quarantined_samples(tmp_path: Path) -> None:
+    path = quarantined_store(tmp_path / "q")
+    strict = run("validate", str(path), "--strict")
+    assert strict.exit_code == 1
+    assert "--strict: quarantined samples count as faults" in strict.stdout
+    result = run("validate", str(path), "--strict", "--json")
+    assert result.exit_code == 1
+    doc = checked_json(result, "validate")
+    assert (doc["ok"], doc["strict"]) == (False, True)
+
+
+def test_validate_a_real_fault_next_to_a_quarantined_sample_still_exits_1(tmp_path: Path) -> None:
+    path = quarantined_store(tmp_path / "q")
+    with r3store.RouteWriter(path, SPEC_3X16) as w:  # "ok" again: a duplicate id, an error
+        w.append("ok", routes_of_16(np.random.default_rng(1), 8))
+    result = run("validate", str(path), "--json")
+    assert result.exit_code == 1
+    doc = checked_json(result, "validate")
+    assert doc["ok"] is False
+    assert doc["summary"]["errors"] == 1
+
+
+def test_validate_duplicate_text_says_what_readers_do(tmp_path: Path) -> None:
+    from tests.routes import make_store
+
+    make_store(tmp_path / "d", n=1)
+    make_store(tmp_path / "d", n=1)
+    result = run("validate", str(tmp_path / "d"))
+    assert result.exit_code == 1
+    text = " ".join(result.stdout.split())
+    assert "readers keep the first" not in text
+    assert "open_store refuses the store (DuplicateSampleError)" in text
+    assert "on_duplicate is 'first' or 'report'" in text
