@@ -145,3 +145,34 @@ int get_i64_array(PyObject *obj, Py_buffer *v, const char *what) {
     }
     return 0;
 }
+
+int get_i64_arrays(PyObject *const *objs, Py_buffer *arr, const char *const *names, int n) {
+    int i;
+    for (i = 0; i < n; i++) {
+        if (get_i64_array(objs[i], &arr[i], names[i]) < 0) {
+            break;
+        }
+        if (arr[i].len != arr[0].len) {
+            PyErr_Format(PyExc_ValueError, "%s has another length than %s", names[i], names[0]);
+            PyBuffer_Release(&arr[i]);
+            break;
+        }
+    }
+    if (i == n) {
+        return 0;
+    }
+    while (--i >= 0) {
+        PyBuffer_Release(&arr[i]);
+    }
+    return -1;
+}
+
+int position_tag(uint32_t prefix_crc, long long row_chunk, long long layer_chunk, uint32_t *tag) {
+    char text[48];
+    const int k = snprintf(text, sizeof text, "%lld/%lld", row_chunk, layer_chunk);
+    if (k <= 0 || k >= (int)sizeof text) {
+        return -1;
+    }
+    *tag = crc32c_extend(prefix_crc, (const uint8_t *)text, (size_t)k);
+    return 0;
+}

@@ -218,10 +218,8 @@ PyObject *py_encode_frames(PyObject *self, PyObject *args) {
         Py_buffer view = src;
         const Py_ssize_t a = f / ncol, b = f % ncol;
         uint32_t tag = 0;
-        if (own_tags) { /* position tag: crc32c('<prefix>/<row chunk>/<layer chunk>') */
-            char text[48];
-            int k = snprintf(text, sizeof text, "%lld/%lld", (long long)(first_row_chunk + a), (long long)b);
-            tag = crc32c_extend((uint32_t)prefix_crc, (const uint8_t *)text, (size_t)k);
+        if (own_tags) { /* position tag: crc32c('<prefix>/<row chunk>/<layer chunk>'); two int64s always fit */
+            (void)position_tag((uint32_t)prefix_crc, (long long)(first_row_chunk + a), (long long)b, &tag);
         } else {
             tag = (uint32_t)tg[f];
         }
@@ -320,22 +318,7 @@ PyObject *py_decode_frames(PyObject *self, PyObject *args) {
         PyBuffer_Release(&blob);
         return NULL;
     }
-    for (i = 0; i < narr && ok; i++) {
-        if (get_i64_array(arr_obj[i], &arr[i], names[i]) < 0) {
-            ok = 0;
-            break;
-        }
-        if (arr[i].len != arr[0].len) {
-            PyErr_Format(PyExc_ValueError, "%s has another length than starts", names[i]);
-            PyBuffer_Release(&arr[i]);
-            ok = 0;
-            break;
-        }
-    }
-    if (!ok) {
-        while (--i >= 0) {
-            PyBuffer_Release(&arr[i]);
-        }
+    if (get_i64_arrays(arr_obj, arr, names, narr) < 0) {
         PyBuffer_Release(&blob);
         PyBuffer_Release(&out);
         return NULL;
@@ -381,14 +364,11 @@ PyObject *py_decode_frames(PyObject *self, PyObject *args) {
                 failed = f;
                 break;
             }
-            if (check_tags) {
-                char text[48];
-                int k = snprintf(text, sizeof text, "%lld/%lld", (long long)rc[f], (long long)lc[f]);
-                if (k <= 0 || k >= (int)sizeof text
-                    || crc32c_extend((uint32_t)prefix_crc, (const uint8_t *)text, (size_t)k) != tag) {
-                    failed = f;
-                    break;
-                }
+            uint32_t want = 0;
+            if (check_tags && (position_tag((uint32_t)prefix_crc, (long long)rc[f], (long long)lc[f], &want) < 0
+                               || want != tag)) {
+                failed = f;
+                break;
             }
             if (osize == 4 && width % 8 == 0 && (Py_ssize_t)ne == n_total) {
                 /* every row of the chunk is byte-aligned in the payload: unpacked straight into out */

@@ -82,6 +82,12 @@ int buffer_type(const Py_buffer *v);
 int get_int_buffer(PyObject *obj, Py_buffer *v, int writable, const char *what);
 int get_bytes_buffer(PyObject *obj, Py_buffer *v);
 int get_i64_array(PyObject *obj, Py_buffer *v, const char *what);
+/* n int64 arrays of the length of the first (a batch decode's frame table): 0, or -1 with an
+ * exception set and no buffer held */
+int get_i64_arrays(PyObject *const *objs, Py_buffer *arr, const char *const *names, int n);
+/* a frame's position tag (FORMAT.md 5.1): CRC-32C of "<row chunk>/<layer chunk>" extended from
+ * prefix_crc (the CRC of the array's prefix); -1 if the text does not fit */
+int position_tag(uint32_t prefix_crc, long long row_chunk, long long layer_chunk, uint32_t *tag);
 int check_bits(int bits);
 
 static inline Py_ssize_t packed_nbytes(Py_ssize_t n, int bits) {

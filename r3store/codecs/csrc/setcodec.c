@@ -923,20 +923,7 @@ PyObject *py_set_decode_frames(PyObject *self, PyObject *args) {
         if (owned) tab_free(t);
         return NULL;
     }
-    for (i = 0; i < 6; i++) {
-        if (get_i64_array(arr_obj[i], &arr[i], names[i]) < 0) {
-            ok = 0;
-            break;
-        }
-        if (arr[i].len != arr[0].len) {
-            PyErr_Format(PyExc_ValueError, "%s has another length than starts", names[i]);
-            PyBuffer_Release(&arr[i]);
-            ok = 0;
-            break;
-        }
-    }
-    if (!ok) {
-        while (--i >= 0) PyBuffer_Release(&arr[i]);
+    if (get_i64_arrays(arr_obj, arr, names, 6) < 0) {
         PyBuffer_Release(&blob);
         PyBuffer_Release(&out);
         if (owned) tab_free(t);
@@ -981,14 +968,11 @@ PyObject *py_set_decode_frames(PyObject *self, PyObject *args) {
                 failed = f;
                 break;
             }
-            if (check_tags) {
-                char text[48];
-                int tl = snprintf(text, sizeof text, "%lld/%lld", (long long)rc[f], (long long)lc[f]);
-                if (tl <= 0 || tl >= (int)sizeof text
-                    || crc32c_extend((uint32_t)prefix_crc, (const uint8_t *)text, (size_t)tl) != tag) {
-                    failed = f;
-                    break;
-                }
+            uint32_t want = 0;
+            if (check_tags && (position_tag((uint32_t)prefix_crc, (long long)rc[f], (long long)lc[f], &want) < 0
+                               || want != tag)) {
+                failed = f;
+                break;
             }
             const uint8_t *pl = d + SET_HEADER;
             const size_t plen = (size_t)(len - SET_HEADER);
