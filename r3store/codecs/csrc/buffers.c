@@ -176,3 +176,17 @@ int position_tag(uint32_t prefix_crc, long long row_chunk, long long layer_chunk
     *tag = crc32c_extend(prefix_crc, (const uint8_t *)text, (size_t)k);
     return 0;
 }
+
+Py_ssize_t batch_chunk_ids(const char *fn, const Py_buffer *out, int otype, Py_ssize_t chunk_rows, Py_ssize_t lpc) {
+    if (out->ndim != 3 || otype < 0 || type_size[otype] > 4 || chunk_rows < 1 || lpc < 1 || lpc > out->shape[1]) {
+        PyErr_Format(PyExc_ValueError, "%s: out must be a 3-D array of 1-, 2- or 4-byte integers "
+                                       "and 1 <= layers_per_chunk <= its layers", fn);
+        return -1;
+    }
+    const Py_ssize_t n_total = chunk_rows * lpc * out->shape[2];
+    if (n_total <= 0 || n_total > ((Py_ssize_t)1 << 26)) {
+        PyErr_Format(PyExc_ValueError, "%s: chunk of more than 2**26 ids", fn);
+        return -1;
+    }
+    return n_total;
+}

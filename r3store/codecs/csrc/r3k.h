@@ -88,6 +88,9 @@ int get_i64_arrays(PyObject *const *objs, Py_buffer *arr, const char *const *nam
 /* a frame's position tag (FORMAT.md 5.1): CRC-32C of "<row chunk>/<layer chunk>" extended from
  * prefix_crc (the CRC of the array's prefix); -1 if the text does not fit */
 int position_tag(uint32_t prefix_crc, long long row_chunk, long long layer_chunk, uint32_t *tag);
+/* the ids of one chunk of a batch decode into out (chunk_rows x layers_per_chunk x top_k), after
+ * checking out's shape and type and the chunk's size; -1 with a ValueError naming fn */
+Py_ssize_t batch_chunk_ids(const char *fn, const Py_buffer *out, int otype, Py_ssize_t chunk_rows, Py_ssize_t lpc);
 int check_bits(int bits);
 
 static inline Py_ssize_t packed_nbytes(Py_ssize_t n, int bits) {

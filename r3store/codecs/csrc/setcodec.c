@@ -930,18 +930,11 @@ PyObject *py_set_decode_frames(PyObject *self, PyObject *args) {
         return NULL;
     }
     const int otype = buffer_type(&out);
-    if (out.ndim != 3 || otype < 0 || type_size[otype] > 4 || chunk_rows < 1 || lpc < 1 || lpc > out.shape[1]) {
-        PyErr_SetString(PyExc_ValueError, "set_decode_frames: out must be a 3-D array of 1-, 2- or 4-byte integers "
-                                          "and 1 <= layers_per_chunk <= its layers");
-        ok = 0;
-    }
+    const Py_ssize_t n_total = batch_chunk_ids("set_decode_frames", &out, otype, chunk_rows, lpc);
+    ok = n_total > 0;
     const Py_ssize_t N = ok ? out.shape[0] : 0, L = ok ? out.shape[1] : 0, K = ok ? out.shape[2] : 0;
-    const Py_ssize_t n_total = chunk_rows * lpc * K, width = lpc * K, n = arr[0].len / 8;
+    const Py_ssize_t width = lpc * K, n = arr[0].len / 8;
     int32_t *stage = NULL;
-    if (ok && (n_total <= 0 || n_total > ((Py_ssize_t)1 << 26))) {
-        PyErr_SetString(PyExc_ValueError, "set_decode_frames: chunk of more than 2**26 ids");
-        ok = 0;
-    }
     if (ok && !(stage = (int32_t *)malloc((size_t)n_total * 4 + 4))) {
         PyErr_NoMemory();
         ok = 0;
