@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -90,26 +91,82 @@ def cpu_median(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def writer_cpu(write: Callable[[], object], repeats: int) -> tuple[float, float, float]:
-    """Median CPU seconds of ``write()`` as the store does it (fsync), its system (kernel)
-    part, and the median with ``os.fsync`` a no-op (the fsync share, measured apart; never
-    the store's default), the two interleaved call by call so that both see the same machine."""
-    fsync = os.fsync
-    synced, kernel, unsynced = [], [], []
-    write()
+def _cpu() -> tuple[float, float]:
+    """(user, system) CPU seconds of this process so far (single-threaded here: the thread's)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime, r.ru_stime
+
+
+def interleaved_cpu(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[tuple[float, float]]]:
+    """(user, system) CPU seconds of each call, ``repeats`` rounds of one call of each in turn
+    (A B C A B C ...), after one untimed round, so that the machine's load drift hits every
+    call alike. ``resource.getrusage`` splits user and system time; their sum is the
+    process's CPU time (``time.process_time``)."""
+    for fn in calls.values():
+        fn()
+    out: dict[str, list[tuple[float, float]]] = {name: [] for name in calls}
     for _ in range(repeats):
-        t0, k0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_stime
-        write()
-        synced.append(time.process_time() - t0)
-        kernel.append(resource.getrusage(resource.RUSAGE_SELF).ru_stime - k0)
-        os.fsync = lambda fd: None
-        try:
-            t0 = time.process_time()
-            write()
-            unsynced.append(time.process_time() - t0)
-        finally:
-            os.fsync = fsync
-    return statistics.median(synced), statistics.median(kernel), statistics.median(unsynced)
+        for name, fn in calls.items():
+            u0, s0 = _cpu()
+            fn()
+            u1, s1 = _cpu()
+            out[name].append((u1 - u0, s1 - s0))
+    return out
+
+
+SYSCALLS = ("open", "write", "pwrite", "fsync", "link", "replace", "unlink", "mkdir", "stat", "lseek", "close")
+"""The ``os`` calls :func:`count_syscalls` counts (the local backend's writes go through them)."""
+
+
+def count_syscalls(fn: Callable[[], object]) -> dict[str, int]:
+    """How many of each of :data:`SYSCALLS` one ``fn()`` makes (``os`` functions wrapped for
+    the call; ``strace -c`` of a commit agrees within the reads of the manifest's file)."""
+    counts = dict.fromkeys(SYSCALLS, 0)
+    saved = {name: getattr(os, name) for name in SYSCALLS}
+
+    def counted(name: str) -> Callable[..., object]:
+        def call(*args: object, **kwargs: object) -> object:
+            counts[name] += 1
+            return saved[name](*args, **kwargs)
+        return call
+
+    try:
+        for name in SYSCALLS:
+            setattr(os, name, counted(name))
+        fn()
+    finally:
+        for name, f in saved.items():
+            setattr(os, name, f)
+    return counts
+
+
+def writer_rows(routes: np.ndarray, spec: r3store.ModelSpec, folder: Path, repeats: int) -> dict[str, object]:
+    """The writer (``append`` + ``flush``: one commit to an open store) against ``np.save`` of
+    the same int32, interleaved call by call: the writer as it is (storage objects written
+    with ``O_DIRECT``), the writer with every write through the page cache
+    (``LocalBackend.direct_write_bytes = None``: the writer before this change), ``np.save``
+    overwriting one file (issue 21's baseline) and ``np.save`` into a new file each call (a
+    commit always writes new files). Every commit is fsynced as the store does it."""
+    counter = iter(range(1 << 30))
+    fresh = iter(range(1 << 30))
+    with r3store.RouteWriter(folder / "written", spec, config={"writer_id": "w"}) as direct, \
+            r3store.RouteWriter(folder / "buffered", spec, config={"writer_id": "b"}) as buffered:
+        cast(LocalBackend, buffered.backend).direct_write_bytes = None
+
+        def commit(writer: r3store.RouteWriter) -> Callable[[], None]:
+            def write() -> None:  # one sample appended and committed (its own commit)
+                writer.append(f"s{next(counter)}", routes)
+                writer.flush()
+            return write
+
+        calls = {"append + commit": commit(direct), "append + commit, page cache": commit(buffered),
+                 "np.save": lambda: np.save(folder / "b.npy", routes),
+                 "np.save, new file": lambda: np.save(folder / f"n{next(fresh)}.npy", routes)}
+        cpu = interleaved_cpu(calls, repeats)
+        before = {p for p in (folder / "written").rglob("*") if p.is_file()}
+        syscalls = count_syscalls(calls["append + commit"])
+        files = len({p for p in (folder / "written").rglob("*") if p.is_file()} - before)
+    return {"cpu": cpu, "syscalls": syscalls, "files": files}
 
 
 def paths(tokens: int, repeats: int) -> None:
@@ -120,17 +177,10 @@ def paths(tokens: int, repeats: int) -> None:
     folder = Path(tempfile.mkdtemp(prefix="r3-paths-"))
     try:
         np.save(folder / "a.npy", routes)
-        counter = iter(range(1 << 30))
-        with r3store.RouteWriter(folder / "written", spec, config={"writer_id": "w"}) as writer:
-
-            def write() -> None:  # one sample appended and committed (its own commit) to an open store
-                writer.append(f"s{next(counter)}", routes)
-                writer.flush()
-
-            write_cpu, write_sys, unsynced_cpu = writer_cpu(write, repeats)
-            fresh = iter(range(1 << 30))  # np.save into a new file each call, as each commit writes new files
-            fresh_cpu = cpu_median(lambda: np.save(folder / f"n{next(fresh)}.npy", routes), repeats)
-        save_cpu = cpu_median(lambda: np.save(folder / "b.npy", routes), repeats)
+        writes = writer_rows(routes, spec, folder, repeats)
+        cpu = cast(dict[str, list[tuple[float, float]]], writes["cpu"])
+        totals = {name: [u + k for u, k in calls] for name, calls in cpu.items()}
+        write_cpu, save_cpu = statistics.median(totals["append + commit"]), statistics.median(totals["np.save"])
         with r3store.RouteWriter(folder / "store", spec, config={"writer_id": "r"}) as w:
             w.append("before", routes[:100])  # the sample starts mid-chunk, as most do
             w.append("a", routes)
@@ -158,10 +208,19 @@ def paths(tokens: int, repeats: int) -> None:
             verdict = "met" if ours / base <= target else "missed"
             print(f"{name:<20} {ours * 1e3:>8.1f} {base_name:<22} {base * 1e3:>8.1f} {ours / base:>6.2f}x "
                   f"<= {target}x {verdict}")
-        print(f"append + commit: {write_sys * 1e3:.1f} ms of it in the kernel (writes into the page cache, fsync); "
-              f"with fsync skipped (measurement only) {unsynced_cpu * 1e3:.1f} ms, {unsynced_cpu / save_cpu:.2f}x "
-              f"np.save; np.save into a new file each call {fresh_cpu * 1e3:.1f} ms (the writer "
-              f"{write_cpu / fresh_cpu:.2f}x that)")
+        print(f"\nthe writer, interleaved call by call with its baselines (CPU ms, median of {repeats}, "
+              f"[min - max]; user + system from getrusage):")
+        for name, calls in cpu.items():
+            tot = totals[name]
+            user, system = statistics.median(u for u, _ in calls), statistics.median(k for _, k in calls)
+            pairs = [t / b for t, b in zip(tot, totals["np.save"], strict=True)]
+            med = statistics.median(tot)
+            print(f"  {name:<28} {med * 1e3:>6.1f} [{min(tot) * 1e3:.1f} - {max(tot) * 1e3:.1f}] "
+                  f"user {user * 1e3:.1f} system {system * 1e3:.1f}; vs np.save {med / save_cpu:.2f}x "
+                  f"(per round {min(pairs):.2f}x - {max(pairs):.2f}x)")
+        calls_made = cast(dict[str, int], writes["syscalls"])
+        print(f"  one commit of one sample: {writes['files']} new files; os calls: "
+              + ", ".join(f"{n} {name}" for name, n in calls_made.items() if n))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

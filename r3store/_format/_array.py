@@ -270,6 +270,13 @@ def _ints(values: Any, n: int) -> list[int]:
     return list(values)
 
 
+def _page_aligned(nbytes: int, align: int = 4096) -> np.ndarray:
+    """An uninitialised uint8 buffer of ``nbytes`` whose first byte is ``align``-aligned."""
+    raw = np.empty(nbytes + align, dtype=np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start : start + nbytes]
+
+
 def encode_object(blocks: Iterator[np.ndarray], geometry: ArrayGeometry, *, commit: str | None = None,
                   first_row_chunk: int = 0, scratch: list[np.ndarray] | None = None) -> bytes | memoryview:
     """Encode one storage object (a zarr ``sharding_indexed`` shard).
@@ -326,7 +333,7 @@ def encode_object(blocks: Iterator[np.ndarray], geometry: ArrayGeometry, *, comm
         if scratch is not None and scratch and scratch[0].size >= need:
             out = scratch[0]
         else:
-            out = np.empty(need, dtype=np.uint8)
+            out = _page_aligned(need)  # a local disk writes an aligned buffer with O_DIRECT (LocalBackend.set)
             if scratch is not None:
                 scratch[:] = [out]
     parts: list[bytes | memoryview] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -9,6 +10,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+import numpy as np
 
 from r3store.errors import StorageError
 from r3store.storage._base import Backend, ByteRange, ObjectInfo, SuffixByteRange
@@ -18,6 +21,14 @@ __all__ = ["LocalBackend"]
 
 MAX_OPEN_FILES = 128
 """Descriptors kept open per backend for ranged reads (least recently used ones are closed)."""
+
+DIRECT_WRITE_BYTES = 1 << 20
+"""Objects of at least this many bytes are written with ``O_DIRECT`` where they can be
+(:attr:`LocalBackend.direct_write_bytes`)."""
+
+DIRECT_ALIGN = 4096
+"""Alignment of the buffer address, length and file offset of an ``O_DIRECT`` write (the
+largest logical block size of common disks; Linux wants the device's, at most this)."""
 
 
 class _Handle:
@@ -56,6 +67,18 @@ class LocalBackend(Backend):
     descriptor opened before keeps reading the old bytes); the temporary file is removed
     on failure.
 
+    An object of at least :attr:`direct_write_bytes` (1 MiB) given in a page-aligned buffer
+    (the writer's storage objects are) has its whole 4 KiB pages written with ``O_DIRECT``
+    and the rest through the page cache, then is fsynced and renamed like any other: the
+    disk reads the caller's buffer, so the kernel neither copies the object into fresh
+    page-cache pages nor has to find (reclaim) those pages, which on a machine whose cache
+    is full costs more CPU than encoding the object (``benchmarks/README.md``, the writer
+    row). Durability is the same (``O_DIRECT`` promises none by itself: the fsync does);
+    a read of the object soon after comes from the disk, not the cache. Where the platform
+    or file system refuses ``O_DIRECT`` (no such flag, tmpfs before Linux 6.6, an alignment
+    the device does not take) the object goes through the page cache. Set
+    ``direct_write_bytes`` to None on an instance to always use the page cache.
+
     Keys stay inside the folder: a key that is absolute or has an empty, ``.`` or ``..``
     component or a NUL byte raises :class:`r3store.errors.StorageError`, and reading
     anything but a regular file (a FIFO, a device, a symlink to one) raises it too,
@@ -68,6 +91,10 @@ class LocalBackend(Backend):
     """
 
     is_local = True
+
+    direct_write_bytes: int | None = DIRECT_WRITE_BYTES
+    """Write objects of at least this many bytes from a page-aligned buffer with ``O_DIRECT``
+    (None: never). See :meth:`set`."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().absolute()
@@ -160,7 +187,7 @@ class LocalBackend(Backend):
     def set(self, key: str, data: bytes | memoryview) -> None:
         path = self._path(key)
         with map_storage_errors(self.path_of(key)):
-            tmp = _write_temp(path, data, self._made)
+            tmp = _write_temp(path, data, self._made, self.direct_write_bytes)
             try:
                 os.replace(tmp, path)
             except BaseException:
@@ -175,7 +202,7 @@ class LocalBackend(Backend):
         with map_storage_errors(self.path_of(key)):
             if path.is_file():  # taken: the link would fail (no temp file to write and fsync)
                 return False
-            tmp = _write_temp(path, data, self._made)
+            tmp = _write_temp(path, data, self._made, self.direct_write_bytes)
             try:
                 os.link(tmp, path)
                 return True
@@ -275,17 +302,60 @@ def _make_folders(folder: Path, made: set[Path]) -> None:
             pass
 
 
-def _write_temp(path: Path, data: bytes | memoryview, made: set[Path] | None = None) -> Path:
+def _write_temp(path: Path, data: bytes | memoryview, made: set[Path] | None = None,
+                direct_bytes: int | None = None) -> Path:
     """Write ``data`` to a fsynced temporary file beside ``path``; removed again on failure.
-    Folders created on the way are added to ``made``."""
+    Folders created on the way are added to ``made``. With ``direct_bytes``, data of at
+    least that size goes through :func:`_write_direct` first."""
     _make_folders(path.parent, set() if made is None else made)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            view = memoryview(data).cast("B")
+            done = _write_direct(fd, view) if direct_bytes is not None and len(view) >= direct_bytes else 0
+            if done:
+                os.lseek(fd, done, os.SEEK_SET)
+            while done < len(view):
+                done += os.write(fd, view[done:])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return Path(tmp)
+
+
+def _write_direct(fd: int, view: memoryview) -> int:
+    """Write the longest :data:`DIRECT_ALIGN`-multiple prefix of ``view`` to the empty file
+    ``fd`` with ``O_DIRECT`` (the disk reads the caller's pages: no copy into fresh page-cache
+    pages); returns how many bytes it wrote, 0 where ``O_DIRECT`` is unavailable (no such
+    flag, a file system that refuses it, a buffer not page-aligned). The caller writes the
+    rest through the page cache and fsyncs the file as for any write: ``O_DIRECT`` makes no
+    promise of durability by itself."""
+    head = len(view) // DIRECT_ALIGN * DIRECT_ALIGN
+    direct = getattr(os, "O_DIRECT", 0)
+    if not direct or not head or np.frombuffer(view, dtype=np.uint8).ctypes.data % DIRECT_ALIGN:
+        return 0
+    import fcntl  # POSIX only, like O_DIRECT
+
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | direct)
+    except OSError:  # the file system does not do direct I/O
+        return 0
+    done = 0
+    try:
+        while done < head:
+            try:
+                n = os.pwrite(fd, view[done:head], done)
+            except OSError as exc:
+                if exc.errno == errno.EINVAL and not done:  # an alignment the device refuses: buffered instead
+                    return 0
+                raise
+            done += n
+            if not n or done % DIRECT_ALIGN:  # a short write: the rest through the page cache
+                break
+    finally:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+    return done

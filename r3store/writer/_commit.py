@@ -285,10 +285,11 @@ class Committer:
             commit (same name, same samples, same bytes).
         """
         self.check_spec()
+        retry = self._pending is not None
         if self._pending is None:
             self._pending = self._reserve(samples, metadata_columns)
         pending = self._pending
-        self._write(pending, samples[: pending.count])
+        self._write(pending, samples[: pending.count], retry=retry)
         self._pending = None
         return pending.commit, pending.count
 
@@ -304,11 +305,13 @@ class Committer:
                 break
         return _Pending(commit, geometry, doc, self._table_bytes(commit, samples, metadata_columns), len(samples))
 
-    def _write(self, pending: _Pending, samples: Sequence[Sample]) -> None:
-        """Write every object of the commit (again, on a retry), the sample table last."""
+    def _write(self, pending: _Pending, samples: Sequence[Sample], *, retry: bool) -> None:
+        """Write every object of the commit (again, on a retry), the sample table last. The
+        array document was just created by :meth:`_reserve` unless this is a ``retry``: then
+        it is created again if absent, else checked."""
         array = array_key(pending.commit)
         doc_key = f"{array}/zarr.json"
-        if not self.backend.set_if_absent(doc_key, pending.zarr_json) and \
+        if retry and not self.backend.set_if_absent(doc_key, pending.zarr_json) and \
                 bytes(self.backend.get(doc_key)) != pending.zarr_json:
             raise StorageError(self.backend.path_of(doc_key), "holds another array document than this commit's "
                                                               "(writer ids must be unique)")

@@ -76,3 +76,13 @@ def test_spans_of_many_row_blocks_encode_as_block_by_block(commit: str | None) -
 def test_a_span_past_the_objects_end_is_refused() -> None:
     with pytest.raises(ValueError, match="runs past the object's end"):
         encode_object(iter([np.zeros((20, 4, 3), np.uint16)]), _geometry4(), commit="w-00007")
+
+
+def test_the_object_buffer_starts_on_a_page_so_a_local_disk_can_write_it_directly() -> None:
+    # LocalBackend.set writes a page-aligned object of >= 1 MiB with O_DIRECT (no page-cache copy)
+    geometry = _geometry4(rows=4000)
+    scratch: list[np.ndarray] = []
+    ids = np.random.default_rng(4).integers(0, 32, (16, 4, 3)).astype(np.uint16)
+    blob = encode_object(iter([ids]), geometry, commit="w-00007", scratch=scratch)
+    assert scratch[0].ctypes.data % 4096 == 0
+    assert np.frombuffer(blob, np.uint8).ctypes.data == scratch[0].ctypes.data

@@ -252,3 +252,46 @@ def test_row_spans_are_whole_blocks_that_never_cross_an_object(sizes: list[int])
         got.append(span.copy())  # the straddling block's buffer is reused
         row += len(span)
     np.testing.assert_array_equal(np.concatenate(got), ids)
+
+
+@pytest.mark.parametrize("direct", [4096, None])
+def test_a_commit_writes_its_storage_object_directly_and_retries_recheck_the_array_document(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: int | None) -> None:
+    # the object (page-aligned scratch) goes out with O_DIRECT where the file system takes it;
+    # the first attempt does not re-read the array document it has just created, a retry does
+    import os
+
+    from r3store.storage import _local
+
+    directly: dict[int, int] = {}  # object size -> bytes written with O_DIRECT (0: not page-aligned or refused)
+    write_direct = _local._write_direct
+    monkeypatch.setattr(_local, "_write_direct",
+                        lambda fd, view: directly.setdefault(len(view), write_direct(fd, view)))
+    backend = FlakyBackend(tmp_path / "s", fail_on="/c/", times=1)
+    backend.direct_write_bytes = direct
+    gets: list[str] = []
+    get = backend.get
+    monkeypatch.setattr(backend, "get", lambda key, byte_range=None: gets.append(key) or get(key, byte_range))
+    written = routes(4000)
+    with r3store.RouteWriter(backend, SPEC) as writer:
+        writer.append("a", written)
+        with pytest.raises(StorageError):
+            writer.flush()
+        assert [k for k in gets if k.endswith("/zarr.json")] == []
+        writer.flush()  # the retry
+        assert len([k for k in gets if k.endswith("/zarr.json")]) == 1
+    store = r3store.open_store(tmp_path / "s", reader={"cache_bytes": 0})
+    np.testing.assert_array_equal(store.get("a"), written)
+    (obj,) = [p for p in (tmp_path / "s" / "routes").rglob("*") if p.is_file() and p.name != "zarr.json"]
+    size = os.path.getsize(obj)
+    assert size > 4096
+    if direct is None:
+        assert directly == {}
+    else:
+        assert directly[size] in (0, size // 4096 * 4096)  # the object's whole pages, where the disk takes them
+        probe = tmp_path / "probe"
+        try:  # where the file system takes O_DIRECT, the object used it
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600))
+        except (AttributeError, OSError):
+            return
+        assert directly[size] == size // 4096 * 4096
