@@ -12,7 +12,10 @@ the same run, in CPU time (``time.process_time``, median of ``--repeats``), on o
 int32 ``.npy`` (target <= 1.5x), ``assemble`` THD CP=1 vs the same ``np.load`` (<= 1.2x),
 ``validate`` vs reading every route back with ``get`` (<= 2.5x), and the writer
 (``append`` + ``flush``, the commit, of the int32 array to an open store) vs ``np.save`` of
-it to a file (<= 2.0x).
+it to a file (<= 2.0x). Under the table, the writer interleaved call by call with
+``np.save`` overwriting one file, ``np.save`` into a new file and the writer with every
+write through the page cache: user and system CPU, ranges, per-round ratios, and the files
+and ``os`` calls of one commit.
 
 usage: python benchmarks/bench_local_reads.py [--quick] [--samples N] [--tokens T] [--repeats R] [--paths]
 """

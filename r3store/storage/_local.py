@@ -316,7 +316,10 @@ def _write_temp(path: Path, data: bytes | memoryview, made: set[Path] | None = N
             if done:
                 os.lseek(fd, done, os.SEEK_SET)
             while done < len(view):
-                done += os.write(fd, view[done:])
+                n = os.write(fd, view[done:])
+                if not n:
+                    raise OSError(errno.EIO, "the file system wrote 0 bytes")
+                done += n
             os.fsync(fd)
         finally:
             os.close(fd)
