@@ -133,8 +133,8 @@ uint64_t pack_buffer(const Py_buffer *src, int type, int bits, uint8_t *out, Py_
 static inline int fits(uint64_t acc, int bits) { return (acc >> bits) == 0; }
 
 void unpack_contig(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, char *out, int osize);
-Py_ssize_t unpack_rows4(const uint8_t *p, Py_ssize_t plen, Py_ssize_t rows, Py_ssize_t gpr, int bits, uint32_t *out,
-                        Py_ssize_t stride);
+void unpack_rows(const uint8_t *const *p, const Py_ssize_t *plen, int count, Py_ssize_t rows, Py_ssize_t gpr,
+                 int bits, char *out, Py_ssize_t stride, int osize);
 void unpack_to_buffer(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, Py_buffer *out, int otype);
 
 /* ---------------------------------------------------------------------------------

@@ -199,27 +199,58 @@ R3_TARGET_AVX512 static Py_ssize_t unpack_avx512(const uint8_t *p, Py_ssize_t pl
     return steps * 16;
 }
 
-/* unpack_rows4 with AVX-512: whole rows (gpr groups of 8 ids); an odd last group is a
-   16-id step with half its load and half its store masked off */
-R3_TARGET_AVX512 static void unpack_rows4_avx512(const uint8_t *p, Py_ssize_t plen, Py_ssize_t rows, Py_ssize_t gpr,
-                                                 int bits, uint32_t *out, Py_ssize_t stride) {
-    const unpack512_t u = unpack512_setup(bits, 4);
+/*
+ * unpack_rows with AVX-512: row by row, and in each row frame by frame (the frames of a
+ * group sit side by side in out), whole rows of gpr groups of 8 ids; an odd last group is
+ * a 16-id step with half its load masked off and half its result stored. 2- and 1-byte
+ * words truncate (vpmovdw/vpmovdb). OSIZE is a constant where this is inlined.
+ */
+R3_TARGET_AVX512 static inline void rows_avx512(const uint8_t *const *p, const Py_ssize_t *plen, int count,
+                                                Py_ssize_t rows, Py_ssize_t gpr, int bits, char *out,
+                                                Py_ssize_t stride, const int osize) {
+    const unpack512_t u = unpack512_setup(bits, osize);
     unpack512_t half = u;
     half.load = (__mmask64)((1ull << bits) - 1);
-    const Py_ssize_t row_bytes = gpr * bits;
-    const uint8_t *plain_end = p + plen - 32; /* a plain 32-byte load at q <= this stays inside */
+    const Py_ssize_t row_bytes = gpr * bits, piece = gpr * 8 * osize;
     Py_ssize_t r, g;
+    int j;
     for (r = 0; r < rows; r++) {
-        const uint8_t *q = p + r * row_bytes;
-        uint32_t *o = out + r * stride;
-        for (g = 0; g + 2 <= gpr; g += 2, q += 2 * bits, o += 16) {
-            _mm512_storeu_si512(o, plen >= 32 && q <= plain_end ? unpack512_step32(&u, q) : unpack512_step(&u, q));
-        }
-        if (g < gpr) {
-            _mm512_mask_storeu_epi32(o, (__mmask16)0x00FF, unpack512_step(&half, q));
+        for (j = 0; j < count; j++) {
+            Py_ssize_t at = r * row_bytes; /* offset of the step in frame j's payload */
+            char *o = out + r * stride + j * piece;
+            for (g = 0; g + 2 <= gpr; g += 2, at += 2 * bits, o += 16 * osize) {
+                /* a plain 32-byte load where it stays inside the payload */
+                const __m512i v = at + 32 <= plen[j] ? unpack512_step32(&u, p[j] + at) : unpack512_step(&u, p[j] + at);
+                if (osize == 4) {
+                    _mm512_storeu_si512(o, v);
+                } else if (osize == 2) {
+                    _mm256_storeu_si256((__m256i *)o, _mm512_cvtepi32_epi16(v));
+                } else {
+                    _mm_storeu_si128((__m128i *)o, _mm512_cvtepi32_epi8(v));
+                }
+            }
+            if (g < gpr) {
+                const __m512i v = unpack512_step(&half, p[j] + at);
+                if (osize == 4) {
+                    _mm512_mask_storeu_epi32(o, (__mmask16)0x00FF, v);
+                } else if (osize == 2) {
+                    _mm_storeu_si128((__m128i *)o, _mm256_castsi256_si128(_mm512_cvtepi32_epi16(v)));
+                } else {
+                    _mm_storel_epi64((__m128i *)o, _mm512_cvtepi32_epi8(v));
+                }
+            }
         }
     }
 }
+
+#define R3_ROWS_AVX512(N)                                                                                         \
+    R3_TARGET_AVX512 static void rows_avx512_##N(const uint8_t *const *p, const Py_ssize_t *plen, int count,      \
+                                                 Py_ssize_t rows, Py_ssize_t gpr, int bits, char *out,            \
+                                                 Py_ssize_t stride) {                                             \
+        rows_avx512(p, plen, count, rows, gpr, bits, out, stride, N);                                             \
+    }
+R3_ROWS_AVX512(1) R3_ROWS_AVX512(2) R3_ROWS_AVX512(4)
+#undef R3_ROWS_AVX512
 #endif
 
 R3_DOC(set_avx512_doc, "set_avx512(on) -> bool\n\n"
@@ -288,24 +319,102 @@ R3_TARGET_AVX2 static Py_ssize_t unpack_rows4_avx2(const uint8_t *p, Py_ssize_t 
 #endif
 
 /*
- * Unpack `rows` rows of gpr * 8 ids each (byte-aligned: each row is gpr * bits bytes) from p
- * (plen bytes) into 4-byte words, row r at out + r * stride. Returns the rows done: all of
- * them, or fewer near the payload's end or without AVX2 (the caller unpacks the rest with
- * unpack_contig, row by row).
+ * Rows of 8- or 16-bit ids (each id a whole byte or word): a copy (same width) or a widen
+ * or truncation per row piece, row by row and frame by frame within a row, so a group of
+ * frames side by side fills each output row from left to right (the output's cache lines
+ * are written once, in order, as by a memcpy, instead of a quarter of a line per frame). A
+ * copied piece (n * osize bytes: a multiple of 8) is moved in fixed-size pieces, inlined:
+ * a batch decode's rows are often 16 or 32 bytes.
  */
-Py_ssize_t unpack_rows4(const uint8_t *p, Py_ssize_t plen, Py_ssize_t rows, Py_ssize_t gpr, int bits, uint32_t *out,
-                        Py_ssize_t stride) {
-#ifdef R3_X86
-    if (avx512_on() && bits < 16) {
-        unpack_rows4_avx512(p, plen, rows, gpr, bits, out, stride);
-        return rows;
+#define R3_ROWS_LOOP(BODY)                                                       \
+    for (r = 0; r < rows; r++) {                                                 \
+        const Py_ssize_t at = r * row_bytes;                                     \
+        char *restrict o = out + r * stride;                                     \
+        for (j = 0; j < count; j++, o += piece) {                                \
+            const uint8_t *restrict q = p[j] + at;                               \
+            BODY                                                                 \
+        }                                                                        \
     }
-    if (use_avx2) {
-        return unpack_rows4_avx2(p, plen, rows, gpr, bits, out, stride);
+#define R3_WIDEN_ROWS_BODY                                                                                       \
+    const Py_ssize_t row_bytes = n * bytes, piece = n * osize;                                                  \
+    Py_ssize_t r, i;                                                                                            \
+    int j;                                                                                                      \
+    if (bytes == osize && row_bytes == 16) { /* 2 layers x top-8 of uint8 */                                   \
+        R3_ROWS_LOOP(memcpy(o, q, 16);)                                                                        \
+    } else if (bytes == osize && row_bytes == 32) {                                                             \
+        R3_ROWS_LOOP(memcpy(o, q, 32);)                                                                        \
+    } else if (bytes == osize && row_bytes == 64) {                                                             \
+        R3_ROWS_LOOP(memcpy(o, q, 64);)                                                                        \
+    } else if (bytes == osize) {                                                                                \
+        R3_ROWS_LOOP(for (i = 0; i + 32 <= row_bytes; i += 32) memcpy(o + i, q + i, 32);                        \
+                     if (i + 16 <= row_bytes) { memcpy(o + i, q + i, 16); i += 16; }                           \
+                     if (i + 8 <= row_bytes) { memcpy(o + i, q + i, 8); })                                     \
+    } else if (bytes == 1 && osize == 2) {                                                                      \
+        R3_ROWS_LOOP(uint16_t *restrict w = (uint16_t *)(void *)o; for (i = 0; i < n; i++) w[i] = q[i];)        \
+    } else if (bytes == 1) {                                                                                    \
+        R3_ROWS_LOOP(uint32_t *restrict w = (uint32_t *)(void *)o; for (i = 0; i < n; i++) w[i] = q[i];)        \
+    } else if (osize == 4) {                                                                                    \
+        R3_ROWS_LOOP(uint32_t *restrict w = (uint32_t *)(void *)o;                                              \
+                     for (i = 0; i < n; i++) { uint16_t v; memcpy(&v, q + 2 * i, 2); w[i] = v; })              \
+    } else {                                                                                                    \
+        R3_ROWS_LOOP(for (i = 0; i < n; i++) o[i] = (char)q[2 * i];)                                           \
+    }
+
+static void widen_rows_scalar(const uint8_t *const *p, int count, Py_ssize_t rows, Py_ssize_t n, int bytes,
+                              char *out, Py_ssize_t stride, int osize) {
+    R3_WIDEN_ROWS_BODY
+}
+
+#ifdef R3_X86
+R3_TARGET_AVX2 static void widen_rows_avx2(const uint8_t *const *p, int count, Py_ssize_t rows, Py_ssize_t n,
+                                           int bytes, char *out, Py_ssize_t stride, int osize) {
+    R3_WIDEN_ROWS_BODY
+}
+#endif
+#undef R3_WIDEN_ROWS_BODY
+#undef R3_ROWS_LOOP
+
+/*
+ * Unpack the rows of count frames (a group side by side in out): frame j's payload is
+ * p[j] (plen[j] bytes), `rows` rows of gpr * 8 ids each (each row gpr * bits bytes, back to
+ * back), and row r of frame j lands at out + r * stride + j * gpr * 8 * osize (stride in
+ * bytes) as osize-byte words (1, 2 or 4; truncated like a cast). Widths 8 and 16 copy or
+ * widen; the others run the AVX-512 kernel row by row across the frames, else AVX2 (4-byte
+ * words) or unpack_contig frame by frame.
+ */
+void unpack_rows(const uint8_t *const *p, const Py_ssize_t *plen, int count, Py_ssize_t rows, Py_ssize_t gpr,
+                 int bits, char *out, Py_ssize_t stride, int osize) {
+    if (bits == 8 || bits == 16) {
+#ifdef R3_X86
+        if (use_avx2) {
+            widen_rows_avx2(p, count, rows, gpr * 8, bits / 8, out, stride, osize);
+            return;
+        }
+#endif
+        widen_rows_scalar(p, count, rows, gpr * 8, bits / 8, out, stride, osize);
+        return;
+    }
+#ifdef R3_X86
+    if (avx512_on()) {
+        (osize == 4 ? rows_avx512_4 : osize == 2 ? rows_avx512_2 : rows_avx512_1)(p, plen, count, rows, gpr, bits, out,
+                                                                                  stride);
+        return;
     }
 #endif
-    (void)p; (void)plen; (void)rows; (void)gpr; (void)bits; (void)out; (void)stride;
-    return 0;
+    const Py_ssize_t row_bytes = gpr * bits, width = gpr * 8, piece = width * osize;
+    int j;
+    for (j = 0; j < count; j++) {
+        Py_ssize_t r = 0;
+#ifdef R3_X86
+        if (use_avx2 && osize == 4 && stride % 4 == 0) {
+            r = unpack_rows4_avx2(p[j], plen[j], rows, gpr, bits, (uint32_t *)(void *)(out + j * piece), stride / 4);
+        }
+#endif
+        for (; r < rows; r++) {
+            unpack_contig(p[j] + r * row_bytes, plen[j] - r * row_bytes, width, bits, out + r * stride + j * piece,
+                          osize);
+        }
+    }
 }
 
 /* Byte-aligned widths (8, 16 bits): the ids are whole bytes or words, so decoding is a
