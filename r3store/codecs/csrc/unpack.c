@@ -366,9 +366,32 @@ static void widen_rows_scalar(const uint8_t *const *p, int count, Py_ssize_t row
 }
 
 #ifdef R3_X86
+R3_TARGET_AVX2 static void widen_rows_avx2_loops(const uint8_t *const *p, int count, Py_ssize_t rows, Py_ssize_t n,
+                                                 int bytes, char *out, Py_ssize_t stride, int osize) {
+    R3_WIDEN_ROWS_BODY
+}
+
+/* the widens with explicit zero-extensions, 8 ids (n is a multiple of 8) a step; the
+   compiler's own vectorisation of the loops above shuffles more (measured 1.3x slower) */
 R3_TARGET_AVX2 static void widen_rows_avx2(const uint8_t *const *p, int count, Py_ssize_t rows, Py_ssize_t n,
                                            int bytes, char *out, Py_ssize_t stride, int osize) {
-    R3_WIDEN_ROWS_BODY
+    const Py_ssize_t row_bytes = n * bytes, piece = n * osize;
+    Py_ssize_t r, i;
+    int j;
+    if (bytes == 1 && osize == 4) {
+        R3_ROWS_LOOP(for (i = 0; i < n; i += 8) _mm256_storeu_si256((__m256i *)(void *)(o + 4 * i),
+                                                                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));)
+    } else if (bytes == 1 && osize == 2) {
+        R3_ROWS_LOOP(for (i = 0; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i *)(void *)(o + 2 * i),
+                                                                           _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(q + i))));
+                     if (i < n) _mm_storeu_si128((__m128i *)(void *)(o + 2 * i),
+                                                 _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(q + i))));)
+    } else if (bytes == 2 && osize == 4) {
+        R3_ROWS_LOOP(for (i = 0; i < n; i += 8) _mm256_storeu_si256((__m256i *)(void *)(o + 4 * i),
+                                                                    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(q + 2 * i))));)
+    } else {
+        widen_rows_avx2_loops(p, count, rows, n, bytes, out, stride, osize);
+    }
 }
 #endif
 #undef R3_WIDEN_ROWS_BODY
