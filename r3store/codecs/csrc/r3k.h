@@ -9,7 +9,7 @@
  *              crc_path()/set_crc_path()
  *   pack.c     bit packing (widths 1..16, AVX2 for <= 14 bits), pack()
  *   unpack.c   bit unpacking into 1-, 2-, 4-byte words (AVX2, AVX-512 VBMI), unpack(),
- *              set_avx512()
+ *              set_avx512(), set_stream_min() (non-temporal stores for large outputs)
  *   frames.c   r3store.bitpack frames: encode_frame(), encode_frames(), check_frame(), decode_frames()
  *   checks.c   route validation for writers (AVX2 fast path), check_routes(); audit
  *              statistics (top id, repeats, id histogram), route_stats()
@@ -158,6 +158,7 @@ R3_PYFUNC(crc32c)
 R3_PYFUNC(crc_path)
 R3_PYFUNC(set_crc_path)
 R3_PYFUNC(set_avx512)
+R3_PYFUNC(set_stream_min)
 R3_PYFUNC(set_encode)
 R3_PYFUNC(set_check)
 R3_PYFUNC(set_decode)

@@ -170,9 +170,27 @@ R3_TARGET_AVX512 static inline __m512i unpack512_step32(const unpack512_t *u, co
     return _mm512_and_si512(_mm512_srlv_epi32(x, u->shift), u->mask);
 }
 
-/* the whole 16-id steps of n ids from p (plen bytes); returns the ids done (a multiple of 16) */
+/* a step's 16 ids (osize-byte words: 64, 32 or 16 bytes) stored at o, 16-byte aligned, with
+   non-temporal 16-byte stores (write-combined into whole lines; o need not be 64-byte aligned) */
+R3_TARGET_AVX512 static inline void stream_step(char *o, __m512i v, const int osize) {
+    if (osize == 4) {
+        _mm_stream_si128((__m128i *)(void *)o, _mm512_castsi512_si128(v));
+        _mm_stream_si128((__m128i *)(void *)(o + 16), _mm512_extracti32x4_epi32(v, 1));
+        _mm_stream_si128((__m128i *)(void *)(o + 32), _mm512_extracti32x4_epi32(v, 2));
+        _mm_stream_si128((__m128i *)(void *)(o + 48), _mm512_extracti32x4_epi32(v, 3));
+    } else if (osize == 2) {
+        const __m256i w = _mm512_cvtepi32_epi16(v);
+        _mm_stream_si128((__m128i *)(void *)o, _mm256_castsi256_si128(w));
+        _mm_stream_si128((__m128i *)(void *)(o + 16), _mm256_extracti128_si256(w, 1));
+    } else {
+        _mm_stream_si128((__m128i *)(void *)o, _mm512_cvtepi32_epi8(v));
+    }
+}
+
+/* the whole 16-id steps of n ids from p (plen bytes); returns the ids done (a multiple of 16);
+   stream: non-temporal stores (out 16-byte aligned) */
 R3_TARGET_AVX512 static Py_ssize_t unpack_avx512(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, char *out,
-                                                 int osize) {
+                                                 int osize, int stream) {
     const unpack512_t u = unpack512_setup(bits, osize);
     const Py_ssize_t steps = n / 16;
     /* steps whose plain 32-byte load stays inside the payload */
@@ -180,7 +198,20 @@ R3_TARGET_AVX512 static Py_ssize_t unpack_avx512(const uint8_t *p, Py_ssize_t pl
     if (plain > steps) {
         plain = steps;
     }
-    if (osize == 4) {
+    if (stream) {
+#define R3_STREAM_LOOP(N)                                                                                     \
+    for (s = 0; s < plain; s++) stream_step(out + s * 16 * N, unpack512_step32(&u, p + s * 2 * bits), N);     \
+    for (; s < steps; s++) stream_step(out + s * 16 * N, unpack512_step(&u, p + s * 2 * bits), N);
+        if (osize == 4) {
+            R3_STREAM_LOOP(4)
+        } else if (osize == 2) {
+            R3_STREAM_LOOP(2)
+        } else {
+            R3_STREAM_LOOP(1)
+        }
+#undef R3_STREAM_LOOP
+        _mm_sfence();
+    } else if (osize == 4) {
         for (s = 0; s < plain; s++) {
             _mm512_storeu_si512(out + s * 64, unpack512_step32(&u, p + s * 2 * bits));
         }
@@ -475,12 +506,120 @@ R3_TARGET_AVX2 static void widen_avx2(const uint8_t *restrict p, Py_ssize_t n, i
 #undef R3_WIDEN_BODY
 
 /*
+ * Non-temporal stores for large outputs: a decode whose output is at least stream_min bytes
+ * (by default the size of the last-level cache: such an output cannot stay in it anyway)
+ * writes it with streaming stores, which skip reading each line of out before writing it
+ * (the read-for-ownership of a plain store) and leave the cache to the payload; smaller
+ * outputs keep plain stores (whoever reads them next finds them in the cache).
+ * set_stream_min() changes it (tests run every path with 0).
+ */
+static Py_ssize_t stream_min = -1; /* -1: not decided yet */
+
+static Py_ssize_t llc_bytes(void) {
+    Py_ssize_t size = 0;
+#ifdef __linux__
+    FILE *fh = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r"); /* one instance, e.g. "32768K" */
+    if (fh) {
+        long long v = 0;
+        char unit = 0;
+        if (fscanf(fh, "%lld%c", &v, &unit) >= 1 && v > 0) {
+            size = (Py_ssize_t)(unit == 'K' ? v << 10 : unit == 'M' ? v << 20 : v);
+        }
+        fclose(fh);
+    }
+#endif
+    return size > 0 ? size : (Py_ssize_t)32 << 20;
+}
+
+static Py_ssize_t stream_from(void) {
+    if (stream_min < 0) {
+        stream_min = llc_bytes();
+    }
+    return stream_min;
+}
+
+R3_DOC(set_stream_min_doc, "set_stream_min(nbytes) -> int\n\n"
+"Decode outputs of at least nbytes (one unpack or decode of one frame) with non-temporal\n"
+"stores, where the CPU has AVX2; -1: the default, the size of one last-level cache (read\n"
+"from /sys on Linux, else 32 MiB). Returns the previous threshold. For tests and\n"
+"benchmarks: both kinds of store compute the same output.");
+
+PyObject *py_set_stream_min(PyObject *self, PyObject *args) {
+    Py_ssize_t nbytes;
+    if (!PyArg_ParseTuple(args, "n", &nbytes)) {
+        return NULL;
+    }
+    if (nbytes < -1) {
+        PyErr_Format(PyExc_ValueError, "set_stream_min: nbytes must be >= 0, or -1 for the default, got %zd", nbytes);
+        return NULL;
+    }
+    const Py_ssize_t prev = stream_from();
+    stream_min = nbytes;
+    return PyLong_FromSsize_t(prev);
+}
+
+#ifdef R3_X86
+/* widen_avx2 with non-temporal 32-byte stores after a head that aligns out to 32 bytes;
+   every width pair but 16 -> 8 bits (0: not done) */
+R3_TARGET_AVX2 static int widen_stream_avx2(const uint8_t *p, Py_ssize_t n, int bytes, char *out, int osize) {
+    if ((uintptr_t)out % (uintptr_t)osize || (bytes == 2 && osize == 1)) {
+        return 0;
+    }
+    Py_ssize_t i = (Py_ssize_t)((32 - (uintptr_t)out % 32) % 32) / osize; /* the head */
+    if (i > n) {
+        i = n;
+    }
+    widen_avx2(p, i, bytes, out, osize);
+    if (bytes == osize) {
+        const Py_ssize_t nb = n * bytes;
+        Py_ssize_t b = i * bytes;
+        for (; b + 128 <= nb; b += 128) {
+            const __m256i x0 = _mm256_loadu_si256((const __m256i *)(p + b));
+            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(p + b + 32));
+            const __m256i x2 = _mm256_loadu_si256((const __m256i *)(p + b + 64));
+            const __m256i x3 = _mm256_loadu_si256((const __m256i *)(p + b + 96));
+            _mm256_stream_si256((__m256i *)(void *)(out + b), x0);
+            _mm256_stream_si256((__m256i *)(void *)(out + b + 32), x1);
+            _mm256_stream_si256((__m256i *)(void *)(out + b + 64), x2);
+            _mm256_stream_si256((__m256i *)(void *)(out + b + 96), x3);
+        }
+        for (; b + 32 <= nb; b += 32) {
+            _mm256_stream_si256((__m256i *)(void *)(out + b), _mm256_loadu_si256((const __m256i *)(p + b)));
+        }
+        memcpy(out + b, p + b, (size_t)(nb - b));
+    } else if (bytes == 1 && osize == 4) {
+        for (; i + 8 <= n; i += 8) {
+            _mm256_stream_si256((__m256i *)(void *)(out + 4 * i), _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + i))));
+        }
+        widen_avx2(p + i, n - i, 1, out + 4 * i, 4);
+    } else if (bytes == 1) {
+        for (; i + 16 <= n; i += 16) {
+            _mm256_stream_si256((__m256i *)(void *)(out + 2 * i), _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + i))));
+        }
+        widen_avx2(p + i, n - i, 1, out + 2 * i, 2);
+    } else {
+        for (; i + 8 <= n; i += 8) {
+            _mm256_stream_si256((__m256i *)(void *)(out + 4 * i),
+                                _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 2 * i))));
+        }
+        widen_avx2(p + 2 * i, n - i, 2, out + 4 * i, 4);
+    }
+    _mm_sfence();
+    return 1;
+}
+#endif
+
+/*
  * Unpack n ids from p (plen bytes, at least packed_nbytes(n, bits)) into out, a
  * contiguous array of 1-, 2- or 4-byte words (values are truncated to the word).
  */
 void unpack_contig(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, char *out, int osize) {
+    const int stream = use_avx2 && n * osize >= stream_from();
     if ((bits == 8 && !(osize > 1 && avx512_on())) || bits == 16) {
 #ifdef R3_X86
+        if (stream && widen_stream_avx2(p, n, bits / 8, out, osize)) {
+            return;
+        }
         if (use_avx2) {
             widen_avx2(p, n, bits / 8, out, osize);
             return;
@@ -498,7 +637,7 @@ void unpack_contig(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, ch
     }
 #ifdef R3_X86
     if (avx512_on()) {
-        g = unpack_avx512(p, plen, n, bits, out, osize) / 8;
+        g = unpack_avx512(p, plen, n, bits, out, osize, stream && (uintptr_t)out % 16 == 0) / 8;
     } else if (use_avx2) {
         g = unpack_avx2(p, safe, bits, out, osize);
     }
