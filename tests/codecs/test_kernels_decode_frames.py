@@ -181,16 +181,18 @@ def test_decode_frames_writes_only_the_row_ranges_asked(impl: str, bits: int) ->
 
 
 def _modes() -> list[str]:
-    """``numpy``, ``scalar`` (portable C), ``avx2`` (AVX-512 off) and ``avx512``, as this CPU has them."""
+    """``numpy``, ``scalar`` (portable C), ``avx2`` (AVX-512 off) and ``avx512``, as this CPU has
+    them; ``+nt``: with non-temporal stores forced (``set_stream_min(0)``)."""
     native = kernels.native_module()
     if native is None:
         return ["numpy"]
     modes = ["numpy", "scalar"]
     if native.cpu_features()["avx2"]:
         modes.append("avx2")
+        modes.append("avx2+nt")
         try:
             native.set_avx512(native.set_avx512(True))
-            modes.append("avx512")
+            modes += ["avx512", "avx512+nt"]
         except ValueError:
             pass
     return modes
@@ -203,11 +205,13 @@ def _mode(mode: str) -> Iterator[None]:
             yield
         return
     native = kernels.native_module()
-    saved = native.set_avx512(mode == "avx512") if mode != "scalar" else None
+    saved = native.set_avx512(mode.startswith("avx512")) if mode != "scalar" else None
+    saved_min = native.set_stream_min(0 if mode.endswith("+nt") else -1)
     try:
         with kernels.use("native" if mode == "scalar" else "native-avx2"):
             yield
     finally:
+        native.set_stream_min(saved_min)
         if saved is not None:
             native.set_avx512(saved)
 

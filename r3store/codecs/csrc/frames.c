@@ -356,7 +356,7 @@ PyObject *py_decode_frames(PyObject *self, PyObject *args) {
         char *g_out = NULL;
 #define FLUSH_GROUP()                                                                           \
     if (gn) {                                                                                   \
-        unpack_rows(gp, gl, gn, g_rows, width / 8, bits, g_out, L * K * osize, osize);          \
+        unpack_rows(gp, gl, gn, g_rows, width / 8, bits, g_out, L * K * osize, osize, out.len); \
         gn = 0;                                                                                 \
         g_bytes = 0;                                                                            \
     }

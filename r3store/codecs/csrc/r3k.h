@@ -134,7 +134,7 @@ static inline int fits(uint64_t acc, int bits) { return (acc >> bits) == 0; }
 
 void unpack_contig(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, char *out, int osize);
 void unpack_rows(const uint8_t *const *p, const Py_ssize_t *plen, int count, Py_ssize_t rows, Py_ssize_t gpr,
-                 int bits, char *out, Py_ssize_t stride, int osize);
+                 int bits, char *out, Py_ssize_t stride, int osize, Py_ssize_t out_bytes);
 void unpack_to_buffer(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, Py_buffer *out, int otype);
 
 /* ---------------------------------------------------------------------------------

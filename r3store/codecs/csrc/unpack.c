@@ -49,6 +49,8 @@ static const unpack_fn unpack_table[17][3] = {
     UNPACK_ROW(15), UNPACK_ROW(16),
 };
 
+static Py_ssize_t stream_from(void); /* outputs from this many bytes: non-temporal stores */
+
 static int size_slot(int size) { return size == 1 ? 0 : size == 2 ? 1 : 2; }
 
 #ifdef R3_X86
@@ -238,7 +240,7 @@ R3_TARGET_AVX512 static Py_ssize_t unpack_avx512(const uint8_t *p, Py_ssize_t pl
  */
 R3_TARGET_AVX512 static inline void rows_avx512(const uint8_t *const *p, const Py_ssize_t *plen, int count,
                                                 Py_ssize_t rows, Py_ssize_t gpr, int bits, char *out,
-                                                Py_ssize_t stride, const int osize) {
+                                                Py_ssize_t stride, const int osize, const int stream) {
     const unpack512_t u = unpack512_setup(bits, osize);
     unpack512_t half = u;
     half.load = (__mmask64)((1ull << bits) - 1);
@@ -252,7 +254,9 @@ R3_TARGET_AVX512 static inline void rows_avx512(const uint8_t *const *p, const P
             for (g = 0; g + 2 <= gpr; g += 2, at += 2 * bits, o += 16 * osize) {
                 /* a plain 32-byte load where it stays inside the payload */
                 const __m512i v = at + 32 <= plen[j] ? unpack512_step32(&u, p[j] + at) : unpack512_step(&u, p[j] + at);
-                if (osize == 4) {
+                if (stream) {
+                    stream_step(o, v, osize);
+                } else if (osize == 4) {
                     _mm512_storeu_si512(o, v);
                 } else if (osize == 2) {
                     _mm256_storeu_si256((__m256i *)o, _mm512_cvtepi32_epi16(v));
@@ -277,8 +281,13 @@ R3_TARGET_AVX512 static inline void rows_avx512(const uint8_t *const *p, const P
 #define R3_ROWS_AVX512(N)                                                                                         \
     R3_TARGET_AVX512 static void rows_avx512_##N(const uint8_t *const *p, const Py_ssize_t *plen, int count,      \
                                                  Py_ssize_t rows, Py_ssize_t gpr, int bits, char *out,            \
-                                                 Py_ssize_t stride) {                                             \
-        rows_avx512(p, plen, count, rows, gpr, bits, out, stride, N);                                             \
+                                                 Py_ssize_t stride, int stream) {                                 \
+        if (stream) {                                                                                             \
+            rows_avx512(p, plen, count, rows, gpr, bits, out, stride, N, 1);                                      \
+            _mm_sfence();                                                                                         \
+        } else {                                                                                                  \
+            rows_avx512(p, plen, count, rows, gpr, bits, out, stride, N, 0);                                      \
+        }                                                                                                         \
     }
 R3_ROWS_AVX512(1) R3_ROWS_AVX512(2) R3_ROWS_AVX512(4)
 #undef R3_ROWS_AVX512
@@ -405,11 +414,15 @@ R3_TARGET_AVX2 static void widen_rows_avx2_loops(const uint8_t *const *p, int co
 /* the widens with explicit zero-extensions, 8 ids (n is a multiple of 8) a step; the
    compiler's own vectorisation of the loops above shuffles more (measured 1.3x slower) */
 R3_TARGET_AVX2 static void widen_rows_avx2(const uint8_t *const *p, int count, Py_ssize_t rows, Py_ssize_t n,
-                                           int bytes, char *out, Py_ssize_t stride, int osize) {
+                                           int bytes, char *out, Py_ssize_t stride, int osize, int stream) {
     const Py_ssize_t row_bytes = n * bytes, piece = n * osize;
     Py_ssize_t r, i;
     int j;
-    if (bytes == 1 && osize == 4) {
+    if (stream && bytes == 1 && osize == 4 && (uintptr_t)out % 32 == 0 && stride % 32 == 0) { /* piece: 32 n bytes */
+        R3_ROWS_LOOP(for (i = 0; i < n; i += 8) _mm256_stream_si256((__m256i *)(void *)(o + 4 * i),
+                                                                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));)
+        _mm_sfence();
+    } else if (bytes == 1 && osize == 4) {
         R3_ROWS_LOOP(for (i = 0; i < n; i += 8) _mm256_storeu_si256((__m256i *)(void *)(o + 4 * i),
                                                                     _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));)
     } else if (bytes == 1 && osize == 2) {
@@ -429,7 +442,8 @@ R3_TARGET_AVX2 static void widen_rows_avx2(const uint8_t *const *p, int count, P
 #undef R3_ROWS_LOOP
 
 /*
- * Unpack the rows of count frames (a group side by side in out): frame j's payload is
+ * Unpack the rows of count frames (a group side by side in out; out_bytes: the size of the
+ * whole output, which chooses non-temporal stores as for unpack_contig): frame j's payload is
  * p[j] (plen[j] bytes), `rows` rows of gpr * 8 ids each (each row gpr * bits bytes, back to
  * back), and row r of frame j lands at out + r * stride + j * gpr * 8 * osize (stride in
  * bytes) as osize-byte words (1, 2 or 4; truncated like a cast). Widths 8 and 16 copy or
@@ -437,11 +451,12 @@ R3_TARGET_AVX2 static void widen_rows_avx2(const uint8_t *const *p, int count, P
  * words) or unpack_contig frame by frame.
  */
 void unpack_rows(const uint8_t *const *p, const Py_ssize_t *plen, int count, Py_ssize_t rows, Py_ssize_t gpr,
-                 int bits, char *out, Py_ssize_t stride, int osize) {
+                 int bits, char *out, Py_ssize_t stride, int osize, Py_ssize_t out_bytes) {
+    const int stream = out_bytes >= stream_from();
     if (bits == 8 || bits == 16) {
 #ifdef R3_X86
         if (use_avx2) {
-            widen_rows_avx2(p, count, rows, gpr * 8, bits / 8, out, stride, osize);
+            widen_rows_avx2(p, count, rows, gpr * 8, bits / 8, out, stride, osize, stream);
             return;
         }
 #endif
@@ -450,8 +465,10 @@ void unpack_rows(const uint8_t *const *p, const Py_ssize_t *plen, int count, Py_
     }
 #ifdef R3_X86
     if (avx512_on()) {
+        /* non-temporal 16-byte stores need every piece 16-byte aligned (a piece is 8 gpr osize bytes) */
+        const int aligned = (uintptr_t)out % 16 == 0 && stride % 16 == 0 && gpr * 8 * osize % 16 == 0;
         (osize == 4 ? rows_avx512_4 : osize == 2 ? rows_avx512_2 : rows_avx512_1)(p, plen, count, rows, gpr, bits, out,
-                                                                                  stride);
+                                                                                  stride, stream && aligned);
         return;
     }
 #endif
