@@ -32,13 +32,17 @@ Tables:
 4. **Byte-aligned bitpack**: BitpackCodec decode of one frame to int32 against the widen
    limit (``np.copyto(int32, uint8)``, the same ids) for 6, 7, 8, 9 bits (E 64..512), and
    to uint8 against ``memcpy`` at 8 bits. Targets >= 0.8x. ``before_*``: the same decode
-   with the previous kernels (SSE4.2 CRC-32C, AVX2 unpack) in the same run, where the CPU
-   has the new ones. Then the **CRC-32C** alone at
+   with the previous kernels (SSE4.2 CRC-32C, AVX2 unpack, plain stores) in the same run,
+   where the CPU has the new ones. Then the **CRC-32C** alone at
    64 B, 1 KiB, 4 KiB, 64 KiB and 8 MiB on each code path the CPU has (``table``
    slicing-by-8, ``sse4.2`` three crc32 streams: the default before the folding paths,
    ``pclmul`` 4 x 128-bit folding, ``avx512`` 4 x 512-bit VPCLMULQDQ folding) against
    ``memcpy`` (``np.copyto``) of the same bytes; ns per call (Python call included) and
-   ns per byte.
+   ns per byte. Then the readers' path (**byte_aligned_store**): a DeepSeek-V3-shape array
+   (58 MoE layers, E=256, top-8: 8 bits) in the writer's frames of 512 rows x the default
+   layers per chunk, all decoded by one ``decode_frames`` call (tags checked) to uint8
+   against ``memcpy`` of the same ids, and to int16/int32 against the widen. Target
+   (uint8) >= 0.8x.
 5. **Below the uniform bound?** (issue 20 item 4) Ideal code lengths on FLAME of set models
    fitted on the even sequences, measured on the odd ones (and vice versa): per-layer
    expert frequencies (a Bernoulli product over experts conditioned on k ids), and that
@@ -61,6 +65,7 @@ import numpy as np
 from numcodecs import Zstd
 
 import r3store
+from r3store._format import position_tag
 from r3store.codecs import BitpackCodec, SetCodec, kernels
 from r3store.data import load_flame
 from r3store.testing.synthetic import synthetic_routes
@@ -245,8 +250,10 @@ def _bytes_row(rng: np.random.Generator, bits: int, n: int, reps: int) -> dict[s
                     "uint8_vs_memcpy": round(tm / t8, 4), "crc_check_ns_per_id": round(tc / n * 1e9, 4)})
     native = kernels.native_module()
     if native is not None and hasattr(native, "set_crc_path") and native.simd() == "avx2":
-        # before: the kernels of the previous release (three crc32 streams, AVX2 unpack), same run
+        # before: the kernels of the previous release (three crc32 streams, AVX2 unpack, plain
+        # stores), same run
         crc, avx512 = native.set_crc_path("sse4.2"), native.set_avx512(False)
+        stream_min = native.set_stream_min(1 << 62) if hasattr(native, "set_stream_min") else None
         try:
             t_old = median_time(lambda: codec.decode(frame, out=out32), reps)
             row["before_decode_vs_widen"] = round(t_widen / t_old, 4)
@@ -256,7 +263,48 @@ def _bytes_row(rng: np.random.Generator, bits: int, n: int, reps: int) -> dict[s
         finally:
             native.set_crc_path(crc)
             native.set_avx512(avx512)
+            if stream_min is not None:
+                native.set_stream_min(stream_min)
     return row
+
+
+def table_store_frames(rng: np.random.Generator, rows: int, reps: int) -> list[dict[str, Any]]:
+    """The readers' path at 8 bits: every frame of a DeepSeek-V3-shape array (58 MoE layers,
+    E=256, top-8) in the writer's geometry (512-row chunks, the default layers per chunk)
+    checked and decoded into one (rows, 58, 8) array by one ``decode_frames`` call, tags
+    checked, against ``np.copyto`` of the same ids (a memcpy for uint8, the widen for int16
+    and int32)."""
+    spec = r3store.ModelSpec(num_layers=61, num_experts=256, top_k=8, moe_layers=list(range(3, 61)))
+    cr, layers, k = 512, spec.num_moe_layers, spec.top_k
+    lpc = default_layers_per_chunk(spec, cr, "bitpack")
+    ids = rng.integers(0, 256, (rows, layers, k)).astype(np.uint8)
+    codec = BitpackCodec(8, 2)
+    prefix = "w-00001"
+    grid = [(r, b) for r in range(rows // cr) for b in range(layers // lpc)]
+    frames = [codec.encode(ids[r * cr : (r + 1) * cr, b * lpc : (b + 1) * lpc], tag=position_tag(prefix, r, b))
+              for r, b in grid]
+    blob = b"".join(frames)
+    sizes = np.array([len(f) for f in frames], np.int64)
+    starts = np.cumsum(sizes) - sizes
+    rc, lc = (np.ascontiguousarray(a) for a in np.array(grid, np.int64).T)
+    out_rows, out_layers = rc * cr, lc * lpc
+    out = []
+    for dtype in (np.uint8, np.int16, np.int32):
+        dest = np.empty(ids.shape, dtype)
+
+        def dec(dest: np.ndarray = dest) -> int:
+            return codec.decode_frames(blob, starts, sizes, dest, out_rows, out_layers, chunk_rows=cr,
+                                       layers_per_chunk=lpc, tag_prefix=prefix, row_chunks=rc, layer_chunks=lc)
+
+        assert dec() == -1
+        assert np.array_equal(dest, ids)
+        t = median_time(dec, reps)
+        t_ref = median_time(lambda dest=dest: np.copyto(dest, ids, casting="unsafe"), reps)
+        name = "memcpy" if dtype == np.uint8 else "widen"
+        out.append({"dtype": np.dtype(dtype).name, "shape": list(ids.shape), "frames": len(frames),
+                    "frame_ids": cr * lpc * k, "decode_frames_ns_per_id": round(t / ids.size * 1e9, 4),
+                    f"{name}_ns_per_id": round(t_ref / ids.size * 1e9, 4), f"vs_{name}": round(t_ref / t, 4)})
+    return out
 
 
 CRC_SIZES = (64, 1 << 10, 1 << 12, 1 << 16, 1 << 23)
@@ -386,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         "trace_sizes": table_traces(traces),
         "speed": table_speed(traces, reps),
         "byte_aligned": table_bytes(rng, 1 << 20 if args.quick else 1 << 23, reps),
+        "byte_aligned_store": table_store_frames(rng, 2048 if args.quick else 16384, reps),
         "crc32c": table_crc(rng, reps),
         "below_the_bound": table_models(flame),
     }

@@ -606,3 +606,55 @@ def test_set_avx512_reports_and_refuses() -> None:
     else:
         with pytest.raises(ValueError, match="AVX-512"):
             native.set_avx512(True)
+
+
+@pytest.mark.parametrize("avx512", _avx512_levels())
+def test_unpack_with_non_temporal_stores_equals_the_reference(avx512: bool) -> None:
+    """``set_stream_min(0)``: every unpack writes with non-temporal stores (by default only
+    outputs of a last-level cache or more); every width into every output word, at every
+    alignment of ``out`` to 32 bytes (the head before the first aligned store), and out of
+    its word's alignment (plain stores)."""
+    native = kernels.native_module()
+    assert native is not None
+    rng = np.random.default_rng(16)
+    with kernels.use("native-avx2"):
+        prev, prev_min = native.set_avx512(avx512), native.set_stream_min(0)
+        try:
+            for bits in range(1, 17):
+                for n in (0, 1, 7, 8, 15, 16, 17, 31, 33, 64, 129, 1000, 4099):
+                    ids = rng.integers(0, 1 << bits, n)
+                    payload = pack_bits_reference(ids, bits)
+                    for dtype in (np.uint8, np.int8, np.uint16, np.int16, np.int32, np.uint32):
+                        size = np.dtype(dtype).itemsize
+                        for shift in (0, 1, 3, 8, 31) if size == 1 else (0, 1, 4, 7):
+                            buf = np.full((n + 40) * size + 40, 99, np.uint8)
+                            start = shift * size + (-buf.ctypes.data) % 32
+                            out = buf[start : start + (n + 3) * size].view(dtype)
+                            native.unpack(payload, 0, n, bits, out)
+                            np.testing.assert_array_equal(out[:n], ids.astype(np.int64).astype(dtype),
+                                                          err_msg=f"{avx512=} {bits=} {n=} {dtype} {shift=}")
+                            assert (out[n:] == 0).all()
+                            assert (buf[:start] == 99).all()
+                            assert (buf[start + (n + 3) * size :] == 99).all()
+                        if size > 1 and n:  # not aligned to its word
+                            raw = np.full((n + 3) * size + 1, 99, np.uint8)
+                            odd = raw[1:].view(dtype)
+                            native.unpack(payload, 0, n, bits, odd)
+                            np.testing.assert_array_equal(odd[:n], ids.astype(np.int64).astype(dtype))
+        finally:
+            native.set_avx512(prev)
+            native.set_stream_min(prev_min)
+
+
+def test_set_stream_min_reports_and_refuses() -> None:
+    native = kernels.native_module()
+    if native is None or not hasattr(native, "set_stream_min"):
+        pytest.skip("no extension with set_stream_min")
+    default = native.set_stream_min(-1)
+    try:
+        assert native.set_stream_min(12345) > 0  # the default: one last-level cache
+        assert native.set_stream_min(-1) == 12345
+        with pytest.raises(ValueError, match="nbytes"):
+            native.set_stream_min(-2)
+    finally:
+        native.set_stream_min(default)

@@ -4,6 +4,8 @@ rank-local reads identical with the compiled kernels disabled."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -173,3 +175,100 @@ def test_decode_frames_writes_only_the_row_ranges_asked(impl: str, bits: int) ->
         with pytest.raises(CodecError, match="together"):
             kernels.decode_frames(blob, cols["starts"], cols["lengths"], bits, out, cols["rows"], cols["layers"],
                                   chunk_rows=cr, layers_per_chunk=lpc, row_first=first)
+
+
+# -- frames side by side (one output row filled by several frames): every kernel path --------
+
+
+def _modes() -> list[str]:
+    """``numpy``, ``scalar`` (portable C), ``avx2`` (AVX-512 off) and ``avx512``, as this CPU has
+    them; ``+nt``: with non-temporal stores forced (``set_stream_min(0)``)."""
+    native = kernels.native_module()
+    if native is None:
+        return ["numpy"]
+    modes = ["numpy", "scalar"]
+    if native.cpu_features()["avx2"]:
+        modes.append("avx2")
+        modes.append("avx2+nt")
+        try:
+            native.set_avx512(native.set_avx512(True))
+            modes += ["avx512", "avx512+nt"]
+        except ValueError:
+            pass
+    return modes
+
+
+@contextmanager
+def _mode(mode: str) -> Iterator[None]:
+    if mode == "numpy":
+        with kernels.use("numpy"):
+            yield
+        return
+    native = kernels.native_module()
+    saved = native.set_avx512(mode.startswith("avx512")) if mode != "scalar" else None
+    saved_min = native.set_stream_min(0 if mode.endswith("+nt") else -1)
+    try:
+        with kernels.use("native" if mode == "scalar" else "native-avx2"):
+            yield
+    finally:
+        native.set_stream_min(saved_min)
+        if saved is not None:
+            native.set_avx512(saved)
+
+
+def _side_by_side(rng: np.random.Generator, bits: int, cr: int, lpc: int, top_k: int, row_chunks: int, layers: int,
+                  trimmed: tuple[int, ...] = ()) -> tuple[bytes, dict[str, np.ndarray], np.ndarray]:
+    """Every chunk of a (row_chunks * cr, layers, top_k) array, in C order of (row chunk, layer
+    chunk): the frames of a row chunk fill its output rows side by side. Frames numbered in
+    ``trimmed`` end in zero ids (a shorter payload: the general path, between groups)."""
+    codec = BitpackCodec(bits=bits, frame_version=2)
+    want = rng.integers(0, 1 << bits, (row_chunks * cr, layers, top_k))
+    parts, cols = [], {k: [] for k in ("starts", "lengths", "rows", "layers", "rc", "lc")}
+    at = 0
+    for r in range(row_chunks):
+        for b in range(layers // lpc):
+            if len(cols["starts"]) in trimmed:
+                want[(r + 1) * cr - 1, (b + 1) * lpc - 1, -3:] = 0
+            frame = codec.encode(want[r * cr : (r + 1) * cr, b * lpc : (b + 1) * lpc].astype(np.int32),
+                                 tag=position_tag("w-00001", r, b))
+            for k, v in zip(cols, (at, len(frame), r * cr, b * lpc, r, b), strict=True):
+                cols[k].append(v)
+            parts.append(frame)
+            at += len(frame)
+    return b"".join(parts), {k: np.array(v, np.int64) for k, v in cols.items()}, want
+
+
+@pytest.mark.parametrize("mode", _modes())
+@pytest.mark.parametrize("bits", [5, 7, 8, 9, 16])
+def test_frames_side_by_side_decode_alike_on_every_path(mode: str, bits: int) -> None:
+    """decode_frames writes the frames of one row chunk row by row across them (a group); the
+    result equals the array encoded, for every output width, on every kernel path, with
+    groups cut by trimmed frames and by the group's size limit (70 frames side by side)."""
+    rng = np.random.default_rng(bits)
+    for cr, lpc, top_k, layers, trimmed in ((5, 2, 8, 6, ()), (3, 1, 8, 70, (5, 71)), (4, 2, 4, 6, (2,)),
+                                            (7, 4, 6, 8, ()), (512, 2, 8, 58, (40,))):
+        blob, cols, want = _side_by_side(rng, bits, cr, lpc, top_k, 2, layers, trimmed)
+        for dtype in (np.int32, np.uint32, np.uint16, np.int16, np.uint8, np.int8):
+            if np.iinfo(dtype).max < (1 << bits) - 1:
+                continue
+            out = np.full(want.shape, 99, dtype)
+            with _mode(mode):
+                assert _call(blob, cols, bits, out, cr, lpc) == -1
+            np.testing.assert_array_equal(out, want.astype(dtype), err_msg=f"{mode} {dtype} {cr, lpc, top_k}")
+
+
+@pytest.mark.parametrize("mode", _modes())
+@pytest.mark.parametrize("bits", [7, 8])
+def test_a_bad_frame_in_a_group_leaves_it_and_the_later_frames_untouched(mode: str, bits: int) -> None:
+    """The frames of a group are written only once all of them passed their checks: a group cut
+    by a bad frame writes the frames before it, and nothing of it or after it."""
+    rng = np.random.default_rng(3)
+    blob, cols, want = _side_by_side(rng, bits, 16, 2, 8, 1, 12)
+    bad = bytearray(blob)
+    bad[int(cols["starts"][3]) + 40] ^= 1  # a payload bit of frame 3 of 6
+    for dtype in (np.uint8, np.int32):
+        out = np.full(want.shape, 99, dtype)
+        with _mode(mode):
+            assert _call(bytes(bad), cols, bits, out, 16, 2) == 3
+        np.testing.assert_array_equal(out[:, :6], want[:, :6].astype(dtype))
+        assert (out[:, 6:] == 99).all()

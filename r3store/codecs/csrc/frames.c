@@ -11,6 +11,11 @@
 #define FRAME_HEADER 20    /* version 1: magic, version, bits, reserved, n_total, n_encoded, crc32c */
 #define FRAME_HEADER_V2 24 /* version 2: ... n_encoded, tag, crc32c */
 
+/* decode_frames' groups of frames side by side: at most this many, of at most this many
+   payload bytes (they stay in a core's L2 cache between their check and their copy) */
+#define GROUP_FRAMES 64
+#define GROUP_BYTES (256 * 1024)
+
 static void put_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static uint32_t get_u32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 
@@ -342,6 +347,19 @@ PyObject *py_decode_frames(PyObject *self, PyObject *args) {
         const int osize = type_size[otype];
         const conv_fn conv = conv_table[T_U32][otype];
         char *base = (char *)out.buf;
+        /* a group: checked frames not yet written whose chunks sit side by side in out (the
+           same out rows, consecutive layer chunks) and whose rows are byte-aligned, written
+           together row by row (unpack_rows) while their payloads are still in cache */
+        const uint8_t *gp[GROUP_FRAMES];
+        Py_ssize_t gl[GROUP_FRAMES], g_bytes = 0, g_rows = 0, g_row = -1, g_layer = -1;
+        int gn = 0;
+        char *g_out = NULL;
+#define FLUSH_GROUP()                                                                           \
+    if (gn) {                                                                                   \
+        unpack_rows(gp, gl, gn, g_rows, width / 8, bits, g_out, L * K * osize, osize, out.len); \
+        gn = 0;                                                                                 \
+        g_bytes = 0;                                                                            \
+    }
         Py_BEGIN_ALLOW_THREADS
         for (f = 0; f < n; f++) {
             uint32_t nt = 0, ne = 0, tag = 0;
@@ -363,23 +381,33 @@ PyObject *py_decode_frames(PyObject *self, PyObject *args) {
                 failed = f;
                 break;
             }
-            if (osize == 4 && width % 8 == 0 && (Py_ssize_t)ne == n_total) {
+            if (width % 8 == 0 && (Py_ssize_t)ne == n_total) {
                 /* every row of the chunk is byte-aligned in the payload: unpacked straight into out */
                 const Py_ssize_t row_bytes = width / 8 * bits, plen = (Py_ssize_t)ln[f] - hdr - r0 * row_bytes;
-                const uint8_t *pl = d + hdr + r0 * row_bytes; /* chunk row r0 onwards */
-                uint32_t *o0 = (uint32_t *)(base + ((rw[f] * L + ly[f]) * K) * osize);
-                Py_ssize_t r = unpack_rows4(pl, plen, nr, width / 8, bits, o0, L * K);
-                for (; r < nr; r++) {
-                    unpack_contig(pl + r * row_bytes, plen - r * row_bytes, width, bits, (char *)(o0 + r * L * K), 4);
+                if (gn && (gn == GROUP_FRAMES || rw[f] != g_row || nr != g_rows || ly[f] != g_layer
+                           || g_bytes + plen > GROUP_BYTES)) {
+                    FLUSH_GROUP()
                 }
+                if (!gn) {
+                    g_out = base + ((rw[f] * L + ly[f]) * K) * osize;
+                    g_row = rw[f];
+                    g_rows = nr;
+                }
+                gp[gn] = d + hdr + r0 * row_bytes; /* chunk row r0 onwards */
+                gl[gn++] = plen;
+                g_bytes += plen;
+                g_layer = ly[f] + lpc;
                 continue;
             }
+            FLUSH_GROUP()
             unpack_contig(d + hdr, (Py_ssize_t)ln[f] - hdr, (Py_ssize_t)ne, bits, (char *)stage, 4);
             memset(stage + ne, 0, (size_t)(n_total - (Py_ssize_t)ne) * 4);
             for (Py_ssize_t r = 0; r < nr; r++) {
                 conv((const char *)(stage + (r0 + r) * width), 4, base + (((rw[f] + r) * L + ly[f]) * K) * osize, width);
             }
         }
+        FLUSH_GROUP() /* the frames before a failed one are decoded */
+#undef FLUSH_GROUP
         Py_END_ALLOW_THREADS
         free(stage);
     }

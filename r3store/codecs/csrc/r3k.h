@@ -9,7 +9,7 @@
  *              crc_path()/set_crc_path()
  *   pack.c     bit packing (widths 1..16, AVX2 for <= 14 bits), pack()
  *   unpack.c   bit unpacking into 1-, 2-, 4-byte words (AVX2, AVX-512 VBMI), unpack(),
- *              set_avx512()
+ *              set_avx512(), set_stream_min() (non-temporal stores for large outputs)
  *   frames.c   r3store.bitpack frames: encode_frame(), encode_frames(), check_frame(), decode_frames()
  *   checks.c   route validation for writers (AVX2 fast path), check_routes(); audit
  *              statistics (top id, repeats, id histogram), route_stats()
@@ -133,8 +133,8 @@ uint64_t pack_buffer(const Py_buffer *src, int type, int bits, uint8_t *out, Py_
 static inline int fits(uint64_t acc, int bits) { return (acc >> bits) == 0; }
 
 void unpack_contig(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, char *out, int osize);
-Py_ssize_t unpack_rows4(const uint8_t *p, Py_ssize_t plen, Py_ssize_t rows, Py_ssize_t gpr, int bits, uint32_t *out,
-                        Py_ssize_t stride);
+void unpack_rows(const uint8_t *const *p, const Py_ssize_t *plen, int count, Py_ssize_t rows, Py_ssize_t gpr,
+                 int bits, char *out, Py_ssize_t stride, int osize, Py_ssize_t out_bytes);
 void unpack_to_buffer(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, Py_buffer *out, int otype);
 
 /* ---------------------------------------------------------------------------------
@@ -158,6 +158,7 @@ R3_PYFUNC(crc32c)
 R3_PYFUNC(crc_path)
 R3_PYFUNC(set_crc_path)
 R3_PYFUNC(set_avx512)
+R3_PYFUNC(set_stream_min)
 R3_PYFUNC(set_encode)
 R3_PYFUNC(set_check)
 R3_PYFUNC(set_decode)

@@ -49,6 +49,8 @@ static const unpack_fn unpack_table[17][3] = {
     UNPACK_ROW(15), UNPACK_ROW(16),
 };
 
+static Py_ssize_t stream_from(void); /* outputs from this many bytes: non-temporal stores */
+
 static int size_slot(int size) { return size == 1 ? 0 : size == 2 ? 1 : 2; }
 
 #ifdef R3_X86
@@ -170,9 +172,27 @@ R3_TARGET_AVX512 static inline __m512i unpack512_step32(const unpack512_t *u, co
     return _mm512_and_si512(_mm512_srlv_epi32(x, u->shift), u->mask);
 }
 
-/* the whole 16-id steps of n ids from p (plen bytes); returns the ids done (a multiple of 16) */
+/* a step's 16 ids (osize-byte words: 64, 32 or 16 bytes) stored at o, 16-byte aligned, with
+   non-temporal 16-byte stores (write-combined into whole lines; o need not be 64-byte aligned) */
+R3_TARGET_AVX512 static inline void stream_step(char *o, __m512i v, const int osize) {
+    if (osize == 4) {
+        _mm_stream_si128((__m128i *)(void *)o, _mm512_castsi512_si128(v));
+        _mm_stream_si128((__m128i *)(void *)(o + 16), _mm512_extracti32x4_epi32(v, 1));
+        _mm_stream_si128((__m128i *)(void *)(o + 32), _mm512_extracti32x4_epi32(v, 2));
+        _mm_stream_si128((__m128i *)(void *)(o + 48), _mm512_extracti32x4_epi32(v, 3));
+    } else if (osize == 2) {
+        const __m256i w = _mm512_cvtepi32_epi16(v);
+        _mm_stream_si128((__m128i *)(void *)o, _mm256_castsi256_si128(w));
+        _mm_stream_si128((__m128i *)(void *)(o + 16), _mm256_extracti128_si256(w, 1));
+    } else {
+        _mm_stream_si128((__m128i *)(void *)o, _mm512_cvtepi32_epi8(v));
+    }
+}
+
+/* the whole 16-id steps of n ids from p (plen bytes); returns the ids done (a multiple of 16);
+   stream: non-temporal stores (out 16-byte aligned) */
 R3_TARGET_AVX512 static Py_ssize_t unpack_avx512(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, char *out,
-                                                 int osize) {
+                                                 int osize, int stream) {
     const unpack512_t u = unpack512_setup(bits, osize);
     const Py_ssize_t steps = n / 16;
     /* steps whose plain 32-byte load stays inside the payload */
@@ -180,7 +200,20 @@ R3_TARGET_AVX512 static Py_ssize_t unpack_avx512(const uint8_t *p, Py_ssize_t pl
     if (plain > steps) {
         plain = steps;
     }
-    if (osize == 4) {
+    if (stream) {
+#define R3_STREAM_LOOP(N)                                                                                     \
+    for (s = 0; s < plain; s++) stream_step(out + s * 16 * N, unpack512_step32(&u, p + s * 2 * bits), N);     \
+    for (; s < steps; s++) stream_step(out + s * 16 * N, unpack512_step(&u, p + s * 2 * bits), N);
+        if (osize == 4) {
+            R3_STREAM_LOOP(4)
+        } else if (osize == 2) {
+            R3_STREAM_LOOP(2)
+        } else {
+            R3_STREAM_LOOP(1)
+        }
+#undef R3_STREAM_LOOP
+        _mm_sfence();
+    } else if (osize == 4) {
         for (s = 0; s < plain; s++) {
             _mm512_storeu_si512(out + s * 64, unpack512_step32(&u, p + s * 2 * bits));
         }
@@ -199,27 +232,65 @@ R3_TARGET_AVX512 static Py_ssize_t unpack_avx512(const uint8_t *p, Py_ssize_t pl
     return steps * 16;
 }
 
-/* unpack_rows4 with AVX-512: whole rows (gpr groups of 8 ids); an odd last group is a
-   16-id step with half its load and half its store masked off */
-R3_TARGET_AVX512 static void unpack_rows4_avx512(const uint8_t *p, Py_ssize_t plen, Py_ssize_t rows, Py_ssize_t gpr,
-                                                 int bits, uint32_t *out, Py_ssize_t stride) {
-    const unpack512_t u = unpack512_setup(bits, 4);
+/*
+ * unpack_rows with AVX-512: row by row, and in each row frame by frame (the frames of a
+ * group sit side by side in out), whole rows of gpr groups of 8 ids; an odd last group is
+ * a 16-id step with half its load masked off and half its result stored. 2- and 1-byte
+ * words truncate (vpmovdw/vpmovdb). OSIZE is a constant where this is inlined.
+ */
+R3_TARGET_AVX512 static inline void rows_avx512(const uint8_t *const *p, const Py_ssize_t *plen, int count,
+                                                Py_ssize_t rows, Py_ssize_t gpr, int bits, char *out,
+                                                Py_ssize_t stride, const int osize, const int stream) {
+    const unpack512_t u = unpack512_setup(bits, osize);
     unpack512_t half = u;
     half.load = (__mmask64)((1ull << bits) - 1);
-    const Py_ssize_t row_bytes = gpr * bits;
-    const uint8_t *plain_end = p + plen - 32; /* a plain 32-byte load at q <= this stays inside */
+    const Py_ssize_t row_bytes = gpr * bits, piece = gpr * 8 * osize;
     Py_ssize_t r, g;
+    int j;
     for (r = 0; r < rows; r++) {
-        const uint8_t *q = p + r * row_bytes;
-        uint32_t *o = out + r * stride;
-        for (g = 0; g + 2 <= gpr; g += 2, q += 2 * bits, o += 16) {
-            _mm512_storeu_si512(o, plen >= 32 && q <= plain_end ? unpack512_step32(&u, q) : unpack512_step(&u, q));
-        }
-        if (g < gpr) {
-            _mm512_mask_storeu_epi32(o, (__mmask16)0x00FF, unpack512_step(&half, q));
+        for (j = 0; j < count; j++) {
+            Py_ssize_t at = r * row_bytes; /* offset of the step in frame j's payload */
+            char *o = out + r * stride + j * piece;
+            for (g = 0; g + 2 <= gpr; g += 2, at += 2 * bits, o += 16 * osize) {
+                /* a plain 32-byte load where it stays inside the payload */
+                const __m512i v = at + 32 <= plen[j] ? unpack512_step32(&u, p[j] + at) : unpack512_step(&u, p[j] + at);
+                if (stream) {
+                    stream_step(o, v, osize);
+                } else if (osize == 4) {
+                    _mm512_storeu_si512(o, v);
+                } else if (osize == 2) {
+                    _mm256_storeu_si256((__m256i *)o, _mm512_cvtepi32_epi16(v));
+                } else {
+                    _mm_storeu_si128((__m128i *)o, _mm512_cvtepi32_epi8(v));
+                }
+            }
+            if (g < gpr) {
+                const __m512i v = unpack512_step(&half, p[j] + at);
+                if (osize == 4) {
+                    _mm512_mask_storeu_epi32(o, (__mmask16)0x00FF, v);
+                } else if (osize == 2) {
+                    _mm_storeu_si128((__m128i *)o, _mm256_castsi256_si128(_mm512_cvtepi32_epi16(v)));
+                } else {
+                    _mm_storel_epi64((__m128i *)o, _mm512_cvtepi32_epi8(v));
+                }
+            }
         }
     }
 }
+
+#define R3_ROWS_AVX512(N)                                                                                         \
+    R3_TARGET_AVX512 static void rows_avx512_##N(const uint8_t *const *p, const Py_ssize_t *plen, int count,      \
+                                                 Py_ssize_t rows, Py_ssize_t gpr, int bits, char *out,            \
+                                                 Py_ssize_t stride, int stream) {                                 \
+        if (stream) {                                                                                             \
+            rows_avx512(p, plen, count, rows, gpr, bits, out, stride, N, 1);                                      \
+            _mm_sfence();                                                                                         \
+        } else {                                                                                                  \
+            rows_avx512(p, plen, count, rows, gpr, bits, out, stride, N, 0);                                      \
+        }                                                                                                         \
+    }
+R3_ROWS_AVX512(1) R3_ROWS_AVX512(2) R3_ROWS_AVX512(4)
+#undef R3_ROWS_AVX512
 #endif
 
 R3_DOC(set_avx512_doc, "set_avx512(on) -> bool\n\n"
@@ -288,24 +359,133 @@ R3_TARGET_AVX2 static Py_ssize_t unpack_rows4_avx2(const uint8_t *p, Py_ssize_t 
 #endif
 
 /*
- * Unpack `rows` rows of gpr * 8 ids each (byte-aligned: each row is gpr * bits bytes) from p
- * (plen bytes) into 4-byte words, row r at out + r * stride. Returns the rows done: all of
- * them, or fewer near the payload's end or without AVX2 (the caller unpacks the rest with
- * unpack_contig, row by row).
+ * Rows of 8- or 16-bit ids (each id a whole byte or word): a copy (same width) or a widen
+ * or truncation per row piece, row by row and frame by frame within a row, so a group of
+ * frames side by side fills each output row from left to right (the output's cache lines
+ * are written once, in order, as by a memcpy, instead of a quarter of a line per frame). A
+ * copied piece (n * osize bytes: a multiple of 8) is moved in fixed-size pieces, inlined:
+ * a batch decode's rows are often 16 or 32 bytes.
  */
-Py_ssize_t unpack_rows4(const uint8_t *p, Py_ssize_t plen, Py_ssize_t rows, Py_ssize_t gpr, int bits, uint32_t *out,
-                        Py_ssize_t stride) {
-#ifdef R3_X86
-    if (avx512_on() && bits < 16) {
-        unpack_rows4_avx512(p, plen, rows, gpr, bits, out, stride);
-        return rows;
+#define R3_ROWS_LOOP(BODY)                                                       \
+    for (r = 0; r < rows; r++) {                                                 \
+        const Py_ssize_t at = r * row_bytes;                                     \
+        char *restrict o = out + r * stride;                                     \
+        for (j = 0; j < count; j++, o += piece) {                                \
+            const uint8_t *restrict q = p[j] + at;                               \
+            BODY                                                                 \
+        }                                                                        \
     }
-    if (use_avx2) {
-        return unpack_rows4_avx2(p, plen, rows, gpr, bits, out, stride);
+#define R3_WIDEN_ROWS_BODY                                                                                       \
+    const Py_ssize_t row_bytes = n * bytes, piece = n * osize;                                                  \
+    Py_ssize_t r, i;                                                                                            \
+    int j;                                                                                                      \
+    if (bytes == osize && row_bytes == 16) { /* 2 layers x top-8 of uint8 */                                   \
+        R3_ROWS_LOOP(memcpy(o, q, 16);)                                                                        \
+    } else if (bytes == osize && row_bytes == 32) {                                                             \
+        R3_ROWS_LOOP(memcpy(o, q, 32);)                                                                        \
+    } else if (bytes == osize && row_bytes == 64) {                                                             \
+        R3_ROWS_LOOP(memcpy(o, q, 64);)                                                                        \
+    } else if (bytes == osize) {                                                                                \
+        R3_ROWS_LOOP(for (i = 0; i + 32 <= row_bytes; i += 32) memcpy(o + i, q + i, 32);                        \
+                     if (i + 16 <= row_bytes) { memcpy(o + i, q + i, 16); i += 16; }                           \
+                     if (i + 8 <= row_bytes) { memcpy(o + i, q + i, 8); })                                     \
+    } else if (bytes == 1 && osize == 2) {                                                                      \
+        R3_ROWS_LOOP(uint16_t *restrict w = (uint16_t *)(void *)o; for (i = 0; i < n; i++) w[i] = q[i];)        \
+    } else if (bytes == 1) {                                                                                    \
+        R3_ROWS_LOOP(uint32_t *restrict w = (uint32_t *)(void *)o; for (i = 0; i < n; i++) w[i] = q[i];)        \
+    } else if (osize == 4) {                                                                                    \
+        R3_ROWS_LOOP(uint32_t *restrict w = (uint32_t *)(void *)o;                                              \
+                     for (i = 0; i < n; i++) { uint16_t v; memcpy(&v, q + 2 * i, 2); w[i] = v; })              \
+    } else {                                                                                                    \
+        R3_ROWS_LOOP(for (i = 0; i < n; i++) o[i] = (char)q[2 * i];)                                           \
+    }
+
+static void widen_rows_scalar(const uint8_t *const *p, int count, Py_ssize_t rows, Py_ssize_t n, int bytes,
+                              char *out, Py_ssize_t stride, int osize) {
+    R3_WIDEN_ROWS_BODY
+}
+
+#ifdef R3_X86
+R3_TARGET_AVX2 static void widen_rows_avx2_loops(const uint8_t *const *p, int count, Py_ssize_t rows, Py_ssize_t n,
+                                                 int bytes, char *out, Py_ssize_t stride, int osize) {
+    R3_WIDEN_ROWS_BODY
+}
+
+/* the widens with explicit zero-extensions, 8 ids (n is a multiple of 8) a step; the
+   compiler's own vectorisation of the loops above shuffles more (measured 1.3x slower) */
+R3_TARGET_AVX2 static void widen_rows_avx2(const uint8_t *const *p, int count, Py_ssize_t rows, Py_ssize_t n,
+                                           int bytes, char *out, Py_ssize_t stride, int osize, int stream) {
+    const Py_ssize_t row_bytes = n * bytes, piece = n * osize;
+    Py_ssize_t r, i;
+    int j;
+    if (stream && bytes == 1 && osize == 4 && (uintptr_t)out % 32 == 0 && stride % 32 == 0) { /* piece: 32 n bytes */
+        R3_ROWS_LOOP(for (i = 0; i < n; i += 8) _mm256_stream_si256((__m256i *)(void *)(o + 4 * i),
+                                                                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));)
+        _mm_sfence();
+    } else if (bytes == 1 && osize == 4) {
+        R3_ROWS_LOOP(for (i = 0; i < n; i += 8) _mm256_storeu_si256((__m256i *)(void *)(o + 4 * i),
+                                                                    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));)
+    } else if (bytes == 1 && osize == 2) {
+        R3_ROWS_LOOP(for (i = 0; i + 16 <= n; i += 16) _mm256_storeu_si256((__m256i *)(void *)(o + 2 * i),
+                                                                           _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(q + i))));
+                     if (i < n) _mm_storeu_si128((__m128i *)(void *)(o + 2 * i),
+                                                 _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(q + i))));)
+    } else if (bytes == 2 && osize == 4) {
+        R3_ROWS_LOOP(for (i = 0; i < n; i += 8) _mm256_storeu_si256((__m256i *)(void *)(o + 4 * i),
+                                                                    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(q + 2 * i))));)
+    } else {
+        widen_rows_avx2_loops(p, count, rows, n, bytes, out, stride, osize);
+    }
+}
+#endif
+#undef R3_WIDEN_ROWS_BODY
+#undef R3_ROWS_LOOP
+
+/*
+ * Unpack the rows of count frames (a group side by side in out; out_bytes: the size of the
+ * whole output, which chooses non-temporal stores as for unpack_contig): frame j's payload is
+ * p[j] (plen[j] bytes), `rows` rows of gpr * 8 ids each (each row gpr * bits bytes, back to
+ * back), and row r of frame j lands at out + r * stride + j * gpr * 8 * osize (stride in
+ * bytes) as osize-byte words (1, 2 or 4; truncated like a cast). Widths 8 and 16 copy or
+ * widen; the others run the AVX-512 kernel row by row across the frames, else AVX2 (4-byte
+ * words) or unpack_contig frame by frame.
+ */
+void unpack_rows(const uint8_t *const *p, const Py_ssize_t *plen, int count, Py_ssize_t rows, Py_ssize_t gpr,
+                 int bits, char *out, Py_ssize_t stride, int osize, Py_ssize_t out_bytes) {
+    const int stream = out_bytes >= stream_from();
+    if (bits == 8 || bits == 16) {
+#ifdef R3_X86
+        if (use_avx2) {
+            widen_rows_avx2(p, count, rows, gpr * 8, bits / 8, out, stride, osize, stream);
+            return;
+        }
+#endif
+        widen_rows_scalar(p, count, rows, gpr * 8, bits / 8, out, stride, osize);
+        return;
+    }
+#ifdef R3_X86
+    if (avx512_on()) {
+        /* non-temporal 16-byte stores need every piece 16-byte aligned (a piece is 8 gpr osize bytes) */
+        const int aligned = (uintptr_t)out % 16 == 0 && stride % 16 == 0 && gpr * 8 * osize % 16 == 0;
+        (osize == 4 ? rows_avx512_4 : osize == 2 ? rows_avx512_2 : rows_avx512_1)(p, plen, count, rows, gpr, bits, out,
+                                                                                  stride, stream && aligned);
+        return;
     }
 #endif
-    (void)p; (void)plen; (void)rows; (void)gpr; (void)bits; (void)out; (void)stride;
-    return 0;
+    const Py_ssize_t row_bytes = gpr * bits, width = gpr * 8, piece = width * osize;
+    int j;
+    for (j = 0; j < count; j++) {
+        Py_ssize_t r = 0;
+#ifdef R3_X86
+        if (use_avx2 && osize == 4 && stride % 4 == 0) {
+            r = unpack_rows4_avx2(p[j], plen[j], rows, gpr, bits, (uint32_t *)(void *)(out + j * piece), stride / 4);
+        }
+#endif
+        for (; r < rows; r++) {
+            unpack_contig(p[j] + r * row_bytes, plen[j] - r * row_bytes, width, bits, out + r * stride + j * piece,
+                          osize);
+        }
+    }
 }
 
 /* Byte-aligned widths (8, 16 bits): the ids are whole bytes or words, so decoding is a
@@ -343,12 +523,120 @@ R3_TARGET_AVX2 static void widen_avx2(const uint8_t *restrict p, Py_ssize_t n, i
 #undef R3_WIDEN_BODY
 
 /*
+ * Non-temporal stores for large outputs: a decode whose output is at least stream_min bytes
+ * (by default the size of the last-level cache: such an output cannot stay in it anyway)
+ * writes it with streaming stores, which skip reading each line of out before writing it
+ * (the read-for-ownership of a plain store) and leave the cache to the payload; smaller
+ * outputs keep plain stores (whoever reads them next finds them in the cache).
+ * set_stream_min() changes it (tests run every path with 0).
+ */
+static Py_ssize_t stream_min = -1; /* -1: not decided yet */
+
+static Py_ssize_t llc_bytes(void) {
+    Py_ssize_t size = 0;
+#ifdef __linux__
+    FILE *fh = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r"); /* one instance, e.g. "32768K" */
+    if (fh) {
+        long long v = 0;
+        char unit = 0;
+        if (fscanf(fh, "%lld%c", &v, &unit) >= 1 && v > 0) {
+            size = (Py_ssize_t)(unit == 'K' ? v << 10 : unit == 'M' ? v << 20 : v);
+        }
+        fclose(fh);
+    }
+#endif
+    return size > 0 ? size : (Py_ssize_t)32 << 20;
+}
+
+static Py_ssize_t stream_from(void) {
+    if (stream_min < 0) {
+        stream_min = llc_bytes();
+    }
+    return stream_min;
+}
+
+R3_DOC(set_stream_min_doc, "set_stream_min(nbytes) -> int\n\n"
+"Decode outputs of at least nbytes (one unpack or decode of one frame) with non-temporal\n"
+"stores, where the CPU has AVX2; -1: the default, the size of one last-level cache (read\n"
+"from /sys on Linux, else 32 MiB). Returns the previous threshold. For tests and\n"
+"benchmarks: both kinds of store compute the same output.");
+
+PyObject *py_set_stream_min(PyObject *self, PyObject *args) {
+    Py_ssize_t nbytes;
+    if (!PyArg_ParseTuple(args, "n", &nbytes)) {
+        return NULL;
+    }
+    if (nbytes < -1) {
+        PyErr_Format(PyExc_ValueError, "set_stream_min: nbytes must be >= 0, or -1 for the default, got %zd", nbytes);
+        return NULL;
+    }
+    const Py_ssize_t prev = stream_from();
+    stream_min = nbytes;
+    return PyLong_FromSsize_t(prev);
+}
+
+#ifdef R3_X86
+/* widen_avx2 with non-temporal 32-byte stores after a head that aligns out to 32 bytes;
+   every width pair but 16 -> 8 bits (0: not done) */
+R3_TARGET_AVX2 static int widen_stream_avx2(const uint8_t *p, Py_ssize_t n, int bytes, char *out, int osize) {
+    if ((uintptr_t)out % (uintptr_t)osize || (bytes == 2 && osize == 1)) {
+        return 0;
+    }
+    Py_ssize_t i = (Py_ssize_t)((32 - (uintptr_t)out % 32) % 32) / osize; /* the head */
+    if (i > n) {
+        i = n;
+    }
+    widen_avx2(p, i, bytes, out, osize);
+    if (bytes == osize) {
+        const Py_ssize_t nb = n * bytes;
+        Py_ssize_t b = i * bytes;
+        for (; b + 128 <= nb; b += 128) {
+            const __m256i x0 = _mm256_loadu_si256((const __m256i *)(p + b));
+            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(p + b + 32));
+            const __m256i x2 = _mm256_loadu_si256((const __m256i *)(p + b + 64));
+            const __m256i x3 = _mm256_loadu_si256((const __m256i *)(p + b + 96));
+            _mm256_stream_si256((__m256i *)(void *)(out + b), x0);
+            _mm256_stream_si256((__m256i *)(void *)(out + b + 32), x1);
+            _mm256_stream_si256((__m256i *)(void *)(out + b + 64), x2);
+            _mm256_stream_si256((__m256i *)(void *)(out + b + 96), x3);
+        }
+        for (; b + 32 <= nb; b += 32) {
+            _mm256_stream_si256((__m256i *)(void *)(out + b), _mm256_loadu_si256((const __m256i *)(p + b)));
+        }
+        memcpy(out + b, p + b, (size_t)(nb - b));
+    } else if (bytes == 1 && osize == 4) {
+        for (; i + 8 <= n; i += 8) {
+            _mm256_stream_si256((__m256i *)(void *)(out + 4 * i), _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + i))));
+        }
+        widen_avx2(p + i, n - i, 1, out + 4 * i, 4);
+    } else if (bytes == 1) {
+        for (; i + 16 <= n; i += 16) {
+            _mm256_stream_si256((__m256i *)(void *)(out + 2 * i), _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + i))));
+        }
+        widen_avx2(p + i, n - i, 1, out + 2 * i, 2);
+    } else {
+        for (; i + 8 <= n; i += 8) {
+            _mm256_stream_si256((__m256i *)(void *)(out + 4 * i),
+                                _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 2 * i))));
+        }
+        widen_avx2(p + 2 * i, n - i, 2, out + 4 * i, 4);
+    }
+    _mm_sfence();
+    return 1;
+}
+#endif
+
+/*
  * Unpack n ids from p (plen bytes, at least packed_nbytes(n, bits)) into out, a
  * contiguous array of 1-, 2- or 4-byte words (values are truncated to the word).
  */
 void unpack_contig(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, char *out, int osize) {
+    const int stream = use_avx2 && n * osize >= stream_from();
     if ((bits == 8 && !(osize > 1 && avx512_on())) || bits == 16) {
 #ifdef R3_X86
+        if (stream && widen_stream_avx2(p, n, bits / 8, out, osize)) {
+            return;
+        }
         if (use_avx2) {
             widen_avx2(p, n, bits / 8, out, osize);
             return;
@@ -366,7 +654,7 @@ void unpack_contig(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, ch
     }
 #ifdef R3_X86
     if (avx512_on()) {
-        g = unpack_avx512(p, plen, n, bits, out, osize) / 8;
+        g = unpack_avx512(p, plen, n, bits, out, osize, stream && (uintptr_t)out % 16 == 0) / 8;
     } else if (use_avx2) {
         g = unpack_avx2(p, safe, bits, out, osize);
     }
