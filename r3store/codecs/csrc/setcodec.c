@@ -30,6 +30,7 @@ typedef struct {
     int stride;                    /* E + 2: C(c, i) for c in 0..E, then a sentinel (all ones) */
     int w[SET_MAX_M + 1];          /* bits of a block of j digits */
     u128 sets, radix;              /* C(E, k), R */
+    uint64_t rinv;                 /* narrow, R >= 2: floor((2**64 - 1) / R), to divide by R with a multiply */
     u128 pow[SET_MAX_M + 1];       /* R**j */
     int gshift[SET_MAX_K + 1];     /* guide index = rank >> gshift[i] */
     uint16_t *guide;               /* (k + 1) x 2**SET_GUIDE_BITS */
@@ -100,6 +101,7 @@ static set_tab *tab_build(int E, int k, int m) {
         t->w[j] = bitlen128(t->pow[j] - 1);
     }
     t->narrow = t->pow[m] <= ((u128)1 << 64);
+    if (t->narrow && t->radix >= 2) t->rinv = UINT64_MAX / (uint64_t)t->radix;
     if (t->narrow) {
         t->c64 = malloc((size_t)(k + 1) * stride * sizeof(uint64_t));
         if (!t->c64) {
@@ -1019,8 +1021,158 @@ SET_INLINE void set_decode_k(const set_tab *t, const uint8_t *p, size_t plen, ui
     for (size_t i = full_ids; i < n_total; i++, raw_pos += t->bits) out[i] = (int32_t)load_bits64(raw, raw_len, raw_pos, t->bits);
 }
 
+/* v / R and v % R of a narrow codec by a multiply: the estimate mulhi(v, rinv) is at most
+   two below the quotient. */
+SET_INLINE uint64_t divr64(const uint64_t v, const uint64_t R, const uint64_t rinv, uint64_t *rem) {
+    uint64_t q = (uint64_t)(((u128)v * rinv) >> 64), r = v - q * R;
+    while (r >= R) {
+        q++;
+        r -= R;
+    }
+    *rem = r;
+    return q;
+}
+
+/* Unrank n narrow digits d[] into the consecutive rows dst[0 : n * k] (the all-zero digit:
+   k zeros), SET_LANES rows in lockstep: independent chains of dependent loads the CPU
+   overlaps. The tables' addresses sit in locals, so the stores of ids do not reload them. */
+SET_INLINE void unrank_run64_p(const set_tab *t, const uint64_t *d, int32_t *dst, int n, const int k,
+                               const int use_pair) {
+    const uint16_t *const pair = t->pair, *const guide = t->guide;
+    const uint64_t *const c64 = t->c64;
+    const size_t stride = (size_t)t->stride;
+    const uint64_t zero = k >= 2 ? (uint64_t)t->sets : UINT64_MAX;
+    int gs[SET_MAX_K + 1];
+    for (int i = 0; i <= k; i++) gs[i] = t->gshift[i];
+    int q = 0;
+    for (; q + SET_LANES <= n; q += SET_LANES) {
+        uint64_t r[SET_LANES];
+        int32_t *const o = dst + (size_t)q * k;
+#pragma GCC unroll 16
+        for (int l = 0; l < SET_LANES; l++) r[l] = d[q + l] == zero ? 0 : d[q + l];
+        for (int i = k; i >= (use_pair ? 3 : 2); i--) {
+            const uint64_t *const ci = c64 + (size_t)i * stride;
+            const uint16_t *const gi = guide + ((size_t)i << SET_GUIDE_BITS);
+            const int sh = gs[i];
+#pragma GCC unroll 16
+            for (int l = 0; l < SET_LANES; l++) {
+                const uint64_t v = r[l];
+                size_t c = gi[v >> sh];
+                const uint64_t a0 = ci[c], a1 = ci[c + 1], a2 = ci[c + 2];
+                if (__builtin_expect(a2 <= v, 0)) {
+                    c += 2;
+                    while (ci[c + 1] <= v) c++;
+                    r[l] = v - ci[c];
+                    o[l * k + i - 1] = (int32_t)c;
+                } else {
+                    const size_t s = a1 <= v;
+                    r[l] = v - (s ? a1 : a0);
+                    o[l * k + i - 1] = (int32_t)(c + s);
+                }
+            }
+        }
+#pragma GCC unroll 16
+        for (int l = 0; l < SET_LANES; l++) {
+            if (use_pair) {
+                const uint16_t pr = pair[r[l]];
+                o[l * k + 1] = pr >> 8;
+                o[l * k] = pr & 0xFF;
+            } else {
+                o[l * k] = (int32_t)r[l];
+            }
+            if (d[q + l] == zero) memset(o + l * k, 0, (size_t)k * sizeof(int32_t));
+        }
+    }
+    for (; q < n; q++) {
+        if (d[q] == zero) {
+            memset(dst + (size_t)q * k, 0, (size_t)k * sizeof(int32_t));
+        } else {
+            unrank64(t, d[q], dst + (size_t)q * k, k);
+        }
+    }
+}
+
+SET_INLINE void unrank_run64(const set_tab *t, const uint64_t *d, int32_t *dst, int n, const int k) {
+    if (k >= 2 && t->pair) {
+        unrank_run64_p(t, d, dst, n, k, 1);
+    } else {
+        unrank_run64_p(t, d, dst, n, k, 0);
+    }
+}
+
+/* Decode a checked payload of a narrow codec into out[0 : n_total] (int32, contiguous): the
+   rows between two exception rows are one run of digits, read SET_BATCH at a time from the
+   blocks, then unranked together. */
+SET_INLINE void set_decode_narrow_k(const set_tab *t, const uint8_t *p, size_t plen, uint32_t n_total,
+                                    uint32_t n_rows, uint32_t n_except, int32_t *out, const int k) {
+    const int m = t->m, bits = t->bits;
+    const uint64_t nd = n_rows - n_except, nbits = digit_bits(t, nd);
+    const uint8_t *ex = p + (nbits + 7) / 8;
+    const uint8_t *raw = ex + 4 * (size_t)n_except;
+    const size_t raw_len = plen - (size_t)(raw - p);
+    const uint64_t R = (uint64_t)t->radix, rinv = t->rinv;
+    int w_of[SET_MAX_M + 1];
+    for (int j = 0; j <= m; j++) w_of[j] = t->w[j];
+    uint32_t next_ex = n_except ? get_u32s(ex) : UINT32_MAX, x = 0;
+    uint64_t raw_pos = 0, digit = 0, bitpos = 0, v = 0;
+    int left = 0;
+    uint64_t batch[SET_BATCH];
+    uint32_t row = 0;
+    while (row < n_rows) {
+        const uint32_t stop = next_ex < n_rows ? next_ex : n_rows;
+        while (row < stop) {
+            const int nb = stop - row < SET_BATCH ? (int)(stop - row) : SET_BATCH;
+            if (m == 1) {
+                const int w = w_of[1];
+                if (w <= 57) {
+                    for (int q = 0; q < nb; q++, bitpos += (uint64_t)w) batch[q] = load_bits64(p, plen, bitpos, w);
+                } else {
+                    for (int q = 0; q < nb; q++, bitpos += (uint64_t)w) {
+                        batch[q] = (uint64_t)load_bits128(p, plen, bitpos, w);
+                    }
+                }
+            } else {
+                for (int q = 0; q < nb; q++) {
+                    if (!left) {
+                        left = nd - digit < (uint64_t)m ? (int)(nd - digit) : m;
+                        const int bw = w_of[left];
+                        v = bw <= 57 ? load_bits64(p, plen, bitpos, bw) : (uint64_t)load_bits128(p, plen, bitpos, bw);
+                        bitpos += (uint64_t)bw;
+                    }
+                    uint64_t rem;
+                    v = divr64(v, R, rinv, &rem);
+                    batch[q] = rem;
+                    left--;
+                    digit++;
+                }
+            }
+            unrank_run64(t, batch, out + (size_t)row * k, nb, k);
+            row += (uint32_t)nb;
+        }
+        if (row < n_rows) { /* row == next_ex: an exception, stored verbatim */
+            int32_t *dst = out + (size_t)row * k;
+            for (int j = 0; j < k; j++, raw_pos += (uint64_t)bits) dst[j] = (int32_t)load_bits64(raw, raw_len, raw_pos, bits);
+            x++;
+            next_ex = x < n_except ? get_u32s(ex + 4 * (size_t)x) : UINT32_MAX;
+            row++;
+        }
+    }
+    const size_t full_ids = (size_t)(n_total / (uint32_t)k) * (size_t)k;
+    memset(out + (size_t)n_rows * k, 0, (full_ids - (size_t)n_rows * k) * sizeof(int32_t));
+    for (size_t i = full_ids; i < n_total; i++, raw_pos += (uint64_t)bits) out[i] = (int32_t)load_bits64(raw, raw_len, raw_pos, bits);
+}
+
 static void set_decode_into(const set_tab *t, const uint8_t *p, size_t plen, uint32_t n_total, uint32_t n_rows,
                             uint32_t n_except, int32_t *out) {
+    if (t->narrow) {
+        switch (t->k) {
+#define X(K) case K: set_decode_narrow_k(t, p, plen, n_total, n_rows, n_except, out, K); break;
+        SET_CASES(X)
+#undef X
+        default: break;
+        }
+        return;
+    }
     switch (t->k) {
 #define X(K) case K: set_decode_k(t, p, plen, n_total, n_rows, n_except, out, K); break;
     SET_CASES(X)
