@@ -11,8 +11,11 @@
  * k = 16 needs 116 bits) unsigned __int128. Decoding a rank finds each id with a guide
  * table (the top 13 bits of the remaining rank give the id to start from) and a short
  * upward scan of the C(c, i) table, eight rows in lockstep; for E <= 256 the last two ids
- * come from one load of a pair table (rank below C(E, 2) -> both ids). Encoding on AVX2
- * machines (E <= 256) sorts a row by a bitmap: popcounts give each id's colex position.
+ * come from one load of a pair table (rank below C(E, 2) -> both ids), for E <= 64 the last
+ * three from a triple table. Narrow blocks split into digits by a multiply (no division).
+ * Encoding with AVX-512 (F, BW; narrow codecs) ranks 32 rows at a time: a transpose, a
+ * sorting network and gathers of C(c, i); on AVX2 machines (E <= 256) a row is sorted by
+ * a bitmap: popcounts give each id's colex position.
  */
 #include "r3k.h"
 
@@ -24,6 +27,7 @@ typedef unsigned __int128 u128;
 #define SET_MAX_K 16
 #define SET_MAX_M 64
 #define SET_WIDE_BITS 120
+#define SET_TRIPLE_E 64 /* the triple table up to this many experts */
 
 typedef struct {
     int E, k, m, bits, narrow;
@@ -37,6 +41,7 @@ typedef struct {
     uint64_t *c64;                 /* (k + 1) x stride: C(c, i), narrow */
     u128 *c128;                    /* the same, wide */
     uint16_t *pair;                /* narrow, 2 <= k, E <= 256: rank r < C(E, 2) -> c_2 << 8 | c_1; else NULL */
+    uint32_t *triple;              /* narrow, 3 <= k, E <= 64: rank r < C(E, 3) -> c_3 << 16 | c_2 << 8 | c_1 */
     uint16_t *tidx;                /* AVX-512 encode: k x 8 x 32 vpermt2w indices (transpose 32 rows) */
     uint32_t tmask[SET_MAX_K][8];  /* the lanes each register pair fills */
 } set_tab;
@@ -56,6 +61,7 @@ static void tab_free(set_tab *t) {
     free(t->c64);
     free(t->c128);
     free(t->pair);
+    free(t->triple);
     free(t->tidx);
     free(t);
 }
@@ -122,6 +128,21 @@ static set_tab *tab_build(int E, int k, int m) {
             for (int c1 = 0; c1 < c2; c1++) t->pair[r++] = (uint16_t)(c2 << 8 | c1); /* colex order */
         }
         t->pair[n2] = 0;
+    }
+    if (t->narrow && k >= 3 && E <= SET_TRIPLE_E) { /* the last three ids by one load (163 KiB at E = 64) */
+        const size_t n3 = (size_t)E * (size_t)(E - 1) * (size_t)(E - 2) / 6;
+        t->triple = malloc((n3 + 1) * sizeof(uint32_t));
+        if (!t->triple) {
+            tab_free(t);
+            return (set_tab *)PyErr_NoMemory();
+        }
+        size_t r = 0;
+        for (int c3 = 2; c3 < E; c3++) {
+            for (int c2 = 1; c2 < c3; c2++) {
+                for (int c1 = 0; c1 < c2; c1++) t->triple[r++] = (uint32_t)c3 << 16 | (uint32_t)c2 << 8 | (uint32_t)c1;
+            }
+        }
+        t->triple[n3] = 0;
     }
     t->tidx = calloc((size_t)k * 8 * 32, sizeof(uint16_t));
     if (!t->tidx) {
@@ -897,57 +918,9 @@ static int set_payload_status(const set_tab *t, const uint8_t *p, size_t plen, u
 #define SET_LANES 8 /* rows unranked in lockstep */
 #endif
 
-/* Unrank n narrow digits d[] into the rows dst[] (zero digits: k zeros), four at a time: independent
-   chains of dependent loads the CPU overlaps. */
-SET_INLINE void unrank_batch64_p(const set_tab *t, const uint64_t *d, int32_t *const *dst, int n, const int k,
-                                  const int use_pair) {
-    const uint16_t *const pair = t->pair;
-    const uint64_t zero = k >= 2 ? (uint64_t)t->sets : UINT64_MAX;
-    int q = 0;
-    for (; q + SET_LANES <= n; q += SET_LANES) { /* SET_LANES independent rows in registers */
-        uint64_t r[SET_LANES];
-        int32_t *o[SET_LANES];
-#pragma GCC unroll 16
-        for (int l = 0; l < SET_LANES; l++) {
-            r[l] = d[q + l] == zero ? 0 : d[q + l];
-            o[l] = dst[q + l];
-        }
-        for (int i = k; i >= (use_pair ? 3 : 2); i--) {
-#pragma GCC unroll 16
-            for (int l = 0; l < SET_LANES; l++) o[l][i - 1] = find64(t, i, &r[l]);
-        }
-#pragma GCC unroll 16
-        for (int l = 0; l < SET_LANES; l++) {
-            if (use_pair) {
-                const uint16_t p = pair[r[l]];
-                o[l][1] = p >> 8;
-                o[l][0] = p & 0xFF;
-            } else {
-                o[l][0] = (int32_t)r[l];
-            }
-            if (d[q + l] == zero) memset(o[l], 0, (size_t)k * sizeof(int32_t));
-        }
-    }
-    for (; q < n; q++) {
-        if (d[q] == zero) {
-            memset(dst[q], 0, (size_t)k * sizeof(int32_t));
-        } else {
-            unrank64(t, d[q], dst[q], k);
-        }
-    }
-}
-
-/* Rows below C(E, 2) at the last two positions come from the pair table where there is one. */
-SET_INLINE void unrank_batch64(const set_tab *t, const uint64_t *d, int32_t *const *dst, int n, const int k) {
-    if (k >= 2 && t->pair) {
-        unrank_batch64_p(t, d, dst, n, k, 1);
-    } else {
-        unrank_batch64_p(t, d, dst, n, k, 0);
-    }
-}
-
-/* Decode a checked payload into out[0 : n_total] (int32, contiguous); k constant per instantiation. */
-SET_INLINE void set_decode_k(const set_tab *t, const uint8_t *p, size_t plen, uint32_t n_total, uint32_t n_rows,
+/* Decode a checked payload of a wide codec (blocks above 64 bits) into out[0 : n_total] (int32,
+   contiguous); k constant per instantiation. */
+SET_INLINE void set_decode_wide_k(const set_tab *t, const uint8_t *p, size_t plen, uint32_t n_total, uint32_t n_rows,
                              uint32_t n_except, int32_t *out, const int k) {
     const int m = t->m;
     const uint64_t nd = n_rows - n_except, nbits = digit_bits(t, nd);
@@ -957,12 +930,7 @@ SET_INLINE void set_decode_k(const set_tab *t, const uint8_t *p, size_t plen, ui
     uint32_t next_ex = n_except ? get_u32s(ex) : UINT32_MAX, x = 0;
     uint64_t raw_pos = 0, digit = 0, bitpos = 0;
     int left = 0;
-    uint64_t v64 = 0;
     u128 v128 = 0;
-    const uint64_t R64 = (uint64_t)t->radix;
-    uint64_t batch[SET_BATCH];
-    int32_t *dests[SET_BATCH];
-    int nb = 0;
     for (uint32_t row = 0; row < n_rows; row++) {
         int32_t *dst = out + (size_t)row * k;
         if (row == next_ex) {
@@ -971,51 +939,26 @@ SET_INLINE void set_decode_k(const set_tab *t, const uint8_t *p, size_t plen, ui
             next_ex = x < n_except ? get_u32s(ex + 4 * (size_t)x) : UINT32_MAX;
             continue;
         }
-        if (t->narrow) {
-            if (!left) {
-                left = nd - digit < (uint64_t)m ? (int)(nd - digit) : m;
-                const int bw = t->w[left];
-                v64 = bw <= 57 ? load_bits64(p, plen, bitpos, bw) : (uint64_t)load_bits128(p, plen, bitpos, bw);
-                bitpos += (uint64_t)bw;
-            }
-            uint64_t d;
-            if (m == 1) {
-                d = v64;
-            } else {
-                d = v64 % R64;
-                v64 /= R64;
-            }
-            left--;
-            digit++;
-            batch[nb] = d;
-            dests[nb++] = dst;
-            if (nb == SET_BATCH) {
-                unrank_batch64(t, batch, dests, nb, k);
-                nb = 0;
-            }
+        if (!left) {
+            left = nd - digit < (uint64_t)m ? (int)(nd - digit) : m;
+            v128 = load_bits128(p, plen, bitpos, t->w[left]);
+            bitpos += (uint64_t)t->w[left];
+        }
+        u128 d;
+        if (m == 1) {
+            d = v128;
         } else {
-            if (!left) {
-                left = nd - digit < (uint64_t)m ? (int)(nd - digit) : m;
-                v128 = load_bits128(p, plen, bitpos, t->w[left]);
-                bitpos += (uint64_t)t->w[left];
-            }
-            u128 d;
-            if (m == 1) {
-                d = v128;
-            } else {
-                d = v128 % t->radix;
-                v128 /= t->radix;
-            }
-            left--;
-            digit++;
-            if (k >= 2 && d == t->sets) {
-                memset(dst, 0, (size_t)k * sizeof(int32_t));
-            } else {
-                unrank128(t, d, dst, k);
-            }
+            d = v128 % t->radix;
+            v128 /= t->radix;
+        }
+        left--;
+        digit++;
+        if (k >= 2 && d == t->sets) {
+            memset(dst, 0, (size_t)k * sizeof(int32_t));
+        } else {
+            unrank128(t, d, dst, k);
         }
     }
-    if (nb) unrank_batch64(t, batch, dests, nb, k);
     const size_t full_ids = (size_t)(n_total / (uint32_t)k) * (size_t)k;
     memset(out + (size_t)n_rows * k, 0, (full_ids - (size_t)n_rows * k) * sizeof(int32_t));
     for (size_t i = full_ids; i < n_total; i++, raw_pos += t->bits) out[i] = (int32_t)load_bits64(raw, raw_len, raw_pos, t->bits);
@@ -1037,8 +980,9 @@ SET_INLINE uint64_t divr64(const uint64_t v, const uint64_t R, const uint64_t ri
    k zeros), SET_LANES rows in lockstep: independent chains of dependent loads the CPU
    overlaps. The tables' addresses sit in locals, so the stores of ids do not reload them. */
 SET_INLINE void unrank_run64_p(const set_tab *t, const uint64_t *d, int32_t *dst, int n, const int k,
-                               const int use_pair) {
+                               const int tail) {
     const uint16_t *const pair = t->pair, *const guide = t->guide;
+    const uint32_t *const triple = t->triple;
     const uint64_t *const c64 = t->c64;
     const size_t stride = (size_t)t->stride;
     const uint64_t zero = k >= 2 ? (uint64_t)t->sets : UINT64_MAX;
@@ -1050,7 +994,7 @@ SET_INLINE void unrank_run64_p(const set_tab *t, const uint64_t *d, int32_t *dst
         int32_t *const o = dst + (size_t)q * k;
 #pragma GCC unroll 16
         for (int l = 0; l < SET_LANES; l++) r[l] = d[q + l] == zero ? 0 : d[q + l];
-        for (int i = k; i >= (use_pair ? 3 : 2); i--) {
+        for (int i = k; i > tail; i--) {
             const uint64_t *const ci = c64 + (size_t)i * stride;
             const uint16_t *const gi = guide + ((size_t)i << SET_GUIDE_BITS);
             const int sh = gs[i];
@@ -1073,7 +1017,12 @@ SET_INLINE void unrank_run64_p(const set_tab *t, const uint64_t *d, int32_t *dst
         }
 #pragma GCC unroll 16
         for (int l = 0; l < SET_LANES; l++) {
-            if (use_pair) {
+            if (tail == 3) {
+                const uint32_t tr = triple[r[l]];
+                o[l * k + 2] = (int32_t)(tr >> 16);
+                o[l * k + 1] = (int32_t)(tr >> 8 & 0xFF);
+                o[l * k] = (int32_t)(tr & 0xFF);
+            } else if (tail == 2) {
                 const uint16_t pr = pair[r[l]];
                 o[l * k + 1] = pr >> 8;
                 o[l * k] = pr & 0xFF;
@@ -1092,11 +1041,14 @@ SET_INLINE void unrank_run64_p(const set_tab *t, const uint64_t *d, int32_t *dst
     }
 }
 
+/* The last ids of a row from the triple or the pair table where there is one. */
 SET_INLINE void unrank_run64(const set_tab *t, const uint64_t *d, int32_t *dst, int n, const int k) {
-    if (k >= 2 && t->pair) {
-        unrank_run64_p(t, d, dst, n, k, 1);
+    if (k >= 3 && t->triple) {
+        unrank_run64_p(t, d, dst, n, k, 3);
+    } else if (k >= 2 && t->pair) {
+        unrank_run64_p(t, d, dst, n, k, 2);
     } else {
-        unrank_run64_p(t, d, dst, n, k, 0);
+        unrank_run64_p(t, d, dst, n, k, 1);
     }
 }
 
@@ -1174,7 +1126,7 @@ static void set_decode_into(const set_tab *t, const uint8_t *p, size_t plen, uin
         return;
     }
     switch (t->k) {
-#define X(K) case K: set_decode_k(t, p, plen, n_total, n_rows, n_except, out, K); break;
+#define X(K) case K: set_decode_wide_k(t, p, plen, n_total, n_rows, n_except, out, K); break;
     SET_CASES(X)
 #undef X
     default: break;
