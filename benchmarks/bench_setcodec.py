@@ -27,6 +27,7 @@ Tables:
    per chunk: 4 for FLAME, 2 for the 58 layers of DeepSeek-V3), encoded and decoded to int32 by
    SetCodec, BitpackCodec and zstd level 1 (on uint8 ids; decode includes the widen to
    int32). Targets: set decode >= 0.3x bitpack decode, set encode >= 0.3x bitpack encode.
+   ``set_encode_before``: the set encode without its AVX-512 kernel (the AVX2 one), same run.
    Also the readers' path: all the frames decoded into one (rows, layers, k) int32 array by
    one ``decode_frames`` call (:class:`r3store.codecs.SupportsBatchDecode`) per codec.
 4. **Byte-aligned bitpack**: BitpackCodec decode of one frame to int32 against the widen
@@ -212,6 +213,18 @@ def _speed_row(name: str, routes: np.ndarray, e: int, lpc: int, reps: int) -> di
          "bitpack_decode": median_time(bp_dec, reps),
          "set_decode_frames": median_time(batch(set_codec, set_frames), reps),
          "bitpack_decode_frames": median_time(batch(bp, bp_frames), reps)}
+    native = kernels.native_module()
+    if native is not None and hasattr(native, "setcodec_avx512") and native.simd() == "avx2":
+        # before: the AVX2 row-at-a-time encoder (E <= 256) or the portable one, same run
+        try:
+            prev = native.setcodec_avx512(False)
+        except ValueError:
+            prev = None
+        else:
+            try:
+                t["set_encode_before"] = median_time(lambda: [set_codec.encode(f) for f in frames], reps)
+            finally:
+                native.setcodec_avx512(prev)
     if u8_frames:
         t["zstd1_encode"] = median_time(lambda: [z1.encode(f.astype(np.uint8)) for f in frames], reps)
         t["zstd1_decode"] = median_time(z_dec, reps)
@@ -220,6 +233,8 @@ def _speed_row(name: str, routes: np.ndarray, e: int, lpc: int, reps: int) -> di
     row["set_decode_vs_bitpack"] = round(t["bitpack_decode"] / t["set_decode"], 4)
     row["set_encode_vs_bitpack"] = round(t["bitpack_encode"] / t["set_encode"], 4)
     row["set_decode_frames_vs_bitpack"] = round(t["bitpack_decode_frames"] / t["set_decode_frames"], 4)
+    if "set_encode_before" in t:
+        row["set_encode_before_vs_bitpack"] = round(t["bitpack_encode"] / t["set_encode_before"], 4)
     if u8_frames:
         row["set_decode_vs_zstd1"] = round(t["zstd1_decode"] / t["set_decode"], 4)
         row["set_encode_vs_zstd1"] = round(t["zstd1_encode"] / t["set_encode"], 4)

@@ -11,8 +11,11 @@
  * k = 16 needs 116 bits) unsigned __int128. Decoding a rank finds each id with a guide
  * table (the top 13 bits of the remaining rank give the id to start from) and a short
  * upward scan of the C(c, i) table, eight rows in lockstep; for E <= 256 the last two ids
- * come from one load of a pair table (rank below C(E, 2) -> both ids). Encoding on AVX2
- * machines (E <= 256) sorts a row by a bitmap: popcounts give each id's colex position.
+ * come from one load of a pair table (rank below C(E, 2) -> both ids), for E <= 64 the last
+ * three from a triple table. Narrow blocks split into digits by a multiply (no division).
+ * Encoding with AVX-512 (F, BW; narrow codecs) ranks 32 rows at a time: a transpose, a
+ * sorting network and gathers of C(c, i); on AVX2 machines (E <= 256) a row is sorted by
+ * a bitmap: popcounts give each id's colex position.
  */
 #include "r3k.h"
 
@@ -24,18 +27,23 @@ typedef unsigned __int128 u128;
 #define SET_MAX_K 16
 #define SET_MAX_M 64
 #define SET_WIDE_BITS 120
+#define SET_TRIPLE_E 64 /* the triple table up to this many experts */
 
 typedef struct {
     int E, k, m, bits, narrow;
     int stride;                    /* E + 2: C(c, i) for c in 0..E, then a sentinel (all ones) */
     int w[SET_MAX_M + 1];          /* bits of a block of j digits */
     u128 sets, radix;              /* C(E, k), R */
+    uint64_t rinv;                 /* narrow, R >= 2: floor((2**64 - 1) / R), to divide by R with a multiply */
     u128 pow[SET_MAX_M + 1];       /* R**j */
     int gshift[SET_MAX_K + 1];     /* guide index = rank >> gshift[i] */
     uint16_t *guide;               /* (k + 1) x 2**SET_GUIDE_BITS */
     uint64_t *c64;                 /* (k + 1) x stride: C(c, i), narrow */
     u128 *c128;                    /* the same, wide */
     uint16_t *pair;                /* narrow, 2 <= k, E <= 256: rank r < C(E, 2) -> c_2 << 8 | c_1; else NULL */
+    uint32_t *triple;              /* narrow, 3 <= k, E <= 64: rank r < C(E, 3) -> c_3 << 16 | c_2 << 8 | c_1 */
+    uint16_t *tidx;                /* AVX-512 encode: k x 8 x 32 vpermt2w indices (transpose 32 rows) */
+    uint32_t tmask[SET_MAX_K][8];  /* the lanes each register pair fills */
 } set_tab;
 
 static int bitlen128(u128 x) {
@@ -53,6 +61,8 @@ static void tab_free(set_tab *t) {
     free(t->c64);
     free(t->c128);
     free(t->pair);
+    free(t->triple);
+    free(t->tidx);
     free(t);
 }
 
@@ -97,6 +107,7 @@ static set_tab *tab_build(int E, int k, int m) {
         t->w[j] = bitlen128(t->pow[j] - 1);
     }
     t->narrow = t->pow[m] <= ((u128)1 << 64);
+    if (t->narrow && t->radix >= 2) t->rinv = UINT64_MAX / (uint64_t)t->radix;
     if (t->narrow) {
         t->c64 = malloc((size_t)(k + 1) * stride * sizeof(uint64_t));
         if (!t->c64) {
@@ -117,6 +128,33 @@ static set_tab *tab_build(int E, int k, int m) {
             for (int c1 = 0; c1 < c2; c1++) t->pair[r++] = (uint16_t)(c2 << 8 | c1); /* colex order */
         }
         t->pair[n2] = 0;
+    }
+    if (t->narrow && k >= 3 && E <= SET_TRIPLE_E) { /* the last three ids by one load (163 KiB at E = 64) */
+        const size_t n3 = (size_t)E * (size_t)(E - 1) * (size_t)(E - 2) / 6;
+        t->triple = malloc((n3 + 1) * sizeof(uint32_t));
+        if (!t->triple) {
+            tab_free(t);
+            return (set_tab *)PyErr_NoMemory();
+        }
+        size_t r = 0;
+        for (int c3 = 2; c3 < E; c3++) {
+            for (int c2 = 1; c2 < c3; c2++) {
+                for (int c1 = 0; c1 < c2; c1++) t->triple[r++] = (uint32_t)c3 << 16 | (uint32_t)c2 << 8 | (uint32_t)c1;
+            }
+        }
+        t->triple[n3] = 0;
+    }
+    t->tidx = calloc((size_t)k * 8 * 32, sizeof(uint16_t));
+    if (!t->tidx) {
+        tab_free(t);
+        return (set_tab *)PyErr_NoMemory();
+    }
+    for (int j = 0; j < k; j++) { /* id j of row l is element l * k + j of 32 rows: register pair p = e / 64 */
+        for (int l = 0; l < 32; l++) {
+            const int el = l * k + j, p = el / 64;
+            t->tidx[((size_t)j * 8 + (size_t)p) * 32 + (size_t)l] = (uint16_t)(el - 64 * p);
+            t->tmask[j][p] |= (uint32_t)1 << l;
+        }
     }
     for (int i = 1; i <= k; i++) { /* ranks at position i lie below C(E, i) */
         const u128 *ci = t->c128 + i * stride;
@@ -441,6 +479,205 @@ static R3_TARGET_AVX2 void classify_fast(set_enc_t *e, const int64_t *stage, Py_
 }
 #endif
 
+/* ---------------------------------------------------------------------------------
+ * AVX-512 encode: 32 rows at a time, one row per 16-bit lane
+ *
+ * The ids of 32 rows (uint16, row-major: k zmm registers) are transposed by vpermt2w into
+ * k vectors, vector j holding id j of each row; a sorting network (Knuth's merge exchange,
+ * 5.2.2M; vpminuw/vpmaxuw) sorts each lane ascending, so vector i holds c_{i+1}; equal
+ * neighbours mark repeated ids, the last vector's value ids >= E, its zero the all-zero
+ * row; the rank sum_i C(c_i, i) is k gathers of 64-bit table entries (vpgatherdq) per 8
+ * rows. A group holding an exception row goes through the row-at-a-time classifier.
+ * --------------------------------------------------------------------------------- */
+
+/* merge-exchange sorting networks of 2..16 inputs (each C(a, b): a < b, the minimum to a) */
+#define SET_NET_1(C)
+#define SET_NET_2(C) C(0, 1)
+#define SET_NET_3(C) C(0, 2) C(0, 1) C(1, 2)
+#define SET_NET_4(C) C(0, 2) C(1, 3) C(0, 1) C(2, 3) C(1, 2)
+#define SET_NET_5(C) C(0, 4) C(0, 2) C(1, 3) C(2, 4) C(0, 1) C(2, 3) C(1, 4) C(1, 2) C(3, 4)
+#define SET_NET_6(C) C(0, 4) C(1, 5) C(0, 2) C(1, 3) C(2, 4) C(3, 5) C(0, 1) C(2, 3) C(4, 5) C(1, 4) C(1, 2) C(3, 4)
+#define SET_NET_7(C) C(0, 4) C(1, 5) C(2, 6) C(0, 2) C(1, 3) C(4, 6) C(2, 4) C(3, 5) C(0, 1) C(2, 3) C(4, 5) C(1, 4) C(3, 6) C(1, 2) C(3, 4) C(5, 6)
+#define SET_NET_8(C) C(0, 4) C(1, 5) C(2, 6) C(3, 7) C(0, 2) C(1, 3) C(4, 6) C(5, 7) C(2, 4) C(3, 5) C(0, 1) C(2, 3) C(4, 5) C(6, 7) C(1, 4) C(3, 6) C(1, 2) C(3, 4) C(5, 6)
+#define SET_NET_9(C) C(0, 8) C(0, 4) C(1, 5) C(2, 6) C(3, 7) C(4, 8) C(0, 2) C(1, 3) C(4, 6) C(5, 7) C(2, 8) C(2, 4) C(3, 5) C(6, 8) C(0, 1) C(2, 3) C(4, 5) C(6, 7) C(1, 8) C(1, 4) C(3, 6) C(5, 8) C(1, 2) C(3, 4) C(5, 6) C(7, 8)
+#define SET_NET_10(C) C(0, 8) C(1, 9) C(0, 4) C(1, 5) C(2, 6) C(3, 7) C(4, 8) C(5, 9) C(0, 2) C(1, 3) C(4, 6) C(5, 7) C(2, 8) C(3, 9) C(2, 4) C(3, 5) C(6, 8) C(7, 9) C(0, 1) C(2, 3) C(4, 5) C(6, 7) C(8, 9) C(1, 8) C(1, 4) C(3, 6) C(5, 8) C(1, 2) C(3, 4) C(5, 6) C(7, 8)
+#define SET_NET_11(C) C(0, 8) C(1, 9) C(2, 10) C(0, 4) C(1, 5) C(2, 6) C(3, 7) C(4, 8) C(5, 9) C(6, 10) C(0, 2) C(1, 3) C(4, 6) C(5, 7) C(8, 10) C(2, 8) C(3, 9) C(2, 4) C(3, 5) C(6, 8) C(7, 9) C(0, 1) C(2, 3) C(4, 5) C(6, 7) C(8, 9) C(1, 8) C(3, 10) C(1, 4) C(3, 6) C(5, 8) C(7, 10) C(1, 2) C(3, 4) C(5, 6) C(7, 8) C(9, 10)
+#define SET_NET_12(C) C(0, 8) C(1, 9) C(2, 10) C(3, 11) C(0, 4) C(1, 5) C(2, 6) C(3, 7) C(4, 8) C(5, 9) C(6, 10) C(7, 11) C(0, 2) C(1, 3) C(4, 6) C(5, 7) C(8, 10) C(9, 11) C(2, 8) C(3, 9) C(2, 4) C(3, 5) C(6, 8) C(7, 9) C(0, 1) C(2, 3) C(4, 5) C(6, 7) C(8, 9) C(10, 11) C(1, 8) C(3, 10) C(1, 4) C(3, 6) C(5, 8) C(7, 10) C(1, 2) C(3, 4) C(5, 6) C(7, 8) C(9, 10)
+#define SET_NET_13(C) C(0, 8) C(1, 9) C(2, 10) C(3, 11) C(4, 12) C(0, 4) C(1, 5) C(2, 6) C(3, 7) C(8, 12) C(4, 8) C(5, 9) C(6, 10) C(7, 11) C(0, 2) C(1, 3) C(4, 6) C(5, 7) C(8, 10) C(9, 11) C(2, 8) C(3, 9) C(6, 12) C(2, 4) C(3, 5) C(6, 8) C(7, 9) C(10, 12) C(0, 1) C(2, 3) C(4, 5) C(6, 7) C(8, 9) C(10, 11) C(1, 8) C(3, 10) C(5, 12) C(1, 4) C(3, 6) C(5, 8) C(7, 10) C(9, 12) C(1, 2) C(3, 4) C(5, 6) C(7, 8) C(9, 10) C(11, 12)
+#define SET_NET_14(C) C(0, 8) C(1, 9) C(2, 10) C(3, 11) C(4, 12) C(5, 13) C(0, 4) C(1, 5) C(2, 6) C(3, 7) C(8, 12) C(9, 13) C(4, 8) C(5, 9) C(6, 10) C(7, 11) C(0, 2) C(1, 3) C(4, 6) C(5, 7) C(8, 10) C(9, 11) C(2, 8) C(3, 9) C(6, 12) C(7, 13) C(2, 4) C(3, 5) C(6, 8) C(7, 9) C(10, 12) C(11, 13) C(0, 1) C(2, 3) C(4, 5) C(6, 7) C(8, 9) C(10, 11) C(12, 13) C(1, 8) C(3, 10) C(5, 12) C(1, 4) C(3, 6) C(5, 8) C(7, 10) C(9, 12) C(1, 2) C(3, 4) C(5, 6) C(7, 8) C(9, 10) C(11, 12)
+#define SET_NET_15(C) C(0, 8) C(1, 9) C(2, 10) C(3, 11) C(4, 12) C(5, 13) C(6, 14) C(0, 4) C(1, 5) C(2, 6) C(3, 7) C(8, 12) C(9, 13) C(10, 14) C(4, 8) C(5, 9) C(6, 10) C(7, 11) C(0, 2) C(1, 3) C(4, 6) C(5, 7) C(8, 10) C(9, 11) C(12, 14) C(2, 8) C(3, 9) C(6, 12) C(7, 13) C(2, 4) C(3, 5) C(6, 8) C(7, 9) C(10, 12) C(11, 13) C(0, 1) C(2, 3) C(4, 5) C(6, 7) C(8, 9) C(10, 11) C(12, 13) C(1, 8) C(3, 10) C(5, 12) C(7, 14) C(1, 4) C(3, 6) C(5, 8) C(7, 10) C(9, 12) C(11, 14) C(1, 2) C(3, 4) C(5, 6) C(7, 8) C(9, 10) C(11, 12) C(13, 14)
+#define SET_NET_16(C) C(0, 8) C(1, 9) C(2, 10) C(3, 11) C(4, 12) C(5, 13) C(6, 14) C(7, 15) C(0, 4) C(1, 5) C(2, 6) C(3, 7) C(8, 12) C(9, 13) C(10, 14) C(11, 15) C(4, 8) C(5, 9) C(6, 10) C(7, 11) C(0, 2) C(1, 3) C(4, 6) C(5, 7) C(8, 10) C(9, 11) C(12, 14) C(13, 15) C(2, 8) C(3, 9) C(6, 12) C(7, 13) C(2, 4) C(3, 5) C(6, 8) C(7, 9) C(10, 12) C(11, 13) C(0, 1) C(2, 3) C(4, 5) C(6, 7) C(8, 9) C(10, 11) C(12, 13) C(14, 15) C(1, 8) C(3, 10) C(5, 12) C(7, 14) C(1, 4) C(3, 6) C(5, 8) C(7, 10) C(9, 12) C(11, 14) C(1, 2) C(3, 4) C(5, 6) C(7, 8) C(9, 10) C(11, 12) C(13, 14)
+
+#ifdef R3_X86
+#define R3_TARGET_SET512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,bmi,bmi2,popcnt")))
+
+/* 32 rows of k uint16 ids at s -> their digits into d[0 : 32]. Returns the mask of the
+   rows holding a non-zero id, or -1 (nothing written) when a row is an exception. */
+static inline __attribute__((always_inline)) R3_TARGET_SET512 int64_t rank32_k(const set_tab *t, const uint16_t *s,
+                                                                              uint64_t *d, const int k) {
+    __m512i R[SET_MAX_K], V[SET_MAX_K];
+#pragma GCC unroll 16
+    for (int j = 0; j < k; j++) R[j] = _mm512_loadu_si512((const void *)(s + 32 * j));
+#pragma GCC unroll 16
+    for (int j = 0; j < k; j++) { /* lane l of V[j] = id j of row l = element l * k + j */
+        __m512i v = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int p = 0; p < (k + 1) / 2; p++) {
+            const __m512i idx = _mm512_loadu_si512((const void *)(t->tidx + ((size_t)j * 8 + (size_t)p) * 32));
+            const __m512i x = 2 * p + 1 < k ? _mm512_permutex2var_epi16(R[2 * p], idx, R[2 * p + 1])
+                                            : _mm512_permutexvar_epi16(idx, R[2 * p]);
+            v = p == 0 ? x : _mm512_mask_mov_epi16(v, t->tmask[j][p], x);
+        }
+        V[j] = v;
+    }
+#define SET_CMP(a, b)                                   \
+    {                                                   \
+        const __m512i lo_ = _mm512_min_epu16(V[a], V[b]); \
+        V[b] = _mm512_max_epu16(V[a], V[b]);            \
+        V[a] = lo_;                                     \
+    }
+    switch (k) {
+#define X(K) case K: SET_NET_##K(SET_CMP) break;
+    SET_CASES(X)
+#undef X
+    default: break;
+    }
+#undef SET_CMP
+    const __mmask32 nonzero = _mm512_test_epi16_mask(V[k - 1], V[k - 1]);
+    __mmask32 bad = t->E < (1 << t->bits) ? _mm512_cmpge_epu16_mask(V[k - 1], _mm512_set1_epi16((short)t->E)) : 0;
+#pragma GCC unroll 16
+    for (int i = 0; i + 1 < k; i++) bad |= _mm512_cmpeq_epi16_mask(V[i], V[i + 1]);
+    if (bad & nonzero) return -1;
+    const int64_t *c64 = (const int64_t *)t->c64;
+    __m512i acc[4];
+#pragma GCC unroll 16
+    for (int i = 0; i < k; i++) { /* C(c_{i+1}, i + 1): entry (i + 1) * stride + c */
+        const __m512i x = _mm512_add_epi16(V[i], _mm512_set1_epi16((short)((i + 1) * t->stride)));
+        const __m512i lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(x));
+        const __m512i hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(x, 1));
+        const __m512i g0 = _mm512_i32gather_epi64(_mm512_castsi512_si256(lo), c64, 8);
+        const __m512i g1 = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(lo, 1), c64, 8);
+        const __m512i g2 = _mm512_i32gather_epi64(_mm512_castsi512_si256(hi), c64, 8);
+        const __m512i g3 = _mm512_i32gather_epi64(_mm512_extracti64x4_epi64(hi, 1), c64, 8);
+        if (i == 0) {
+            acc[0] = g0, acc[1] = g1, acc[2] = g2, acc[3] = g3;
+        } else {
+            acc[0] = _mm512_add_epi64(acc[0], g0), acc[1] = _mm512_add_epi64(acc[1], g1);
+            acc[2] = _mm512_add_epi64(acc[2], g2), acc[3] = _mm512_add_epi64(acc[3], g3);
+        }
+    }
+    if (k >= 2) { /* the all-zero row: digit C(E, k) */
+        const __m512i sets = _mm512_set1_epi64((long long)(uint64_t)t->sets);
+        const uint32_t z = ~(uint32_t)nonzero;
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++) acc[q] = _mm512_mask_mov_epi64(acc[q], (__mmask8)(z >> (8 * q)), sets);
+    }
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) _mm512_storeu_si512((void *)(d + 8 * q), acc[q]);
+    return (int64_t)(uint32_t)nonzero;
+}
+
+/* Classify rows of k uint16 ids (all below 2**bits) into the encoder's lists, 32 at a time;
+   returns the rows done (a multiple of 32; the caller does the rest and the groups refused). */
+static inline __attribute__((always_inline)) R3_TARGET_SET512 Py_ssize_t classify512_k(
+    set_enc_t *e, const uint16_t *s, Py_ssize_t rows, Py_ssize_t row, const int k) {
+    Py_ssize_t r = 0;
+    for (; r + 32 <= rows; r += 32) {
+        uint64_t *d = (uint64_t *)e->digits + e->n_digits;
+        const int64_t nz = rank32_k(e->t, s + r * k, d, k);
+        if (nz < 0) break;
+        if (nz) {
+            const int last = 31 - __builtin_clz((unsigned)nz);
+            e->n_rows = row + r + last + 1;
+            e->digits_at_last = e->n_digits + last + 1;
+        }
+        e->n_digits += 32;
+    }
+    return r;
+}
+
+static R3_TARGET_SET512 Py_ssize_t classify512(set_enc_t *e, const uint16_t *s, Py_ssize_t rows, Py_ssize_t row) {
+    switch (e->t->k) {
+#define X(K) case K: return classify512_k(e, s, rows, row, K);
+    SET_CASES(X)
+#undef X
+    default: return 0;
+    }
+}
+#endif
+
+/* The AVX-512 encoder runs where the CPU has AVX-512 F/BW (and the AVX2 kernels are on);
+   setcodec_avx512() turns it off for tests and benchmarks. */
+static int set512 = -1; /* -1: not decided yet */
+
+static int set512_cpu(void) {
+#ifdef R3_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+           && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+    return 0;
+#endif
+}
+
+static int set512_on(void) {
+    if (set512 < 0) set512 = set512_cpu();
+    return set512 && use_avx2;
+}
+
+R3_DOC(setcodec_avx512_doc, "setcodec_avx512(on) -> bool\n\n"
+"Let the set codec's kernels use AVX-512 (F, BW, VL, DQ) where the CPU has it (the default),\n"
+"or not; returns the previous setting. It runs only while the AVX2 kernels are on (set_simd).\n"
+"For tests and benchmarks: both compute the same function. ValueError when turning it on\n"
+"without the CPU's support.");
+
+PyObject *py_setcodec_avx512(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    (void)set512_on(); /* decides the default */
+    const int prev = set512;
+    if (on && !set512_cpu()) {
+        PyErr_SetString(PyExc_ValueError, "this CPU has no AVX-512 F/BW/VL/DQ");
+        return NULL;
+    }
+    set512 = on;
+    return PyBool_FromLong(prev);
+}
+
+/* Classify rows of int64 ids (all below 2**bits) one at a time into the encoder's lists. */
+static void classify_rows(set_enc_t *e, const int64_t *stage, Py_ssize_t rows, Py_ssize_t row) {
+    const set_tab *t = e->t;
+    const int k = t->k;
+#ifdef R3_X86
+    if (use_avx2 && t->narrow && t->E <= 256) {
+        classify_fast(e, stage, rows, row);
+        return;
+    }
+#endif
+    for (Py_ssize_t r = 0; r < rows; r++, row++) {
+        const int64_t *v = stage + r * k;
+        u128 rank = 0;
+        const int kind = row_digit(t, v, &rank);
+        if (kind == 2) {
+            e->except[e->n_except++] = (uint32_t)row;
+            for (int j = 0; j < k; j++) e->raw[e->n_raw++] = (int16_t)v[j];
+        } else {
+            if (kind == 1) rank = t->sets;
+            if (t->narrow) {
+                ((uint64_t *)e->digits)[e->n_digits++] = (uint64_t)rank;
+            } else {
+                ((u128 *)e->digits)[e->n_digits++] = rank;
+            }
+        }
+        int64_t orv = 0;
+        for (int j = 0; j < k; j++) orv |= v[j];
+        if (orv) { /* rows after the last non-zero one are not stored */
+            e->n_rows = row + 1;
+            e->digits_at_last = e->n_digits;
+        }
+    }
+}
+
 /* Stage the ids (any type and layout) as int64 rows and classify them; 0 when an id is out of range. */
 static int encode_rows(set_enc_t *e, const Py_buffer *src, int type) {
     const set_tab *t = e->t;
@@ -449,59 +686,64 @@ static int encode_rows(set_enc_t *e, const Py_buffer *src, int type) {
     cursor_t c;
     cursor_init(&c, src);
     const Py_ssize_t n = c.total;
-    const Py_ssize_t per = (R3_CHUNK / k) * k;
-    int64_t stage[R3_CHUNK];
-    Py_ssize_t start, row = 0;
 #ifdef R3_X86
-    const int fast = use_avx2 && t->narrow && t->E <= 256;
+    const int use512 = t->narrow && set512_on();
+#else
+    const int use512 = 0;
 #endif
+    /* the AVX-512 path takes groups of 32 rows: chunks of whole groups */
+    const Py_ssize_t per = use512 ? (R3_CHUNK / (32 * k)) * (32 * k) : (R3_CHUNK / k) * k;
+    int64_t stage[R3_CHUNK];
+    uint16_t stage16[R3_CHUNK];
+    Py_ssize_t start, row = 0;
     for (start = 0; start < n; start += per) {
         Py_ssize_t cnt = n - start < per ? n - start : per, got = 0;
+        const int direct16 = use512 && (type == T_U16 || type == T_U8); /* staged as uint16 straight away */
         while (got < cnt) {
             char *p;
             Py_ssize_t stride, take = cursor_take(&c, cnt - got, &p, &stride);
+            const int dt = direct16 ? T_U16 : T_I64;
+            char *dst = direct16 ? (char *)(stage16 + got) : (char *)(stage + got);
             if (stride == type_size[type]) {
-                conv_table[type][T_I64](p, stride, (char *)(stage + got), take);
+                conv_table[type][dt](p, stride, dst, take);
             } else {
-                for (Py_ssize_t i = 0; i < take; i++) conv_table[type][T_I64](p + i * stride, stride, (char *)(stage + got + i), 1);
+                for (Py_ssize_t i = 0; i < take; i++) conv_table[type][dt](p + i * stride, stride, dst + i * type_size[dt], 1);
             }
             got += take;
         }
-        uint64_t acc = 0; /* every id in [0, 2**bits) iff their OR is (negatives set the high bits) */
-        for (Py_ssize_t i = 0; i < cnt; i++) acc |= (uint64_t)stage[i];
-        if (acc >= (uint64_t)hi) return 0;
-        Py_ssize_t rows = cnt / k;
-#ifdef R3_X86
-        if (fast) {
-            classify_fast(e, stage, rows, row);
-            row += rows;
-            for (Py_ssize_t i = rows * k; i < cnt; i++) e->raw[e->n_raw++] = (int16_t)stage[i]; /* the tail */
-            continue;
-        }
-#endif
-        for (Py_ssize_t r = 0; r < rows; r++, row++) {
-            const int64_t *v = stage + r * k;
-            u128 rank = 0;
-            const int kind = row_digit(t, v, &rank);
-            if (kind == 2) {
-                e->except[e->n_except++] = (uint32_t)row;
-                for (int j = 0; j < k; j++) e->raw[e->n_raw++] = (int16_t)v[j];
+        const Py_ssize_t rows = cnt / k;
+        if (use512) {
+            if (direct16) {
+                uint16_t acc16 = 0;
+                for (Py_ssize_t i = 0; i < cnt; i++) acc16 |= stage16[i];
+                if ((int64_t)acc16 >= hi) return 0;
             } else {
-                if (kind == 1) rank = t->sets;
-                if (t->narrow) {
-                    ((uint64_t *)e->digits)[e->n_digits++] = (uint64_t)rank;
-                } else {
-                    ((u128 *)e->digits)[e->n_digits++] = rank;
-                }
+                uint64_t acc = 0; /* every id in [0, 2**bits) iff their OR is (negatives set the high bits) */
+                for (Py_ssize_t i = 0; i < cnt; i++) acc |= (uint64_t)stage[i];
+                if (acc >= (uint64_t)hi) return 0;
+                for (Py_ssize_t i = 0; i < cnt; i++) stage16[i] = (uint16_t)stage[i];
             }
-            int64_t orv = 0;
-            for (int j = 0; j < k; j++) orv |= v[j];
-            if (orv) { /* rows after the last non-zero one are not stored */
-                e->n_rows = row + 1;
-                e->digits_at_last = e->n_digits;
+#ifdef R3_X86
+            Py_ssize_t r = 0;
+            while (r < rows) {
+                r += classify512(e, stage16 + r * k, rows - r, row + r);
+                if (r >= rows) break;
+                /* a group holding an exception row, or the last rows: one row at a time */
+                const Py_ssize_t take = rows - r < 32 ? rows - r : 32;
+                for (Py_ssize_t i = 0; i < take * k; i++) stage[i] = stage16[r * k + i];
+                classify_rows(e, stage, take, row + r);
+                r += take;
             }
+#endif
+            for (Py_ssize_t i = rows * k; i < cnt; i++) e->raw[e->n_raw++] = (int16_t)stage16[i]; /* the tail */
+        } else {
+            uint64_t acc = 0; /* every id in [0, 2**bits) iff their OR is (negatives set the high bits) */
+            for (Py_ssize_t i = 0; i < cnt; i++) acc |= (uint64_t)stage[i];
+            if (acc >= (uint64_t)hi) return 0;
+            classify_rows(e, stage, rows, row);
+            for (Py_ssize_t i = rows * k; i < cnt; i++) e->raw[e->n_raw++] = (int16_t)stage[i]; /* the tail */
         }
-        for (Py_ssize_t i = rows * k; i < cnt; i++) e->raw[e->n_raw++] = (int16_t)stage[i]; /* the tail */
+        row += rows;
     }
     return 1;
 }
@@ -676,57 +918,9 @@ static int set_payload_status(const set_tab *t, const uint8_t *p, size_t plen, u
 #define SET_LANES 8 /* rows unranked in lockstep */
 #endif
 
-/* Unrank n narrow digits d[] into the rows dst[] (zero digits: k zeros), four at a time: independent
-   chains of dependent loads the CPU overlaps. */
-SET_INLINE void unrank_batch64_p(const set_tab *t, const uint64_t *d, int32_t *const *dst, int n, const int k,
-                                  const int use_pair) {
-    const uint16_t *const pair = t->pair;
-    const uint64_t zero = k >= 2 ? (uint64_t)t->sets : UINT64_MAX;
-    int q = 0;
-    for (; q + SET_LANES <= n; q += SET_LANES) { /* SET_LANES independent rows in registers */
-        uint64_t r[SET_LANES];
-        int32_t *o[SET_LANES];
-#pragma GCC unroll 16
-        for (int l = 0; l < SET_LANES; l++) {
-            r[l] = d[q + l] == zero ? 0 : d[q + l];
-            o[l] = dst[q + l];
-        }
-        for (int i = k; i >= (use_pair ? 3 : 2); i--) {
-#pragma GCC unroll 16
-            for (int l = 0; l < SET_LANES; l++) o[l][i - 1] = find64(t, i, &r[l]);
-        }
-#pragma GCC unroll 16
-        for (int l = 0; l < SET_LANES; l++) {
-            if (use_pair) {
-                const uint16_t p = pair[r[l]];
-                o[l][1] = p >> 8;
-                o[l][0] = p & 0xFF;
-            } else {
-                o[l][0] = (int32_t)r[l];
-            }
-            if (d[q + l] == zero) memset(o[l], 0, (size_t)k * sizeof(int32_t));
-        }
-    }
-    for (; q < n; q++) {
-        if (d[q] == zero) {
-            memset(dst[q], 0, (size_t)k * sizeof(int32_t));
-        } else {
-            unrank64(t, d[q], dst[q], k);
-        }
-    }
-}
-
-/* Rows below C(E, 2) at the last two positions come from the pair table where there is one. */
-SET_INLINE void unrank_batch64(const set_tab *t, const uint64_t *d, int32_t *const *dst, int n, const int k) {
-    if (k >= 2 && t->pair) {
-        unrank_batch64_p(t, d, dst, n, k, 1);
-    } else {
-        unrank_batch64_p(t, d, dst, n, k, 0);
-    }
-}
-
-/* Decode a checked payload into out[0 : n_total] (int32, contiguous); k constant per instantiation. */
-SET_INLINE void set_decode_k(const set_tab *t, const uint8_t *p, size_t plen, uint32_t n_total, uint32_t n_rows,
+/* Decode a checked payload of a wide codec (blocks above 64 bits) into out[0 : n_total] (int32,
+   contiguous); k constant per instantiation. */
+SET_INLINE void set_decode_wide_k(const set_tab *t, const uint8_t *p, size_t plen, uint32_t n_total, uint32_t n_rows,
                              uint32_t n_except, int32_t *out, const int k) {
     const int m = t->m;
     const uint64_t nd = n_rows - n_except, nbits = digit_bits(t, nd);
@@ -736,12 +930,7 @@ SET_INLINE void set_decode_k(const set_tab *t, const uint8_t *p, size_t plen, ui
     uint32_t next_ex = n_except ? get_u32s(ex) : UINT32_MAX, x = 0;
     uint64_t raw_pos = 0, digit = 0, bitpos = 0;
     int left = 0;
-    uint64_t v64 = 0;
     u128 v128 = 0;
-    const uint64_t R64 = (uint64_t)t->radix;
-    uint64_t batch[SET_BATCH];
-    int32_t *dests[SET_BATCH];
-    int nb = 0;
     for (uint32_t row = 0; row < n_rows; row++) {
         int32_t *dst = out + (size_t)row * k;
         if (row == next_ex) {
@@ -750,60 +939,194 @@ SET_INLINE void set_decode_k(const set_tab *t, const uint8_t *p, size_t plen, ui
             next_ex = x < n_except ? get_u32s(ex + 4 * (size_t)x) : UINT32_MAX;
             continue;
         }
-        if (t->narrow) {
-            if (!left) {
-                left = nd - digit < (uint64_t)m ? (int)(nd - digit) : m;
-                const int bw = t->w[left];
-                v64 = bw <= 57 ? load_bits64(p, plen, bitpos, bw) : (uint64_t)load_bits128(p, plen, bitpos, bw);
-                bitpos += (uint64_t)bw;
-            }
-            uint64_t d;
-            if (m == 1) {
-                d = v64;
-            } else {
-                d = v64 % R64;
-                v64 /= R64;
-            }
-            left--;
-            digit++;
-            batch[nb] = d;
-            dests[nb++] = dst;
-            if (nb == SET_BATCH) {
-                unrank_batch64(t, batch, dests, nb, k);
-                nb = 0;
-            }
+        if (!left) {
+            left = nd - digit < (uint64_t)m ? (int)(nd - digit) : m;
+            v128 = load_bits128(p, plen, bitpos, t->w[left]);
+            bitpos += (uint64_t)t->w[left];
+        }
+        u128 d;
+        if (m == 1) {
+            d = v128;
         } else {
-            if (!left) {
-                left = nd - digit < (uint64_t)m ? (int)(nd - digit) : m;
-                v128 = load_bits128(p, plen, bitpos, t->w[left]);
-                bitpos += (uint64_t)t->w[left];
-            }
-            u128 d;
-            if (m == 1) {
-                d = v128;
-            } else {
-                d = v128 % t->radix;
-                v128 /= t->radix;
-            }
-            left--;
-            digit++;
-            if (k >= 2 && d == t->sets) {
-                memset(dst, 0, (size_t)k * sizeof(int32_t));
-            } else {
-                unrank128(t, d, dst, k);
-            }
+            d = v128 % t->radix;
+            v128 /= t->radix;
+        }
+        left--;
+        digit++;
+        if (k >= 2 && d == t->sets) {
+            memset(dst, 0, (size_t)k * sizeof(int32_t));
+        } else {
+            unrank128(t, d, dst, k);
         }
     }
-    if (nb) unrank_batch64(t, batch, dests, nb, k);
     const size_t full_ids = (size_t)(n_total / (uint32_t)k) * (size_t)k;
     memset(out + (size_t)n_rows * k, 0, (full_ids - (size_t)n_rows * k) * sizeof(int32_t));
     for (size_t i = full_ids; i < n_total; i++, raw_pos += t->bits) out[i] = (int32_t)load_bits64(raw, raw_len, raw_pos, t->bits);
 }
 
+/* v / R and v % R of a narrow codec by a multiply: the estimate mulhi(v, rinv) is at most
+   two below the quotient. */
+SET_INLINE uint64_t divr64(const uint64_t v, const uint64_t R, const uint64_t rinv, uint64_t *rem) {
+    uint64_t q = (uint64_t)(((u128)v * rinv) >> 64), r = v - q * R;
+    while (r >= R) {
+        q++;
+        r -= R;
+    }
+    *rem = r;
+    return q;
+}
+
+/* Unrank n narrow digits d[] into the consecutive rows dst[0 : n * k] (the all-zero digit:
+   k zeros), SET_LANES rows in lockstep: independent chains of dependent loads the CPU
+   overlaps. The tables' addresses sit in locals, so the stores of ids do not reload them. */
+SET_INLINE void unrank_run64_p(const set_tab *t, const uint64_t *d, int32_t *dst, int n, const int k,
+                               const int tail) {
+    const uint16_t *const pair = t->pair, *const guide = t->guide;
+    const uint32_t *const triple = t->triple;
+    const uint64_t *const c64 = t->c64;
+    const size_t stride = (size_t)t->stride;
+    const uint64_t zero = k >= 2 ? (uint64_t)t->sets : UINT64_MAX;
+    int gs[SET_MAX_K + 1];
+    for (int i = 0; i <= k; i++) gs[i] = t->gshift[i];
+    int q = 0;
+    for (; q + SET_LANES <= n; q += SET_LANES) {
+        uint64_t r[SET_LANES];
+        int32_t *const o = dst + (size_t)q * k;
+#pragma GCC unroll 16
+        for (int l = 0; l < SET_LANES; l++) r[l] = d[q + l] == zero ? 0 : d[q + l];
+        for (int i = k; i > tail; i--) {
+            const uint64_t *const ci = c64 + (size_t)i * stride;
+            const uint16_t *const gi = guide + ((size_t)i << SET_GUIDE_BITS);
+            const int sh = gs[i];
+#pragma GCC unroll 16
+            for (int l = 0; l < SET_LANES; l++) {
+                const uint64_t v = r[l];
+                size_t c = gi[v >> sh];
+                const uint64_t a0 = ci[c], a1 = ci[c + 1], a2 = ci[c + 2];
+                if (__builtin_expect(a2 <= v, 0)) {
+                    c += 2;
+                    while (ci[c + 1] <= v) c++;
+                    r[l] = v - ci[c];
+                    o[l * k + i - 1] = (int32_t)c;
+                } else {
+                    const size_t s = a1 <= v;
+                    r[l] = v - (s ? a1 : a0);
+                    o[l * k + i - 1] = (int32_t)(c + s);
+                }
+            }
+        }
+#pragma GCC unroll 16
+        for (int l = 0; l < SET_LANES; l++) {
+            if (tail == 3) {
+                const uint32_t tr = triple[r[l]];
+                o[l * k + 2] = (int32_t)(tr >> 16);
+                o[l * k + 1] = (int32_t)(tr >> 8 & 0xFF);
+                o[l * k] = (int32_t)(tr & 0xFF);
+            } else if (tail == 2) {
+                const uint16_t pr = pair[r[l]];
+                o[l * k + 1] = pr >> 8;
+                o[l * k] = pr & 0xFF;
+            } else {
+                o[l * k] = (int32_t)r[l];
+            }
+            if (d[q + l] == zero) memset(o + l * k, 0, (size_t)k * sizeof(int32_t));
+        }
+    }
+    for (; q < n; q++) {
+        if (d[q] == zero) {
+            memset(dst + (size_t)q * k, 0, (size_t)k * sizeof(int32_t));
+        } else {
+            unrank64(t, d[q], dst + (size_t)q * k, k);
+        }
+    }
+}
+
+/* The last ids of a row from the triple or the pair table where there is one. */
+SET_INLINE void unrank_run64(const set_tab *t, const uint64_t *d, int32_t *dst, int n, const int k) {
+    if (k >= 3 && t->triple) {
+        unrank_run64_p(t, d, dst, n, k, 3);
+    } else if (k >= 2 && t->pair) {
+        unrank_run64_p(t, d, dst, n, k, 2);
+    } else {
+        unrank_run64_p(t, d, dst, n, k, 1);
+    }
+}
+
+/* Decode a checked payload of a narrow codec into out[0 : n_total] (int32, contiguous): the
+   rows between two exception rows are one run of digits, read SET_BATCH at a time from the
+   blocks, then unranked together. */
+SET_INLINE void set_decode_narrow_k(const set_tab *t, const uint8_t *p, size_t plen, uint32_t n_total,
+                                    uint32_t n_rows, uint32_t n_except, int32_t *out, const int k) {
+    const int m = t->m, bits = t->bits;
+    const uint64_t nd = n_rows - n_except, nbits = digit_bits(t, nd);
+    const uint8_t *ex = p + (nbits + 7) / 8;
+    const uint8_t *raw = ex + 4 * (size_t)n_except;
+    const size_t raw_len = plen - (size_t)(raw - p);
+    const uint64_t R = (uint64_t)t->radix, rinv = t->rinv;
+    int w_of[SET_MAX_M + 1];
+    for (int j = 0; j <= m; j++) w_of[j] = t->w[j];
+    uint32_t next_ex = n_except ? get_u32s(ex) : UINT32_MAX, x = 0;
+    uint64_t raw_pos = 0, digit = 0, bitpos = 0, v = 0;
+    int left = 0;
+    uint64_t batch[SET_BATCH];
+    uint32_t row = 0;
+    while (row < n_rows) {
+        const uint32_t stop = next_ex < n_rows ? next_ex : n_rows;
+        while (row < stop) {
+            const int nb = stop - row < SET_BATCH ? (int)(stop - row) : SET_BATCH;
+            if (m == 1) {
+                const int w = w_of[1];
+                if (w <= 57) {
+                    for (int q = 0; q < nb; q++, bitpos += (uint64_t)w) batch[q] = load_bits64(p, plen, bitpos, w);
+                } else {
+                    for (int q = 0; q < nb; q++, bitpos += (uint64_t)w) {
+                        batch[q] = (uint64_t)load_bits128(p, plen, bitpos, w);
+                    }
+                }
+            } else {
+                for (int q = 0; q < nb; q++) {
+                    if (!left) {
+                        left = nd - digit < (uint64_t)m ? (int)(nd - digit) : m;
+                        const int bw = w_of[left];
+                        v = bw <= 57 ? load_bits64(p, plen, bitpos, bw) : (uint64_t)load_bits128(p, plen, bitpos, bw);
+                        bitpos += (uint64_t)bw;
+                    }
+                    uint64_t rem;
+                    v = divr64(v, R, rinv, &rem);
+                    batch[q] = rem;
+                    left--;
+                    digit++;
+                }
+            }
+            unrank_run64(t, batch, out + (size_t)row * k, nb, k);
+            row += (uint32_t)nb;
+        }
+        if (row < n_rows) { /* row == next_ex: an exception, stored verbatim */
+            int32_t *dst = out + (size_t)row * k;
+            for (int j = 0; j < k; j++, raw_pos += (uint64_t)bits) dst[j] = (int32_t)load_bits64(raw, raw_len, raw_pos, bits);
+            x++;
+            next_ex = x < n_except ? get_u32s(ex + 4 * (size_t)x) : UINT32_MAX;
+            row++;
+        }
+    }
+    const size_t full_ids = (size_t)(n_total / (uint32_t)k) * (size_t)k;
+    memset(out + (size_t)n_rows * k, 0, (full_ids - (size_t)n_rows * k) * sizeof(int32_t));
+    for (size_t i = full_ids; i < n_total; i++, raw_pos += (uint64_t)bits) out[i] = (int32_t)load_bits64(raw, raw_len, raw_pos, bits);
+}
+
 static void set_decode_into(const set_tab *t, const uint8_t *p, size_t plen, uint32_t n_total, uint32_t n_rows,
                             uint32_t n_except, int32_t *out) {
+    if (t->narrow) {
+        switch (t->k) {
+#define X(K) case K: set_decode_narrow_k(t, p, plen, n_total, n_rows, n_except, out, K); break;
+        SET_CASES(X)
+#undef X
+        default: break;
+        }
+        return;
+    }
     switch (t->k) {
-#define X(K) case K: set_decode_k(t, p, plen, n_total, n_rows, n_except, out, K); break;
+#define X(K) case K: set_decode_wide_k(t, p, plen, n_total, n_rows, n_except, out, K); break;
     SET_CASES(X)
 #undef X
     default: break;
