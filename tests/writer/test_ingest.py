@@ -239,6 +239,7 @@ def test_an_all_minus_one_row_with_dense_minus_one_hints_allow_missing(tmp_path:
         with pytest.raises(ExpertIdError, match="pass allow_missing=True") as info:
             w.append("m1", np.full((4, 6, 4), -1, np.int32))
         assert "moe_layers may be wrong" not in str(info.value)
+        assert str(info.value).startswith("sample 'm1': routes: row 0 is -1 in every MoE layer")  # the cause first
         w.append("m1", np.full((4, 6, 4), -1, np.int32), allow_missing=True)
     assert r3store.open_store(tmp_path).missing_rows("m1") == [(0, 4)]
 
