@@ -167,8 +167,10 @@ def _fault_error(sample_id: str, routes: np.ndarray, spec: ModelSpec, fault: ker
         hint = ("the ModelSpec's moe_layers may be wrong (or, for a flat engine payload reshaped with the spec, "
                 "its top_k or num_layers)")
         if (moe_ids == -1).all() and not allow_missing:
-            hint = ("every id of the row is -1: a row the engine could not capture; pass allow_missing=True to "
-                    "store it as missing")
+            return ExpertIdError(sample_id, "routes",
+                                 f"row {row} is -1 in every MoE layer (and dense decoder layer {fault.layer} holds "
+                                 f"{ids.tolist()}, not zeros): a row the engine could not capture; pass "
+                                 "allow_missing=True to store it as missing")
         return ExpertIdError(sample_id, "routes",
                              f"dense decoder layer {fault.layer} has non-zero ids at row {row} ({ids.tolist()}); "
                              + hint)

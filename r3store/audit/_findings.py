@@ -239,17 +239,21 @@ class RowRuns:
     rows it leaves out.
     """
 
-    __slots__ = ("cap", "runs", "total")
+    __slots__ = ("cap", "end", "runs", "total")
 
     def __init__(self, cap: int = 32) -> None:
         self.cap = cap
         self.runs: list[list[int]] = []  # half-open [start, stop)
-        self.total = 0
+        self.total = 0  # distinct rows added
+        self.end = 0  # largest stop added
 
     def add_range(self, start: int, stop: int) -> None:
+        """Add rows ``[start, stop)``; starts must not decrease from call to call (a range
+        may repeat or overlap the previous ones: each row is counted once)."""
         if stop <= start:
             return
-        self.total += stop - start
+        self.total += max(0, stop - max(start, self.end))
+        self.end = max(self.end, stop)
         if self.runs and start <= self.runs[-1][1]:
             self.runs[-1][1] = max(stop, self.runs[-1][1])
         elif len(self.runs) < self.cap:

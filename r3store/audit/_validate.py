@@ -97,6 +97,8 @@ class _Problem:
     layers: set[int]
     message: str
     rows: RowRuns = field(default_factory=lambda: RowRuns(cap=64))
+    unread: int = 0
+    """Chunks not read at all (their object is missing): not counted as checked."""
 
 
 @dataclass
@@ -111,8 +113,10 @@ class _Result:
     rows: int = 0
     """Rows of the samples scanned."""
     decoded: int = 0
-    """Route-array rows decoded (whole chunks: rows of other samples, or of none, too)."""
+    """Route-array rows decoded (whole chunks: rows of other samples, or of none, too);
+    a row with a corrupt or missing chunk in any layer is not counted."""
     frames: int = 0
+    """Frames whose checks ran (those that failed them included; not those of missing objects)."""
     on_quarantined: dict[str, int] = field(default_factory=dict)
     """Findings per kind on quarantined samples (warnings, see :func:`_on_quarantined`)."""
 
@@ -476,9 +480,11 @@ def _scan_array(rs: RouteReader, unit: _Unit, advance: Callable[[int], None]) ->
     problems: dict[tuple[str, str], _Problem] = {}
     scanner = _SampleScanner(samples, spec, res, unit.array, unit.missing)
     for lo, hi in row_blocks(ranges, block_rows):
+        unread = sum(p.unread for p in problems.values())
         x, valid = _read_block(rs, unit.array, geometry, lo, hi, problems, spec.moe_layers)
-        res.decoded += hi - lo
-        res.frames += (-(-hi // geometry.chunk_rows) - lo // geometry.chunk_rows) * geometry.layer_chunks
+        unread = sum(p.unread for p in problems.values()) - unread  # chunks of missing objects: not checked
+        res.decoded += hi - lo if valid is None else int(valid.all(axis=1).sum())
+        res.frames += (-(-hi // geometry.chunk_rows) - lo // geometry.chunk_rows) * geometry.layer_chunks - unread
         scanner.feed(lo, x, valid)
         advance(hi - lo)
     scanner.finish()
@@ -521,6 +527,7 @@ def _read_block(rs: RouteReader, array: str, geometry: ArrayGeometry, lo: int, h
             problem = problems.setdefault((kind, str(err)), _Problem(kind, chunk, set(), what))
             problem.layers.update(moe_layers[p] for p in pos)
             problem.rows.add_range(r0, r1)
+            problem.unread += kind == "missing_object"
     return x, valid
 
 

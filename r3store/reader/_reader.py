@@ -346,12 +346,21 @@ class RouteReader:
         r3store.errors.StorageError
         """
         catalog = self._catalog
-        i = catalog.locate(sample_id, include_quarantined=include_quarantined)
+        try:
+            i = catalog.locate(sample_id, include_quarantined=include_quarantined)
+        except SampleNotFoundError as exc:
+            if exc.quarantined is None:
+                raise
+            i = catalog.locate(sample_id, include_quarantined=True)  # no rows: say so now, not after a retry
+            if catalog.num_rows[i] > 0 or self.num_tokens(sample_id, include_quarantined=True) <= 1:
+                raise
         if catalog.num_rows[i] == 0 and self.num_tokens(sample_id, include_quarantined=True) > 1:
             row = self.row(sample_id, include_quarantined=True)
             raise SampleNotFoundError(sample_id, self.url, quarantined=row["reason"] or "",
-                                      hint="its routes could not be stored, so it has no rows to read; "
-                                           "row(sample_id, include_quarantined=True) gives its sample-table row")
+                                      hint="its routes could not be stored (none were kept), so it has no rows to "
+                                           "read, with or without include_quarantined=True; "
+                                           "store.row(sample_id, include_quarantined=True) returns its sample-table "
+                                           "row (reason, tokens, metadata)")
         positions = self.spec.layer_positions(layers)
         if rows is not None and not isinstance(rows, slice):
             hint = f"; use slice{tuple(rows)!r}" if isinstance(rows, tuple) and len(rows) == 2 else ""

@@ -270,7 +270,8 @@ def decode_vllm(sample_id: str, payload: Any) -> np.ndarray:
         ``routed_experts`` (absent or None: an error saying capture is off). A numpy
         array ``[seq_len - 1, L, top_k]`` of any integer dtype (int16, uint8,
         uint16 or int32 depending on the vLLM version), or over HTTP a base64 ``.npy``
-        blob whose header carries dtype and shape. ``.npy`` is read with
+        blob whose header carries dtype and shape (raw ``.npy`` bytes, as ``np.save``
+        writes them, are read too). ``.npy`` is read with
         ``allow_pickle=False``: an object array is rejected, never unpickled; a header
         claiming more data than the blob holds is rejected before anything is allocated.
 
@@ -283,27 +284,38 @@ def decode_vllm(sample_id: str, payload: Any) -> np.ndarray:
     ------
     r3store.errors.PayloadDecodeError
         ``payload`` is None or an output without routed experts (the engine returned no
-        routes), not a base64 ``.npy`` blob,
-        or a blob that cannot be read safely.
+        routes), neither ``.npy`` bytes nor a base64 ``.npy`` blob, a blob that cannot be
+        read safely, or routes that are not 3-D.
     """
     if payload is None:
-        raise PayloadDecodeError(sample_id, "routed_experts", f"is None: {NO_ROUTES_HINT}")
+        raise PayloadDecodeError(sample_id, "routed_experts", f"is None: {_VLLM_NO_ROUTES_HINT}")
     if isinstance(payload, Mapping) or hasattr(payload, "routed_experts"):  # a whole output / response
         inner = payload.get("routed_experts") if isinstance(payload, Mapping) else payload.routed_experts
         if inner is None:
             keys = ", ".join(repr(k) for k in list(payload)[:8]) if isinstance(payload, Mapping) else ""
             what = f"a {type(payload).__name__}" + (f" (keys {keys or 'none'})" if isinstance(payload, Mapping) else "")
-            raise PayloadDecodeError(sample_id, "routed_experts",
-                                     f"is missing: {what} without routed experts; is routed-expert capture enabled "
-                                     "in vLLM (the engine's option to return routed experts, and the request's)?")
+            raise PayloadDecodeError(sample_id, "routed_experts", f"is missing: {what} without routed experts; "
+                                     f"{_VLLM_NO_ROUTES_HINT}")
         return decode_vllm(sample_id, inner)
-    if isinstance(payload, str | bytes | bytearray | memoryview):
+    if isinstance(payload, bytes | bytearray | memoryview) and bytes(memoryview(payload)[:6]) == _NPY_MAGIC:
+        routes = _read_npy(sample_id, np.frombuffer(payload, np.uint8).copy())  # raw .npy bytes (np.save's)
+    elif isinstance(payload, str | bytes | bytearray | memoryview):
         try:
             raw = kernels.b64decode(payload)  # a fresh writable uint8 array, as base64.b64decode(validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise PayloadDecodeError(sample_id, "routed_experts", f"is not a base64 .npy blob: {exc}") from exc
-        return _read_npy(sample_id, raw)
-    return as_numpy(sample_id, "routed_experts", payload)
+            raise PayloadDecodeError(sample_id, "routed_experts",
+                                     f"is neither .npy bytes nor a base64 .npy blob: {exc}") from exc
+        routes = _read_npy(sample_id, raw)
+    else:
+        routes = as_numpy(sample_id, "routed_experts", payload)
+    if routes.ndim != 3:
+        raise PayloadDecodeError(sample_id, "routed_experts",
+                                 f"has shape {routes.shape}: vLLM sends (num_tokens - 1, layers, top_k)")
+    return routes
+
+
+_VLLM_NO_ROUTES_HINT = ("the engine returned no routes: is routed-expert capture enabled in vLLM (the engine's "
+                        "option to return routed experts, and the request's)?")
 
 
 _NPY_MAGIC = b"\x93NUMPY"

@@ -368,6 +368,22 @@ def test_corrupt_index_and_missing_object(tmp_path: Path) -> None:
     assert report.counts == {"checksum": 1, "missing_object": 1}
 
 
+def test_a_missing_object_counts_each_row_once_and_decodes_nothing(tmp_path: Path) -> None:
+    """New-user finding: with one storage object for the whole array, deleting it reported
+    "+N more rows not listed" with N = (layer chunks - 1) x rows (each row counted once per
+    layer chunk), and the summary said every row was decoded."""
+    rng = np.random.default_rng(11)
+    samples = {f"s{i}": distinct_routes(rng, 40, 4, 64, 2) for i in range(40)}
+    (shard,) = write(tmp_path, SPEC, samples, chunk_rows=8)  # 4 layer chunks, 200 row chunks
+    tmp_path.joinpath(f"routes/{shard}", "c", "0", "0", "0").unlink()
+    report = audit(tmp_path)
+    (missing,) = of_kind(report, "missing_object")
+    assert missing.rows == ((0, 1599),)
+    assert "more rows" not in missing.detail
+    assert "decoder layers 1-4" in missing.detail
+    assert (report.rows_checked, report.rows_decoded, report.frames_checked) == (1600, 0, 0)
+
+
 def test_array_document_faults(tmp_path: Path) -> None:
     """A zarr.json with fewer rows than the sample table says, and one that is gone."""
     rng = np.random.default_rng(18)
@@ -454,6 +470,11 @@ def test_findings_api() -> None:
     assert runs.inclusive() == ((10, 11), (13, 13))
     assert runs.total == 5
     assert "+2 more rows" in runs.note()
+    again = RowRuns(cap=1)  # the same rows once per layer chunk: counted once
+    for start, stop in ((0, 8), (0, 8), (0, 8), (8, 16), (8, 16), (20, 24), (20, 24)):
+        again.add_range(start, stop)
+    assert (again.total, again.inclusive()) == (20, ((0, 15),))
+    assert "+4 more rows" in again.note()
     assert format_rows([]) == ""
 
 

@@ -60,8 +60,13 @@ def test_get_of_a_quarantined_21_token_sample_returns_its_rows(store: r3store.Ro
 def test_get_of_a_sample_whose_routes_were_not_stored_is_a_clear_error(store: r3store.RouteStore,
                                                                       sample_id: str) -> None:
     assert store.num_tokens(sample_id, include_quarantined=True) == 21  # the tokens received, not 1
-    with pytest.raises(SampleNotFoundError, match=r"routes could not be stored, so it has no rows to read"):
-        store.get(sample_id, include_quarantined=True)
+    for include in (True, False):  # without include_quarantined: not a hint that leads to this error
+        with pytest.raises(SampleNotFoundError, match=r"routes could not be stored \(none were kept\), so it has "
+                                                      r"no rows to read") as info:
+            store.get(sample_id, include_quarantined=include)
+        assert "get(sample_id, include_quarantined=True) or" not in str(info.value)
+    with pytest.raises(SampleNotFoundError, match=r"include_quarantined=True\) or r3store show reads it"):
+        store.get("rep")  # quarantined with rows: the hint to read it stays
     result = CliRunner().invoke(main, ["show", store.url, sample_id])
     assert result.exit_code == 2
     assert "could not be stored" in result.stderr

@@ -239,6 +239,7 @@ def test_an_all_minus_one_row_with_dense_minus_one_hints_allow_missing(tmp_path:
         with pytest.raises(ExpertIdError, match="pass allow_missing=True") as info:
             w.append("m1", np.full((4, 6, 4), -1, np.int32))
         assert "moe_layers may be wrong" not in str(info.value)
+        assert str(info.value).startswith("sample 'm1': routes: row 0 is -1 in every MoE layer")  # the cause first
         w.append("m1", np.full((4, 6, 4), -1, np.int32), allow_missing=True)
     assert r3store.open_store(tmp_path).missing_rows("m1") == [(0, 4)]
 
@@ -267,6 +268,32 @@ def test_decode_vllm_still_reads_npy() -> None:
     np.save(buf, np.arange(24, dtype=np.uint16).reshape(3, 4, 2))
     decoded = r3store.decode_vllm("x", base64.b64encode(buf.getvalue()))
     assert decoded.tolist() == np.arange(24).reshape(3, 4, 2).tolist()
+
+
+def test_decode_vllm_reads_raw_npy_bytes_and_refuses_routes_that_are_not_3d() -> None:
+    """New-user findings: raw ``np.save`` bytes were refused as "not base64"; a 2-D array
+    came back unchanged although the result is documented as (rows, L, top_k)."""
+    buf = io.BytesIO()
+    np.save(buf, np.arange(24, dtype=np.int16).reshape(3, 4, 2))
+    for raw in (buf.getvalue(), bytearray(buf.getvalue()), memoryview(buf.getvalue())):
+        decoded = r3store.decode_vllm("x", raw)
+        assert decoded.dtype == np.int16
+        assert decoded.tolist() == np.arange(24).reshape(3, 4, 2).tolist()
+    flat = io.BytesIO()
+    np.save(flat, np.zeros((30, 8), np.int16))
+    for payload in (np.zeros((30, 8), np.int16), flat.getvalue(), base64.b64encode(flat.getvalue()),
+                    {"routed_experts": np.zeros(5, np.int32)}):
+        with pytest.raises(PayloadDecodeError, match=r"'x'.*routed_experts.*has shape \((30, 8|5,)\)"):
+            r3store.decode_vllm("x", payload)
+    with pytest.raises(PayloadDecodeError, match="neither .npy bytes nor a base64"):
+        r3store.decode_vllm("x", b"\x00\x01 not base64")
+
+
+@pytest.mark.parametrize("payload", [None, {"routed_experts": None}, {"text": "hi"}])
+def test_decode_vllm_without_routes_names_vllm_not_sglang(payload: Any) -> None:
+    with pytest.raises(PayloadDecodeError, match="capture enabled in vLLM") as info:
+        r3store.decode_vllm("x", payload)
+    assert "SGLang" not in str(info.value)
 
 
 def _npy(header: str, body: bytes = b"\x00" * 96, version: bytes = b"\x01\x00") -> bytes:
