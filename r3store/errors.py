@@ -40,6 +40,7 @@ builtin exception a caller would naturally catch, so ``except KeyError`` around
     ├── DiscardedSampleWarning                   open samples were dropped at close
     ├── CheckpointWarning                        a checkpoint was ignored (damaged, partial, foreign)
     ├── ClockSkewWarning                         a clock disagrees with the store's; a sample table was moved
+    ├── MetadataTypeWarning                      writers disagree on a metadata field's type: read as strings
     └── R3StoreDeprecationWarning (DeprecationWarning)  a deprecated name (the message names the release removing it)
 
 Errors keep the facts as attributes (``sample_id``, ``field``, ``path``, ...) and
@@ -66,6 +67,7 @@ __all__ = [
     "IncompleteSampleError",
     "LayerError",
     "LayoutOptionError",
+    "MetadataTypeWarning",
     "NotAStoreError",
     "ObjectNotFoundError",
     "OptionError",
@@ -585,6 +587,24 @@ class CheckpointWarning(R3StoreWarning):
         self.path = path
         self.fault = fault
         super().__init__(f"{path}: checkpoint ignored ({fault}); reading the sample tables instead")
+
+
+class MetadataTypeWarning(R3StoreWarning):
+    """Writers disagree on a user metadata field's type (int in one writer's commits, str in
+    another's): the field is read as strings for the whole store, so a filter on it compares
+    strings. Each writer keeps one type per field; writers do not see each other's.
+
+    Attributes
+    ----------
+    fields : dict of str to list of str
+        Each clashing field and the Arrow types found for it, e.g. ``{"step": ["int64", "string"]}``.
+    """
+
+    def __init__(self, fields: dict[str, list[str]]) -> None:
+        self.fields = fields
+        what = "; ".join(f"{name!r}: {' vs '.join(types)}" for name, types in sorted(fields.items()))
+        super().__init__(f"metadata fields of different types in different commits (writers disagree), read as "
+                         f"strings for every sample (a filter on them compares strings): {what}")
 
 
 class ClockSkewWarning(R3StoreWarning):

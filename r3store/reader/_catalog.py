@@ -67,6 +67,7 @@ from r3store.errors import (
     CheckpointWarning,
     DuplicateSampleError,
     FormatError,
+    MetadataTypeWarning,
     ObjectNotFoundError,
     OptionError,
     SampleNotFoundError,
@@ -896,7 +897,8 @@ def parse_commits(commits: Collection[str]) -> list[str]:
 
 def _clashing_metadata_as_strings(tables: list[pa.Table]) -> list[pa.Table]:
     """Cast user metadata columns that hold different, unmergeable types in different
-    commits (int in one writer's commits, str in another's) to string, so the store opens."""
+    commits (int in one writer's commits, str in another's) to string, so the store opens;
+    warns (:class:`r3store.errors.MetadataTypeWarning`) naming them."""
     reserved = set(table_schema().names)
     kinds: dict[str, set[pa.DataType]] = {}
     for t in tables:
@@ -905,6 +907,8 @@ def _clashing_metadata_as_strings(tables: list[pa.Table]) -> list[pa.Table]:
                 kinds.setdefault(f.name, set()).add(f.type)
     numeric = {pa.int64(), pa.float64()}
     clash = {name for name, types in kinds.items() if len(types) > 1 and not types <= numeric}
+    if clash:
+        warnings.warn(MetadataTypeWarning({name: sorted(map(str, kinds[name])) for name in clash}), stacklevel=5)
     out = []
     for t in tables:
         for name in clash.intersection(t.column_names):

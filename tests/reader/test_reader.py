@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import r3store
-from r3store.errors import DuplicateSampleError, FormatError, LayerError, SampleNotFoundError
+from r3store.errors import DuplicateSampleError, FormatError, LayerError, MetadataTypeWarning, SampleNotFoundError
 from r3store.testing.synthetic import uniform_routes
 from tests.routes import SPEC_4X16
 
@@ -331,7 +331,10 @@ def test_metadata_types_differing_between_writers(tmp_path) -> None:
         with r3store.RouteWriter(tmp_path, SPEC, config={"writer_id": wid}) as w:
             w.append(wid, routes, metadata=meta)
         time.sleep(0.002)
-    store = r3store.open_store(tmp_path)
+    with pytest.warns(MetadataTypeWarning, match=r"'flag': bool vs int64; 'label': int64 vs string") as seen:
+        store = r3store.open_store(tmp_path)  # said once, naming the fields (new-user finding: silent)
+    assert len(seen) == 1
+    assert seen[0].message.fields == {"flag": ["bool", "int64"], "label": ["int64", "string"]}  # type: ignore[union-attr]
     assert store.sample_ids == ["w1", "w2", "w3"]
     cols = store.samples.to_pydict()
     assert cols["score"] == [1.0, 0.5, None]  # int and float merge to float
