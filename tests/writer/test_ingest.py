@@ -285,7 +285,7 @@ def test_decode_vllm_reads_raw_npy_bytes_and_refuses_routes_that_are_not_3d() ->
                     {"routed_experts": np.zeros(5, np.int32)}):
         with pytest.raises(PayloadDecodeError, match=r"'x'.*routed_experts.*has shape \((30, 8|5,)\)"):
             r3store.decode_vllm("x", payload)
-    with pytest.raises(PayloadDecodeError, match="neither .npy bytes nor a base64"):
+    with pytest.raises(PayloadDecodeError, match=r"neither \.npy bytes nor a base64"):
         r3store.decode_vllm("x", b"\x00\x01 not base64")
 
 
