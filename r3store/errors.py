@@ -271,7 +271,9 @@ class RangeError(OptionError, IndexError):
     value : object
         The range as given.
     bounds : str
-        The valid range, in words (``"rows 0 to 8 (9 rows)"``).
+        The sample's rows, in words (``"9 rows (0 to 8)"``).
+    fault : str
+        What is wrong, the sample and its rows, in words (what the command line prints).
     """
 
     def __init__(self, sample_id: str, option: str, value: Any, bounds: str, fault: str) -> None:
@@ -279,8 +281,8 @@ class RangeError(OptionError, IndexError):
         self.option = option
         self.value = value
         self.bounds = bounds
-        self.fault = f"{fault}; the sample has {bounds}"
-        Exception.__init__(self, f"sample {sample_id!r}: {option}={_short_repr(value)}: {self.fault}")
+        self.fault = f"{fault}; sample {sample_id!r} has {bounds}"
+        Exception.__init__(self, f"{option}={_short_repr(value)}: {self.fault}")
 
 
 class AlignmentError(R3StoreError, ValueError):
