@@ -166,10 +166,11 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
     console = make_console()
     fit = layers_that_fit(console.width, num_experts=store.spec.num_experts, top_k=store.spec.top_k,
                           row_digits=6)  # rows up to 999,999
+    note = None
     if chosen is None and not as_json and store.spec.num_moe_layers > fit:
         chosen = list(store.spec.moe_layers[:fit])
-        console.print(f"showing MoE layers {chosen[0]}..{chosen[-1]} of {store.spec.num_moe_layers}; "
-                      "pick others with --layers (--json shows all)", highlight=False)
+        note = (f"showing MoE layers {chosen[0]}..{chosen[-1]} of {store.spec.num_moe_layers}; "
+                "pick others with --layers (--json shows all)")
     try:
         result = run_show(store, sample_id, chosen, window)
     except OptionError as exc:  # a RangeError: the library's words, with the option as typed
@@ -186,6 +187,8 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
     if as_json:
         echo_json(result)
     else:
+        if note:  # once the rows are known good: a bad --rows is the one line on stderr
+            console.print(note, highlight=False)
         render_show(result, console)
         if rows is None and result["num_rows"] > DEFAULT_ROWS:
             console.print(f"showing rows 0-{DEFAULT_ROWS - 1} of {result['num_rows']:,}: --rows a:b shows others, "

@@ -106,9 +106,10 @@ def test_the_command_line_and_the_library_say_the_same(small_store_dir: Path) ->
     reader = r3store.open_store(small_store_dir)
     with pytest.raises(RangeError) as info:
         reader.get("s0", rows=slice(3, 12))
-    result = run_cli("show", str(small_store_dir), "s0", "--rows", "3:12")
+    result = run_cli("show", str(small_store_dir), "s0", "--rows", "3:12", columns=20)  # one layer fits
     assert result.exit_code == 2
     assert result.stderr.strip() == f"error: --rows '3:12': {info.value.fault}"
+    assert result.stdout == ""  # no "showing MoE layers" note before the error
     assert "sample 's0' has 10 rows (0 to 9)" in info.value.fault
 
 
