@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 
 import r3store
@@ -90,3 +91,16 @@ def test_closest_names_prefers_close_spellings_then_prefixes() -> None:
     assert closest_names("cp", ["layout", "cp_size", "cp_rank"]) == ("cp_size", "cp_rank")
     assert closest_names("layuot", ["layout", "cp_size"]) == ("layout",)
     assert closest_names("q", ["layout"]) == ()
+
+
+def test_an_entry_point_keyword_typo_points_at_the_settings_field(tmp_path: Any) -> None:
+    spec = r3store.ModelSpec(num_layers=2, num_experts=8, top_k=2)
+    with pytest.raises(TypeError, match=r"^RouteWriter\(\) got an unexpected keyword argument 'chunk_row'; "
+                                        r"did you mean config=\{'chunk_rows': \.\.\.\}\?$"):
+        r3store.RouteWriter(tmp_path / "w", spec, chunk_row=2)
+    with r3store.RouteWriter(tmp_path / "s", spec) as w:
+        w.append("a", np.array([[[0, 1], [2, 3]]], np.int32))
+    with pytest.raises(TypeError, match=r"did you mean reader=\{'on_duplicate': \.\.\.\}\?"):
+        r3store.open_store(tmp_path / "s", on_duplicates="first")
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'zzz'$"):  # nothing close: Python's words
+        r3store.open_store(tmp_path / "s", zzz=1)
