@@ -97,7 +97,7 @@ def resolve_config(cls: type[C], func: str, param: str, config: C | Mapping[str,
     names = getattr(cls, "LOOSE_KEYWORDS", ()) if aliases is None else aliases
     for key in deprecated:
         if key not in names:
-            close = closest_names(key, [f.name for f in dataclasses.fields(cls) if f.init], n=1)
+            close = closest_names(key, [f.name for f in dataclasses.fields(cast(Any, cls)) if f.init], n=1)
             hint = f"; did you mean {param}={{{close[0]!r}: ...}}?" if close else ""
             raise TypeError(f"{func}() got an unexpected keyword argument {key!r}{hint}")
     loose = loose_fields(func, deprecated, {name: f"{param}.{name}" for name in names}, stacklevel=5)
