@@ -14,6 +14,8 @@ Bad sample or route *input* is not checked here: it raises
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeGuard, TypeVar, cast
@@ -21,11 +23,13 @@ from typing import Any, Protocol, TypeGuard, TypeVar, cast
 import numpy as np
 
 from r3store._deprecated import loose_fields
-from r3store.errors import OptionError
+from r3store.errors import OptionError, UnknownOptionError
 
 __all__ = [
     "MAX_ROWS",
     "ErrorFactory",
+    "check_field_names",
+    "closest_names",
     "config_fields",
     "config_from_dict",
     "is_int",
@@ -36,6 +40,7 @@ __all__ = [
     "parse_optional_int",
     "resolve_config",
     "same_value",
+    "strict_fields",
 ]
 
 MAX_ROWS = 1 << 40
@@ -84,11 +89,17 @@ def resolve_config(cls: type[C], func: str, param: str, config: C | Mapping[str,
     Raises
     ------
     TypeError
-        A keyword is not one of ``aliases``.
+        A keyword is not one of ``aliases`` (Python's words; when it is close to a field of
+        ``cls``, "did you mean <param>={'<field>': ...}?").
     r3store.errors.OptionError
         As ``cls.resolve`` (a field given both ways with different values, a bad value).
     """
     names = getattr(cls, "LOOSE_KEYWORDS", ()) if aliases is None else aliases
+    for key in deprecated:
+        if key not in names:
+            close = closest_names(key, [f.name for f in dataclasses.fields(cast(Any, cls)) if f.init], n=1)
+            hint = f"; did you mean {param}={{{close[0]!r}: ...}}?" if close else ""
+            raise TypeError(f"{func}() got an unexpected keyword argument {key!r}{hint}")
     loose = loose_fields(func, deprecated, {name: f"{param}.{name}" for name in names}, stacklevel=5)
     return cast(C, cls.resolve(config, **loose.get(param, {})))
 
@@ -145,28 +156,99 @@ def same_value(a: Any, b: Any) -> bool:
 
 
 def config_fields(cls: type) -> frozenset[str]:
-    """Field names of a dataclass."""
-    return frozenset(f.name for f in dataclasses.fields(cls))
+    """Field names of a dataclass (those its ``__init__`` takes)."""
+    return frozenset(f.name for f in dataclasses.fields(cls) if f.init)
 
 
-def config_from_dict(cls: type[D], d: Any, *, name: str, unknown: str) -> D:
+def closest_names(name: object, valid: Sequence[str], *, n: int = 2) -> tuple[str, ...]:
+    """The names of ``valid`` closest to ``name``, best first, at most ``n``; empty when none is close.
+
+    ``difflib.get_close_matches`` (cutoff 0.6) first; when it finds none, the names that
+    ``name`` is a prefix of (or that are a prefix of it), in the order of ``valid`` (a short
+    prefix such as ``"cp"`` scores low against ``"cp_size"``).
+
+    Examples
+    --------
+    >>> closest_names("cp_sise", ["layout", "cp_size", "cp_rank", "tp_size"])
+    ('cp_size', 'tp_size')
+    >>> closest_names("cp", ["layout", "cp_size", "cp_rank", "tp_size"])
+    ('cp_size', 'cp_rank')
+    >>> closest_names("xyz", ["cp_size"])
+    ()
+    """
+    text = str(name)
+    found = difflib.get_close_matches(text, list(valid), n=n, cutoff=0.6)
+    if not found and len(text) >= 2:
+        found = [v for v in valid if v.startswith(text) or text.startswith(v)][:n]
+    return tuple(found)
+
+
+def check_field_names(cls: type, names: Mapping[str, Any], *, unknown: str | None = None) -> None:
+    """Refuse a name of ``names`` that is not a field of the settings dataclass ``cls``: the
+    one check behind every settings object's keyword construction and ``from_dict``.
+
+    Parameters
+    ----------
+    cls : type
+        The settings dataclass (its error class is ``cls.UNKNOWN_ERROR`` when it has one,
+        else :class:`r3store.errors.UnknownOptionError`).
+    names : mapping
+        Name -> value as given.
+    unknown : str, optional
+        For the dict form: the fault said of an unknown key (``"is not a reader option"``);
+        without it the names are keywords and the message reads as Python's own.
+
+    Raises
+    ------
+    r3store.errors.UnknownOptionError
+        (a ``TypeError`` and a ``ValueError``) naming ``cls``, the first unknown name and
+        the closest valid names ("did you mean 'cp_size'?"), or every field when none is close.
+    """
+    fields = config_fields(cls)
+    for key, value in names.items():
+        if key not in fields:
+            error: type[UnknownOptionError] = getattr(cls, "UNKNOWN_ERROR", UnknownOptionError)
+            ordered = [f.name for f in dataclasses.fields(cls) if f.init]  # declaration order: main fields first
+            raise error(cls.__name__, str(key), value, closest_names(key, ordered), tuple(sorted(fields)),
+                        unknown=unknown)
+
+
+S = TypeVar("S", bound=type)
+
+
+def strict_fields(cls: S) -> S:
+    """Class decorator (applied over ``@dataclass``): keyword construction with a name that is
+    no field raises :class:`r3store.errors.UnknownOptionError` (via :func:`check_field_names`)
+    instead of Python's bare ``TypeError``; everything else is the dataclass's ``__init__``."""
+    init: Callable[..., None] = vars(cls)["__init__"]  # the one @dataclass wrote
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        check_field_names(cls, kwargs)
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__  # type: ignore[misc]
+    return cls
+
+
+def config_from_dict(cls: type[D], d: Any, *, name: str, unknown: str, error: ErrorFactory = OptionError) -> D:
     """A settings object ``cls(**d)`` from a mapping (missing keys: defaults): the one
-    ``from_dict`` of ReaderOptions, WriterConfig and RouteColumns.
+    ``from_dict`` of LayoutOptions, ReaderOptions, WriterConfig and RouteColumns.
 
     ``name`` is the parameter ``d`` stands for and ``unknown`` the fault said of a key that is
-    not a field of ``cls`` (for messages).
+    not a field of ``cls`` (for messages); ``error`` builds the error for a ``d`` that is no mapping.
 
     Raises
     ------
     r3store.errors.OptionError
-        ``d`` is not a mapping, holds an unknown key, or a value is invalid (``cls``'s checks).
+        ``d`` is not a mapping, or a value is invalid (``cls``'s checks).
+    r3store.errors.UnknownOptionError
+        ``d`` holds a key that is no field of ``cls`` (names the closest fields).
     """
     if not isinstance(d, Mapping):
-        raise OptionError(name, d, "must be a mapping")
+        raise error(name, d, "must be a mapping")
     data: dict[str, Any] = dict(d)
-    for key, value in data.items():
-        if key not in config_fields(cls):
-            raise OptionError(str(key), value, unknown)
+    check_field_names(cls, data, unknown=unknown)
     make: Callable[..., D] = cls
     return make(**data)
 

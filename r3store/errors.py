@@ -13,7 +13,10 @@ builtin exception a caller would naturally catch, so ``except KeyError`` around
     │   ├── RowCountError                        rows != num_tokens - 1
     │   └── PayloadDecodeError                   an engine payload cannot be decoded
     ├── OptionError (ValueError)                 a setting or argument has a bad value
-    │   └── LayoutOptionError                    a layout option has a bad value
+    │   ├── LayoutOptionError                    a layout option has a bad value
+    │   ├── UnknownOptionError (TypeError)       a settings object has no field of this name
+    │   │   └── UnknownLayoutOptionError         ... and the object is LayoutOptions
+    │   └── RangeError (IndexError)              a row or layer range reaches past a sample
     ├── AlignmentError (ValueError)              routes and tokens do not belong together
     ├── DuplicateSampleError (ValueError)        a sample id is written twice
     ├── ContinuationError (ValueError)           a multi-turn append leaves a gap or overlap
@@ -75,6 +78,7 @@ __all__ = [
     "R3StoreDeprecationWarning",
     "R3StoreError",
     "R3StoreWarning",
+    "RangeError",
     "ReadOnlyStoreError",
     "ReplayError",
     "ResumeError",
@@ -89,6 +93,8 @@ __all__ = [
     "StorageError",
     "StoreIdentityError",
     "UnknownCodecError",
+    "UnknownLayoutOptionError",
+    "UnknownOptionError",
     "WriterClosedError",
 ]
 
@@ -201,6 +207,84 @@ class OptionError(R3StoreError, ValueError):
 
 class LayoutOptionError(OptionError):
     """A layout option (or an argument of a layout function) has a bad value."""
+
+
+class UnknownOptionError(OptionError, TypeError):
+    """A settings object (``LayoutOptions``, ``ReaderOptions``, ``WriterConfig``,
+    ``RouteColumns``, ...) was given a name that is none of its fields, as a keyword or as
+    a key of its dict form.
+
+    Also a ``TypeError`` (what Python raises for an unexpected keyword argument) and a
+    ``ValueError`` (what ``from_dict`` raised for an unknown key), so either handler
+    catches it.
+
+    Attributes
+    ----------
+    owner : str
+        The settings class (``"LayoutOptions"``).
+    option : str
+        The unknown name.
+    value : object
+        The value given under it.
+    suggestions : tuple of str
+        The closest field names (``difflib``), best first; may be empty.
+    fields : tuple of str
+        Every field name of ``owner``, sorted.
+
+    ``unknown`` (the dict form) is the fault said of a key (``"is not a layout option"``);
+    without it the message starts as Python's own for a keyword argument.
+    """
+
+    def __init__(self, owner: str, option: str, value: Any, suggestions: tuple[str, ...],
+                 fields: tuple[str, ...], *, unknown: str | None = None) -> None:
+        self.owner = owner
+        self.option = option
+        self.value = value
+        self.suggestions = tuple(suggestions)
+        self.fields = tuple(fields)
+        if unknown is None:  # keyword construction: Python's own words, then the help
+            head = f"{owner}() got an unexpected keyword argument {option!r}"
+        else:  # the dict form
+            head = f"{owner}.from_dict: {option}={_short_repr(value)}: {unknown}"
+        if self.suggestions:
+            tail = "did you mean " + " or ".join(map(repr, self.suggestions)) + "?"
+        else:
+            tail = "its fields: " + ", ".join(self.fields)
+        self.fault = f"{head}; {tail}"
+        Exception.__init__(self, self.fault)
+
+
+class UnknownLayoutOptionError(UnknownOptionError, LayoutOptionError):
+    """An :class:`UnknownOptionError` of :class:`r3store.LayoutOptions` (so also a
+    :class:`LayoutOptionError`, which ``LayoutOptions.from_dict`` raised before)."""
+
+
+class RangeError(OptionError, IndexError):
+    """A row range (``rows=``) or a layer range (``layers=``) reaches past a sample.
+
+    Readers refuse such a range instead of clipping it as numpy slicing does: fewer
+    rows than asked for, silently, is the off-by-one R3 exists to stop.
+
+    Attributes
+    ----------
+    sample_id : str
+    option : str
+        ``"rows"`` or ``"layers"``.
+    value : object
+        The range as given.
+    bounds : str
+        The sample's rows, in words (``"9 rows (0 to 8)"``).
+    fault : str
+        What is wrong, the sample and its rows, in words (what the command line prints).
+    """
+
+    def __init__(self, sample_id: str, option: str, value: Any, bounds: str, fault: str) -> None:
+        self.sample_id = sample_id
+        self.option = option
+        self.value = value
+        self.bounds = bounds
+        self.fault = f"{fault}; sample {sample_id!r} has {bounds}"
+        Exception.__init__(self, f"{option}={_short_repr(value)}: {self.fault}")
 
 
 class AlignmentError(R3StoreError, ValueError):
@@ -359,13 +443,20 @@ class LayerError(R3StoreError, IndexError):
     ----------
     layer : int
     moe_layers : tuple of int
+    fault : str
+    sample_id : str or None
+        The sample being read, when the layers were asked of one (``get``).
     """
 
-    def __init__(self, layer: int, moe_layers: tuple[int, ...], fault: str = "is not a stored MoE layer") -> None:
+    def __init__(self, layer: int, moe_layers: tuple[int, ...], fault: str = "is not a stored MoE layer", *,
+                 sample_id: str | None = None, layers: Any = None) -> None:
         self.layer = layer
         self.moe_layers = tuple(moe_layers)
+        self.fault = fault
+        self.sample_id = sample_id
         span = _span(self.moe_layers)
-        super().__init__(f"decoder layer {layer} {fault} (MoE layers: {span})")
+        where = "" if sample_id is None else f"sample {sample_id!r}: layers={_short_repr(layers)}: "
+        super().__init__(f"{where}decoder layer {layer} {fault} (MoE layers: {span})")
 
 
 class NotAStoreError(R3StoreError, FileNotFoundError):

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from r3store._validate import repeated_ids
-from r3store.errors import OptionError
-from r3store.reader import RouteReader
+from r3store.errors import OptionError, RangeError
+from r3store.reader import RouteReader, describe_rows, sample_rows
 
 __all__ = ["parse_layers", "parse_rows", "show"]
 
@@ -117,8 +117,10 @@ def show(store: RouteReader, sample_id: str, layers: Sequence[int] | None = None
     r3store.errors.SampleNotFoundError
     r3store.errors.LayerError
         A layer is not a stored MoE layer.
-    r3store.errors.OptionError
-        ``rows`` has a step other than 1, or selects no row of a sample that has rows.
+    r3store.errors.RangeError
+        (an OptionError) ``rows`` has a step other than 1, reaches past either end of the
+        sample (:func:`r3store.reader.sample_rows`: never clipped), or selects no row of a
+        sample that has rows.
 
     Examples
     --------
@@ -133,14 +135,10 @@ def show(store: RouteReader, sample_id: str, layers: Sequence[int] | None = None
     row = store.row(sample_id, include_quarantined=True)
     spec = store.spec
     chosen = list(spec.moe_layers) if layers is None else [int(v) for v in layers]
-    start, stop, step = (rows or slice(None)).indices(int(row["num_rows"]))
-    if step != 1:
-        raise OptionError("rows", rows, "must have step 1")
-    if rows is not None and stop <= start and row["num_rows"]:
-        text = ":".join("" if v is None else str(v) for v in (rows.start, rows.stop))
-        n = row["num_rows"]
-        raise OptionError("rows", text, f"select none of the sample's {n} rows (0 to {n - 1})")
-    stop = max(start, stop)
+    n = int(row["num_rows"])
+    start, stop = sample_rows(sample_id, rows, n)  # the readers' rule: past either end is refused, never clipped
+    if rows is not None and stop == start and n:
+        raise RangeError(sample_id, "rows", rows, describe_rows(n), "selects no row")
     ids = store.get(sample_id, chosen, rows=slice(start, stop), include_quarantined=True)
     missing = store.missing_rows(sample_id, include_quarantined=True)
     spans = store.policy_spans(sample_id, include_quarantined=True)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import click
 
-from r3store.cli._options import echo_json, handle_errors, parse_storage_options, plural, storage_option_flag
+from r3store.cli._options import (
+    colour_flag,
+    echo_json,
+    handle_errors,
+    parse_storage_options,
+    plural,
+    storage_option_flag,
+)
 
 __all__ = ["compact"]
 
@@ -13,6 +20,7 @@ __all__ = ["compact"]
 @click.argument("url")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (schema/cli-compact.schema.json).")
 @storage_option_flag
+@colour_flag
 @handle_errors
 def compact(url: str, as_json: bool, storage_options: tuple[str, ...]) -> None:
     """Write a checkpoint of every commit so far, so the store at URL opens from one file.

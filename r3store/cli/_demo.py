@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from r3store.cli._inspect import render_summary
-from r3store.cli._options import BadValue, MissingExtra, handle_errors, make_console, styled
+from r3store.cli._options import BadValue, MissingExtra, colour_flag, handle_errors, make_console, styled
 
 __all__ = ["demo"]
 
@@ -18,6 +18,7 @@ __all__ = ["demo"]
 @click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--writers", default=4, show_default=True, help="Rollout-worker processes writing the trace.")
 @click.option("--loader-workers", default=2, show_default=True, help="DataLoader worker processes.")
+@colour_flag
 @handle_errors
 def demo(directory: Path | None, writers: int, loader_workers: int) -> None:
     """Run the main job on the bundled real FLAME-MoE-290M trace.

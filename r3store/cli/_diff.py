@@ -9,7 +9,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from r3store.cli._options import handle_errors, parse_storage_options, plural, storage_option_flag, warn_duplicates
+from r3store.cli._options import (
+    colour_flag,
+    handle_errors,
+    parse_storage_options,
+    plural,
+    storage_option_flag,
+    warn_duplicates,
+)
 from r3store.cli._scan import (
     NothingSelected,
     emit,
@@ -105,6 +112,7 @@ def plot_diff(result: dict[str, Any], path: str, size: tuple[int, int]) -> None:
 @plot_options
 @scan_options
 @storage_option_flag
+@colour_flag
 @handle_errors
 def diff(url_a: str, url_b: str, as_json: bool, plot_path: str | None, plot_size: str, sample_filter: str | None,
          limit: int | None, workers: int | None, ray_address: str | None, storage_options: tuple[str, ...]) -> None:

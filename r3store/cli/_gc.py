@@ -10,6 +10,7 @@ from rich.text import Text
 
 from r3store.cli._options import (
     BadValue,
+    colour_flag,
     echo_json,
     handle_errors,
     make_console,
@@ -36,6 +37,7 @@ def parse_duration(text: str, option: str = "--older-than") -> float:
 @click.option("--delete", is_flag=True, help="Remove the leftovers (default: only list them).")
 @click.option("--json", "as_json", is_flag=True, help="Print the leftovers as JSON.")
 @storage_option_flag
+@colour_flag
 @handle_errors
 def gc(url: str, older_than: str, delete: bool, as_json: bool, storage_options: tuple[str, ...]) -> None:
     """List (or --delete) uncommitted leftovers of crashed writers. Committed data is never touched.

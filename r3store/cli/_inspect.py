@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from r3store.cli._options import (
+    colour_flag,
     echo_json,
     handle_errors,
     make_console,
@@ -97,6 +98,7 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
               help="Read remote route and index objects through a local copy in this folder.")
 @storage_option_flag
+@colour_flag
 @handle_errors
 def inspect(url: str, as_json: bool, cache_dir: str | None, storage_options: tuple[str, ...]) -> None:
     """Summarise the store at URL: samples, tokens, spec, bytes, bits per expert id, commits."""

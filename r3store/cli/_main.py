@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from r3store.cli._options import colour_flag
+
 __all__ = ["COMMANDS", "main"]
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -90,5 +92,6 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               help="Show the version (and which codec kernels run) and exit.")
+@colour_flag
 def main() -> None:
     """r3store: routing traces for Rollout Routing Replay (R3)."""

@@ -17,10 +17,10 @@ from rich.text import Text
 
 from r3store.errors import R3StoreError
 
-__all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_OK", "BadValue", "MissingExtra", "SafeConsole", "echo_json",
-           "error_line", "exit_on_error", "exit_on_usage", "handle_errors", "is_local_url", "is_one_line_usage",
-           "json_text", "make_console", "parse_storage_options", "plural", "printable", "quiet_stdout",
-           "storage_option_flag", "styled", "warn_duplicates"]
+__all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_OK", "BadValue", "MissingExtra", "SafeConsole", "colour_flag",
+           "echo_json", "error_line", "exit_on_error", "exit_on_usage", "handle_errors", "is_local_url",
+           "is_one_line_usage", "json_text", "make_console", "parse_storage_options", "plural", "printable",
+           "quiet_stdout", "storage_option_flag", "styled", "uses_colour", "warn_duplicates"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -149,6 +149,24 @@ def storage_option_flag(func: F) -> F:
     )(func)
 
 
+NO_COLOR_META = "r3store.no_color"
+"""Key of ``click.Context.meta`` set by ``--no-color`` (the meta dict is shared by the group and its command)."""
+
+
+def _set_no_color(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.meta[NO_COLOR_META] = True
+
+
+def colour_flag(func: F) -> F:
+    """Add ``--no-color`` to a command (the group takes it too: ``r3store --no-color show ...``)."""
+    return click.option(
+        "--no-color", is_flag=True, expose_value=False, callback=_set_no_color,
+        help="No colours or styles, as with NO_COLOR=1 or output that is no terminal (show then marks "
+             "faulty cells with ! and * instead of red and yellow).",
+    )(func)
+
+
 def make_console(*, stderr: bool = False) -> Console:
     """A rich console that never reads markup in what it prints, and escapes control characters.
 
@@ -156,9 +174,19 @@ def make_console(*, stderr: bool = False) -> Console:
     ``[/:]``) are data: printed verbatim, never as rich markup (``[bold]x`` stays
     ``[bold]x``, ``[/]`` cannot raise ``MarkupError``). Styles are given as
     :class:`rich.text.Text` spans (:func:`styled`) instead. Control characters are
-    escaped (:class:`SafeConsole`, :func:`printable`).
+    escaped (:class:`SafeConsole`, :func:`printable`). Colours follow rich's rules (none
+    when the output is no terminal or ``NO_COLOR`` is set); ``--no-color`` turns off every
+    style. Whatever a colour says is also said in words when colours are off (:func:`uses_colour`).
     """
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.meta.get(NO_COLOR_META):
+        return SafeConsole(stderr=stderr, markup=False, highlight=False, color_system=None, no_color=True)
     return SafeConsole(stderr=stderr, markup=False, highlight=False)
+
+
+def uses_colour(console: Console) -> bool:
+    """Whether ``console`` shows colours: a terminal (or ``FORCE_COLOR``), no ``NO_COLOR``, no ``--no-color``."""
+    return console.color_system is not None and not console.no_color
 
 
 def styled(*parts: str | tuple[str, str]) -> Text:

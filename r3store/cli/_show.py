@@ -12,12 +12,14 @@ from rich.text import Text
 
 from r3store.cli._options import (
     BadValue,
+    colour_flag,
     handle_errors,
     make_console,
     parse_storage_options,
     printable,
     storage_option_flag,
     styled,
+    uses_colour,
     warn_duplicates,
 )
 from r3store.cli._scan import echo_json
@@ -94,18 +96,28 @@ def render_show(result: dict[str, Any], console: Console) -> None:
     width = _cell_width(console, len(result["layers"]), len(str(max(result["row_stop"] - 1, 0))))
     for layer in result["layers"]:
         table.add_column(f"L{layer}", justify="left", no_wrap=True)
-    bad = {tuple(c): "red" for c in result["out_of_range"]}
-    bad.update({tuple(c): "yellow" for c in result["repeated"] if tuple(c) not in bad})
+    out_of_range = {tuple(c) for c in result["out_of_range"]}
+    repeated = {tuple(c) for c in result["repeated"]}
+    colour = uses_colour(console)
     for t, row in enumerate(result["routes"], start=result["row_start"]):
         cells = []
         for layer, ids in zip(result["layers"], row, strict=True):
             text = ",".join(map(str, ids)) if ids[0] >= 0 else "(not captured)"
-            style = bad.get((t, layer))
-            cells.append(Text(_pack(text, width), style=style or ""))
+            where = (t, layer)
+            if colour:
+                style = "red" if where in out_of_range else "yellow" if where in repeated else ""
+                cells.append(Text(_pack(text, width), style=style))
+            else:  # the same facts as text markers: a legend of colours means nothing without them
+                marks = ("!" if where in out_of_range else "") + ("*" if where in repeated else "")
+                cells.append(Text(_pack(f"{text} {marks}" if marks else text, width)))
         table.add_row(str(t), *cells)
     console.print(table)
-    if bad:
-        console.print(styled(("red", "red"), ": ids >= num_experts; ", ("yellow", "yellow"), ": repeated id"))
+    n = result["num_experts"]
+    if (out_of_range or repeated) and colour:
+        console.print(styled(("red", "red"), f": a cell holding an id >= num_experts ({n}); ",
+                             ("yellow", "yellow"), ": a cell holding an id twice"))
+    elif out_of_range or repeated:
+        console.print(f"!: a cell holding an id >= num_experts ({n}); *: a cell holding an id twice")
 
 
 def _parse(value: str | None, parser: Any, hint: str) -> Any:
@@ -128,6 +140,7 @@ def _parse(value: str | None, parser: Any, hint: str) -> Any:
                    "--json: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print the ids as JSON (schema/cli-show.schema.json).")
 @storage_option_flag
+@colour_flag
 @handle_errors
 def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json: bool,
          storage_options: tuple[str, ...]) -> None:
@@ -136,7 +149,8 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
     The table shows as many of the first MoE layers as fit the terminal with each cell's
     ids on one line (up to 8) unless --layers names others (--json gives every MoE layer). Quarantined
     samples are shown too (one whose routes could not be stored has none to show: exit 2,
-    with its reason). Cells with ids >= num_experts are red, cells repeating an id yellow.
+    with its reason). Cells with ids >= num_experts are red, cells repeating an id yellow;
+    without colours (not a terminal, NO_COLOR, --no-color) they end in ! and * instead.
     """
     from r3store.audit import parse_layers, parse_rows
     from r3store.audit import show as run_show
@@ -144,24 +158,25 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
 
     chosen = _parse(layers, parse_layers, "--layers")
     window = _parse(rows, parse_rows, "--rows")
-    if window is None and not as_json:
-        window = slice(0, DEFAULT_ROWS)  # a 32K-token sample is 32K lines: its head, and how to see the rest
     store = RouteReader.open(url, storage_options=parse_storage_options(storage_options, url),
                              reader={"on_duplicate": "first"})
     warn_duplicates(store, only=sample_id)
+    if window is None and not as_json:  # a 32K-token sample is 32K lines: its head, and how to see the rest
+        window = slice(0, min(DEFAULT_ROWS, int(store.row(sample_id, include_quarantined=True)["num_rows"])))
     console = make_console()
     fit = layers_that_fit(console.width, num_experts=store.spec.num_experts, top_k=store.spec.top_k,
                           row_digits=6)  # rows up to 999,999
+    note = None
     if chosen is None and not as_json and store.spec.num_moe_layers > fit:
         chosen = list(store.spec.moe_layers[:fit])
-        console.print(f"showing MoE layers {chosen[0]}..{chosen[-1]} of {store.spec.num_moe_layers}; "
-                      "pick others with --layers (--json shows all)", highlight=False)
+        note = (f"showing MoE layers {chosen[0]}..{chosen[-1]} of {store.spec.num_moe_layers}; "
+                "pick others with --layers (--json shows all)")
     try:
         result = run_show(store, sample_id, chosen, window)
-    except OptionError as exc:
+    except OptionError as exc:  # a RangeError: the library's words, with the option as typed
         if exc.option != "rows":
             raise
-        raise BadValue("--rows", rows, exc.fault) from exc
+        raise BadValue("--rows", rows or "", exc.fault) from exc
     except SampleNotFoundError as exc:
         if exc.quarantined is None:
             raise
@@ -172,6 +187,8 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
     if as_json:
         echo_json(result)
     else:
+        if note:  # once the rows are known good: a bad --rows is the one line on stderr
+            console.print(note, highlight=False)
         render_show(result, console)
         if rows is None and result["num_rows"] > DEFAULT_ROWS:
             console.print(f"showing rows 0-{DEFAULT_ROWS - 1} of {result['num_rows']:,}: --rows a:b shows others, "

@@ -13,6 +13,7 @@ from r3store.cli._gc import parse_duration
 from r3store.cli._options import (
     EXIT_FINDINGS,
     EXIT_OK,
+    colour_flag,
     handle_errors,
     make_console,
     parse_storage_options,
@@ -126,6 +127,7 @@ def young_leftovers(report: ValidationReport, url: str, options: dict[str, Any],
               help="Quarantined samples (and the faults in their routes) are faults too: exit status 1.")
 @scan_options
 @storage_option_flag
+@colour_flag
 @handle_errors
 def validate(url: str, as_json: bool, grace: str, strict: bool, sample_filter: str | None, limit: int | None,
              workers: int | None, ray_address: str | None, storage_options: tuple[str, ...]) -> None:

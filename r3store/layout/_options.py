@@ -19,8 +19,16 @@ from typing import Any, ClassVar, Literal, TypedDict, cast
 
 import numpy as np
 
-from r3store._checks import MAX_ROWS, config_fields, merge_config, parse_bool, parse_choice, parse_int
-from r3store.errors import LayoutOptionError
+from r3store._checks import (
+    MAX_ROWS,
+    config_from_dict,
+    merge_config,
+    parse_bool,
+    parse_choice,
+    parse_int,
+    strict_fields,
+)
+from r3store.errors import LayoutOptionError, UnknownLayoutOptionError
 from r3store.layout._frameworks import FRAMEWORKS, check_framework, default_pad_multiple
 
 __all__ = ["PAD_POLICIES", "ROUTE_DTYPES", "LayoutOptionError", "LayoutOptions", "LayoutOptionsDict"]
@@ -109,6 +117,7 @@ class LayoutOptionsDict(TypedDict, total=False):
     ep_size: int | None
 
 
+@strict_fields
 @dataclass(frozen=True, kw_only=True)
 class LayoutOptions:
     """How a trainer lays one micro-batch out (Miles' per-micro-batch route layout).
@@ -174,6 +183,9 @@ class LayoutOptions:
         If a field has the wrong type or is out of range (sizes and ``pad_multiple``
         at most ``2**31``, ``max_seqlen`` at most ``2**40``, ``fill_value`` an int32,
         in ``[0, 2**16)`` with ``packed``); the message names the field.
+    UnknownLayoutOptionError
+        (a ``LayoutOptionError`` and a ``TypeError``) a keyword is no field: names the
+        closest fields (``LayoutOptions(cp=2)``: "did you mean 'cp_size' or 'cp_rank'?").
     """
 
     layout: Literal["thd", "bshd", "sbhd"] = "thd"
@@ -191,6 +203,9 @@ class LayoutOptions:
     packed: bool = False
     framework: Literal["megatron", "verl", "slime", "miles", "nemo_rl", "skyrl", "prime_rl"] | None = None
     ep_size: int | None = None
+
+    UNKNOWN_ERROR: ClassVar[type[UnknownLayoutOptionError]] = UnknownLayoutOptionError
+    """Raised for a name that is no field (keyword or dict key)."""
 
     LOOSE_KEYWORDS: ClassVar[tuple[str, ...]] = (
         "layout", "cp_size", "cp_rank", "cp_mode", "tp_size", "tp_rank", "pad_multiple", "sequence_parallel",
@@ -271,15 +286,10 @@ class LayoutOptions:
         Raises
         ------
         LayoutOptionError
-            If ``d`` is not a mapping, holds an unknown key, or a value is invalid.
+            If ``d`` is not a mapping, holds an unknown key (``UnknownLayoutOptionError``,
+            naming the closest fields), or a value is invalid.
         """
-        if not isinstance(d, Mapping):
-            raise LayoutOptionError("options", d, "must be a mapping")
-        data: dict[str, Any] = dict(d)
-        for key, value in data.items():
-            if key not in config_fields(cls):
-                raise LayoutOptionError(str(key), value, "is not a layout option")
-        return cls(**data)
+        return config_from_dict(cls, d, name="options", unknown="is not a layout option", error=LayoutOptionError)
 
     @classmethod
     def resolve(cls, options: LayoutOptions | LayoutOptionsDict | Mapping[str, Any] | None = None,

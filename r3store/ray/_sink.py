@@ -28,7 +28,7 @@ import ray
 from ray.data.block import Block, BlockAccessor
 from ray.data.datasource import Datasink, WriteResult
 
-from r3store._checks import config_from_dict, merge_config, parse_choice
+from r3store._checks import config_from_dict, merge_config, parse_choice, strict_fields
 from r3store._deprecated import warn
 from r3store._spec import ModelSpec
 from r3store.errors import OptionError
@@ -59,6 +59,7 @@ class RouteColumnsDict(TypedDict, total=False):
     metadata: Sequence[str] | None
 
 
+@strict_fields
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RouteColumns:
     """Which columns of a Ray Dataset :func:`write_routes` reads, and what its routes column holds.
@@ -67,6 +68,8 @@ class RouteColumns:
     ------
     r3store.errors.OptionError
         A column name is not a str (or None where allowed), or ``payload`` is not a choice.
+    r3store.errors.UnknownOptionError
+        (also a ``TypeError``) a keyword is no field: names the closest fields ("did you mean ...?").
 
     Examples
     --------

@@ -11,6 +11,8 @@
   :func:`uncommitted_route_objects`);
 * :func:`compact` (``_compact.py``): a checkpoint of every commit so far, which
   catalogues start from (``load_checkpoint``, ``checkpoint_keys``);
+* :func:`sample_rows`: the one rule for a row range of a sample (``get(rows=)``,
+  ``show --rows``): past either end is refused, never clipped;
 * :func:`filter_samples`: the rows of a sample table a pyarrow compute expression
   selects (the one code path behind every ``filter=``);
 * the chunk reader (``_chunks.py``): array documents checked against their commit,
@@ -38,6 +40,7 @@ from r3store.reader._chunks import merge_ranges
 from r3store.reader._compact import CompactResult, compact
 from r3store.reader._filter import filter_samples
 from r3store.reader._options import ReaderOptions, ReaderOptionsDict
+from r3store.reader._ranges import describe_rows, sample_rows
 from r3store.reader._reader import RouteReader
 
 __all__ = [
@@ -52,10 +55,12 @@ __all__ = [
     "checkpoint_keys",
     "committed_commits",
     "compact",
+    "describe_rows",
     "filter_samples",
     "load_checkpoint",
     "merge_ranges",
     "read_all_rows",
+    "sample_rows",
     "table_keys",
     "uncommitted_route_objects",
 ]

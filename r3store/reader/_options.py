@@ -26,6 +26,7 @@ from r3store._checks import (
     parse_int,
     parse_optional_int,
     same_value,
+    strict_fields,
 )
 from r3store.errors import OptionError
 from r3store.reader._catalog import ON_DUPLICATE, parse_commits
@@ -45,6 +46,7 @@ class ReaderOptionsDict(TypedDict, total=False):
     use_checkpoint: bool
 
 
+@strict_fields
 @dataclass(frozen=True, kw_only=True, eq=False)
 class ReaderOptions:
     """How a store is opened for reading (:func:`r3store.open_store`, ``reader=``).
@@ -53,6 +55,8 @@ class ReaderOptions:
     ------
     r3store.errors.OptionError
         A field has the wrong type or is out of range; the message names it.
+    r3store.errors.UnknownOptionError
+        (also a ``TypeError``) a keyword is no field: names the closest fields ("did you mean ...?").
 
     Examples
     --------

@@ -32,6 +32,7 @@ from r3store.reader._catalog import (
 )
 from r3store.reader._chunks import ChunkReader
 from r3store.reader._options import ReaderOptions, ReaderOptionsDict
+from r3store.reader._ranges import sample_layers, sample_rows, sample_span
 from r3store.storage import Backend, open_backend
 
 __all__ = ["RouteReader", "open_reader"]
@@ -314,7 +315,9 @@ class RouteReader:
             Global decoder-layer indices (MoE layers only), in the order wanted, e.g. one
             pipeline stage's layers. Only the chunks of these layers are read and decoded.
         rows : slice, optional
-            Row range (step 1) within the sample.
+            Row range (step 1) within the sample; a negative index counts from the sample's
+            end. A range reaching past the sample is refused, never clipped
+            (``r3store.reader._ranges`` states the rules).
         include_quarantined : bool
             Also return samples the writer quarantined.
         out : ndarray of int32, optional
@@ -337,11 +340,15 @@ class RouteReader:
             (a KeyError) no such committed sample, or (with ``include_quarantined``) a
             quarantined sample whose routes could not be stored (none were kept).
         r3store.errors.LayerError
-            (an IndexError) a layer is not an MoE layer.
+            (an IndexError) a layer is not an MoE layer (names the sample and ``layers``).
+        r3store.errors.RangeError
+            (an OptionError and an IndexError) ``rows`` reaches past either end of the
+            sample, ends before it starts or has a step other than 1; names the sample,
+            ``rows`` and the sample's rows.
         r3store.errors.ChecksumError
             A chunk fails its CRC-32C; names the array and chunk.
         r3store.errors.OptionError
-            ``rows`` has a step other than 1, or ``out`` has the wrong shape, is read-only,
+            ``out`` has the wrong shape, is read-only,
             or its dtype is not a signed integer holding every expert id.
         r3store.errors.StorageError
         """
@@ -361,18 +368,12 @@ class RouteReader:
                                            "read, with or without include_quarantined=True; "
                                            "store.row(sample_id, include_quarantined=True) returns its sample-table "
                                            "row (reason, tokens, metadata)")
-        positions = self.spec.layer_positions(layers)
-        if rows is not None and not isinstance(rows, slice):
-            hint = f"; use slice{tuple(rows)!r}" if isinstance(rows, tuple) and len(rows) == 2 else ""
-            raise TypeError(f"rows must be a slice such as slice(0, 1024), got {type(rows).__name__}{hint}")
-        start, stop, step = (rows or slice(None)).indices(int(catalog.num_rows[i]))
-        if step != 1:
-            raise OptionError("rows", rows, "must have step 1")
+        positions = sample_layers(self.spec, sample_id, layers)
+        start, stop = sample_rows(sample_id, rows, int(catalog.num_rows[i]))
         base = int(catalog.row_start[i])
         array = catalog.array[i]
         _check_out(out, self.spec.num_experts - 1, signed=True)
         self._chunks.geometry(array)  # the whole array must match its sample table
-        stop = max(start, stop)
         got = self._chunks.read_rows(array, base + start, base + stop, positions, out=out)
         for a, b in catalog.missing_rows(i):
             if a < stop and b > start:
@@ -438,9 +439,7 @@ class RouteReader:
         by_array: dict[str, list[tuple[int, int, int]]] = {}
         for (sample_id, start, stop), first in zip(runs, starts, strict=True):
             i = catalog.locate(sample_id)
-            rows = int(catalog.num_rows[i])
-            if not 0 <= start <= stop <= rows:
-                raise OptionError("runs", (sample_id, start, stop), f"must lie within the sample's {rows} rows")
+            sample_span(sample_id, "runs", (sample_id, start, stop), start, stop, int(catalog.num_rows[i]))
             base = int(catalog.row_start[i])
             by_array.setdefault(catalog.array[i], []).append((base + start, base + stop, int(first)))
         for array, array_runs in by_array.items():
@@ -520,9 +519,12 @@ class RouteReader:
             The rows lie past the array's end (an array shorter than its sample table is
             read up to its end, for audits; see :meth:`geometry_of`).
         r3store.errors.OptionError
-            ``start`` is negative, or ``out`` has the wrong shape, is read-only or is not
-            of an integer dtype holding every expert id.
+            ``start`` or ``stop`` is no int, ``start`` is negative or ``stop < start``, or
+            ``out`` has the wrong shape, is read-only or is not of an integer dtype holding
+            every expert id.
         """
+        start = parse_int("start", start, minimum=0)
+        stop = parse_int("stop", stop, minimum=start)
         _check_out(out, self.spec.num_experts - 1, signed=False)
         return self._chunks.read_rows(array, start, stop, positions, out)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Literal, TypedDict, cast
 
-from r3store._checks import config_from_dict, merge_config, parse_choice, parse_int, parse_optional_int
+from r3store._checks import config_from_dict, merge_config, parse_choice, parse_int, parse_optional_int, strict_fields
 from r3store.errors import OptionError
 
 __all__ = ["WRITER_ID", "WriterConfig", "WriterConfigDict"]
@@ -36,6 +36,7 @@ class WriterConfigDict(TypedDict, total=False):
     codec: Literal["bitpack", "set"]
 
 
+@strict_fields
 @dataclass(frozen=True, kw_only=True)
 class WriterConfig:
     """Settings of a :class:`r3store.RouteWriter`.
@@ -44,6 +45,8 @@ class WriterConfig:
     ------
     r3store.errors.OptionError
         A field has the wrong type or is out of range; the message names it.
+    r3store.errors.UnknownOptionError
+        (also a ``TypeError``) a keyword is no field: names the closest fields ("did you mean ...?").
 
     Examples
     --------

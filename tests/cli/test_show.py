@@ -18,8 +18,10 @@ from tests.clirun import run_cli as run
     (["--rows", "-1"], "no negative numbers"),
     (["--rows", "-3:-1"], "no negative numbers"),
     (["--rows", "5:2"], "end must be greater"),
-    (["--rows", "99999999999999999999999:"], "select none of the sample's 10 rows"),
-    (["--rows", "10"], "select none"),
+    (["--rows", "99999999999999999999999:"], "starts past the end of the sample"),
+    (["--rows", "10"], "reaches past the end of the sample (stop 11 > 10); sample 's0' has 10 rows (0 to 9)"),
+    (["--rows", "0:11"], "reaches past the end of the sample (stop 11 > 10); sample 's0' has 10 rows (0 to 9)"),
+    (["--rows", "10:"], "selects no row; sample 's0' has 10 rows (0 to 9)"),
 ])
 def test_show_usage_errors(small_store_dir: Path, args: list[str], words: str) -> None:
     result = _cli("show", str(small_store_dir), "s0", *args)

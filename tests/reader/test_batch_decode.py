@@ -89,7 +89,8 @@ def test_any_codec_reads_the_same_routes(monkeypatch: pytest.MonkeyPatch, tmp_pa
     for sid, routes in store.items():
         np.testing.assert_array_equal(reader.get(sid), routes)
         np.testing.assert_array_equal(reader.get(sid, [6, 2, 3]), routes[:, [5, 1, 2]])
-        np.testing.assert_array_equal(reader.get(sid, rows=slice(3, 30)), routes[3:30])
+        rows = slice(min(3, len(routes)), min(30, len(routes)))  # within the sample: a range past it is refused
+        np.testing.assert_array_equal(reader.get(sid, rows=rows), routes[rows])
     out = np.zeros((40, 6, 4), np.uint8)
     reader.get_runs([("s1", 0, 16), ("s3", 10, 34)], out=out)
     np.testing.assert_array_equal(out, np.concatenate([store["s1"][:16], store["s3"][10:34]]))

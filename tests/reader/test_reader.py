@@ -20,7 +20,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import r3store
-from r3store.errors import DuplicateSampleError, FormatError, LayerError, MetadataTypeWarning, SampleNotFoundError
+from r3store.errors import (
+    DuplicateSampleError,
+    FormatError,
+    LayerError,
+    MetadataTypeWarning,
+    RangeError,
+    SampleNotFoundError,
+)
 from r3store.testing.synthetic import uniform_routes
 from tests.routes import SPEC_4X16
 
@@ -155,6 +162,12 @@ def test_round_trip_property(case: dict) -> None:
             np.testing.assert_array_equal(store.get(sid, layers=pick), want[:, positions])
             for a, b in case["slices"]:
                 sl = slice(a, b)
+                start = 0 if a is None else a + (n - 1) * (a < 0)
+                stop = n - 1 if b is None else b + (n - 1) * (b < 0)
+                if not 0 <= start <= stop <= n - 1:  # past the sample: refused, never clipped as numpy clips
+                    with pytest.raises(RangeError):
+                        store.get(sid, rows=sl)
+                    continue
                 np.testing.assert_array_equal(store.get(sid, rows=sl), want[sl])
                 np.testing.assert_array_equal(store.get(sid, pick, rows=sl), want[sl][:, positions])
         store.close()
@@ -202,12 +215,16 @@ def test_row_selection(small_store) -> None:
     path, data = small_store
     store = r3store.open_store(path)
     want = data["s4"]
-    for sl in (slice(3, 11), slice(-5, None), slice(None, 4), slice(30, 100), slice(10, 2), slice(0, 0)):
+    for sl in (slice(3, 11), slice(-5, None), slice(None, 4), slice(0, 0)):
         np.testing.assert_array_equal(store.get("s4", rows=sl), want[sl])
+    for sl in (slice(30, 100), slice(10, 2)):  # past the sample, reversed: refused, never clipped
+        with pytest.raises(RangeError, match="sample 's4' has"):
+            store.get("s4", rows=sl)
     with pytest.raises(ValueError, match="step 1"):
         store.get("s4", rows=slice(0, 10, 2))
     assert store.get("s1").shape == (0, 4, 3)
-    assert store.get("s1", rows=slice(0, 5)).shape == (0, 4, 3)
+    with pytest.raises(RangeError, match="sample 's1' has no rows"):
+        store.get("s1", rows=slice(0, 5))
 
 
 def test_lookup_api(small_store) -> None:
