@@ -99,8 +99,8 @@ from r3store.errors import (
 )
 from r3store.storage import LocalBackend
 
-__all__ = ["TARGETS", "crc", "frame_args", "frames", "guarded", "overread", "ray_blocks", "reads", "run", "unpack",
-           "writer", "writer_faults"]
+__all__ = ["TARGETS", "crc", "frame_args", "frames", "guarded", "overread", "ray_blocks", "reads", "run", "set_frames",
+           "unpack", "writer", "writer_faults"]
 
 Report = dict[str, Any]
 MAX_FAILURES = 20
@@ -449,6 +449,155 @@ def frame_args(seed: int = 0, cases: int | None = None, seconds: float | None = 
         run.check(rc_a == rc_b and np.array_equal(out_a, out_b),
                   lambda: f"numpy {rc_a} vs native {rc_b}, out equal {np.array_equal(out_a, out_b)}: {args}, "
                           f"ranges {ranges}, out {(rows_out, layers_out, top_k)} {dtype}, chunk {cr}x{lpc}")
+    return run.report()
+
+
+SET_EXPERTS = (1, 2, 3, 7, 8, 9, 16, 31, 32, 33, 64, 100, 128, 160, 255, 256, 257, 384, 511, 512, 1000, 1023, 1024)
+
+
+def _set_ids(rng: np.random.Generator, shape: tuple[int, int, int], experts: int) -> np.ndarray:
+    """Chunk ids for the set codec: mostly sets of distinct ids, some all-zero rows, some
+    exception rows (an id repeated, or one in ``[experts, 2**bits)``), sometimes a zero tail."""
+    cr, lpc, k = shape
+    bits = max(1, (experts - 1).bit_length())
+    ids = np.stack([rng.permutation(experts)[:k] for _ in range(cr * lpc)]).reshape(shape).astype(np.int64)
+    rows = ids.reshape(-1, k)
+    for r in range(len(rows)):
+        u = rng.random()
+        if u < 0.08:
+            rows[r] = 0
+        elif u < 0.14 and k > 1:
+            rows[r, int(rng.integers(1, k))] = rows[r, 0]  # an id repeated
+        elif u < 0.18 and (1 << bits) > experts:
+            rows[r, int(rng.integers(0, k))] = int(rng.integers(experts, 1 << bits))  # past num_experts
+    if rng.random() < 0.2:
+        ids.reshape(-1)[-int(rng.integers(1, ids.size + 1)):] = 0
+    return ids
+
+
+def _set_expected(ids: np.ndarray, experts: int) -> np.ndarray:
+    """What the set codec decodes ``ids`` to: each row of distinct ids below ``experts`` sorted."""
+    k = ids.shape[-1]
+    rows = ids.reshape(-1, k).copy()
+    for r in range(len(rows)):
+        row = rows[r]
+        if len(set(row.tolist())) == k and int(row.max()) < experts:
+            rows[r] = np.sort(row)
+    return rows.reshape(ids.shape)
+
+
+def set_frames(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """``SetCodec.decode_frames`` (the C ``set_decode_frames``, and the frame-by-frame twin) of
+    runs of set frames (exception rows, zero rows, zero tails, gaps between frames): both equal
+    the expected sets; one changed byte of one frame is reported at that frame or before on
+    both, and :meth:`SetCodec.decode` of the reported frame raises; frames decoded with the
+    codec of another table (experts or top-k) are refused at frame 0; places, lengths and
+    output rows/layers pushed past their bounds give the same result and ``out`` bytes on
+    both, nothing written outside ``out``."""
+    from r3store.codecs import SetCodec
+
+    run = _Run("set_frames", seed, cases, seconds)
+    rng = run.rng
+    impls = ["numpy", "native"]
+    for _ in run:
+        experts = int(rng.choice(SET_EXPERTS)) if rng.random() < 0.7 else int(rng.integers(1, 1025))
+        k = int(rng.integers(1, min(16, experts) + 1))
+        cr, lpc = int(rng.integers(1, 40)), int(rng.integers(1, 4))
+        nrc, nlc = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+        codec = SetCodec(experts, k)
+        chunks = [(r, b) for r in range(nrc) for b in range(nlc)]
+        rng.shuffle(chunks)
+        chunks = chunks[: int(rng.integers(1, len(chunks) + 1))]
+        gap = int(rng.integers(0, 9))
+        cols: dict[str, list[int]] = {c: [] for c in ("starts", "lengths", "rows", "layers", "rc", "lc")}
+        pieces, want, pos = [], [], gap
+        for i, (r, b) in enumerate(chunks):
+            ids = _set_ids(rng, (cr, lpc, k), experts)
+            frame = codec.encode(ids, tag=position_tag("s-00003", r, b))
+            for c, v in zip(cols, (pos, len(frame), i * cr, b * lpc, r, b), strict=True):
+                cols[c].append(v)
+            want.append((i * cr, b * lpc, _set_expected(ids, experts)))
+            pieces += [np.frombuffer(frame, np.uint8), rng.integers(0, 256, gap, dtype=np.uint8)]
+            pos += len(frame) + gap
+        blob = np.concatenate([rng.integers(0, 256, gap, dtype=np.uint8), *pieces])
+        a = {c: np.array(v, np.int64) for c, v in cols.items()}
+        bits = max(1, (experts - 1).bit_length())
+        dtype = np.dtype([np.uint8, np.uint16, np.int16, np.int32][int(rng.integers(0, 4))])
+        if np.iinfo(dtype).max < (1 << bits) - 1:
+            dtype = np.dtype(np.int32)
+        expect = np.full((len(chunks) * cr + 2, nlc * lpc, k), 77, dtype)
+        for row, layer, ids in want:
+            expect[row : row + cr, layer : layer + lpc] = ids
+
+        def decode(data: np.ndarray, out: np.ndarray, codec: SetCodec = codec, args: dict[str, np.ndarray] = a,
+                   cr: int = cr, lpc: int = lpc) -> object:
+            try:
+                return codec.decode_frames(data, args["starts"], args["lengths"], out, args["rows"], args["layers"],
+                                           chunk_rows=cr, layers_per_chunk=lpc, tag_prefix="s-00003",
+                                           row_chunks=args["rc"], layer_chunks=args["lc"])
+            except CodecError:
+                return "CodecError"
+            except Exception as exc:  # noqa: BLE001 - the oracle
+                return f"{type(exc).__name__}: {exc}"
+
+        geometry = f"{len(chunks)} frames, E={experts} k={k}, chunk {cr}x{lpc}, out {dtype}"
+        for impl in impls:
+            with kernels.use(impl):
+                out = np.full_like(expect, 77)
+                rc = decode(blob, out)
+            run.check(rc == -1 and np.array_equal(out, expect),
+                      lambda i=impl, r=rc: f"{i}: {geometry}: rc {r}, out differs {not np.array_equal(out, expect)}")
+        # one changed byte anywhere in one frame
+        f = int(rng.integers(0, len(chunks)))
+        where = int(a["starts"][f] + rng.integers(0, a["lengths"][f]))
+        bad = blob.copy()
+        bad[where] ^= np.uint8(int(rng.integers(1, 256)))
+        for impl in impls:
+            with kernels.use(impl):
+                rc = decode(bad, np.full_like(expect, 77))
+            run.check(isinstance(rc, int) and 0 <= rc <= f,
+                      lambda i=impl, r=rc: f"{i}: {geometry}: byte {where - a['starts'][f]} of frame {f} "
+                                           f"({a['lengths'][f]} bytes) changed: rc {r}")
+            if isinstance(rc, int) and 0 <= rc <= f:
+                frame = bad[a["starts"][rc] : a["starts"][rc] + a["lengths"][rc]].tobytes()
+                try:
+                    codec.decode(frame, tag=position_tag("s-00003", int(a["rc"][rc]), int(a["lc"][rc])))
+                    named = "decoded"
+                except (ChecksumError, FormatError):
+                    named = "refused"
+                run.check(named == "refused", lambda i=impl, r=rc: f"{i}: {geometry}: frame {r} reported, decodes")
+        # the codec of another table
+        other_e = int(rng.choice([e for e in SET_EXPERTS if e >= k and e != experts] or [experts]))
+        other = SetCodec(other_e, k) if other_e != experts else (SetCodec(experts, k - 1) if k > 1 else None)
+        if other is not None:
+            for impl in impls:
+                with kernels.use(impl):
+                    out = np.full((len(chunks) * cr + 2, nlc * lpc, other.top_k), 77, np.int32)
+                    rc = decode(blob, out, codec=other)
+                run.check(rc in (0, "CodecError"), lambda i=impl, r=rc, o=other: f"{i}: {geometry}: frames read "
+                                                                                f"with {o.get_config()}: rc {r}")
+        # places, lengths, output rows and layers past their bounds
+        rows_out = int(rng.integers(0, cr * len(chunks) + 4))
+        layers_out = int(rng.integers(lpc, nlc * lpc + 2))
+        args = {"starts": _perturb(rng, a["starts"].tolist(), 0, blob.size),
+                "lengths": _perturb(rng, a["lengths"].tolist(), 0, blob.size),
+                "rows": _perturb(rng, rng.integers(0, max(rows_out, 1), len(chunks)).tolist(), 0, rows_out),
+                "layers": _perturb(rng, rng.integers(0, layers_out, len(chunks)).tolist(), 0, layers_out),
+                "rc": a["rc"], "lc": a["lc"]}
+        results = {}
+        edge = layers_out * k
+        for impl in impls:
+            room = np.full((rows_out + 2) * layers_out * k, 7, dtype)
+            out = room[edge:-edge].reshape(rows_out, layers_out, k)
+            with kernels.use(impl):
+                rc = decode(blob, out, args=args)
+            results[impl] = (rc, room)
+            run.check((room[:edge] == 7).all() and (room[-edge:] == 7).all(),
+                      lambda i=impl: f"{i}: {geometry}: decode_frames wrote outside out ({args})")
+        (rc_a, out_a), (rc_b, out_b) = results["numpy"], results["native"]
+        run.check(rc_a == rc_b and np.array_equal(out_a, out_b),
+                  lambda: f"{geometry}: numpy {rc_a} vs native {rc_b}, out equal {np.array_equal(out_a, out_b)}: "
+                          f"{ {c: v.tolist() for c, v in args.items()} }, out rows {rows_out}, layers {layers_out}")
     return run.report()
 
 
@@ -998,7 +1147,7 @@ def ray_blocks(seed: int = 0, cases: int | None = None, seconds: float | None = 
 
 TARGETS: dict[str, Callable[..., Report]] = {
     "crc": crc, "unpack": unpack, "frames": frames, "frame_args": frame_args, "overread": overread, "reads": reads,
-    "writer": writer, "writer_faults": writer_faults, "ray_blocks": ray_blocks}
+    "writer": writer, "writer_faults": writer_faults, "ray_blocks": ray_blocks, "set_frames": set_frames}
 """Every target; ``ray_blocks`` needs a Ray cluster (``main`` starts a local one)."""
 
 
