@@ -99,8 +99,8 @@ from r3store.errors import (
 )
 from r3store.storage import LocalBackend
 
-__all__ = ["TARGETS", "crc", "frame_args", "frames", "guarded", "overread", "ray_blocks", "reads", "run", "set_frames",
-           "unpack", "writer", "writer_faults"]
+__all__ = ["TARGETS", "crc", "frame_args", "frames", "guarded", "layout", "overread", "ray_blocks", "reads", "run",
+           "set_frames", "unpack", "writer", "writer_faults"]
 
 Report = dict[str, Any]
 MAX_FAILURES = 20
@@ -598,6 +598,94 @@ def set_frames(seed: int = 0, cases: int | None = None, seconds: float | None = 
         run.check(rc_a == rc_b and np.array_equal(out_a, out_b),
                   lambda: f"{geometry}: numpy {rc_a} vs native {rc_b}, out equal {np.array_equal(out_a, out_b)}: "
                           f"{ {c: v.tolist() for c, v in args.items()} }, out rows {rows_out}, layers {layers_out}")
+    return run.report()
+
+
+FRAMEWORKS = (None, None, None, "megatron", "verl", "slime", "miles", "nemo_rl", "skyrl", "prime_rl")
+HOSTILE_SIZES = (0, -1, -(1 << 40), 1 << 31, (1 << 31) + 1, 1 << 62, True, False, 1.0, 2.5, "2", None, np.int64(2),
+                 np.uint8(3), float("nan"), [2])
+
+
+def layout(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """``plan_layout`` over every CP rank and (with sequence parallel) every TP rank of random
+    micro-batches, sizes that do not divide the lengths, every layout and framework: each
+    token of the concatenated order lands on exactly one rank (once, in one place), pads are
+    -1, ``route_index`` maps each landed token to its route row (none for a sample's last
+    token), and ``cu_seqlens`` start at 0 and do not decrease; hostile option values
+    (0, negative, past 2**31, bool, float, str, None where an int is due, a rank past its
+    size) and token counts (0, negative, empty, float, 2-D) raise ``LayoutOptionError``."""
+    from r3store.errors import LayoutOptionError
+    from r3store.layout import LayoutOptions, plan_layout, route_index
+
+    run = _Run("layout", seed, cases, seconds)
+    rng = run.rng
+    for _ in run:
+        b = int(rng.integers(1, 9))
+        seqlens = rng.integers(1, int(rng.choice([3, 20, 200])), b).tolist()
+        fw = FRAMEWORKS[int(rng.integers(0, len(FRAMEWORKS)))]
+        cp, tp = int(rng.choice([1, 1, 2, 3, 4, 8])), int(rng.choice([1, 1, 2, 3, 4]))
+        kw: dict[str, Any] = {"layout": str(rng.choice(["thd", "thd", "bshd", "sbhd"])), "cp_size": cp, "tp_size": tp,
+                              "cp_mode": str(rng.choice(["zigzag", "contiguous"])),
+                              "sequence_parallel": bool(tp > 1 and rng.random() < 0.5), "framework": fw}
+        if rng.random() < 0.3:
+            kw["pad_multiple"] = int(rng.choice([1, 3, 8, 128]))
+        if kw["layout"] != "thd" and rng.random() < 0.3:
+            kw["max_seqlen"] = int(max(seqlens) + rng.integers(0, 9))
+        try:
+            LayoutOptions(**kw)
+            plan_layout(seqlens, **kw)
+        except LayoutOptionError:
+            run.counts["refused_options"] = run.counts.get("refused_options", 0) + 1
+            continue  # a framework that does not take this layout or CP mode
+        except Exception as exc:  # noqa: BLE001 - the oracle
+            run.check(False, lambda e=exc: f"plan_layout({seqlens}, {kw}): {type(e).__name__}: {e}")
+            continue
+        total = sum(seqlens)
+        seen = np.zeros(total, np.int64)
+        for cp_rank in range(cp):
+            for tp_rank in range(tp if kw["sequence_parallel"] else 1):
+                plan = plan_layout(seqlens, **kw, cp_rank=cp_rank, tp_rank=tp_rank)
+                idx = plan.index
+                run.check(bool(((idx >= -1) & (idx < total)).all()),
+                          lambda: f"{seqlens} {kw}: index outside [-1, {total})")
+                np.add.at(seen, idx[idx >= 0], 1)
+                rows = route_index(plan)
+                want_rows = np.where(idx >= 0, 0, -1)
+                landed = idx[idx >= 0]
+                sample = np.searchsorted(np.cumsum(seqlens), landed, side="right")
+                last = landed == np.cumsum(seqlens)[sample] - 1
+                expect = np.where(last, -1, landed - sample)
+                want_rows = want_rows.astype(np.int64)
+                want_rows[idx >= 0] = expect
+                run.check(np.array_equal(rows, want_rows), lambda: f"{seqlens} {kw}: route_index differs")
+                cu = plan.cu_seqlens.astype(np.int64)
+                run.check(cu.size >= 2 and cu[0] == 0 and bool((np.diff(cu) >= 0).all()),
+                          lambda c=cu: f"{seqlens} {kw}: cu_seqlens {c.tolist()[:10]}")
+        run.check(bool((seen == 1).all()), lambda: f"{seqlens} {kw} (every rank): tokens landing "
+                                                   f"{sorted(set(seen.tolist()))} times, not once each")
+        # hostile values: an option or the token counts
+        field_name = str(rng.choice(["cp_size", "cp_rank", "tp_size", "tp_rank", "pad_multiple", "max_seqlen",
+                                     "fill_value", "ep_size", "layout", "framework", "cp_mode", "num_tokens"]))
+        value = HOSTILE_SIZES[int(rng.integers(0, len(HOSTILE_SIZES)))]
+        if field_name == "cp_rank":
+            value = cp if rng.random() < 0.5 else value
+        if field_name == "max_seqlen" and isinstance(value, int) and 1 << 31 <= value <= 1 << 40:
+            value = 0  # allowed: up to MAX_LOCAL_LENGTH positions per rank (16 GiB of index), as documented
+        tokens: Any = seqlens
+        bad_kw = dict(kw)
+        if field_name == "num_tokens":
+            tokens = [[], [0], [-1], [1.5], [[3, 4]], [2**41], np.array([3, 0]), "34", None][int(rng.integers(0, 9))]
+        else:
+            bad_kw[field_name] = value
+        try:
+            plan_layout(tokens, **bad_kw)
+            outcome_ = "accepted"
+        except (LayoutOptionError, OptionError):
+            outcome_ = "refused"
+        except Exception as exc:  # noqa: BLE001 - the oracle
+            outcome_ = f"{type(exc).__name__}: {exc}"
+        run.check(outcome_ in ("accepted", "refused"),
+                  lambda o=outcome_: f"plan_layout({tokens!r}, {field_name}={value!r}, {kw}): {o}")
     return run.report()
 
 
@@ -1147,7 +1235,8 @@ def ray_blocks(seed: int = 0, cases: int | None = None, seconds: float | None = 
 
 TARGETS: dict[str, Callable[..., Report]] = {
     "crc": crc, "unpack": unpack, "frames": frames, "frame_args": frame_args, "overread": overread, "reads": reads,
-    "writer": writer, "writer_faults": writer_faults, "ray_blocks": ray_blocks, "set_frames": set_frames}
+    "writer": writer, "writer_faults": writer_faults, "ray_blocks": ray_blocks, "set_frames": set_frames,
+    "layout": layout}
 """Every target; ``ray_blocks`` needs a Ray cluster (``main`` starts a local one)."""
 
 
