@@ -59,6 +59,19 @@ ray_blocks
     every sample as written; a consumer writing into the arrays of its batches (numpy, zero-copy
     ``map_batches``, ``take_all`` rows) changes no other sample and no later read.
 
+set_frames
+    ``SetCodec.decode_frames`` (the C ``set_decode_frames`` and the frame-by-frame twin) of runs
+    of set frames with exception rows, zero rows and zero tails, against the expected sets;
+    a changed byte, the codec of another table, arguments past their bounds (see
+    :func:`set_frames`).
+layout
+    ``plan_layout`` over every rank of random micro-batches and options, frameworks
+    included: every token on exactly one rank once, ``route_index`` and ``cu_seqlens``
+    consistent; hostile option values are ``LayoutOptionError`` (see :func:`layout`).
+assemble
+    ``assemble`` of random stores (bitpack or set codec) over every rank: every laid-out route
+    row holds the sample's ids of the layers asked for, ``replay_mask`` True exactly there.
+
 ``python -m tests.fuzz.differential --target crc --seconds 120 --seed 3`` runs one (all
 without ``--target``) and prints one JSON line per target; exit status 1 on any failure.
 """
@@ -99,8 +112,8 @@ from r3store.errors import (
 )
 from r3store.storage import LocalBackend
 
-__all__ = ["TARGETS", "crc", "frame_args", "frames", "guarded", "layout", "overread", "ray_blocks", "reads", "run",
-           "set_frames", "unpack", "writer", "writer_faults"]
+__all__ = ["TARGETS", "assemble", "crc", "frame_args", "frames", "guarded", "layout", "overread", "ray_blocks",
+           "reads", "run", "set_frames", "unpack", "writer", "writer_faults"]
 
 Report = dict[str, Any]
 MAX_FAILURES = 20
@@ -803,6 +816,67 @@ def _random_store(rng: np.random.Generator, root: Path, max_rows: int,
     return spec, samples
 
 
+def assemble(seed: int = 0, cases: int | None = None, seconds: float | None = None, max_rows: int = 300) -> Report:
+    """``assemble`` of random stores (bitpack or, half of the time where it applies, the set codec;
+    rows the engine could not capture) for every CP rank and, with sequence parallel, every TP
+    rank, in random layouts, frameworks, route dtypes, pad policies and layer subsets: every
+    position ``route_index`` gives a route row holds exactly that row's ids (of the layers
+    asked for) with ``replay_mask`` True, every other position has ``replay_mask`` False."""
+    from r3store.errors import LayoutOptionError
+    from r3store.layout import plan_layout, route_index
+
+    run = _Run("assemble", seed, cases, seconds)
+    rng = run.rng
+    for _ in run:
+        root = Path(tempfile.mkdtemp(prefix="r3-fuzz-asm-"))
+        try:
+            spec, samples = _random_store(rng, root, max_rows, set_share=0.5)
+            store = r3store.open_store(root)
+            ids = [str(v) for v in rng.permutation(sorted(samples))[: int(rng.integers(1, len(samples) + 1))]]
+            cp, tp = int(rng.choice([1, 1, 2, 3, 4])), int(rng.choice([1, 1, 2, 4]))
+            opts: dict[str, Any] = {"layout": str(rng.choice(["thd", "thd", "bshd", "sbhd"])), "cp_size": cp,
+                                    "tp_size": tp, "cp_mode": str(rng.choice(["zigzag", "contiguous"])),
+                                    "sequence_parallel": bool(tp > 1 and rng.random() < 0.5),
+                                    "framework": FRAMEWORKS[int(rng.integers(0, len(FRAMEWORKS)))],
+                                    "dtype": str(rng.choice(["int32", "auto", "int16"])) if spec.num_experts <= 32767
+                                    else "int32", "pad_policy": str(rng.choice(["spread", "fill"]))}
+            keep = sorted(int(v) for v in rng.choice(spec.num_layers, int(rng.integers(1, spec.num_layers + 1)),
+                                                     replace=False))
+            layers = keep if rng.random() < 0.5 else None
+            sel = keep if layers is not None else list(range(spec.num_layers))
+            num_tokens = [samples[i].shape[0] + 1 for i in ids]
+            try:
+                plan_layout(num_tokens, **opts)
+            except LayoutOptionError:
+                run.counts["refused_options"] = run.counts.get("refused_options", 0) + 1
+                continue
+            concat = np.concatenate([samples[i] for i in ids])[:, sel].astype(np.int64)
+            present = ~(concat == -1).all(axis=(1, 2))
+            for cp_rank in range(cp):
+                for tp_rank in range(tp if opts["sequence_parallel"] else 1):
+                    rank = {**opts, "cp_rank": cp_rank, "tp_rank": tp_rank}
+                    try:
+                        batch = store.assemble(ids, rank, layers=layers)
+                    except R3StoreError as exc:
+                        run.check(False, lambda e=exc, r=rank: f"assemble({ids}, {r}): {type(e).__name__}: {e}")
+                        continue
+                    ri = route_index(plan_layout(num_tokens, **rank))
+                    routes, mask = batch["routes"], batch["replay_mask"]
+                    run.check(routes.shape[:-2] == ri.shape and mask.shape == ri.shape,
+                              lambda r=rank, b=batch: f"{r}: routes {b['routes'].shape}, index {ri.shape}")
+                    if routes.shape[:-2] != ri.shape:
+                        continue
+                    want_mask = np.where(ri >= 0, present[np.maximum(ri, 0)], False)
+                    run.check(np.array_equal(mask, want_mask), lambda r=rank: f"{spec}, {ids}, {r}, layers "
+                                                                              f"{layers}: replay_mask differs")
+                    got = routes.astype(np.int64)[want_mask]
+                    run.check(np.array_equal(got, concat[ri[want_mask]]),
+                              lambda r=rank: f"{spec}, {ids}, {r}, layers {layers}: routes differ from the samples")
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    return run.report()
+
+
 def _random_read(rng: np.random.Generator, routes: np.ndarray, layers: int) -> tuple[slice | None, list[int] | None]:
     n = routes.shape[0]
     rows = None
@@ -1236,7 +1310,7 @@ def ray_blocks(seed: int = 0, cases: int | None = None, seconds: float | None = 
 TARGETS: dict[str, Callable[..., Report]] = {
     "crc": crc, "unpack": unpack, "frames": frames, "frame_args": frame_args, "overread": overread, "reads": reads,
     "writer": writer, "writer_faults": writer_faults, "ray_blocks": ray_blocks, "set_frames": set_frames,
-    "layout": layout}
+    "layout": layout, "assemble": assemble}
 """Every target; ``ray_blocks`` needs a Ray cluster (``main`` starts a local one)."""
 
 
