@@ -399,6 +399,13 @@ def _forgeries(objects: Objects, other: Objects) -> Iterator[tuple[str, Objects]
     ids = pq.read_table(io.BytesIO(blob)).column("sample_id").to_pylist()
     for name, edit in _header_lies(doc):
         yield name, {**objects, key: forge(blob, header=edit)}
+    covered = set(pq.read_table(io.BytesIO(blob)).column("commit").to_pylist())
+    newer = sorted({k.rpartition("/")[2].removesuffix(".parquet") for k in objects if k.endswith(".parquet")}
+                   - covered)
+    if newer:
+        yield "recent names a newer commit", {**objects, key: forge(
+            blob, header=_set("recent", lambda v: sorted([*v, newer[0]])))}
+        yield "recent names only a newer commit", {**objects, key: forge(blob, header=_set("recent", [newer[-1]]))}
     nbytes = len(base64.b64decode(_kv(blob)[b"r3store.bloom"]))
     yield "bloom empty", {**objects, key: forge(blob, bloom=lambda raw: bytes(len(raw)))}
     yield "bloom full", {**objects, key: forge(blob, bloom=lambda raw: b"\xff" * len(raw))}

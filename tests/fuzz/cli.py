@@ -10,7 +10,8 @@ commands
     folder, a file, a folder that does not exist). Oracle: no exception escapes but
     ``SystemExit``, no ``Traceback`` in the output, exit status 0, 1 or 2, exit status 2 comes
     with an error line on stderr, no raw control character printed, and every ``--json``
-    output of status 0 or 1 parses and matches its ``r3store/_schema/cli-<command>`` schema.
+    output of status 0 or 1 parses and matches its ``r3store/_schema/cli-<command>`` schema
+    (``validate``'s ``"ok"`` true exactly when it exits 0).
 pipes
     Each subcommand as a separate process whose standard output is closed before it writes:
     it must end with status 0 and no traceback.
@@ -183,6 +184,10 @@ def check(args: list[str]) -> str:
             jsonschema.validate(doc, load_schema(f"cli-{args[0]}"))
         except jsonschema.ValidationError as exc:
             raise AssertionError(f"{what}: --json output does not match its schema: {exc.message[:300]}") from None
+        if args[0] == "validate":
+            assert doc["ok"] == (code == 0), f"{what}: exit status {code} with \"ok\": {doc['ok']}"
+        if args[0] == "show":
+            assert code == 0, f"{what}: --json printed with exit status {code}"
     return f"{args[0]} {code}"
 
 
