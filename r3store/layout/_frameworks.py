@@ -203,12 +203,14 @@ def _round_up(n: Any, unit: int) -> Any:
 
 
 def _zigzag(offset: int, n: int, padded: int, cp: int, r: int) -> np.ndarray:
-    """Positions (``offset + t``, ``-1`` past ``n``) rank ``r`` keeps of one sequence padded to ``padded``."""
-    pos = np.arange(padded, dtype=np.int64)
+    """Positions (``offset + t``, ``-1`` past ``n``) rank ``r`` keeps of one sequence padded to ``padded``
+    (only the rank's ``padded // cp`` positions are built: the checked local length bounds the memory)."""
     if cp > 1:
         chunk = padded // (2 * cp)
         first = np.arange(r * chunk, (r + 1) * chunk, dtype=np.int64)
         pos = np.concatenate((first, first + (2 * cp - 1 - 2 * r) * chunk))
+    else:
+        pos = np.arange(padded, dtype=np.int64)
     return np.where(pos < n, offset + pos, -1)
 
 
@@ -229,16 +231,21 @@ def _thd(seqlens: np.ndarray, offsets: np.ndarray, opts: Any) -> tuple[np.ndarra
                 index = np.concatenate((index, np.full(extra, -1, np.int64)))
                 cu = np.append(cu, len(index))
         return index, (cu * cp).astype(np.int32)
-    whole = np.concatenate([np.where(np.arange(p) < n, o + np.arange(p), -1)
-                            for o, n, p in zip(offsets, seqlens, padded, strict=True)]).astype(np.int64)
-    cu = np.concatenate(([0], np.cumsum(padded)))
+    # one contiguous chunk of the packed stream: only this rank's part of it is built (the checked
+    # local length bounds the memory, not cp_size times it)
+    cu = np.concatenate(([0], np.cumsum(padded))).astype(np.int64)
+    total = int(cu[-1])
     if rule.total == "global_segment":
-        extra = int(_round_up(len(whole), rule.total_unit)) - len(whole)
+        extra = int(_round_up(total, rule.total_unit)) - total
         if extra:
-            whole = np.concatenate((whole, np.full(extra, -1, np.int64)))
-            cu = np.append(cu, len(whole))
-    part = len(whole) // cp
-    return whole[r * part:(r + 1) * part], cu.astype(np.int32)
+            cu = np.append(cu, total + extra)
+    part = int(cu[-1]) // cp
+    g = np.arange(r * part, (r + 1) * part, dtype=np.int64)
+    seq = np.minimum(np.searchsorted(cu[1 : len(seqlens) + 1], g, side="right"), len(seqlens) - 1)
+    t = g - cu[seq]
+    inside = (g < total) & (t < np.asarray(seqlens, np.int64)[seq])
+    index = np.where(inside, np.asarray(offsets, np.int64)[seq] + t, -1)
+    return index, cu.astype(np.int32)
 
 
 def _bshd_length(seqlens: np.ndarray, opts: Any) -> int:

@@ -291,8 +291,11 @@ class RouteReader:
 
     def storage_usage(self) -> StorageUsage:
         """Bytes of committed route objects, sample tables and uncommitted leftovers (lists the store;
-        a reader of some commits only lists ``index/`` too, so the others are not taken for leftovers)."""
-        committed = self._catalog.commits if self._catalog.complete else committed_commits(self.backend)
+        a reader of some commits only, or one that started from a checkpoint (which lists only the
+        buckets from its watermark on), lists ``index/`` too, so no committed array is taken for a leftover)."""
+        catalog = self._catalog
+        complete = catalog.complete and catalog.watermark is None
+        committed = catalog.commits if complete else committed_commits(self.backend)
         return storage_usage(self.backend, set(committed))
 
     # -- reading ----------------------------------------------------------------------

@@ -22,19 +22,33 @@ from r3store.errors import ReplayError
 __all__ = ["Positions", "TokenPlan", "as_tensor", "plan_from_batch", "plan_from_routes", "positions"]
 
 
+_WIDE_UNSIGNED = tuple(getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n))
+"""Unsigned dtypes torch's CPU comparisons do not implement: integer inputs of these become int64."""
+
+
 def as_tensor(value: Any, name: str, *, integer: bool = True) -> Tensor:
-    """A numpy array, torch tensor or nested sequence as a tensor (numpy arrays are not copied)."""
-    if isinstance(value, Tensor):
-        t = value
-    elif isinstance(value, np.ndarray):
-        t = torch.from_numpy(np.ascontiguousarray(value))
-    else:
-        try:
+    """A numpy array, torch tensor or nested sequence as a tensor (numpy arrays are not copied).
+
+    With ``integer``, unsigned integers wider than 8 bits are converted to int64 (torch does
+    not compare them); a value past the int64 range is refused.
+    """
+    try:
+        if isinstance(value, Tensor):
+            t = value
+        elif isinstance(value, np.ndarray):
+            t = torch.from_numpy(np.ascontiguousarray(value))
+        else:
             t = torch.as_tensor(np.asarray(value))
-        except (TypeError, ValueError) as exc:
-            raise ReplayError(f"{name} must be an array or tensor, got {type(value).__name__}") from exc
+    except (TypeError, ValueError) as exc:
+        raise ReplayError(f"{name} must be an array or tensor of numbers, got {type(value).__name__} "
+                          f"{getattr(value, 'dtype', '')}".rstrip()) from exc
     if integer and (t.dtype == torch.bool or t.is_floating_point() or t.is_complex()):
         raise ReplayError(f"{name} must hold integers, got dtype {t.dtype}")
+    if integer and t.dtype in _WIDE_UNSIGNED:
+        values = t.detach().cpu().numpy()
+        if values.size and int(values.max()) > np.iinfo(np.int64).max:
+            raise ReplayError(f"{name} holds {int(values.max())}, past the int64 range")
+        t = t.to(torch.int64)
     return t
 
 
@@ -69,10 +83,16 @@ def _from_mask(mask: Any) -> Positions:
                      f"attention_mask of shape {tuple(m.shape)}", shape=(int(m.shape[0]), int(m.shape[1])))
 
 
-def _from_cu(cu_seqlens: Any, source: str) -> Positions:
-    cu = as_tensor(cu_seqlens, "cu_seqlens").to("cpu", torch.int64).reshape(-1)
+def _cu_tensor(cu_seqlens: Any, name: str = "cu_seqlens") -> Tensor:
+    """Checked packed-sequence boundaries as int64 ``(num_sequences + 1,)``."""
+    cu = as_tensor(cu_seqlens, name).to("cpu", torch.int64).reshape(-1)
     if cu.numel() < 2 or int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()):
-        raise ReplayError(f"cu_seqlens must start at 0 and not decrease, got {cu.tolist()[:8]}")
+        raise ReplayError(f"{name} must start at 0 and not decrease, got {cu.tolist()[:8]}")
+    return cu
+
+
+def _from_cu(cu_seqlens: Any, source: str) -> Positions:
+    cu = _cu_tensor(cu_seqlens)
     total = int(cu[-1])
     pos = torch.arange(total)
     seq = torch.searchsorted(cu[1:], pos, right=True)
@@ -260,6 +280,10 @@ def plan_from_routes(routes: Sequence[Any], *, moe_layers: Sequence[int], num_ex
         if r is not None:
             _check_shape(r, f"routes[{i}]", len(moe_layers), top_k)
     rows = [0 if r is None else int(r.shape[0]) for r in arrays]
+    if cu_seqlens is not None and attention_mask is None:  # before positions() allocates cu_seqlens[-1] of them
+        cu = _cu_tensor(cu_seqlens)
+        _check_rows(Positions(0, torch.zeros(0, dtype=torch.int64), (cu[1:] - cu[:-1] - 1).clamp(min=0).tolist(),
+                              "cu_seqlens"), rows, arrays)
     pos = positions(attention_mask=attention_mask, cu_seqlens=cu_seqlens, rows=rows)
     _check_rows(pos, rows, arrays)
     keep = torch.cat([torch.full((n,), r is not None) for n, r in zip(pos.rows, arrays, strict=True)])
@@ -318,6 +342,8 @@ def plan_from_batch(batch: Mapping[str, Any], *, moe_layers: Sequence[int], num_
                           "check that the store was written for this model")
     routes = as_tensor(batch["routes"], "batch['routes']")
     mask = as_tensor(batch["replay_mask"], "batch['replay_mask']", integer=False)
+    if mask.is_floating_point() or mask.is_complex():
+        raise ReplayError(f"batch['replay_mask'] must be bool (True: replay the row), got dtype {mask.dtype}")
     lead = routes.ndim - 2
     layout = batch.get("layout")
     if layout is not None and layout not in ("thd", "bshd", "sbhd"):
@@ -337,6 +363,7 @@ def plan_from_batch(batch: Mapping[str, Any], *, moe_layers: Sequence[int], num_
     width = routes.shape[1] if lead == 2 else None
     sample_ids = list(batch.get("sample_ids") or [])
     cu = batch.get("cu_seqlens")
+    bounds = None if cu is None else _cu_tensor(cu, "batch['cu_seqlens']")
 
     def where(r: int, j: int) -> str:
         return f"{_batch_row(r, width, cu, sample_ids)}, decoder layer {moe_layers[j]}"
@@ -347,10 +374,8 @@ def plan_from_batch(batch: Mapping[str, Any], *, moe_layers: Sequence[int], num_
     if lead == 2:
         return TokenPlan(flat, has, source, want_shape=(int(routes.shape[0]), int(routes.shape[1])))
     lengths = None
-    if cu is not None:
-        bounds = as_tensor(cu, "cu_seqlens").to("cpu", torch.int64).reshape(-1)
-        if bounds.numel() >= 2 and int(bounds[-1]) == flat.shape[0]:
-            lengths = (bounds[1:] - bounds[:-1]).tolist()
+    if bounds is not None and int(bounds[-1]) == flat.shape[0]:
+        lengths = (bounds[1:] - bounds[:-1]).tolist()
     return TokenPlan(flat, has, source, lengths=lengths)
 
 

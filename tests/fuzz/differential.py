@@ -59,6 +59,19 @@ ray_blocks
     every sample as written; a consumer writing into the arrays of its batches (numpy, zero-copy
     ``map_batches``, ``take_all`` rows) changes no other sample and no later read.
 
+set_frames
+    ``SetCodec.decode_frames`` (the C ``set_decode_frames`` and the frame-by-frame twin) of runs
+    of set frames with exception rows, zero rows and zero tails, against the expected sets;
+    a changed byte, the codec of another table, arguments past their bounds (see
+    :func:`set_frames`).
+layout
+    ``plan_layout`` over every rank of random micro-batches and options, frameworks
+    included: every token on exactly one rank once, ``route_index`` and ``cu_seqlens``
+    consistent; hostile option values are ``LayoutOptionError`` (see :func:`layout`).
+assemble
+    ``assemble`` of random stores (bitpack or set codec) over every rank: every laid-out route
+    row holds the sample's ids of the layers asked for, ``replay_mask`` True exactly there.
+
 ``python -m tests.fuzz.differential --target crc --seconds 120 --seed 3`` runs one (all
 without ``--target``) and prints one JSON line per target; exit status 1 on any failure.
 """
@@ -99,8 +112,8 @@ from r3store.errors import (
 )
 from r3store.storage import LocalBackend
 
-__all__ = ["TARGETS", "crc", "frame_args", "frames", "guarded", "overread", "ray_blocks", "reads", "run", "unpack",
-           "writer", "writer_faults"]
+__all__ = ["TARGETS", "assemble", "crc", "frame_args", "frames", "guarded", "layout", "overread", "ray_blocks",
+           "reads", "run", "set_frames", "unpack", "writer", "writer_faults"]
 
 Report = dict[str, Any]
 MAX_FAILURES = 20
@@ -452,6 +465,243 @@ def frame_args(seed: int = 0, cases: int | None = None, seconds: float | None = 
     return run.report()
 
 
+SET_EXPERTS = (1, 2, 3, 7, 8, 9, 16, 31, 32, 33, 64, 100, 128, 160, 255, 256, 257, 384, 511, 512, 1000, 1023, 1024)
+
+
+def _set_ids(rng: np.random.Generator, shape: tuple[int, int, int], experts: int) -> np.ndarray:
+    """Chunk ids for the set codec: mostly sets of distinct ids, some all-zero rows, some
+    exception rows (an id repeated, or one in ``[experts, 2**bits)``), sometimes a zero tail."""
+    cr, lpc, k = shape
+    bits = max(1, (experts - 1).bit_length())
+    ids = np.stack([rng.permutation(experts)[:k] for _ in range(cr * lpc)]).reshape(shape).astype(np.int64)
+    rows = ids.reshape(-1, k)
+    for r in range(len(rows)):
+        u = rng.random()
+        if u < 0.08:
+            rows[r] = 0
+        elif u < 0.14 and k > 1:
+            rows[r, int(rng.integers(1, k))] = rows[r, 0]  # an id repeated
+        elif u < 0.18 and (1 << bits) > experts:
+            rows[r, int(rng.integers(0, k))] = int(rng.integers(experts, 1 << bits))  # past num_experts
+    if rng.random() < 0.2:
+        ids.reshape(-1)[-int(rng.integers(1, ids.size + 1)):] = 0
+    return ids
+
+
+def _set_expected(ids: np.ndarray, experts: int) -> np.ndarray:
+    """What the set codec decodes ``ids`` to: each row of distinct ids below ``experts`` sorted."""
+    k = ids.shape[-1]
+    rows = ids.reshape(-1, k).copy()
+    for r in range(len(rows)):
+        row = rows[r]
+        if len(set(row.tolist())) == k and int(row.max()) < experts:
+            rows[r] = np.sort(row)
+    return rows.reshape(ids.shape)
+
+
+def set_frames(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """``SetCodec.decode_frames`` (the C ``set_decode_frames``, and the frame-by-frame twin) of
+    runs of set frames (exception rows, zero rows, zero tails, gaps between frames): both equal
+    the expected sets; one changed byte of one frame is reported at that frame or before on
+    both, and :meth:`SetCodec.decode` of the reported frame raises; frames decoded with the
+    codec of another table (experts or top-k) are refused at frame 0; places, lengths and
+    output rows/layers pushed past their bounds give the same result and ``out`` bytes on
+    both, nothing written outside ``out``."""
+    from r3store.codecs import SetCodec
+
+    run = _Run("set_frames", seed, cases, seconds)
+    rng = run.rng
+    impls = ["numpy", "native"]
+    for _ in run:
+        experts = int(rng.choice(SET_EXPERTS)) if rng.random() < 0.7 else int(rng.integers(1, 1025))
+        k = int(rng.integers(1, min(16, experts) + 1))
+        cr, lpc = int(rng.integers(1, 40)), int(rng.integers(1, 4))
+        nrc, nlc = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+        codec = SetCodec(experts, k)
+        chunks = [(r, b) for r in range(nrc) for b in range(nlc)]
+        rng.shuffle(chunks)
+        chunks = chunks[: int(rng.integers(1, len(chunks) + 1))]
+        gap = int(rng.integers(0, 9))
+        cols: dict[str, list[int]] = {c: [] for c in ("starts", "lengths", "rows", "layers", "rc", "lc")}
+        pieces, want, pos = [], [], gap
+        for i, (r, b) in enumerate(chunks):
+            ids = _set_ids(rng, (cr, lpc, k), experts)
+            frame = codec.encode(ids, tag=position_tag("s-00003", r, b))
+            for c, v in zip(cols, (pos, len(frame), i * cr, b * lpc, r, b), strict=True):
+                cols[c].append(v)
+            want.append((i * cr, b * lpc, _set_expected(ids, experts)))
+            pieces += [np.frombuffer(frame, np.uint8), rng.integers(0, 256, gap, dtype=np.uint8)]
+            pos += len(frame) + gap
+        blob = np.concatenate([rng.integers(0, 256, gap, dtype=np.uint8), *pieces])
+        a = {c: np.array(v, np.int64) for c, v in cols.items()}
+        bits = max(1, (experts - 1).bit_length())
+        dtype = np.dtype([np.uint8, np.uint16, np.int16, np.int32][int(rng.integers(0, 4))])
+        if np.iinfo(dtype).max < (1 << bits) - 1:
+            dtype = np.dtype(np.int32)
+        expect = np.full((len(chunks) * cr + 2, nlc * lpc, k), 77, dtype)
+        for row, layer, ids in want:
+            expect[row : row + cr, layer : layer + lpc] = ids
+
+        def decode(data: np.ndarray, out: np.ndarray, codec: SetCodec = codec, args: dict[str, np.ndarray] = a,
+                   cr: int = cr, lpc: int = lpc) -> object:
+            try:
+                return codec.decode_frames(data, args["starts"], args["lengths"], out, args["rows"], args["layers"],
+                                           chunk_rows=cr, layers_per_chunk=lpc, tag_prefix="s-00003",
+                                           row_chunks=args["rc"], layer_chunks=args["lc"])
+            except CodecError:
+                return "CodecError"
+            except Exception as exc:  # noqa: BLE001 - the oracle
+                return f"{type(exc).__name__}: {exc}"
+
+        geometry = f"{len(chunks)} frames, E={experts} k={k}, chunk {cr}x{lpc}, out {dtype}"
+        for impl in impls:
+            with kernels.use(impl):
+                out = np.full_like(expect, 77)
+                rc = decode(blob, out)
+            run.check(rc == -1 and np.array_equal(out, expect),
+                      lambda i=impl, r=rc: f"{i}: {geometry}: rc {r}, out differs {not np.array_equal(out, expect)}")
+        # one changed byte anywhere in one frame
+        f = int(rng.integers(0, len(chunks)))
+        where = int(a["starts"][f] + rng.integers(0, a["lengths"][f]))
+        bad = blob.copy()
+        bad[where] ^= np.uint8(int(rng.integers(1, 256)))
+        for impl in impls:
+            with kernels.use(impl):
+                rc = decode(bad, np.full_like(expect, 77))
+            run.check(isinstance(rc, int) and 0 <= rc <= f,
+                      lambda i=impl, r=rc: f"{i}: {geometry}: byte {where - a['starts'][f]} of frame {f} "
+                                           f"({a['lengths'][f]} bytes) changed: rc {r}")
+            if isinstance(rc, int) and 0 <= rc <= f:
+                frame = bad[a["starts"][rc] : a["starts"][rc] + a["lengths"][rc]].tobytes()
+                try:
+                    codec.decode(frame, tag=position_tag("s-00003", int(a["rc"][rc]), int(a["lc"][rc])))
+                    named = "decoded"
+                except (ChecksumError, FormatError):
+                    named = "refused"
+                run.check(named == "refused", lambda i=impl, r=rc: f"{i}: {geometry}: frame {r} reported, decodes")
+        # the codec of another table
+        other_e = int(rng.choice([e for e in SET_EXPERTS if e >= k and e != experts] or [experts]))
+        other = SetCodec(other_e, k) if other_e != experts else (SetCodec(experts, k - 1) if k > 1 else None)
+        if other is not None:
+            for impl in impls:
+                with kernels.use(impl):
+                    out = np.full((len(chunks) * cr + 2, nlc * lpc, other.top_k), 77, np.int32)
+                    rc = decode(blob, out, codec=other)
+                run.check(rc in (0, "CodecError"), lambda i=impl, r=rc, o=other: f"{i}: {geometry}: frames read "
+                                                                                f"with {o.get_config()}: rc {r}")
+        # places, lengths, output rows and layers past their bounds
+        rows_out = int(rng.integers(0, cr * len(chunks) + 4))
+        layers_out = int(rng.integers(lpc, nlc * lpc + 2))
+        args = {"starts": _perturb(rng, a["starts"].tolist(), 0, blob.size),
+                "lengths": _perturb(rng, a["lengths"].tolist(), 0, blob.size),
+                "rows": _perturb(rng, rng.integers(0, max(rows_out, 1), len(chunks)).tolist(), 0, rows_out),
+                "layers": _perturb(rng, rng.integers(0, layers_out, len(chunks)).tolist(), 0, layers_out),
+                "rc": a["rc"], "lc": a["lc"]}
+        results = {}
+        edge = layers_out * k
+        for impl in impls:
+            room = np.full((rows_out + 2) * layers_out * k, 7, dtype)
+            out = room[edge:-edge].reshape(rows_out, layers_out, k)
+            with kernels.use(impl):
+                rc = decode(blob, out, args=args)
+            results[impl] = (rc, room)
+            run.check((room[:edge] == 7).all() and (room[-edge:] == 7).all(),
+                      lambda i=impl: f"{i}: {geometry}: decode_frames wrote outside out ({args})")
+        (rc_a, out_a), (rc_b, out_b) = results["numpy"], results["native"]
+        run.check(rc_a == rc_b and np.array_equal(out_a, out_b),
+                  lambda: f"{geometry}: numpy {rc_a} vs native {rc_b}, out equal {np.array_equal(out_a, out_b)}: "
+                          f"{ {c: v.tolist() for c, v in args.items()} }, out rows {rows_out}, layers {layers_out}")
+    return run.report()
+
+
+FRAMEWORKS = (None, None, None, "megatron", "verl", "slime", "miles", "nemo_rl", "skyrl", "prime_rl")
+HOSTILE_SIZES = (0, -1, -(1 << 40), 1 << 31, (1 << 31) + 1, 1 << 62, True, False, 1.0, 2.5, "2", None, np.int64(2),
+                 np.uint8(3), float("nan"), [2])
+
+
+def layout(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """``plan_layout`` over every CP rank and (with sequence parallel) every TP rank of random
+    micro-batches, sizes that do not divide the lengths, every layout and framework: each
+    token of the concatenated order lands on exactly one rank (once, in one place), pads are
+    -1, ``route_index`` maps each landed token to its route row (none for a sample's last
+    token), and ``cu_seqlens`` start at 0 and do not decrease; hostile option values
+    (0, negative, past 2**31, bool, float, str, None where an int is due, a rank past its
+    size) and token counts (0, negative, empty, float, 2-D) raise ``LayoutOptionError``."""
+    from r3store.errors import LayoutOptionError
+    from r3store.layout import LayoutOptions, plan_layout, route_index
+
+    run = _Run("layout", seed, cases, seconds)
+    rng = run.rng
+    for _ in run:
+        b = int(rng.integers(1, 9))
+        seqlens = rng.integers(1, int(rng.choice([3, 20, 200])), b).tolist()
+        fw = FRAMEWORKS[int(rng.integers(0, len(FRAMEWORKS)))]
+        cp, tp = int(rng.choice([1, 1, 2, 3, 4, 8])), int(rng.choice([1, 1, 2, 3, 4]))
+        kw: dict[str, Any] = {"layout": str(rng.choice(["thd", "thd", "bshd", "sbhd"])), "cp_size": cp, "tp_size": tp,
+                              "cp_mode": str(rng.choice(["zigzag", "contiguous"])),
+                              "sequence_parallel": bool(tp > 1 and rng.random() < 0.5), "framework": fw}
+        if rng.random() < 0.3:
+            kw["pad_multiple"] = int(rng.choice([1, 3, 8, 128]))
+        if kw["layout"] != "thd" and rng.random() < 0.3:
+            kw["max_seqlen"] = int(max(seqlens) + rng.integers(0, 9))
+        try:
+            LayoutOptions(**kw)
+            plan_layout(seqlens, **kw)
+        except LayoutOptionError:
+            run.counts["refused_options"] = run.counts.get("refused_options", 0) + 1
+            continue  # a framework that does not take this layout or CP mode
+        except Exception as exc:  # noqa: BLE001 - the oracle
+            run.check(False, lambda e=exc: f"plan_layout({seqlens}, {kw}): {type(e).__name__}: {e}")
+            continue
+        total = sum(seqlens)
+        seen = np.zeros(total, np.int64)
+        for cp_rank in range(cp):
+            for tp_rank in range(tp if kw["sequence_parallel"] else 1):
+                plan = plan_layout(seqlens, **kw, cp_rank=cp_rank, tp_rank=tp_rank)
+                idx = plan.index
+                run.check(bool(((idx >= -1) & (idx < total)).all()),
+                          lambda: f"{seqlens} {kw}: index outside [-1, {total})")
+                np.add.at(seen, idx[idx >= 0], 1)
+                rows = route_index(plan)
+                want_rows = np.where(idx >= 0, 0, -1)
+                landed = idx[idx >= 0]
+                sample = np.searchsorted(np.cumsum(seqlens), landed, side="right")
+                last = landed == np.cumsum(seqlens)[sample] - 1
+                expect = np.where(last, -1, landed - sample)
+                want_rows = want_rows.astype(np.int64)
+                want_rows[idx >= 0] = expect
+                run.check(np.array_equal(rows, want_rows), lambda: f"{seqlens} {kw}: route_index differs")
+                cu = plan.cu_seqlens.astype(np.int64)
+                run.check(cu.size >= 2 and cu[0] == 0 and bool((np.diff(cu) >= 0).all()),
+                          lambda c=cu: f"{seqlens} {kw}: cu_seqlens {c.tolist()[:10]}")
+        run.check(bool((seen == 1).all()), lambda: f"{seqlens} {kw} (every rank): tokens landing "
+                                                   f"{sorted(set(seen.tolist()))} times, not once each")
+        # hostile values: an option or the token counts
+        field_name = str(rng.choice(["cp_size", "cp_rank", "tp_size", "tp_rank", "pad_multiple", "max_seqlen",
+                                     "fill_value", "ep_size", "layout", "framework", "cp_mode", "num_tokens"]))
+        value = HOSTILE_SIZES[int(rng.integers(0, len(HOSTILE_SIZES)))]
+        if field_name == "cp_rank":
+            value = cp if rng.random() < 0.5 else value
+        if field_name == "max_seqlen" and isinstance(value, int) and 1 << 31 <= value <= 1 << 40:
+            value = 0  # allowed: up to MAX_LOCAL_LENGTH positions per rank (16 GiB of index), as documented
+        tokens: Any = seqlens
+        bad_kw = dict(kw)
+        if field_name == "num_tokens":
+            tokens = [[], [0], [-1], [1.5], [[3, 4]], [2**41], np.array([3, 0]), "34", None][int(rng.integers(0, 9))]
+        else:
+            bad_kw[field_name] = value
+        try:
+            plan_layout(tokens, **bad_kw)
+            outcome_ = "accepted"
+        except (LayoutOptionError, OptionError):
+            outcome_ = "refused"
+        except Exception as exc:  # noqa: BLE001 - the oracle
+            outcome_ = f"{type(exc).__name__}: {exc}"
+        run.check(outcome_ in ("accepted", "refused"),
+                  lambda o=outcome_: f"plan_layout({tokens!r}, {field_name}={value!r}, {kw}): {o}")
+    return run.report()
+
+
 def guarded(nbytes: int, *, at_end: bool = True) -> tuple[np.ndarray, mmap.mmap]:
     """A writable uint8 array of ``nbytes`` whose last byte lies just before a page that may
     not be read (``at_end``), or whose first byte lies just after one: a kernel reading one
@@ -564,6 +814,67 @@ def _random_store(rng: np.random.Generator, root: Path, max_rows: int,
             if rng.random() < 0.3:
                 w.flush()
     return spec, samples
+
+
+def assemble(seed: int = 0, cases: int | None = None, seconds: float | None = None, max_rows: int = 300) -> Report:
+    """``assemble`` of random stores (bitpack or, half of the time where it applies, the set codec;
+    rows the engine could not capture) for every CP rank and, with sequence parallel, every TP
+    rank, in random layouts, frameworks, route dtypes, pad policies and layer subsets: every
+    position ``route_index`` gives a route row holds exactly that row's ids (of the layers
+    asked for) with ``replay_mask`` True, every other position has ``replay_mask`` False."""
+    from r3store.errors import LayoutOptionError
+    from r3store.layout import plan_layout, route_index
+
+    run = _Run("assemble", seed, cases, seconds)
+    rng = run.rng
+    for _ in run:
+        root = Path(tempfile.mkdtemp(prefix="r3-fuzz-asm-"))
+        try:
+            spec, samples = _random_store(rng, root, max_rows, set_share=0.5)
+            store = r3store.open_store(root)
+            ids = [str(v) for v in rng.permutation(sorted(samples))[: int(rng.integers(1, len(samples) + 1))]]
+            cp, tp = int(rng.choice([1, 1, 2, 3, 4])), int(rng.choice([1, 1, 2, 4]))
+            opts: dict[str, Any] = {"layout": str(rng.choice(["thd", "thd", "bshd", "sbhd"])), "cp_size": cp,
+                                    "tp_size": tp, "cp_mode": str(rng.choice(["zigzag", "contiguous"])),
+                                    "sequence_parallel": bool(tp > 1 and rng.random() < 0.5),
+                                    "framework": FRAMEWORKS[int(rng.integers(0, len(FRAMEWORKS)))],
+                                    "dtype": str(rng.choice(["int32", "auto", "int16"])) if spec.num_experts <= 32767
+                                    else "int32", "pad_policy": str(rng.choice(["spread", "fill"]))}
+            keep = sorted(int(v) for v in rng.choice(spec.num_layers, int(rng.integers(1, spec.num_layers + 1)),
+                                                     replace=False))
+            layers = keep if rng.random() < 0.5 else None
+            sel = keep if layers is not None else list(range(spec.num_layers))
+            num_tokens = [samples[i].shape[0] + 1 for i in ids]
+            try:
+                plan_layout(num_tokens, **opts)
+            except LayoutOptionError:
+                run.counts["refused_options"] = run.counts.get("refused_options", 0) + 1
+                continue
+            concat = np.concatenate([samples[i] for i in ids])[:, sel].astype(np.int64)
+            present = ~(concat == -1).all(axis=(1, 2))
+            for cp_rank in range(cp):
+                for tp_rank in range(tp if opts["sequence_parallel"] else 1):
+                    rank = {**opts, "cp_rank": cp_rank, "tp_rank": tp_rank}
+                    try:
+                        batch = store.assemble(ids, rank, layers=layers)
+                    except R3StoreError as exc:
+                        run.check(False, lambda e=exc, r=rank: f"assemble({ids}, {r}): {type(e).__name__}: {e}")
+                        continue
+                    ri = route_index(plan_layout(num_tokens, **rank))
+                    routes, mask = batch["routes"], batch["replay_mask"]
+                    run.check(routes.shape[:-2] == ri.shape and mask.shape == ri.shape,
+                              lambda r=rank, b=batch: f"{r}: routes {b['routes'].shape}, index {ri.shape}")
+                    if routes.shape[:-2] != ri.shape:
+                        continue
+                    want_mask = np.where(ri >= 0, present[np.maximum(ri, 0)], False)
+                    run.check(np.array_equal(mask, want_mask), lambda r=rank: f"{spec}, {ids}, {r}, layers "
+                                                                              f"{layers}: replay_mask differs")
+                    got = routes.astype(np.int64)[want_mask]
+                    run.check(np.array_equal(got, concat[ri[want_mask]]),
+                              lambda r=rank: f"{spec}, {ids}, {r}, layers {layers}: routes differ from the samples")
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    return run.report()
 
 
 def _random_read(rng: np.random.Generator, routes: np.ndarray, layers: int) -> tuple[slice | None, list[int] | None]:
@@ -998,7 +1309,8 @@ def ray_blocks(seed: int = 0, cases: int | None = None, seconds: float | None = 
 
 TARGETS: dict[str, Callable[..., Report]] = {
     "crc": crc, "unpack": unpack, "frames": frames, "frame_args": frame_args, "overread": overread, "reads": reads,
-    "writer": writer, "writer_faults": writer_faults, "ray_blocks": ray_blocks}
+    "writer": writer, "writer_faults": writer_faults, "ray_blocks": ray_blocks, "set_frames": set_frames,
+    "layout": layout, "assemble": assemble}
 """Every target; ``ray_blocks`` needs a Ray cluster (``main`` starts a local one)."""
 
 

@@ -24,7 +24,8 @@ from tests.fuzz import differential  # noqa: E402
 
 pytestmark = pytest.mark.skipif(kernels.native_module() is None, reason="differential targets need the C extension")
 
-CASES = {"crc": 400, "unpack": 400, "frames": 200, "frame_args": 2000, "overread": 300, "reads": 6, "writer": 4}
+CASES = {"crc": 400, "unpack": 400, "frames": 200, "frame_args": 2000, "overread": 300, "reads": 6, "writer": 4,
+         "set_frames": 150, "layout": 300, "assemble": 3}
 
 
 @pytest.mark.parametrize("target", sorted(CASES))
@@ -93,3 +94,20 @@ def test_the_writer_fault_target_injects_failures() -> None:
     report = differential.run("writer_faults", seed=1, cases=10)
     assert report["failures"] == [], report
     assert report["failed_writes"] >= 3, report
+
+
+def test_the_set_frames_oracle_sees_a_wrong_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    from r3store.codecs import SetCodec
+
+    real = SetCodec._decode_frames_each
+
+    def wrong(self: SetCodec, data: np.ndarray, cols: list[np.ndarray], out: np.ndarray, *args: object) -> int:
+        rc = real(self, data, cols, out, *args)
+        if rc == -1 and out.size:
+            out.reshape(-1)[0] ^= 1  # one id of the run wrong
+        return rc
+
+    monkeypatch.setattr(SetCodec, "_decode_frames_each", wrong)
+    report = differential.set_frames(seed=4, cases=20)
+    assert report["failures"], report
+    assert all("numpy" in f for f in report["failures"]), report
