@@ -261,20 +261,48 @@ def _save(out_dir: Path, report: Report, kind: str, data: bytes, note: str) -> N
     report.failures.append({"kind": kind, "input": str(folder / f"{name}.bin"), "note": note[:500]})
 
 
-def _read_exact(stream: BinaryIO, n: int, deadline: float) -> bytes | None:
-    """``n`` bytes from the pipe, or None when ``deadline`` passes; EOFError when the pipe closes."""
+def _read_exact(stream: BinaryIO, n: int, deadline: float, pid: int | None = None) -> bytes | None:
+    """``n`` bytes from the pipe, or None when ``deadline`` passes; EOFError when the pipe closes.
+
+    With ``pid`` (the worker's), the wait is for the worker's CPU time, not the wall clock's:
+    on a loaded machine a worker that got less than the wait's span of CPU is not hung, so the
+    deadline moves on (up to 10 times the span of wall time). A worker that used almost no
+    CPU since the previous deadline (blocked, asleep) is hung.
+    """
     chunks, got = [], 0
     fd = stream.fileno()
+    start = time.monotonic()
+    span, cpu0 = deadline - start, _cpu_seconds(pid)
+    last = (start, cpu0)  # the wall time and CPU time at the previous deadline
     while got < n:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return None
+        now = time.monotonic()
+        if now >= deadline:
+            used = None if cpu0 is None else _cpu_seconds(pid)
+            if used is None or cpu0 is None or now >= start + 10 * span or used - cpu0 >= span:
+                return None
+            if last[1] is not None and used - last[1] < 0.002 * (now - last[0]):  # no CPU since: blocked, asleep
+                return None
+            last, deadline = (now, used), now + max(0.5, span - (used - cpu0))
+            continue
+        if not select.select([fd], [], [], deadline - now)[0]:
+            continue
         chunk = os.read(fd, n - got)
         if not chunk:
             raise EOFError
         chunks.append(chunk)
         got += len(chunk)
     return b"".join(chunks)
+
+
+def _cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of a live process (Linux ``/proc/<pid>/stat``), or None."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _worker_cmd(args: list[str]) -> list[str]:
@@ -300,12 +328,12 @@ def supervise(report: Report, args: list[str], out_dir: Path, timeout: float, bu
         while True:
             try:
                 head = _read_exact(proc.stdout, 6, startup if current is None and report.executions == 0
-                                   else time.monotonic() + (timeout if current is not None else budget))
+                                   else time.monotonic() + (timeout if current is not None else budget), proc.pid)
                 if head is None:
                     hung = True
                     break
                 kind, (status, size) = head[:1], struct.unpack("<BI", head[1:])
-                body = _read_exact(proc.stdout, size, time.monotonic() + timeout) if size else b""
+                body = _read_exact(proc.stdout, size, time.monotonic() + timeout, proc.pid) if size else b""
             except EOFError:
                 break
             if body is None:
@@ -337,7 +365,8 @@ def supervise(report: Report, args: list[str], out_dir: Path, timeout: float, bu
         err = stderr.read().decode("utf-8", "replace")[-1500:]
         if current is not None or proc.returncode:
             kind = "hang" if hung else "crash"
-            note = (f"no answer within {timeout:g} s" if hung else f"worker exited with {proc.returncode}")
+            note = (f"no answer within {timeout:g} s of its CPU time" if hung
+                    else f"worker exited with {proc.returncode}")
             _save(out_dir, report, kind, current or b"", f"{note}; stderr: {err}")
         return False
     finally:

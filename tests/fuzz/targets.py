@@ -429,7 +429,8 @@ def _table_key() -> str:
 
 
 def _selftest(data: bytes) -> str:
-    """Misbehaves on purpose (tests of the supervisor): ``A`` aborts, ``H`` hangs, ``W`` serves wrong routes."""
+    """Misbehaves on purpose (tests of the supervisor): ``A`` aborts, ``H`` hangs asleep, ``S`` spins,
+    ``W`` serves wrong routes."""
     import os
     import time
 
@@ -437,6 +438,9 @@ def _selftest(data: bytes) -> str:
         os.abort()
     if data.startswith(b"H"):
         time.sleep(3600)
+    if data.startswith(b"S"):  # spins: hung in CPU time, however loaded the machine
+        while time.monotonic() > 0:
+            pass
     if data.startswith(b"W"):
         raise Failure("routes differ from the source without an error (self-test)")
     if data.startswith(b"X"):

@@ -46,6 +46,7 @@ def test_every_target_has_regression_inputs() -> None:
 @pytest.mark.parametrize(("data", "kind", "words"), [
     (b"A", "crash", "worker exited with -6"),
     (b"H", "hang", "no answer within 2 s"),
+    (b"S", "hang", "no answer within 2 s of its CPU time"),
     (b"W", "oracle", "routes differ from the source"),
     (b"X", "oracle", "IndexError outside r3store.errors"),
 ])
@@ -58,3 +59,36 @@ def test_supervisor_saves_the_input_of_a_death_a_hang_and_an_oracle_failure(
     assert failure["kind"] == kind
     assert words in failure["note"]
     assert Path(failure["input"]).read_bytes() == data
+
+
+def test_a_worker_starved_of_cpu_is_not_a_hang() -> None:
+    """New-user finding: on a machine at load 38 a short run reported a hang (20 s of wall
+    time without an answer). The wait counts the worker's CPU time: a worker given 1 s of
+    wall time at about a tenth of a core answers after the 1 s span and is waited for."""
+    import subprocess
+
+    child = ("import time, sys\nend = time.monotonic() + 2.5\n"
+             "while time.monotonic() < end:\n t = time.monotonic() + 0.01\n while time.monotonic() < t: pass\n"
+             " time.sleep(0.09)\nsys.stdout.buffer.write(b'done'); sys.stdout.flush()\n")
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    try:
+        import time
+
+        assert engine._read_exact(proc.stdout, 4, time.monotonic() + 1.0, proc.pid) == b"done"
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    asleep = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE)
+    assert asleep.stdout is not None
+    try:
+        import time
+
+        start = time.monotonic()
+        assert engine._read_exact(asleep.stdout, 4, start + 1.0, asleep.pid) is None  # asleep: hung
+        assert time.monotonic() - start < 9.0  # by the second deadline, not the 10 s cap
+    finally:
+        asleep.kill()
+        asleep.wait()
+        asleep.stdout.close()
