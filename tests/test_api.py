@@ -119,3 +119,19 @@ def test_entry_points_take_settings_objects_whole(entry: str, budget: int) -> No
     params = [p for p in inspect.signature(func).parameters.values()
               if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     assert len(params) <= budget, [p.name for p in params]
+
+
+def test_help_of_every_settings_object_explains_each_field() -> None:
+    """New-user finding: ``help(WriterConfig)`` showed no field's meaning (they were attribute
+    docstrings, which ``help()`` does not show). Each settings object documents every field
+    in its class docstring's Parameters section."""
+    import dataclasses
+
+    from r3store.ray import RouteColumns
+
+    for cls in (r3store.WriterConfig, r3store.ReaderOptions, r3store.LayoutOptions, RouteColumns):
+        doc = cls.__doc__ or ""
+        section = doc.split("Parameters\n    ----------\n", 1)[-1].split("\n\n    Raises", 1)[0]
+        named = {n.strip() for line in section.splitlines() if line.startswith("    ") and not line.startswith("     ")
+                 and " : " in line for n in line.split(" : ", 1)[0].split(",")}
+        assert named == {f.name for f in dataclasses.fields(cls)}, cls.__name__

@@ -64,6 +64,23 @@ class RouteColumnsDict(TypedDict, total=False):
 class RouteColumns:
     """Which columns of a Ray Dataset :func:`write_routes` reads, and what its routes column holds.
 
+    Parameters
+    ----------
+    sample_id : str
+        Column of the sample ids.
+    routes : str
+        Column of the routes.
+    payload : {"array", "sglang"}
+        What ``routes`` holds: integer arrays ``(num_tokens - 1, num_layers or num_moe_layers,
+        top_k)`` (a Ray tensor column, list column or numpy), or SGLang
+        ``meta_info["routed_experts"]`` payloads (base64 of int32, see :func:`r3store.decode_sglang`).
+    num_tokens : str or None
+        Optional column of token counts (used when present; nulls mean not given).
+    tokens : str or None
+        Optional column of token ids (used when present; nulls mean not given).
+    metadata : tuple[str, ...] or None
+        Columns to store as sample metadata (JSON scalars); ``None``: every other column.
+
     Raises
     ------
     r3store.errors.OptionError
@@ -78,19 +95,11 @@ class RouteColumns:
     """
 
     sample_id: str = "sample_id"
-    """Column of the sample ids."""
     routes: str = "routes"
-    """Column of the routes."""
     payload: Payload = "array"
-    """What ``routes`` holds: integer arrays ``(num_tokens - 1, num_layers or num_moe_layers,
-    top_k)`` (a Ray tensor column, list column or numpy), or SGLang
-    ``meta_info["routed_experts"]`` payloads (base64 of int32, see :func:`r3store.decode_sglang`)."""
     num_tokens: str | None = "num_tokens"
-    """Optional column of token counts (used when present; nulls mean not given)."""
     tokens: str | None = "tokens"
-    """Optional column of token ids (used when present; nulls mean not given)."""
     metadata: tuple[str, ...] | None = None
-    """Columns to store as sample metadata (JSON scalars); ``None``: every other column."""
 
     def __post_init__(self) -> None:
         for name in ("sample_id", "routes", "num_tokens", "tokens"):

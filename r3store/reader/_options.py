@@ -51,6 +51,45 @@ class ReaderOptionsDict(TypedDict, total=False):
 class ReaderOptions:
     """How a store is opened for reading (:func:`r3store.open_store`, ``reader=``).
 
+    Parameters
+    ----------
+    on_duplicate : {'raise', 'first', 'report'}
+        A sample id committed by two commits: raise (:class:`r3store.errors.DuplicateSampleError`,
+        naming the id and both commits), keep the earliest commit, or keep the earliest and list
+        every duplicate in :attr:`r3store.RouteReader.duplicates` (for audits).
+    cache_bytes : int
+        Budget in bytes for decoded chunks kept in memory (sequential reads of small samples
+        decode each chunk once); ``>= 0``.
+    cache_dir : str or None
+        Local read-through cache for remote stores (repeated epochs): each route object and
+        sample table is downloaded whole on first use and read from this folder afterwards (see
+        :class:`r3store.storage.CachingBackend`); applied when the store is opened by URL. A
+        path-like is stored as ``str``.
+    max_sample_rows : int or None
+        Refuse (at open, before allocating anything) a store naming a sample of more rows
+        (:class:`r3store.errors.SampleTooLargeError`). ``None``: the store's own cap
+        (``limits.max_sample_rows`` of its manifest; 2**22 rows for format v1 stores). Lower it
+        to bound what one ``get`` may allocate, raise it (at most 2**40) to read a store whose
+        samples are longer than its manifest says.
+    commits : tuple[str, ...] or None
+        Read only these commits (names as in :attr:`r3store.RouteReader.commits`; stored
+        sorted, without repeats): only their sample tables are read (format v1: by key, without
+        listing ``index/``; format v2: one listing of ``index/`` finds their buckets), and
+        duplicates are resolved among them. For one task of a distributed job (``r3store.ray``
+        runs one per group of commits) or a trainer reading the commits of one RL step.
+    filter : pc.Expression or None
+        Keep only the samples it selects: a boolean expression over sample-table columns
+        (``sample_id``, ``committed_at``, ``policy_version``, user metadata such as ``step``),
+        e.g. ``pc.field("step") == 7``. Pushed down: the checkpoint's rows and each newer sample
+        table are filtered as they are read, before anything is merged or indexed; duplicates
+        are then resolved among the selected rows. The result equals a full open filtered with
+        :func:`r3store.reader.filter_samples`.
+    use_checkpoint : bool
+        Start from the newest valid checkpoint (``index/*.checkpoint``, written by
+        :func:`r3store.compact`) and read only the sample tables of commits it does not cover. A
+        checkpoint that fails its checks is skipped with a :class:`r3store.errors.CheckpointWarning`.
+        False reads every sample table.
+
     Raises
     ------
     r3store.errors.OptionError
@@ -68,41 +107,12 @@ class ReaderOptions:
     """
 
     on_duplicate: Literal["raise", "first", "report"] = "raise"
-    """A sample id committed by two commits: raise (:class:`r3store.errors.DuplicateSampleError`,
-    naming the id and both commits), keep the earliest commit, or keep the earliest and list
-    every duplicate in :attr:`r3store.RouteReader.duplicates` (for audits)."""
     cache_bytes: int = 64 << 20
-    """Budget in bytes for decoded chunks kept in memory (sequential reads of small samples
-    decode each chunk once); ``>= 0``."""
     cache_dir: str | None = None
-    """Local read-through cache for remote stores (repeated epochs): each route object and
-    sample table is downloaded whole on first use and read from this folder afterwards (see
-    :class:`r3store.storage.CachingBackend`); applied when the store is opened by URL. A
-    path-like is stored as ``str``."""
     max_sample_rows: int | None = None
-    """Refuse (at open, before allocating anything) a store naming a sample of more rows
-    (:class:`r3store.errors.SampleTooLargeError`). ``None``: the store's own cap
-    (``limits.max_sample_rows`` of its manifest; 2**22 rows for format v1 stores). Lower it
-    to bound what one ``get`` may allocate, raise it (at most 2**40) to read a store whose
-    samples are longer than its manifest says."""
     commits: tuple[str, ...] | None = None
-    """Read only these commits (names as in :attr:`r3store.RouteReader.commits`; stored
-    sorted, without repeats): only their sample tables are read (format v1: by key, without
-    listing ``index/``; format v2: one listing of ``index/`` finds their buckets), and
-    duplicates are resolved among them. For one task of a distributed job (``r3store.ray``
-    runs one per group of commits) or a trainer reading the commits of one RL step."""
     filter: pc.Expression | None = None
-    """Keep only the samples it selects: a boolean expression over sample-table columns
-    (``sample_id``, ``committed_at``, ``policy_version``, user metadata such as ``step``),
-    e.g. ``pc.field("step") == 7``. Pushed down: the checkpoint's rows and each newer sample
-    table are filtered as they are read, before anything is merged or indexed; duplicates
-    are then resolved among the selected rows. The result equals a full open filtered with
-    :func:`r3store.reader.filter_samples`."""
     use_checkpoint: bool = True
-    """Start from the newest valid checkpoint (``index/*.checkpoint``, written by
-    :func:`r3store.compact`) and read only the sample tables of commits it does not cover. A
-    checkpoint that fails its checks is skipped with a :class:`r3store.errors.CheckpointWarning`.
-    False reads every sample table."""
 
     LOOSE_KEYWORDS: ClassVar[tuple[str, ...]] = (
         "on_duplicate", "cache_bytes", "cache_dir", "max_sample_rows", "commits", "filter", "use_checkpoint")

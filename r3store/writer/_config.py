@@ -41,6 +41,61 @@ class WriterConfigDict(TypedDict, total=False):
 class WriterConfig:
     """Settings of a :class:`r3store.RouteWriter`.
 
+    Parameters
+    ----------
+    buffer_bytes : int
+        Commit once completed samples' routes reach this many bytes (2 bytes per id). Open
+        multi-turn samples (``final=False``) count toward it too: when the routes held in
+        memory reach it, the largest buffered samples are spilled to a scratch folder
+        (``spill_dir``) until half of it is left, and read back one part at a time when
+        committed. Peak memory is about ``buffer_bytes`` plus one sample part plus one encoded
+        storage object, however many samples are open (the buffer objects are encoded into is
+        kept from commit to commit: at most about ``object_bytes``).
+    chunk_rows : int
+        Rows per inner chunk (the unit of decoding and of rank-local reads). 128 keeps the
+        bytes a context-parallel rank fetches within 1.25x of its own rows for samples of 8K
+        tokens at CP=8 (zig-zag slices of 512 rows); larger chunks cost fewer frames (less
+        per-frame work, smaller object indexes). Stores written with another value still
+        read (the geometry is stored per array); see FORMAT.md, "Chunk geometry".
+    layers_per_chunk : int or None
+        MoE layers per inner chunk (the unit of layer-subset reads). ``None``: the largest
+        divisor of the MoE-layer count up to 4, so a pipeline stage reads little beyond its
+        own layers while batches copy 4-layer runs at once; from 32 MoE layers on, the count
+        up to 4 of the least stored overhead (padded layers against per-frame headers), which
+        gives a prime count such as 61 two layers per chunk instead of one (see
+        ``r3store.writer._commit.default_layers_per_chunk``).
+    object_bytes : int
+        Target size in bytes of one storage object (``routes/<commit>/c/<i>/0/0``).
+    on_invalid : {'raise', 'quarantine'}
+        ``"quarantine"`` keeps a sample that fails the checks, flagged with the reason,
+        instead of raising (it is hidden from readers unless asked for).
+    writer_id : str or None
+        Unique per writer; ``None``: ``<UTC time>-<12 random hex digits>``.
+    max_sample_rows : int or None
+        Cap on rows per sample, written into the manifest of a store this writer creates
+        (``limits.max_sample_rows``; ``None``: 2**22, at most 2**40). Readers refuse longer
+        samples before allocating; a writer refuses to append them. Given for an existing
+        store, it must equal the store's cap.
+    spill_dir : str or None
+        Folder in which to create the scratch folder for spilled samples (see
+        ``buffer_bytes``); ``None``: the system's temporary folder (``TMPDIR``). The scratch
+        folder is removed when the writer closes. A path-like is stored as ``str``.
+    clock : Callable[[], datetime] or None
+        The writer's time source: returns the current time as an aware UTC ``datetime``
+        (``None``: ``datetime.now(UTC)``). It names the bucket of each sample table and fills
+        ``committed_at``. A seam for tests and simulations (a skewed clock): whatever it says,
+        the writer checks each table's bucket against the store's own timestamp before it
+        acknowledges the commit (FORMAT.md section 12.2), so no acknowledged sample is hidden
+        from readers that use a checkpoint. Not serialisable (:meth:`to_dict` keeps the callable).
+    codec : {'bitpack', 'set'}
+        Codec of the route arrays this writer commits. ``"bitpack"``: every id in
+        ``ceil(log2 num_experts)`` bits, exactly as given (the order of each row's ids kept).
+        ``"set"``: each row of ``top_k`` ids as a set (``r3store.set``), about
+        ``log2 C(num_experts, top_k) / top_k`` bits per id, 24-28% smaller for 64 to 384
+        experts at top-6/8; readers then return each row's ids in ascending order (replay and
+        the audits compare sets, see schema/FORMAT.md 5.2). Needs ``num_experts <= 1024`` and
+        ``top_k <= 16``. Either codec's arrays read alike; one store may hold both.
+
     Raises
     ------
     r3store.errors.OptionError
@@ -57,59 +112,15 @@ class WriterConfig:
     """
 
     buffer_bytes: int = 256 << 20
-    """Commit once completed samples' routes reach this many bytes (2 bytes per id). Open
-    multi-turn samples (``final=False``) count toward it too: when the routes held in
-    memory reach it, the largest buffered samples are spilled to a scratch folder
-    (``spill_dir``) until half of it is left, and read back one part at a time when
-    committed. Peak memory is about ``buffer_bytes`` plus one sample part plus one encoded
-    storage object, however many samples are open (the buffer objects are encoded into is
-    kept from commit to commit: at most about ``object_bytes``)."""
     chunk_rows: int = 128
-    """Rows per inner chunk (the unit of decoding and of rank-local reads). 128 keeps the
-    bytes a context-parallel rank fetches within 1.25x of its own rows for samples of 8K
-    tokens at CP=8 (zig-zag slices of 512 rows); larger chunks cost fewer frames (less
-    per-frame work, smaller object indexes). Stores written with another value still
-    read (the geometry is stored per array); see FORMAT.md, "Chunk geometry"."""
     layers_per_chunk: int | None = None
-    """MoE layers per inner chunk (the unit of layer-subset reads). ``None``: the largest
-    divisor of the MoE-layer count up to 4, so a pipeline stage reads little beyond its
-    own layers while batches copy 4-layer runs at once; from 32 MoE layers on, the count
-    up to 4 of the least stored overhead (padded layers against per-frame headers), which
-    gives a prime count such as 61 two layers per chunk instead of one (see
-    ``r3store.writer._commit.default_layers_per_chunk``)."""
     object_bytes: int = 32 << 20
-    """Target size in bytes of one storage object (``routes/<commit>/c/<i>/0/0``)."""
     on_invalid: Literal["raise", "quarantine"] = "raise"
-    """``"quarantine"`` keeps a sample that fails the checks, flagged with the reason,
-    instead of raising (it is hidden from readers unless asked for)."""
     writer_id: str | None = None
-    """Unique per writer; ``None``: ``<UTC time>-<12 random hex digits>``."""
     max_sample_rows: int | None = None
-    """Cap on rows per sample, written into the manifest of a store this writer creates
-    (``limits.max_sample_rows``; ``None``: 2**22, at most 2**40). Readers refuse longer
-    samples before allocating; a writer refuses to append them. Given for an existing
-    store, it must equal the store's cap."""
     spill_dir: str | None = None
-    """Folder in which to create the scratch folder for spilled samples (see
-    ``buffer_bytes``); ``None``: the system's temporary folder (``TMPDIR``). The scratch
-    folder is removed when the writer closes. A path-like is stored as ``str``."""
-
     clock: Callable[[], datetime] | None = None
-    """The writer's time source: returns the current time as an aware UTC ``datetime``
-    (``None``: ``datetime.now(UTC)``). It names the bucket of each sample table and fills
-    ``committed_at``. A seam for tests and simulations (a skewed clock): whatever it says,
-    the writer checks each table's bucket against the store's own timestamp before it
-    acknowledges the commit (FORMAT.md section 12.2), so no acknowledged sample is hidden
-    from readers that use a checkpoint. Not serialisable (:meth:`to_dict` keeps the callable)."""
-
     codec: Literal["bitpack", "set"] = "bitpack"
-    """Codec of the route arrays this writer commits. ``"bitpack"``: every id in
-    ``ceil(log2 num_experts)`` bits, exactly as given (the order of each row's ids kept).
-    ``"set"``: each row of ``top_k`` ids as a set (``r3store.set``), about
-    ``log2 C(num_experts, top_k) / top_k`` bits per id, 24-28% smaller for 64 to 384
-    experts at top-6/8; readers then return each row's ids in ascending order (replay and
-    the audits compare sets, see schema/FORMAT.md 5.2). Needs ``num_experts <= 1024`` and
-    ``top_k <= 16``. Either codec's arrays read alike; one store may hold both."""
 
     LOOSE_KEYWORDS: ClassVar[tuple[str, ...]] = (
         "buffer_bytes", "chunk_rows", "layers_per_chunk", "object_bytes", "on_invalid", "writer_id",
