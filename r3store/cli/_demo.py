@@ -24,11 +24,12 @@ def demo(directory: Path | None, writers: int, loader_workers: int) -> None:
     """Run the main job on the bundled real FLAME-MoE-290M trace.
 
     Several rollout-worker processes write 32 samples of 64 tokens (half through
-    append_sglang with real base64 payloads) into DIRECTORY (default: a temporary folder,
-    removed afterwards), a DataLoader streams packed batches back, every route is checked
+    append_sglang with real base64 payloads) into DIRECTORY/rollout (default: a temporary
+    folder, removed afterwards), a DataLoader streams packed batches back, every route is checked
     bit-identical to the source, and the inspect summary is printed. Then R3 on a tiny
     Qwen3-MoE (needs transformers): a bf16 rollout's routes are written, streamed and
-    replayed in an fp32 trainer; flip rates and log-prob gaps with and without replay.
+    replayed in an fp32 trainer; flip rates and log-prob gaps with and without replay
+    (stores DIRECTORY/replay-demo/engine, trainer-live and trainer-replay).
     """
     if directory is not None and directory.exists() and any(directory.iterdir()):
         raise BadValue("DIRECTORY", str(directory), "not empty (the demo writes into a new or empty folder)")
@@ -40,7 +41,7 @@ def demo(directory: Path | None, writers: int, loader_workers: int) -> None:
         raise MissingExtra(f"the demo needs PyTorch ({exc}): pip install 'r3store[torch]' "
                            "(or 'r3store[hf]' for its replay part too)") from exc
     console = make_console()
-    target = directory or Path(tempfile.mkdtemp(prefix="r3store-demo-"))
+    target = directory / "rollout" if directory is not None else Path(tempfile.mkdtemp(prefix="r3store-demo-"))
     if directory is None:
         console.print(f"writing into the temporary folder {target}, removed on exit "
                       "(r3store demo DIR keeps the stores in DIR)", soft_wrap=True, highlight=False)
@@ -61,3 +62,7 @@ def demo(directory: Path | None, writers: int, loader_workers: int) -> None:
     from r3store.cli._demo_replay import replay_demo_cli
 
     replay_demo_cli(directory, console)
+    if directory is not None:
+        kept = ["rollout"] + [f"replay-demo/{p.name}" for p in sorted((directory / "replay-demo").glob("*"))]
+        console.print(f"stores kept in {directory}: {', '.join(kept)}; e.g. r3store inspect {directory / 'rollout'}",
+                      soft_wrap=True, highlight=False, markup=False)

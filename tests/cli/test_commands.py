@@ -68,7 +68,8 @@ def test_demo_runs_and_verifies(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["demo", str(target), "--writers", "2", "--loader-workers", "2"])
     assert result.exit_code == 0, result.output
     assert "every route bit-identical" in result.output
-    store = r3store.open_store(target)
+    assert f"stores kept in {target}: rollout" in " ".join(result.output.split())
+    store = r3store.open_store(target / "rollout")
     assert len(store) == 32
     assert len(store.commits) == 2
     source = flame_samples()
