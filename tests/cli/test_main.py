@@ -257,3 +257,16 @@ def test_closed_output_pipe_exits_0_quietly(tmp_path: Path, args: list[str]) -> 
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert err == b""
+
+
+def test_python_dash_m_r3store_runs_the_command_line() -> None:
+    """``python -m r3store`` is the ``r3store`` command (new-user finding: no ``__main__``)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "r3store", "--version"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("r3store ")
+    bad = subprocess.run([sys.executable, "-m", "r3store", "inspect"], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2
+    assert "Usage: r3store inspect" in bad.stderr
