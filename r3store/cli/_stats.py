@@ -84,9 +84,9 @@ def render_stats(result: dict[str, Any], console: Console) -> None:
                       "versions", highlight=False)
 
 
-def plot_stats(result: dict[str, Any], path: str, size: tuple[int, int]) -> None:
+def plot_stats(result: dict[str, Any], path: str, size: tuple[int, int]) -> Any:
     """Draw the layers x experts load heatmap and the length histogram into ``path`` (PNG, JPEG, SVG or
-    PDF, by its suffix)."""
+    PDF, by its suffix); returns the matplotlib Figure."""
     fig = plot_canvas(*size)
     heat, hist = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 1]})
     layers = [lay["layer"] for lay in result["layers"]]
@@ -105,9 +105,11 @@ def plot_stats(result: dict[str, Any], path: str, size: tuple[int, int]) -> None
         hist.stairs(lengths["counts"], edges, fill=True)
     hist.set_xlabel("tokens per sample")
     hist.set_ylabel("samples")
+    hist.yaxis.get_major_locator().set_params(integer=True)  # counts: no 1.25 samples
     hist.set_title("sequence lengths")
     fig.suptitle(f"{result['url']}: {result['samples']:,} samples")
     fig.savefig(path, format=plot_format(path))
+    return fig
 
 
 @click.command()

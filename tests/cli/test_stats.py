@@ -114,3 +114,16 @@ def test_stats_warns_of_duplicate_ids(tmp_path: Path) -> None:
     assert "'s0' (commits " in result.stderr
     assert "'s1' (commits " in result.stderr
     assert json.loads(result.stdout)["samples"] == 2
+
+
+def test_stats_plot_counts_samples_in_whole_numbers(small_store_dir: Path, tmp_path: Path) -> None:
+    """New-user finding: the length histogram's y axis had ticks at 1.25 and 1.75 samples."""
+    pytest.importorskip("matplotlib")
+    from r3store.audit import stats
+    from r3store.cli._stats import plot_stats
+
+    result = stats(r3store.open_store(small_store_dir))
+    fig = plot_stats(result, str(tmp_path / "s.svg"), (800, 400))
+    ticks = fig.axes[1].get_yticks()
+    assert len(ticks) >= 2
+    assert all(float(t).is_integer() for t in ticks), ticks
