@@ -22,8 +22,10 @@ V1_STORE = Path(__file__).parents[1] / "fixtures" / "stores" / "v3-ckpt"
 
 
 def make_checkpoint(root: Path, samples: int, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A store of ``samples`` one-sample commits, compacted into groups of 4 rows."""
+    """A store of ``samples`` one-sample commits, compacted into groups of 4 rows (checkpoint version 2:
+    version 3 is pinned in ``test_checkpoint_v3.py``)."""
     monkeypatch.setattr(_checkpoint, "GROUP_ROWS", 4)
+    monkeypatch.setattr(_checkpoint, "CHECKPOINT_VERSION", 2)
     for i in range(samples):
         with r3store.RouteWriter(root, SPEC) as w:
             w.append(f"s{i}", np.tile(np.array([i % 8, 8 + i % 8]), (3, 2, 1)).astype(np.int32),
