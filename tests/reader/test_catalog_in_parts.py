@@ -169,17 +169,22 @@ def test_first_get_reads_only_the_group_holding_the_id(tmp_path: Path, monkeypat
     store = r3store.open_store(tmp_path)
     catalog = store._catalog
     pending = catalog._pending
-    assert pending is not None and pending.lazy
+    assert pending is not None
+    assert pending.lazy
     np.testing.assert_array_equal(store.get("s5"), routes(5))
     assert set(pending.groups) == {1}  # s5 is row 5: group 1 alone was read and checked
-    assert store.num_tokens("s9") == 4 and store.row("s9") == full.row("s9")
-    assert store.missing_rows("s9") == [] and store.policy_spans("s9") == []
+    assert store.num_tokens("s9") == 4
+    assert store.row("s9") == full.row("s9")
+    assert store.missing_rows("s9") == []
+    assert store.policy_spans("s9") == []
     assert store.row("s12") == full.row("s12")  # a newer table's row: no group read
     assert set(pending.groups) == {1, 2}
-    assert "s1" in store and "nope" not in store
+    assert "s1" in store
+    assert "nope" not in store
     with pytest.raises(r3store.errors.SampleNotFoundError):
         store.get("nope")
-    assert catalog.in_parts and len(store) == 14
+    assert catalog.in_parts
+    assert len(store) == 14
     got = store.get_many(["s0", "s13"])
     np.testing.assert_array_equal(got[1], routes(13))
     assert catalog.in_parts
@@ -198,7 +203,8 @@ def test_commit_running_over_a_group_boundary_reads_the_next_group(
     store = r3store.open_store(tmp_path)
     np.testing.assert_array_equal(store.get("s3"), routes(3))  # its array's row count needs s4 and s5 too
     pending = store._catalog._pending
-    assert pending is not None and set(pending.groups) == {0, 1}
+    assert pending is not None
+    assert set(pending.groups) == {0, 1}
     assert store._catalog.array_rows[store._catalog.array[store._catalog.locate("s3")]] == 9
     same_as_tables(store, tmp_path)
 
@@ -218,7 +224,8 @@ def test_damaged_group_met_by_a_lookup_reads_every_row_and_falls_back(
     np.testing.assert_array_equal(store.get("s1"), routes(1))  # group 0 is intact
     with pytest.warns(CheckpointWarning, match="row group 1"):
         np.testing.assert_array_equal(store.get("s5"), routes(5))
-    assert store.checkpoint is None and not store._catalog.in_parts
+    assert store.checkpoint is None
+    assert not store._catalog.in_parts
     assert store.row("s5")["step"] == 1  # from its sample table
     np.testing.assert_array_equal(store.get("s1"), routes(1))
     same_as_tables(store, tmp_path)
@@ -227,12 +234,15 @@ def test_damaged_group_met_by_a_lookup_reads_every_row_and_falls_back(
 def test_newer_commit_dated_before_the_checkpoint_reads_every_row(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     compacted(tmp_path, monkeypatch, after=0)
-    with pytest.warns(r3store.errors.ClockSkewWarning), r3store.RouteWriter(tmp_path, SPEC) as w:
-        w._committer.clock = lambda: datetime.now(UTC) - timedelta(days=1)  # type: ignore[method-assign]  # behind
-        w.append("early", routes(1))
+    w = r3store.RouteWriter(tmp_path, SPEC)
+    w._committer.clock = lambda: datetime.now(UTC) - timedelta(days=1)  # type: ignore[method-assign]  # behind
+    w.append("early", routes(1))
+    with pytest.warns(r3store.errors.ClockSkewWarning):
+        w.close()
     store = r3store.open_store(tmp_path)
     pending = store._catalog._pending
-    assert pending is not None and not pending.lazy  # its row sorts before the checkpoint's: row numbers move
+    assert pending is not None
+    assert not pending.lazy
     np.testing.assert_array_equal(store.get("early"), routes(1))
     assert not store._catalog.in_parts
     assert store.sample_ids[0] == "early"
