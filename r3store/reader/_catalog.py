@@ -621,7 +621,7 @@ class SampleCatalog:
                 table = pa.concat_tables(tables, promote_options="permissive")
             except (pa.ArrowTypeError, pa.ArrowInvalid):  # writers disagree on a metadata column's type
                 table = pa.concat_tables(_clashing_metadata_as_strings(tables), promote_options="permissive")
-            if not rows_in_store_order(table):  # checked (one vectorised pass), not assumed: a checkpoint's rows are
+            if not _in_store_order(table):  # checked (one vectorised pass), not assumed: a checkpoint's rows are
                 table = table.take(pc.sort_indices(table, _STORE_ORDER))  # in store order, and so usually all
         if self.filter is None:
             return table
@@ -694,6 +694,15 @@ class SampleCatalog:
             self.__dict__.pop(name, None)
         self._where_map: dict[str, int] | None = None
 
+    def _column(self, name: str, column: str) -> Sequence[Any]:
+        """The list ``name`` (built from :attr:`samples`), or while a version 3 checkpoint's rows
+        are unread and lookups read single groups, a view of the rows handed out."""
+        pending = self._pending
+        if pending is not None and pending.lazy:
+            return _LazyColumn(self, pending, name, column)
+        full: list[Any] = getattr(self, name)
+        return full
+
     @cached_property
     def _ids(self) -> list[str]:
         ids: list[str] = self.samples.column("sample_id").to_pylist()
@@ -701,8 +710,7 @@ class SampleCatalog:
 
     @property
     def _missing(self) -> Sequence[Any]:
-        pending = self._pending
-        return _LazyColumn(pending, "missing_rows") if pending is not None and pending.lazy else self._full_missing
+        return self._column("_full_missing", "missing_rows")
 
     @cached_property
     def _full_missing(self) -> list[str | None]:
@@ -710,8 +718,7 @@ class SampleCatalog:
 
     @property
     def _spans(self) -> Sequence[Any]:
-        pending = self._pending
-        return _LazyColumn(pending, "policy_spans") if pending is not None and pending.lazy else self._full_spans
+        return self._column("_full_spans", "policy_spans")
 
     @cached_property
     def _full_spans(self) -> list[str | None]:
@@ -719,8 +726,7 @@ class SampleCatalog:
 
     @property
     def _quarantined(self) -> Sequence[Any]:
-        pending = self._pending
-        return _LazyColumn(pending, "quarantined") if pending is not None and pending.lazy else self._full_quarantined
+        return self._column("_full_quarantined", "quarantined")
 
     @cached_property
     def _full_quarantined(self) -> list[bool]:
@@ -729,8 +735,7 @@ class SampleCatalog:
     @property
     def array(self) -> Sequence[Any]:
         """Route array of each row of :attr:`samples`."""
-        pending = self._pending
-        return _LazyColumn(pending, "array") if pending is not None and pending.lazy else self._full_array
+        return self._column("_full_array", "array")
 
     @cached_property
     def _full_array(self) -> list[str]:
@@ -740,8 +745,7 @@ class SampleCatalog:
     @property
     def row_start(self) -> Sequence[Any]:
         """First array row of each sample."""
-        pending = self._pending
-        return _LazyColumn(pending, "row_start") if pending is not None and pending.lazy else self._full_row_start
+        return self._column("_full_row_start", "row_start")
 
     @cached_property
     def _full_row_start(self) -> list[int]:
@@ -751,8 +755,7 @@ class SampleCatalog:
     @property
     def num_rows(self) -> Sequence[Any]:
         """Rows of each sample."""
-        pending = self._pending
-        return _LazyColumn(pending, "num_rows") if pending is not None and pending.lazy else self._full_num_rows
+        return self._column("_full_num_rows", "num_rows")
 
     @cached_property
     def _full_num_rows(self) -> list[int]:
@@ -762,8 +765,7 @@ class SampleCatalog:
     @property
     def num_tokens(self) -> Sequence[Any]:
         """Tokens of each sample."""
-        pending = self._pending
-        return _LazyColumn(pending, "num_tokens") if pending is not None and pending.lazy else self._full_num_tokens
+        return self._column("_full_num_tokens", "num_tokens")
 
     @cached_property
     def _full_num_tokens(self) -> list[int]:
@@ -1018,17 +1020,30 @@ class _LazyWhere:
 
 class _LazyColumn(Sequence[Any]):
     """One column of the rows handed out while a version 3 checkpoint's rows are unread, indexed
-    by the row numbers :meth:`SampleCatalog.locate` returned."""
+    by the row numbers :meth:`SampleCatalog.locate` returned; any other use (another row, a
+    slice, ``len``, iteration) reads every row first and answers from the full list (the row
+    numbers handed out are the full catalogue's, checked when it is read)."""
 
-    def __init__(self, pending: _Pending, name: str) -> None:
+    def __init__(self, catalog: SampleCatalog, pending: _Pending, name: str, column: str) -> None:
+        self._catalog = catalog
         self._rows = pending.rows
         self._name = name
+        self._column = column
+
+    def _full(self) -> list[Any]:
+        self._catalog._materialize()
+        full: list[Any] = getattr(self._catalog, self._name)
+        return full
 
     def __getitem__(self, i: Any) -> Any:
-        return self._rows[i][self._name]
+        row = self._rows.get(i) if isinstance(i, int) and i >= 0 else None
+        return self._full()[i] if row is None else row[self._column]
 
     def __len__(self) -> int:
-        raise TypeError("the catalogue's rows are not read yet: use SampleCatalog.samples")
+        return len(self._full())
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._full())
 
 
 def _after(newer: pa.Table | None, last: tuple[int, str] | None) -> bool:
@@ -1092,6 +1107,8 @@ def _open_checkpoint(backend: Backend, manifest: Manifest, cap: int | None,
 _STORE_ORDER = [("committed_at", "ascending"), ("commit", "ascending"), ("row_start", "ascending")]
 """Store order: commit time, then commit name, then row (a stable sort keeps equal rows' order)."""
 
+
+_in_store_order = rows_in_store_order  # the former name (tests)
 
 _LAZY_LISTS = ("_ids", "_full_missing", "_full_spans", "_full_quarantined", "_full_array", "_full_row_start",
                "_full_num_rows", "_full_num_tokens", "visible")

@@ -269,3 +269,15 @@ def test_version_2_checkpoint_still_reads_every_row_on_first_lookup(
     np.testing.assert_array_equal(store.get("s2"), routes(2))
     assert not store._catalog.in_parts
     same_as_tables(store, tmp_path)
+
+
+def test_any_other_use_of_a_lazy_list_reads_every_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    compacted(tmp_path, monkeypatch)
+    store = r3store.open_store(tmp_path)
+    catalog = store._catalog
+    i = catalog.locate("s6")
+    assert catalog.num_rows[i] == 3
+    assert catalog.in_parts
+    assert len(catalog.num_rows) == 13  # a whole-list use: every row read, the row numbers kept
+    assert not catalog.in_parts
+    assert catalog.array[i] == catalog.samples.column("array")[i].as_py()
