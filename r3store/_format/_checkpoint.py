@@ -52,14 +52,12 @@ from r3store._format._keys import BUCKET_NAME, COMMIT_NAME, array_key, bucket_of
 from r3store._format._manifest import FORMAT_VERSION, MAX_ROWS
 from r3store._format._rows import check_texts
 from r3store._format._table import (
-    _check_caps,
-    _check_utf8,
-    _decode_dictionaries,
     check_columns,
     check_identity,
     check_spec,
     identity_of,
     read_parquet,
+    read_parquet_groups,
     table_schema,
 )
 from r3store._spec import ModelSpec
@@ -667,25 +665,14 @@ def read_checkpoint_groups(buf: bytes, path: str, header: CheckpointHeader, grou
         raise FormatError(path, f"row groups {groups[:8]} are not consecutive groups of the checkpoint's "
                                 f"{len(header.groups)}")
     footer = header.footer if header.footer is not None else read_footer(buf, path)
-    strings = _check_caps(footer, path)
     if len(footer.row_groups) != len(header.groups):
         raise FormatError(path, f"the file has {len(footer.row_groups)} row groups, its header lists "
                                 f"{len(header.groups)}")
     spec_text = footer.key_value.get("r3store.spec") or ""
     first = header.group_start(groups[0])
     parts = []
-    try:
-        reader = pq.ParquetFile(pa.BufferReader(buf), read_dictionary=strings, page_checksum_verification=True)
-        raw = [reader.read_row_group(g, use_threads=False) for g in groups]
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        if "CRC checksum verification failed" in str(exc):
-            raise ChecksumError(path, (), f"a Parquet page of row groups {groups} fails its CRC: {exc}") from exc
-        raise FormatError(path, f"row groups {groups} do not read: {exc}") from exc
     start = first
-    for g, part in zip(groups, raw, strict=True):
-        part = _decode_dictionaries(part, path)
-        _check_utf8(part, path)
-        plain = part.replace_schema_metadata(None)
+    for g, plain in zip(groups, read_parquet_groups(buf, path, groups, footer), strict=True):
         rows, digest = header.groups[g]
         computed = table_digest(plain, str(version), spec_text, path, extra=(f"group {g}",))
         if plain.num_rows != rows or computed != digest:
