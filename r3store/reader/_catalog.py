@@ -848,7 +848,9 @@ class SampleCatalog:
         if pending is not None and pending.lazy and i in pending.rows:
             ckpt, newer = _schema_pieces(pending)
             one = pending.row_tables[i]
-            merged = self._merge([one, *newer] if i < pending.header.rows else [ckpt, one])
+            with warnings.catch_warnings():  # a merge for the columns' types only: the full read warns once
+                warnings.simplefilter("ignore")
+                merged = self._merge([one, *newer] if i < pending.header.rows else [ckpt, one])
             return {k: v[0] for k, v in merged.to_pydict().items()}
         return {k: v[0] for k, v in self.samples.slice(i, 1).to_pydict().items()}
 
