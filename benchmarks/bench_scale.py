@@ -10,13 +10,19 @@ measures, each against the store without a checkpoint in the same run:
 * ``open_store``: time (and, on the loopback S3 server, requests);
 * ``RouteDataset`` construction + first batch;
 * the same after ``r3store.compact`` with ``--after`` commits made after the checkpoint;
-* ``open_store(filter=step == last step)`` after the compaction.
+* ``open_store(filter=step == last step)`` after the compaction;
+* ``open_store`` + the first ``get`` of one sample the checkpoint holds (issue 21: a rank that
+  reads a few samples should not pay for the whole catalogue), with the checkpoint as
+  ``compact`` writes it (version 3: only the row group holding the id is read) and the same
+  rows rewritten as a version 2 checkpoint (every row read on first use: the code before);
+* the baseline of the open without a checkpoint: ``pyarrow.parquet.read_table`` of every
+  sample table (the held target: the open <= 2.5x it).
 
 The S3 stores are built locally and uploaded (``s3fs.put``); the S3 server runs in its own
 process (``python -m r3store.testing.s3``) and counts requests at the server.
 
 usage: python benchmarks/bench_scale.py [--local 1000,10000,50000] [--s3 1000,5000]
-                                        [--after 10] [--repeats 3] [--json PATH]
+                                        [--after 10] [--repeats 3] [--json PATH] [--open-baseline-max N]
 """
 
 from __future__ import annotations
@@ -38,11 +44,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import s3fs
 from rich.console import Console
 from rich.table import Table
 
 import r3store
+from r3store._format import _checkpoint, read_checkpoint, read_checkpoint_header
 from r3store.testing.s3 import make_bucket, reset_remote_counter, storage_options
 
 SPEC = r3store.ModelSpec(num_layers=4, num_experts=16, top_k=2)
@@ -76,8 +84,9 @@ def build(path: Path, first: int, commits: int, *, past: bool = True) -> float:
                     w._committer.clock = lambda when=when: when  # the writer's commit code, dated in the past
                     # ...and the store's clock with it (the table's mtime): a store that grew over weeks, not one
                     # whose clock is ahead of the writer's (FORMAT.md 12.2 would add each table to this hour's bucket)
-                    def landed(key: str, pending: object, stamp: float = when.timestamp()) -> None:
+                    def landed(key: str, pending: object, stamp: float = when.timestamp()) -> str:
                         os.utime(path / key, (stamp, stamp))
+                        return key  # the table stays where it was written
 
                     w._committer._ensure_visible = landed  # type: ignore[method-assign]
                 for k in range(PER_COMMIT):
@@ -125,6 +134,10 @@ def measure_store(url: str, n: int, options: dict[str, Any] | None, repeats: int
 
     row("open_store, no checkpoint", lambda: len(r3store.open_store(url, reader={"use_checkpoint": False},
                                                                     storage_options=options)), max(1, repeats // 2))
+    if options is None:  # local: the same tables read by pyarrow alone (the baseline of the open's 2.5x target)
+        tables = sorted(str(p) for p in Path(url).glob("index/*/*.parquet"))
+        row("pyarrow read_table of every sample table (baseline)",
+            lambda: sum(pq.read_table(t).num_rows for t in tables), max(1, repeats // 2))
     if not full:
         return rows
     row("RouteDataset + first batch, no checkpoint", lambda: first_batch(url, options, False), 1)
@@ -151,7 +164,35 @@ def measure_after(url: str, n: int, after: int, options: dict[str, Any] | None, 
     row(f"RouteDataset + first batch, checkpoint + {after}", lambda: first_batch(url, options, True), 1)
     row(f"open_store(filter=step==last), checkpoint + {after}",
         lambda: len(r3store.open_store(url, reader={"filter": pc.field("step") == last_step}, storage_options=options)))
+    sid = f"c{n // 2:06d}-0"  # a sample the checkpoint holds, mid-store
+    row(f"open_store + first get, checkpoint + {after}", lambda: first_get(url, options, sid))
+    if options is None:
+        as_version_2(Path(url))
+        row(f"open_store + first get, checkpoint version 2 + {after}", lambda: first_get(url, options, sid))
     return rows
+
+
+def first_get(url: str, options: dict[str, Any] | None, sample_id: str) -> int:
+    """Open, then read one sample's routes (what a rank reading a few samples pays)."""
+    return int(r3store.open_store(url, storage_options=options).get(sample_id).shape[0])
+
+
+def as_version_2(root: Path) -> None:
+    """Rewrite the store's checkpoint in place as checkpoint version 2 (the same rows, watermark
+    and recent commits; one Bloom filter for the file): the layout compacted stores had before."""
+    store = r3store.open_store(root, reader={"use_checkpoint": False})
+    key = next(p for p in (root / "index").iterdir() if p.suffix == ".checkpoint")
+    buf = key.read_bytes()
+    manifest = store.manifest
+    header = read_checkpoint_header(buf, str(key), spec=manifest.spec, version=manifest.version,
+                                    store_id=manifest.store_id)
+    assert header is not None
+    table, _ = read_checkpoint(buf, str(key), spec=manifest.spec, version=manifest.version,
+                               store_id=manifest.store_id)
+    listed_at = datetime.fromisoformat(header.info.created_at)
+    key.write_bytes(_checkpoint.write_checkpoint(table, json.dumps(manifest.spec.to_dict()), listed_at=listed_at,
+                                                 version=manifest.version, store_id=manifest.store_id,
+                                                 recent=header.recent, layout=2))
 
 
 def main() -> None:
@@ -163,6 +204,8 @@ def main() -> None:
     parser.add_argument("--full-baseline-max", type=int, default=10_000,
                         help="above this many commits, only open_store is measured without a checkpoint")
     parser.add_argument("--json", help="also write the rows as JSON here (rewritten after every store)")
+    parser.add_argument("--open-baseline-max", type=int, default=None,
+                        help="above this many commits, skip the rows without a checkpoint (local stores)")
     args = parser.parse_args()
     console = Console()
     tmp = Path(tempfile.mkdtemp(prefix="r3store-scale-"))
@@ -229,7 +272,8 @@ def main() -> None:
             work = tmp / f"work-{n}"
             shutil.copytree(built(n), work)
             shutil.rmtree(tmp / f"store-{n}")
-            report(measure_store(str(work), n, None, args.repeats, None, full=n <= args.full_baseline_max))
+            if args.open_baseline_max is None or n <= args.open_baseline_max:
+                report(measure_store(str(work), n, None, args.repeats, None, full=n <= args.full_baseline_max))
             t0 = time.perf_counter()
             result = r3store.compact(work)
             report([{"commits": n, "what": "compact", "seconds": time.perf_counter() - t0, "requests": None,
@@ -248,14 +292,23 @@ def main() -> None:
                       "" if r.get("cpu") is None else f"{r['cpu'] * 1e3:.1f}",
                       "" if r["requests"] is None else f"{r['requests']:,}", str(r["result"]))
     console.print(table)
-    opened = {(r.get("where", "local"), r["commits"]): r["cpu"] for r in rows
-              if r["what"].startswith("open_store, checkpoint")}
-    for where in ("local", "s3"):
-        counts = sorted(n for w, n in opened if w == where)
-        if len(counts) > 1:
-            ratio = opened[(where, counts[-1])] / opened[(where, counts[0])]
-            console.print(f"{where}: open after compaction, {counts[-1]:,} vs {counts[0]:,} commits: {ratio:.2f}x "
-                          "in CPU time (target <= 2x)", highlight=False)
+    for prefix, what in (("open_store, checkpoint", "open after compaction"),
+                         ("open_store + first get, checkpoint +", "open + first get after compaction"),
+                         ("open_store + first get, checkpoint version 2", "open + first get, version 2 checkpoint")):
+        opened = {(r.get("where", "local"), r["commits"]): r["cpu"] for r in rows if r["what"].startswith(prefix)}
+        for where in ("local", "s3"):
+            counts = sorted(n for w, n in opened if w == where)
+            if len(counts) > 1:
+                ratio = opened[(where, counts[-1])] / opened[(where, counts[0])]
+                console.print(f"{where}: {what}, {counts[-1]:,} vs {counts[0]:,} commits: {ratio:.2f}x "
+                              "in CPU time (target <= 2x)", highlight=False)
+    cpu = {(r["commits"], r["what"]): r.get("cpu") for r in rows if r.get("where", "local") == "local"}
+    for n in sorted({n for n, _ in cpu}):
+        base = cpu.get((n, "pyarrow read_table of every sample table (baseline)"))
+        if base:
+            ratio = cpu[(n, "open_store, no checkpoint")] / base
+            console.print(f"local {n:,}: open without a checkpoint vs pyarrow reading the same tables: {ratio:.2f}x "
+                          "in CPU time (target <= 2.5x)", highlight=False)
 
 
 if __name__ == "__main__":

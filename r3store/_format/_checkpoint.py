@@ -18,6 +18,12 @@ watermark on) and a Bloom filter of the sample ids (``r3store.bloom``); one root
 :func:`read_checkpoint_header` checks the footer and the header only;
 :func:`read_checkpoint` checks everything (every group's digest, every row).
 Version 1 checkpoints (one digest over every cell) still read, whole.
+
+Checkpoint version 3 (written since issue 21) is version 2 with one Bloom filter per row
+group instead of one for the file, and the store-order key of its last row in the header:
+a reader finds the group(s) that may hold an id from the header alone and reads and checks
+only those (:func:`read_checkpoint_groups`), so the first ``get`` after an open does not read
+every row (FORMAT.md section 11.2).
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import itertools
 import re
 import struct
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -38,7 +46,7 @@ import pyarrow.parquet as pq
 
 from r3store._checks import is_int
 from r3store._format._digest import table_digest
-from r3store._format._footer import read_footer
+from r3store._format._footer import Footer, read_footer
 from r3store._format._json import canonical_json, loads_document
 from r3store._format._keys import BUCKET_NAME, COMMIT_NAME, array_key, bucket_of, is_bucket
 from r3store._format._manifest import FORMAT_VERSION, MAX_ROWS
@@ -49,6 +57,7 @@ from r3store._format._table import (
     check_spec,
     identity_of,
     read_parquet,
+    read_parquet_groups,
     table_schema,
 )
 from r3store._spec import ModelSpec
@@ -61,10 +70,13 @@ __all__ = [
     "LATE_TABLE_S",
     "CheckpointHeader",
     "CheckpointInfo",
+    "GroupBlooms",
     "checkpoint_key",
     "parse_checkpoint_key",
     "read_checkpoint",
+    "read_checkpoint_groups",
     "read_checkpoint_header",
+    "rows_in_store_order",
     "watermark_of",
     "write_checkpoint",
 ]
@@ -73,8 +85,8 @@ CHECKPOINT_PREFIX = "index/"
 """Checkpoints lie directly under ``index/`` (not in a bucket, not named ``.parquet``): one
 delimited listing of ``index/`` finds them and the buckets at once, and readers of format v2
 that know nothing of checkpoints skip them (they read only ``.parquet`` keys)."""
-CHECKPOINT_VERSION = 2
-"""Version of the checkpoint layout written (``r3store.checkpoint`` metadata ``version``); 1 and 2 read."""
+CHECKPOINT_VERSION = 3
+"""Version of the checkpoint layout written (``r3store.checkpoint`` metadata ``version``); 1, 2 and 3 read."""
 GROUP_ROWS = 16_384
 """Rows per row group of a version 2 checkpoint (the last group may hold fewer). Each group has
 its own digest. Not smaller: r3store checks a Parquet footer in Python before pyarrow reads it,
@@ -84,6 +96,12 @@ BLOOM_BITS_PER_ID = 16
 """Bloom filter size of a version 2 checkpoint, in bits per row (at least 1,024 bits in all)."""
 BLOOM_HASHES = 11
 """Bloom filter probes per id (about 0.05% false positives at 16 bits per id)."""
+GROUP_BLOOM_BITS_PER_ID = 20
+"""Bits per row of each row group's Bloom filter in a version 3 checkpoint (at least 64 per group):
+about 0.007% false positives per group, so a test of an id against every group's filter of a
+7-group checkpoint errs about as often (0.05%) as version 2's one filter of 16 bits per id."""
+GROUP_BLOOM_HASHES = 14
+"""Probes per id of a version 3 checkpoint's group filters (optimal for 20 bits per id)."""
 LATE_TABLE_S = 15 * 60
 """A sample table that lands after time ``t`` has a bucket no older than the hour of
 ``t - LATE_TABLE_S`` (FORMAT.md section 2.1)."""
@@ -133,8 +151,9 @@ class CheckpointInfo:
 
 
 def write_checkpoint(table: pa.Table, spec_json: str, *, listed_at: datetime, version: int = FORMAT_VERSION,
-                     store_id: str | None = None, recent: Collection[str] = ()) -> bytes:
-    """Serialise checked sample rows as a version 2 checkpoint (zstd, page CRCs, group and root digests).
+                     store_id: str | None = None, recent: Collection[str] = (), layout: int | None = None) -> bytes:
+    """Serialise checked sample rows as a version 3 checkpoint (zstd, page CRCs, group and root digests,
+    one Bloom filter per row group).
 
     Parameters
     ----------
@@ -153,6 +172,9 @@ def write_checkpoint(table: pa.Table, spec_json: str, *, listed_at: datetime, ve
         The covered commits whose sample tables lie in buckets at or after the watermark
         (:func:`watermark_of` of ``listed_at``): the only covered commits a reader must tell
         apart from newer ones (FORMAT.md section 11). Each must name rows of ``table``.
+    layout : {2, 3}, optional
+        The checkpoint version (default :data:`CHECKPOINT_VERSION`; 2: one Bloom filter for the
+        file, as r3store wrote before issue 21, for tests and fixtures).
 
     Raises
     ------
@@ -161,6 +183,9 @@ def write_checkpoint(table: pa.Table, spec_json: str, *, listed_at: datetime, ve
     """
     if version >= 3 and store_id is None:
         raise FormatError("checkpoint", "a format v3 checkpoint needs the store's store_id")
+    layout = CHECKPOINT_VERSION if layout is None else layout
+    if layout not in (2, 3):
+        raise FormatError("checkpoint", f"checkpoint version {layout} is not written (2 or 3)")
     text = str(version)
     commits = set(pc.unique(table.column("commit")).to_pylist())
     stray = sorted(set(recent) - commits)
@@ -169,20 +194,32 @@ def write_checkpoint(table: pa.Table, spec_json: str, *, listed_at: datetime, ve
     ids = table.column("sample_id").to_pylist()
     unique = len(set(ids)) == len(ids)
     hidden = int(pc.sum(table.column("quarantined")).as_py() or 0)
-    groups = [[len(part), table_digest(part, text, spec_json, extra=(f"group {i}",))]
-              for i, part in enumerate(_groups(table, [GROUP_ROWS] * -(-len(table) // GROUP_ROWS)))]
-    bits = max(1024, -(-BLOOM_BITS_PER_ID * len(ids) // 64) * 64)
-    bloom = BloomFilter.build(ids, bits, BLOOM_HASHES)
-    doc: dict[str, object] = {"version": CHECKPOINT_VERSION, "watermark": watermark_of(listed_at),
+    parts = _groups(table, [GROUP_ROWS] * -(-len(table) // GROUP_ROWS))
+    groups: list[list[object]] = [[len(part), table_digest(part, text, spec_json, extra=(f"group {i}",))]
+                                  for i, part in enumerate(parts)]
+    if layout == 2:
+        bits = max(1024, -(-BLOOM_BITS_PER_ID * len(ids) // 64) * 64)
+        words, hashes = BloomFilter.build(ids, bits, BLOOM_HASHES).bits, BLOOM_HASHES
+    else:
+        filters = []
+        for entry, part in zip(groups, parts, strict=True):
+            size = max(64, -(-GROUP_BLOOM_BITS_PER_ID * len(part) // 64) * 64)
+            filters.append(BloomFilter.build(part.column("sample_id").to_pylist(), size, GROUP_BLOOM_HASHES).bits)
+            entry.append(size)
+        words = np.concatenate(filters) if filters else np.zeros(0, np.uint64)
+        bits, hashes = 64 * len(words), GROUP_BLOOM_HASHES
+    doc: dict[str, object] = {"version": layout, "watermark": watermark_of(listed_at),
                               "created_at": listed_at.astimezone(UTC).isoformat(timespec="seconds"),
                               "commits": len(commits), "rows": len(table), "visible": len(table) - hidden,
                               "unique_ids": unique, "groups": groups, "recent": sorted(recent),
                               "max_rows": int(pc.max(table.column("num_rows")).as_py() or 0) if len(table) else 0,
-                              "bloom": {"bits": bits, "hashes": BLOOM_HASHES}}
+                              "bloom": {"bits": bits, "hashes": hashes}}
+    if layout >= 3:
+        doc["last"] = _last_key(table)
     if version >= 3:
         doc["store_id"] = store_id
     meta = canonical_json(doc).decode()
-    bloom_text = base64.b64encode(bloom.bits.tobytes()).decode()
+    bloom_text = base64.b64encode(words.astype("<u8").tobytes()).decode()
     kv = {b"r3store.version": text.encode(), b"r3store.spec": spec_json.encode(), b"r3store.checkpoint": meta.encode(),
           b"r3store.bloom": bloom_text.encode()}
     if version >= 3:
@@ -194,6 +231,28 @@ def write_checkpoint(table: pa.Table, spec_json: str, *, listed_at: datetime, ve
     pq.write_table(table, sink, compression="zstd", write_page_checksum=True, row_group_size=GROUP_ROWS,
                    write_statistics=False)
     return sink.getvalue()
+
+
+def _last_key(table: pa.Table) -> list[object] | None:
+    """``[committed_at as microseconds since the epoch, commit]`` of the last row (None: no rows):
+    the store-order key a newer row must exceed for the rows to stay in place (section 11.2)."""
+    if not table.num_rows:
+        return None
+    last = table.slice(table.num_rows - 1)
+    return [int(pc.cast(last.column("committed_at"), pa.int64())[0].as_py()), last.column("commit")[0].as_py()]
+
+
+def rows_in_store_order(table: pa.Table) -> bool:
+    """Whether every row's (committed_at, commit, row_start) is >= the previous row's (a null: no),
+    so that the stable sort into store order would leave ``table`` as it is."""
+    if table.num_rows < 2:
+        return True
+    before, after = table.slice(0, table.num_rows - 1), table.slice(1)
+    ordered = pc.less_equal(before.column("row_start"), after.column("row_start"))
+    for name in ("commit", "committed_at"):
+        a, b = before.column(name), after.column(name)
+        ordered = pc.or_(pc.less(a, b), pc.and_(pc.equal(a, b), ordered))
+    return bool(pc.all(pc.fill_null(ordered, False)).as_py())
 
 
 def _root_digest(version: str, spec: str, header: str, bloom: str, identity: tuple[str, ...]) -> str:
@@ -232,10 +291,16 @@ class BloomFilter:
     hashes: int
 
     @staticmethod
-    def _probes(ids: Sequence[str], nbits: int, hashes: int) -> np.ndarray:
+    def _halves(ids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """``h1``, ``h2`` (lowest bit set) of each id, as uint64 column vectors."""
         raw = b"".join(hashlib.blake2b(i.encode(), digest_size=16).digest() for i in ids)
         halves = np.frombuffer(raw, dtype="<u8").reshape(len(ids), 2)
-        h1, h2 = halves[:, 0:1], halves[:, 1:2] | np.uint64(1)
+        return halves[:, 0:1], halves[:, 1:2] | np.uint64(1)
+
+    @staticmethod
+    def _probes(ids: Sequence[str], nbits: int, hashes: int,
+                halves: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        h1, h2 = BloomFilter._halves(ids) if halves is None else halves
         steps = np.arange(hashes, dtype=np.uint64)[None, :]
         with np.errstate(over="ignore"):
             probes: np.ndarray = (h1 + steps * h2) % np.uint64(nbits)
@@ -250,14 +315,42 @@ class BloomFilter:
             np.bitwise_or.at(words, probes // np.uint64(64), np.uint64(1) << (probes % np.uint64(64)))
         return cls(words, hashes)
 
+    def held(self, ids: Sequence[str], halves: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """Boolean mask: whether the filter may hold each id (``halves``: :meth:`_halves` of ``ids``)."""
+        if not ids:
+            return np.zeros(0, dtype=bool)
+        probes = self._probes(ids, len(self.bits) * 64, self.hashes, halves)
+        found = (self.bits[probes // np.uint64(64)] >> (probes % np.uint64(64))) & np.uint64(1)
+        held: np.ndarray = np.all(found, axis=1)
+        return held
+
     def hits(self, ids: Sequence[str]) -> list[str]:
         """The ids of ``ids`` the filter may hold (each one it holds, and about 0.05% of others)."""
-        if not ids:
+        return [i for i, hit in zip(ids, self.held(ids), strict=True) if hit]
+
+
+@dataclass(frozen=True)
+class GroupBlooms:
+    """The Bloom filters of a version 3 checkpoint, one per row group (in file order): each of the
+    ``sample_id`` of its group's rows, laid out as :class:`BloomFilter`."""
+
+    filters: tuple[BloomFilter, ...]
+
+    def hits(self, ids: Sequence[str]) -> list[str]:
+        """The ids of ``ids`` some group's filter may hold (each one the checkpoint holds, and a few others)."""
+        if not ids or not self.filters:
             return []
-        probes = self._probes(ids, len(self.bits) * 64, self.hashes)
-        found = (self.bits[probes // np.uint64(64)] >> (probes % np.uint64(64))) & np.uint64(1)
-        held = np.all(found, axis=1)
+        halves = BloomFilter._halves(ids)
+        held = np.zeros(len(ids), dtype=bool)
+        for bloom in self.filters:
+            held |= bloom.held(ids, halves)
         return [i for i, hit in zip(ids, held, strict=True) if hit]
+
+    def groups_of(self, sample_id: str) -> list[int]:
+        """The row groups whose filter may hold ``sample_id`` (the one holding it, if any, and a
+        false positive now and then: about 0.007% per group), in file order."""
+        halves = BloomFilter._halves([sample_id])
+        return [g for g, bloom in enumerate(self.filters) if bloom.held([sample_id], halves)[0]]
 
 
 @dataclass(frozen=True)
@@ -279,15 +372,31 @@ class CheckpointHeader:
     """(rows, digest) of each row group, in file order."""
     recent: frozenset[str]
     """The covered commits whose sample tables lie in buckets at or after the watermark."""
-    bloom: BloomFilter
-    """The sample ids it holds (:meth:`BloomFilter.hits`)."""
+    bloom: BloomFilter | GroupBlooms
+    """The sample ids it holds (``hits``)."""
     max_rows: int = 0
     """The largest ``num_rows`` of its rows (a reader with a lower cap reads the rows at open)."""
+    layout: int = 2
+    """The checkpoint version (2 or 3)."""
+    group_blooms: GroupBlooms | None = None
+    """Version 3: one Bloom filter per row group (:attr:`bloom` is then the same filters, as one)."""
+    last: tuple[int, str] | None = None
+    """Version 3: ``(committed_at in microseconds since the epoch, commit)`` of the last row (None: no rows)."""
+    footer: Footer | None = dataclass_field(default=None, compare=False, repr=False)
+    """The checked Parquet footer (row groups are read from it without checking it again)."""
+
+    def group_start(self, group: int) -> int:
+        """The file row of the first row of row group ``group``."""
+        return sum(rows for rows, _ in self.groups[:group])
 
 
 def read_checkpoint_header(buf: bytes, path: str, *, spec: ModelSpec, spec_source: str = "r3store.json",
                            version: int = FORMAT_VERSION, store_id: str | None = None) -> CheckpointHeader | None:
     """Check a checkpoint's footer and header without reading its rows; None for a version 1 checkpoint.
+
+    Version 3 headers also give each row group's Bloom filter (``groups`` entries ``[rows,
+    digest, bits]``, the filters back to back in ``r3store.bloom``) and ``last``; the footer
+    must list the header's row groups, of the header's sizes.
 
     Checked: the Parquet footer (before pyarrow, which does not run here), the format
     version, the root digest (binding the header, the Bloom filter, the spec and the
@@ -300,7 +409,8 @@ def read_checkpoint_header(buf: bytes, path: str, *, spec: ModelSpec, spec_sourc
         Malformed footer or header; ChecksumError when the root digest does not match,
         SpecConflictError, StoreIdentityError as :func:`read_checkpoint`.
     """
-    kv = read_footer(buf, path).key_value
+    footer = read_footer(buf, path)
+    kv = footer.key_value
     meta = {k: (v or "").encode() for k, v in kv.items()}
     _check_version(meta, path, version)
     text = _header_text(meta, path)
@@ -313,17 +423,24 @@ def read_checkpoint_header(buf: bytes, path: str, *, spec: ModelSpec, spec_sourc
     computed = _root_digest(str(version), kv.get("r3store.spec") or "", text, bloom_text, identity)
     if stored != computed:
         raise ChecksumError(path, (), f"checkpoint root digest {stored[:60]!r} does not match its header ({computed})")
-    info = _info(doc, text, meta, path, version, store_id, expect=2)
+    layout = doc.get("version")
+    info = _info(doc, text, meta, path, version, store_id, expect=3 if layout == 3 else 2)
     check_spec(meta.get("r3store.spec", b""), spec, path, spec_source)
-    rows, visible, unique, groups, recent, bloom, max_rows = (
-        doc.get(k) for k in ("rows", "visible", "unique_ids", "groups", "recent", "bloom", "max_rows"))
-    fault = f"r3store.checkpoint metadata {text[:200]!r} is not a version 2 checkpoint header"
+    rows, visible, unique, groups, recent, bloom, max_rows, last = (
+        doc.get(k) for k in ("rows", "visible", "unique_ids", "groups", "recent", "bloom", "max_rows", "last"))
+    fault = f"r3store.checkpoint metadata {text[:200]!r} is not a version {layout} checkpoint header"
+    width = 3 if layout == 3 else 2
     if not (is_int(rows) and is_int(visible) and 0 <= visible <= rows and isinstance(unique, bool) and is_int(max_rows)
             and isinstance(groups, list) and isinstance(recent, list) and isinstance(bloom, dict)
             and all(isinstance(c, str) and COMMIT_NAME.fullmatch(c) for c in recent)
-            and all(isinstance(g, list) and len(g) == 2 and is_int(g[0]) and 0 < g[0] <= GROUP_ROWS
-                    and isinstance(g[1], str) for g in groups)):
+            and all(isinstance(g, list) and len(g) == width and is_int(g[0]) and 0 < g[0] <= GROUP_ROWS
+                    and isinstance(g[1], str) and (width == 2 or (is_int(g[2]) and g[2] >= 64 and g[2] % 64 == 0))
+                    for g in groups)):
         raise FormatError(path, fault)
+    if layout == 3 and not (last is None if rows == 0 else (
+            isinstance(last, list) and len(last) == 2 and is_int(last[0]) and isinstance(last[1], str)
+            and COMMIT_NAME.fullmatch(last[1]))):
+        raise FormatError(path, f"{fault}: last must be [committed_at in microseconds, commit] (null without rows)")
     nbits, hashes = bloom.get("bits"), bloom.get("hashes")
     if not (is_int(nbits) and is_int(hashes) and 1 <= hashes <= 64 and nbits >= 64 and nbits % 64 == 0):
         raise FormatError(path, f"{fault}: bloom must give bits (a multiple of 64) and hashes (1 to 64)")
@@ -335,12 +452,28 @@ def read_checkpoint_header(buf: bytes, path: str, *, spec: ModelSpec, spec_sourc
         raise FormatError(path, f"r3store.bloom holds {len(raw) * 8} bits, the header says {nbits}")
     if sum(g[0] for g in groups) != rows:
         raise FormatError(path, f"the header's row groups hold {sum(g[0] for g in groups)} rows, it says {rows}")
+    words = np.frombuffer(raw, dtype="<u8").copy()
+    blooms = None
+    if layout == 3:
+        if sum(g[2] for g in groups) != nbits:
+            raise FormatError(path, f"the header's row groups' Bloom filters hold {sum(g[2] for g in groups)} bits, "
+                                    f"its bloom says {nbits}")
+        ends = np.cumsum([0] + [g[2] // 64 for g in groups]).tolist()
+        blooms = GroupBlooms(tuple(BloomFilter(words[a:b], int(hashes)) for a, b in itertools.pairwise(ends)))
+        if len(footer.row_groups) != len(groups) or any(
+                rg.num_rows != g[0] for rg, g in zip(footer.row_groups, groups, strict=False)):
+            raise FormatError(path, f"the file's {len(footer.row_groups)} row groups of "
+                                    f"{[rg.num_rows for rg in footer.row_groups][:8]} rows are not the header's "
+                                    f"{len(groups)} of {[g[0] for g in groups][:8]}")
     return CheckpointHeader(info=CheckpointInfo(commits=frozenset(recent), watermark=info.watermark,
                                                 created_at=info.created_at, store_id=info.store_id),
                             commits=int(info_count(doc)), rows=rows, visible=visible, unique_ids=unique,
                             groups=tuple((int(g[0]), str(g[1])) for g in groups), recent=frozenset(recent),
                             max_rows=int(max_rows),
-                            bloom=BloomFilter(np.frombuffer(raw, dtype="<u8").copy(), int(hashes)))
+                            bloom=blooms if blooms is not None else BloomFilter(words, int(hashes)),
+                            layout=3 if layout == 3 else 2, group_blooms=blooms,
+                            last=None if last is None or layout != 3 else (int(last[0]), str(last[1])),
+                            footer=footer)
 
 
 def info_count(doc: dict[str, object]) -> int:
@@ -471,10 +604,91 @@ def _check_header(table: pa.Table, header: CheckpointHeader, commits: frozenset[
     stray = sorted(header.recent - commits)
     if stray:
         raise FormatError(path, f"checkpoint header names recent commit {stray[0]!r}, which has no row")
+    if header.layout >= 3:
+        _check_order(table, header, path)
     ids = table.column("sample_id").to_pylist() if check_bloom else []
-    missing = len(ids) - len(header.bloom.hits(ids))
+    if header.group_blooms is not None and ids:
+        starts = np.cumsum([0] + [rows for rows, _ in header.groups]).tolist()
+        missing = sum(len(part) - len(bloom.hits(part)) for bloom, part in zip(
+            header.group_blooms.filters, (ids[a:b] for a, b in itertools.pairwise(starts)), strict=True))
+    else:
+        missing = len(ids) - len(header.bloom.hits(ids))
     if missing:
         raise FormatError(path, f"checkpoint Bloom filter misses {missing} of its sample ids")
+
+
+def _check_order(table: pa.Table, header: CheckpointHeader, path: str, *, first_row: int = 0) -> None:
+    """Version 3: the rows (file rows ``first_row`` on) are in store order, and the file's last row
+    has the header's ``last`` key (checked when ``table`` ends the file)."""
+    if not rows_in_store_order(table):
+        raise FormatError(path, f"checkpoint rows {first_row} to {first_row + table.num_rows - 1} are not in store "
+                                "order (committed_at, commit, row_start), as a version 3 checkpoint must be")
+    if first_row + table.num_rows == header.rows:
+        last = _last_key(table)
+        found = None if last is None else (last[0], last[1])
+        if found != header.last:
+            raise FormatError(path, f"checkpoint header says its last row is {header.last}, its rows end with {found}")
+
+
+def read_checkpoint_groups(buf: bytes, path: str, header: CheckpointHeader, groups: Sequence[int], *,
+                           version: int = FORMAT_VERSION, max_sample_rows: int | None = None) -> pa.Table:
+    """Read and check some row groups of a version 2 or 3 checkpoint whose header passed
+    :func:`read_checkpoint_header` (same bytes): what a lookup of a few ids needs.
+
+    Checked, for those groups: the size caps and footer (as checked with the header), the
+    page CRCs, each group's digest against the header, UTF-8, the column types, the row
+    rules of FORMAT.md section 6.2 among the rows read (array, counts, overlaps, text
+    columns), the cap on rows per sample, no sample id twice when the header says
+    ``unique_ids``, and (version 3) store order and the header's ``last``. What needs every
+    row (the commit count, ``visible``, ``recent``, overlaps with rows of other groups) is
+    checked when every row is read (:func:`read_checkpoint`).
+
+    Parameters
+    ----------
+    groups : sequence of int
+        Row groups to read, ascending and consecutive (e.g. ``[3]`` or ``[3, 4]``).
+
+    Returns
+    -------
+    pyarrow.Table
+        The rows of those groups, in file order (no schema metadata).
+
+    Raises
+    ------
+    r3store.errors.FormatError
+        A fault in those groups; ChecksumError on a failed CRC or group digest (naming the
+        group and its rows); SampleTooLargeError over ``max_sample_rows``.
+    """
+    groups = list(groups)
+    if not groups or groups != list(range(groups[0], groups[0] + len(groups))) or groups[0] < 0 \
+            or groups[-1] >= len(header.groups):
+        raise FormatError(path, f"row groups {groups[:8]} are not consecutive groups of the checkpoint's "
+                                f"{len(header.groups)}")
+    footer = header.footer if header.footer is not None else read_footer(buf, path)
+    if len(footer.row_groups) != len(header.groups):
+        raise FormatError(path, f"the file has {len(footer.row_groups)} row groups, its header lists "
+                                f"{len(header.groups)}")
+    spec_text = footer.key_value.get("r3store.spec") or ""
+    first = header.group_start(groups[0])
+    parts = []
+    start = first
+    for g, plain in zip(groups, read_parquet_groups(buf, path, groups, footer), strict=True):
+        rows, digest = header.groups[g]
+        computed = table_digest(plain, str(version), spec_text, path, extra=(f"group {g}",))
+        if plain.num_rows != rows or computed != digest:
+            raise ChecksumError(path, (), f"row group {g} (rows {start} to {start + rows - 1}) does not match its "
+                                          f"digest {digest[:60]!r} ({computed})")
+        parts.append(plain)
+        start += rows
+    table = pa.concat_tables(parts)
+    meta = {k: (v or "").encode() for k, v in footer.key_value.items()}
+    check_columns(table, meta, path, version=version, spec=None, spec_source="")
+    _check_rows(table, path, max_sample_rows)
+    if header.unique_ids and len(pc.unique(table.column("sample_id"))) != table.num_rows:
+        raise FormatError(path, f"checkpoint header says unique_ids=True, row groups {groups} repeat a sample id")
+    if header.layout >= 3:
+        _check_order(table, header, path, first_row=first)
+    return table
 
 
 def _check_rows(table: pa.Table, path: str, max_sample_rows: int | None) -> None:

@@ -47,6 +47,7 @@ __all__ = [
     "check_spec",
     "identity_of",
     "read_parquet",
+    "read_parquet_groups",
     "read_table",
     "table_schema",
     "token_hash",
@@ -220,6 +221,35 @@ def read_parquet(buf: bytes, path: str) -> tuple[pa.Table, dict[str, bytes]]:
     meta = {k.decode(errors="replace"): v for k, v in (table.schema.metadata or {}).items()}
     _check_utf8(table, path)
     return table, meta
+
+
+def read_parquet_groups(buf: bytes, path: str, groups: list[int], footer: Footer | None = None) -> list[pa.Table]:
+    """Read some row groups of a Parquet file of sample rows, each as a table (no schema metadata),
+    with the checks of :func:`read_parquet`: the footer (``footer``: already checked, for these
+    bytes) and caps of the whole file, page CRCs, decoded sizes, UTF-8.
+
+    Raises
+    ------
+    r3store.errors.FormatError, r3store.errors.ChecksumError
+        See :func:`read_table`.
+    """
+    footer = read_footer(buf, path) if footer is None else footer
+    strings = _check_caps(footer, path)
+    try:
+        reader = pq.ParquetFile(pa.BufferReader(buf), read_dictionary=strings, page_checksum_verification=True)
+        raw = [reader.read_row_group(g, use_threads=False) for g in groups]
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        if isinstance(exc, FormatError):
+            raise
+        if "CRC checksum verification failed" in str(exc):
+            raise ChecksumError(path, (), f"a Parquet page of row groups {groups} fails its CRC: {exc}") from exc
+        raise FormatError(path, f"row groups {groups} do not read: {exc}") from exc
+    out = []
+    for part in raw:
+        part = _decode_dictionaries(part, path)
+        _check_utf8(part, path)
+        out.append(part.replace_schema_metadata(None))
+    return out
 
 
 def check_columns(table: pa.Table, meta: dict[str, bytes], path: str, *, version: int,

@@ -23,20 +23,31 @@ header; the checkpoint's rows are read and checked (every group's digest, every 
 first use of anything that needs them (:attr:`SampleCatalog.samples`, a lookup, the commit
 list, a route array's row count). Rows that then fail their checks are dropped with a
 ``CheckpointWarning`` and the covered commits' sample tables read instead.
+
+From a version 3 checkpoint (FORMAT.md section 11.2: one Bloom filter per row group, and the
+store-order key of its last row), a lookup of one sample (:meth:`SampleCatalog.locate`, ``in``,
+the per-row lists at the row it returns, :meth:`SampleCatalog.row`) reads and checks only the
+row group(s) whose filter may hold the id (and a neighbour group when the sample's commit
+runs over a group boundary, so its route array's row count is whole) while the open was
+settled by the header. The row numbers it hands out are those :attr:`SampleCatalog.samples`
+gives the same samples once every row is read (checked then: a mismatch is a
+``FormatError``). Whatever needs every row still reads them all, once.
 """
 
 from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from functools import cached_property
 from typing import Any, Literal, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from r3store._checks import parse_choice
 from r3store._format import (
@@ -58,8 +69,10 @@ from r3store._format import (
     parse_spans,
     parse_table_key,
     read_checkpoint,
+    read_checkpoint_groups,
     read_checkpoint_header,
     read_table,
+    rows_in_store_order,
     table_key,
     table_schema,
 )
@@ -411,6 +424,8 @@ class SampleCatalog:
             return
         hidden = 0 if newer is None else int(pc.sum(newer.column("quarantined")).as_py() or 0)
         pending.visible = header.visible + len(ids) - hidden
+        pending.newer_rows = newer
+        pending.lazy = header.layout >= 3 and header.footer is not None and _after(newer, header.last)
         self._read = set(todo)
         self._build_lookup()
 
@@ -456,6 +471,7 @@ class SampleCatalog:
                 raise FormatError(pending.path, f"its header and Bloom filter promised {pending.visible} visible "
                                                 f"samples and no id committed again; its rows give "
                                                 f"{_count_visible(samples)} and {len(duplicates)} such id(s)")
+            _keep_promises(samples, pending)
             self._rows, self.samples, self.duplicates = rows, samples, duplicates
             self._covered_v = info.commits
             self._preloaded = info.commits
@@ -679,40 +695,81 @@ class SampleCatalog:
             self.__dict__.pop(name, None)
         self._where_map: dict[str, int] | None = None
 
+    def _column(self, name: str, column: str) -> Sequence[Any]:
+        """The list ``name`` (built from :attr:`samples`), or while a version 3 checkpoint's rows
+        are unread and lookups read single groups, a view of the rows handed out."""
+        pending = self._pending
+        if pending is not None and pending.lazy:
+            return _LazyColumn(self, pending, name, column)
+        full: list[Any] = getattr(self, name)
+        return full
+
     @cached_property
     def _ids(self) -> list[str]:
         ids: list[str] = self.samples.column("sample_id").to_pylist()
         return ids
 
+    @property
+    def _missing(self) -> Sequence[Any]:
+        return self._column("_full_missing", "missing_rows")
+
     @cached_property
-    def _missing(self) -> list[str | None]:
+    def _full_missing(self) -> list[str | None]:
         return self.samples.column("missing_rows").to_pylist()  # type: ignore[no-any-return]
 
+    @property
+    def _spans(self) -> Sequence[Any]:
+        return self._column("_full_spans", "policy_spans")
+
     @cached_property
-    def _spans(self) -> list[str | None]:
+    def _full_spans(self) -> list[str | None]:
         return self.samples.column("policy_spans").to_pylist()  # type: ignore[no-any-return]
 
-    @cached_property
-    def _quarantined(self) -> list[bool]:
-        return self.samples.column("quarantined").to_pylist()  # type: ignore[no-any-return]
+    @property
+    def _quarantined(self) -> Sequence[Any]:
+        return self._column("_full_quarantined", "quarantined")
 
     @cached_property
-    def array(self) -> list[str]:
+    def _full_quarantined(self) -> list[bool]:
+        return self.samples.column("quarantined").to_pylist()  # type: ignore[no-any-return]
+
+    @property
+    def array(self) -> Sequence[Any]:
+        """Route array of each row of :attr:`samples`."""
+        return self._column("_full_array", "array")
+
+    @cached_property
+    def _full_array(self) -> list[str]:
         """Route array of each row of :attr:`samples`."""
         return self.samples.column("array").to_pylist()  # type: ignore[no-any-return]
 
+    @property
+    def row_start(self) -> Sequence[Any]:
+        """First array row of each sample."""
+        return self._column("_full_row_start", "row_start")
+
     @cached_property
-    def row_start(self) -> list[int]:
+    def _full_row_start(self) -> list[int]:
         """First array row of each sample."""
         return _int_list(self.samples.column("row_start"))
 
+    @property
+    def num_rows(self) -> Sequence[Any]:
+        """Rows of each sample."""
+        return self._column("_full_num_rows", "num_rows")
+
     @cached_property
-    def num_rows(self) -> list[int]:
+    def _full_num_rows(self) -> list[int]:
         """Rows of each sample."""
         return _int_list(self.samples.column("num_rows"))
 
+    @property
+    def num_tokens(self) -> Sequence[Any]:
+        """Tokens of each sample."""
+        return self._column("_full_num_tokens", "num_tokens")
+
     @cached_property
-    def num_tokens(self) -> list[int]:
+    def _full_num_tokens(self) -> list[int]:
         """Tokens of each sample."""
         return _int_list(self.samples.column("num_tokens"))
 
@@ -736,9 +793,14 @@ class SampleCatalog:
         return _count_visible(self.samples)
 
     @property
-    def _where(self) -> dict[str, int]:
+    def _where(self) -> Mapping[str, int] | _LazyWhere:
         """Sample id -> row of :attr:`samples` (built once, on first use; ids are unique after
-        :func:`_dedupe`). Two threads racing build equal dicts; either one is kept."""
+        :func:`_dedupe`). Two threads racing build equal dicts; either one is kept. While a
+        version 3 checkpoint's rows are unread (and the open was settled by its header), a
+        mapping whose ``get`` reads only the row groups that may hold the id."""
+        pending = self._pending
+        if pending is not None and pending.lazy:
+            return _LazyWhere(self, pending)
         where = self._where_map
         if where is None:
             where = self._where_map = dict(zip(self._ids, range(len(self._ids)), strict=True))
@@ -776,9 +838,109 @@ class SampleCatalog:
         if i is None:
             raise SampleNotFoundError(sample_id, self.url)
         if self._quarantined[i] and not include_quarantined:
-            reason = self.samples.column("reason")[i].as_py() or "no reason recorded"
+            reason = self.row(i)["reason"] or "no reason recorded"
             raise SampleNotFoundError(sample_id, self.url, quarantined=reason)
         return i
+
+    def row(self, i: int) -> dict[str, Any]:
+        """Sample row ``i`` (a row :meth:`locate` returned) as a dict of its columns, as
+        :attr:`samples` holds it (user metadata merged across commits as there)."""
+        pending = self._pending
+        if pending is not None and pending.lazy and i in pending.rows:
+            ckpt, newer = _schema_pieces(pending)
+            one = pending.row_tables[i]
+            with warnings.catch_warnings():  # a merge for the columns' types only: the full read warns once
+                warnings.simplefilter("ignore")
+                merged = self._merge([one, *newer] if i < pending.header.rows else [ckpt, one])
+            return {k: v[0] for k, v in merged.to_pydict().items()}
+        return {k: v[0] for k, v in self.samples.slice(i, 1).to_pydict().items()}
+
+    def _lazy_get(self, pending: _Pending, sample_id: str) -> int | None:
+        """Row of ``sample_id`` while ``pending``'s rows are unread: a newer table's row, or one read
+        from the row group(s) whose Bloom filter may hold it (FORMAT.md section 11.2); None when no
+        committed sample has the id. A fault in a group reads every row instead (the full checks
+        and their fallback), and the answer is then the full catalogue's."""
+        if sample_id in pending.where:
+            return pending.where[sample_id]
+        with self._lock:
+            if self._pending is not pending:  # read meanwhile: the full catalogue answers
+                return self._where.get(sample_id)
+            try:
+                found = self._lazy_find(pending, sample_id)
+            except SampleTooLargeError:
+                raise
+            except FormatError:
+                self._materialize()  # the full read checks again, warns and falls back to the sample tables
+                return self._where.get(sample_id)
+            pending.where[sample_id] = found
+            return found
+
+    def _lazy_find(self, pending: _Pending, sample_id: str) -> int | None:
+        header = pending.header
+        newer = pending.newer_rows
+        if newer is not None and newer.num_rows:
+            if pending.newer_where is None:
+                pending.newer_where = dict(zip(newer.column("sample_id").to_pylist(), range(newer.num_rows),
+                                               strict=True))
+            j = pending.newer_where.get(sample_id)
+            if j is not None:
+                i = header.rows + j
+                self._promise(pending, i, newer.slice(j, 1))
+                return i
+        assert header.group_blooms is not None
+        hits = []
+        for g in header.group_blooms.groups_of(sample_id):
+            part = self._group(pending, g)
+            where = pc.index(part.column("sample_id"), sample_id).as_py()
+            if where is not None and where >= 0:
+                hits.append((g, int(where)))
+        if not hits:
+            return None
+        if len(hits) > 1:
+            raise FormatError(pending.path, f"sample {sample_id!r} is in row groups {[g for g, _ in hits]}, "
+                                            "its header says no id repeats")
+        g, where = hits[0]
+        part = self._group(pending, g)
+        commit = part.column("commit")[where].as_py()
+        self._note_commit(pending, g, commit)
+        i = header.group_start(g) + where
+        self._promise(pending, i, part.slice(where, 1))
+        return i
+
+    def _group(self, pending: _Pending, g: int) -> pa.Table:
+        """Row group ``g`` of the pending checkpoint, read and checked once."""
+        part = pending.groups.get(g)
+        if part is None:
+            part = pending.groups[g] = read_checkpoint_groups(
+                pending.buf, pending.path, pending.header, [g], version=self.manifest.version,
+                max_sample_rows=self.max_sample_rows)
+        return part
+
+    def _note_commit(self, pending: _Pending, g: int, commit: str) -> None:
+        """Note the rows ``commit``'s route array must have, reading the neighbouring groups its rows
+        run into (rows are in store order, so a commit's rows are consecutive)."""
+        array = array_key(commit)
+        if array in self._array_rows:
+            return
+        first = last = g
+        while first > 0 and self._group(pending, first).column("commit")[0].as_py() == commit:
+            first -= 1
+        while last + 1 < len(pending.header.groups) and \
+                self._group(pending, last).column("commit")[-1].as_py() == commit:
+            last += 1
+        end = 0
+        for k in range(first, last + 1):
+            part = self._group(pending, k)
+            mine = pc.equal(part.column("commit"), commit)
+            ends = pc.add(part.column("row_start"), part.column("num_rows")).filter(mine)
+            end = max(end, int(pc.max(ends).as_py() or 0) if len(ends) else 0)
+        self._array_rows[array] = end
+
+    @staticmethod
+    def _promise(pending: _Pending, i: int, one: pa.Table) -> None:
+        """Remember the row handed out as row ``i`` (checked against :attr:`samples` once read)."""
+        pending.row_tables[i] = one
+        pending.rows[i] = one.to_pylist()[0]
 
 
 def _count_visible(table: pa.Table) -> int:
@@ -801,6 +963,20 @@ class _Pending:
     does not name as covered."""
     visible: int | None = None
     """Visible samples of the store, from the header and the newer tables (None: not settled)."""
+    newer_rows: pa.Table | None = None
+    """The newer tables' rows, merged in store order (the rows after the checkpoint's)."""
+    lazy: bool = False
+    """Whether a lookup reads only the groups that may hold the id: a version 3 checkpoint, the
+    open settled by its header, and every newer row after its last row in store order."""
+    where: dict[str, int | None] = dataclass_field(default_factory=dict)
+    """Ids looked up so far -> their row (None: not committed)."""
+    newer_where: dict[str, int] | None = None
+    groups: dict[int, pa.Table] = dataclass_field(default_factory=dict)
+    """Row groups read and checked so far."""
+    rows: dict[int, dict[str, Any]] = dataclass_field(default_factory=dict)
+    """Rows handed out, by row number (as :attr:`SampleCatalog.samples` will number them)."""
+    row_tables: dict[int, pa.Table] = dataclass_field(default_factory=dict)
+    schema_pieces: tuple[pa.Table, list[pa.Table]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("a catalogue with unread checkpoint rows is read before pickling")
@@ -833,6 +1009,79 @@ class _ArrayRows(Mapping[str, int]):
         return len(self._known)
 
 
+class _LazyWhere:
+    """``get`` of the id -> row mapping while a version 3 checkpoint's rows are unread."""
+
+    def __init__(self, catalog: SampleCatalog, pending: _Pending) -> None:
+        self._catalog = catalog
+        self._pending = pending
+
+    def get(self, sample_id: str, default: int | None = None) -> int | None:
+        i: int | None = self._catalog._lazy_get(self._pending, sample_id)
+        return default if i is None else i
+
+
+class _LazyColumn(Sequence[Any]):
+    """One column of the rows handed out while a version 3 checkpoint's rows are unread, indexed
+    by the row numbers :meth:`SampleCatalog.locate` returned; any other use (another row, a
+    slice, ``len``, iteration) reads every row first and answers from the full list (the row
+    numbers handed out are the full catalogue's, checked when it is read)."""
+
+    def __init__(self, catalog: SampleCatalog, pending: _Pending, name: str, column: str) -> None:
+        self._catalog = catalog
+        self._rows = pending.rows
+        self._name = name
+        self._column = column
+
+    def _full(self) -> list[Any]:
+        self._catalog._materialize()
+        full: list[Any] = getattr(self._catalog, self._name)
+        return full
+
+    def __getitem__(self, i: Any) -> Any:
+        row = self._rows.get(i) if isinstance(i, int) and i >= 0 else None
+        return self._full()[i] if row is None else row[self._column]
+
+    def __len__(self) -> int:
+        return len(self._full())
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._full())
+
+
+def _after(newer: pa.Table | None, last: tuple[int, str] | None) -> bool:
+    """Whether every row of ``newer`` (in store order) comes after the key ``last`` (None: no rows
+    before): then the checkpoint's rows keep their row numbers in the merged catalogue."""
+    if newer is None or not newer.num_rows or last is None:
+        return True
+    first = newer.slice(0, 1)
+    key = (int(pc.cast(first.column("committed_at"), pa.int64())[0].as_py()), first.column("commit")[0].as_py())
+    return key > last
+
+
+def _schema_pieces(pending: _Pending) -> tuple[pa.Table, list[pa.Table]]:
+    """Empty tables of the checkpoint's columns and of each newer table's: merged with one row,
+    they give it the columns and types :attr:`SampleCatalog.samples` has."""
+    if pending.schema_pieces is None:
+        schema = pq.ParquetFile(pa.BufferReader(pending.buf)).schema_arrow.remove_metadata()
+        pending.schema_pieces = (schema.empty_table(), [t.slice(0, 0) for t in pending.newer.values()])
+    return pending.schema_pieces
+
+
+def _keep_promises(samples: pa.Table, pending: _Pending) -> None:
+    """Every row handed out before the rows were read is the row :attr:`SampleCatalog.samples` has
+    at that number (else a ``FormatError`` naming the checkpoint: never another sample's route)."""
+    for i, promised in pending.rows.items():
+        found = samples.slice(i, 1).to_pylist()[0] if i < samples.num_rows else None
+        keys = ("sample_id", "array", "row_start", "num_rows", "num_tokens", "quarantined", "missing_rows",
+                "policy_spans")
+        if found is None or any(found.get(k) != promised.get(k) for k in keys):
+            raise FormatError(pending.path, f"row {i} was read from its row group as sample "
+                                            f"{promised.get('sample_id')!r}; once every row is read it is "
+                                            f"{None if found is None else found.get('sample_id')!r} (rows out of "
+                                            "store order, or a header that lies)")
+
+
 def _open_checkpoint(backend: Backend, manifest: Manifest, cap: int | None,
                      keys: list[str]) -> LoadedCheckpoint | _Pending | None:
     """The newest checkpoint of ``keys`` that passes its checks: a version 1 checkpoint read whole,
@@ -862,21 +1111,10 @@ _STORE_ORDER = [("committed_at", "ascending"), ("commit", "ascending"), ("row_st
 """Store order: commit time, then commit name, then row (a stable sort keeps equal rows' order)."""
 
 
-def _in_store_order(table: pa.Table) -> bool:
-    """Whether every row's (committed_at, commit, row_start) is >= the previous row's (nulls: no),
-    so that the stable sort into store order would leave the table as it is."""
-    if table.num_rows < 2:
-        return True
-    before, after = table.slice(0, table.num_rows - 1), table.slice(1)
-    (first, _), (second, _), (third, _) = _STORE_ORDER
-    ordered = pc.less_equal(before.column(third), after.column(third))
-    for name in (second, first):
-        a, b = before.column(name), after.column(name)
-        ordered = pc.or_(pc.less(a, b), pc.and_(pc.equal(a, b), ordered))
-    return bool(pc.all(pc.fill_null(ordered, False)).as_py())
+_in_store_order = rows_in_store_order  # the former name (tests)
 
-
-_LAZY_LISTS = ("_ids", "_missing", "_spans", "_quarantined", "array", "row_start", "num_rows", "num_tokens", "visible")
+_LAZY_LISTS = ("_ids", "_full_missing", "_full_spans", "_full_quarantined", "_full_array", "_full_row_start",
+               "_full_num_rows", "_full_num_tokens", "visible")
 """The :class:`SampleCatalog` lists built from :attr:`SampleCatalog.samples` on first use."""
 
 

@@ -248,8 +248,8 @@ class RouteReader:
         ------
         r3store.errors.SampleNotFoundError
         """
-        i = self._catalog.locate(sample_id, include_quarantined=include_quarantined)
-        return {k: v[0] for k, v in self.samples.slice(i, 1).to_pydict().items()}
+        catalog = self._catalog
+        return catalog.row(catalog.locate(sample_id, include_quarantined=include_quarantined))
 
     def missing_rows(self, sample_id: str, *, include_quarantined: bool = False) -> list[tuple[int, int]]:
         """Half-open row ranges of a sample the engine could not capture (``get`` returns -1 there).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +23,10 @@ V1_STORE = Path(__file__).parents[1] / "fixtures" / "stores" / "v3-ckpt"
 
 
 def make_checkpoint(root: Path, samples: int, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A store of ``samples`` one-sample commits, compacted into groups of 4 rows."""
+    """A store of ``samples`` one-sample commits, compacted into groups of 4 rows (checkpoint version 2:
+    version 3 has its own tests below)."""
     monkeypatch.setattr(_checkpoint, "GROUP_ROWS", 4)
+    monkeypatch.setattr(_checkpoint, "CHECKPOINT_VERSION", 2)
     for i in range(samples):
         with r3store.RouteWriter(root, SPEC) as w:
             w.append(f"s{i}", np.tile(np.array([i % 8, 8 + i % 8]), (3, 2, 1)).astype(np.int32),
@@ -140,3 +143,92 @@ def test_bloom_filter_holds_its_ids_and_few_others() -> None:
     others = [f"other-{i}" for i in range(20000)]
     assert len(bloom.hits(others)) < 40  # about 0.05% expected (10 of 20,000)
     assert BloomFilter.build([], 1024, 11).hits(ids) == []
+
+
+# -- checkpoint version 3 (FORMAT.md section 11.2): a Bloom filter per row group, the last row's key --
+
+
+def make_v3(root: Path, samples: int, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(_checkpoint, "GROUP_ROWS", 4)
+    for i in range(samples):
+        with r3store.RouteWriter(root, SPEC) as w:
+            w.append(f"s{i}", np.tile(np.array([i % 8, 8 + i % 8]), (3, 2, 1)).astype(np.int32),
+                     metadata={"index": i})
+    result = r3store.compact(root)
+    assert result.key is not None
+    return root / result.key
+
+
+def test_v3_header_gives_each_groups_filter_and_the_last_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = make_v3(tmp_path, 10, monkeypatch)
+    header = header_of(path)
+    assert header is not None
+    assert header.layout == 3
+    assert header.group_blooms is not None
+    assert [rows for rows, _ in header.groups] == [4, 4, 2]
+    assert [len(b.bits) * 64 for b in header.group_blooms.filters] == [128, 128, 64]  # 20 bits per row, >= 64
+    for i in range(10):
+        assert i // 4 in header.group_blooms.groups_of(f"s{i}")
+    table, _ = read(path)
+    assert header.last is not None
+    assert header.last[1] == table.column("commit")[-1].as_py()
+    assert header.bloom.hits([f"s{i}" for i in range(10)]) == [f"s{i}" for i in range(10)]
+
+
+def test_v3_groups_read_alone_and_a_damaged_one_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = make_v3(tmp_path, 10, monkeypatch)
+
+    def edit(table: pa.Table) -> pa.Table:
+        i = table.schema.get_field_index("index")
+        values = table.column(i).to_pylist()
+        values[5] = 99
+        return table.set_column(i, table.schema.field(i), pa.array(values, pa.int64()))
+
+    rewrite(path, rows=edit)
+    header = header_of(path)
+    assert header is not None
+    buf = path.read_bytes()
+    rows = _checkpoint.read_checkpoint_groups(buf, str(path), header, [2], version=3)
+    assert rows.column("sample_id").to_pylist() == ["s8", "s9"]
+    with pytest.raises(ChecksumError, match=r"row group 1 \(rows 4 to 7\)"):
+        _checkpoint.read_checkpoint_groups(buf, str(path), header, [1], version=3)
+    with pytest.raises(FormatError, match="not consecutive"):
+        _checkpoint.read_checkpoint_groups(buf, str(path), header, [0, 2], version=3)
+
+
+def test_v3_rows_out_of_store_order_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = make_v3(tmp_path, 6, monkeypatch)
+    table, _ = read(path)
+    kv = pq.read_schema(path).metadata
+    listed_at = datetime.fromisoformat(json.loads(kv[b"r3store.checkpoint"])["created_at"])
+    store_id = kv[b"r3store.store_id"].decode()
+    path.write_bytes(_checkpoint.write_checkpoint(table.take(list(range(5, -1, -1))), kv[b"r3store.spec"].decode(),
+                                                  listed_at=listed_at, store_id=store_id))
+    header = header_of(path)
+    assert header is not None
+    with pytest.raises(FormatError, match="not in store order"):
+        read(path)
+    with pytest.raises(FormatError, match="not in store order"):
+        _checkpoint.read_checkpoint_groups(path.read_bytes(), str(path), header, [0], version=3)
+
+
+@pytest.mark.parametrize(("edit", "fault"), [
+    (lambda doc: dict(doc, last=[1, doc["last"][1]]), "its rows end with"),
+    (lambda doc: dict(doc, groups=[[*g[:2], g[2] + 64] for g in doc["groups"]]), "Bloom filters hold"),
+    (lambda doc: dict(doc, last="s"), "last must be"),
+])
+def test_v3_header_that_lies_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: object,
+                                        fault: str) -> None:
+    path = make_v3(tmp_path, 6, monkeypatch)
+    rewrite(path, header=edit, reseal=True)
+    with pytest.raises(FormatError, match=fault):
+        read(path)  # the header's own checks, or (last) the rows'
+
+
+def test_v3_header_whose_row_groups_are_not_the_files_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = make_v3(tmp_path, 6, monkeypatch)
+    table = pq.read_table(path)
+    pq.write_table(table, path, row_group_size=3, write_page_checksum=True)  # the header lists groups of 4 and 2
+    with pytest.raises(FormatError, match="row groups of"):
+        header_of(path)

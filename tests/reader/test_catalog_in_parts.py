@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import warnings
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +62,9 @@ def test_open_reads_the_header_then_the_rows_on_first_use(tmp_path: Path, monkey
     assert store._catalog.in_parts
     assert len(store) == 13  # from the header (10) and the newer tables (3)
     assert store._catalog.in_parts
-    np.testing.assert_array_equal(store.get("s2"), routes(2))  # reads the checkpoint's rows
+    np.testing.assert_array_equal(store.get("s2"), routes(2))  # reads the group of s2 only (version 3)
+    assert store._catalog.in_parts
+    assert store.sample_ids[:3] == ["s0", "s1", "s2"]  # needs every row: reads them
     assert not store._catalog.in_parts
     same_as_tables(r3store.open_store(tmp_path), tmp_path)
 
@@ -141,7 +144,7 @@ def test_bloom_filter_that_lies_is_caught_when_the_rows_are_read(
     store = r3store.open_store(tmp_path, reader={"on_duplicate": "first"})
     assert store._catalog.in_parts  # the filter said s3 is new
     with pytest.raises(FormatError, match="promised 11 visible samples"):
-        store.get("s3")
+        store.sample_ids  # noqa: B018  # every row read: the lie is found
     store_id = json.loads((tmp_path / "r3store.json").read_text())["store_id"]
     with pytest.raises(FormatError, match="Bloom filter misses"):
         _checkpoint.read_checkpoint(path.read_bytes(), str(path), spec=SPEC, store_id=store_id)
@@ -155,3 +158,126 @@ def test_a_cap_below_the_headers_largest_sample_reads_the_rows_at_open(
         with pytest.raises(SampleTooLargeError, match="more than the cap of 2"):
             r3store.open_store(tmp_path, reader={"max_sample_rows": 2})
     assert r3store.open_store(tmp_path, reader={"max_sample_rows": 3})._catalog.in_parts
+
+
+# -- version 3: a lookup reads only the row group(s) that may hold the id (FORMAT.md section 11.2) --
+
+
+def test_first_get_reads_only_the_group_holding_the_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    compacted(tmp_path, monkeypatch, before=12, after=2)  # 3 groups of 4 one-sample commits
+    full = r3store.open_store(tmp_path, reader={"use_checkpoint": False})
+    store = r3store.open_store(tmp_path)
+    catalog = store._catalog
+    pending = catalog._pending
+    assert pending is not None
+    assert pending.lazy
+    np.testing.assert_array_equal(store.get("s5"), routes(5))
+    assert set(pending.groups) == {1}  # s5 is row 5: group 1 alone was read and checked
+    assert store.num_tokens("s9") == 4
+    assert store.row("s9") == full.row("s9")
+    assert store.missing_rows("s9") == []
+    assert store.policy_spans("s9") == []
+    assert store.row("s12") == full.row("s12")  # a newer table's row: no group read
+    assert set(pending.groups) == {1, 2}
+    assert "s1" in store
+    assert "nope" not in store
+    with pytest.raises(r3store.errors.SampleNotFoundError):
+        store.get("nope")
+    assert catalog.in_parts
+    assert len(store) == 14
+    got = store.get_many(["s0", "s13"])
+    np.testing.assert_array_equal(got[1], routes(13))
+    assert catalog.in_parts
+    same_as_tables(store, tmp_path)  # every row read now: the rows handed out keep their numbers
+    assert not catalog.in_parts
+    assert store._catalog.locate("s5") == full._catalog.locate("s5")
+
+
+def test_commit_running_over_a_group_boundary_reads_the_next_group(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_checkpoint, "GROUP_ROWS", 4)
+    commit(tmp_path, ["s0", "s1", "s2"])
+    commit(tmp_path, ["s3", "s4", "s5"])  # rows 3 to 5: groups 0 and 1
+    commit(tmp_path, ["s6", "s7"])
+    assert r3store.compact(tmp_path).written
+    store = r3store.open_store(tmp_path)
+    np.testing.assert_array_equal(store.get("s3"), routes(3))  # its array's row count needs s4 and s5 too
+    pending = store._catalog._pending
+    assert pending is not None
+    assert set(pending.groups) == {0, 1}
+    assert store._catalog.array_rows[store._catalog.array[store._catalog.locate("s3")]] == 9
+    same_as_tables(store, tmp_path)
+
+
+def test_damaged_group_met_by_a_lookup_reads_every_row_and_falls_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = compacted(tmp_path, monkeypatch)
+
+    def edit(table: pa.Table) -> pa.Table:  # group 1 no longer matches its digest
+        i = table.schema.get_field_index("step")
+        values = table.column(i).to_pylist()
+        values[5] = 7
+        return table.set_column(i, table.schema.field(i), pa.array(values, pa.int64()))
+
+    rewrite(path, rows=edit)
+    store = r3store.open_store(tmp_path)
+    np.testing.assert_array_equal(store.get("s1"), routes(1))  # group 0 is intact
+    with pytest.warns(CheckpointWarning, match="row group 1"):
+        np.testing.assert_array_equal(store.get("s5"), routes(5))
+    assert store.checkpoint is None
+    assert not store._catalog.in_parts
+    assert store.row("s5")["step"] == 1  # from its sample table
+    np.testing.assert_array_equal(store.get("s1"), routes(1))
+    same_as_tables(store, tmp_path)
+
+
+def test_newer_commit_dated_before_the_checkpoint_reads_every_row(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    compacted(tmp_path, monkeypatch, after=0)
+    w = r3store.RouteWriter(tmp_path, SPEC)
+    w._committer.clock = lambda: datetime.now(UTC) - timedelta(days=1)  # type: ignore[method-assign]  # behind
+    w.append("early", routes(1))
+    with pytest.warns(r3store.errors.ClockSkewWarning):
+        w.close()
+    store = r3store.open_store(tmp_path)
+    pending = store._catalog._pending
+    assert pending is not None
+    assert not pending.lazy
+    np.testing.assert_array_equal(store.get("early"), routes(1))
+    assert not store._catalog.in_parts
+    assert store.sample_ids[0] == "early"
+    same_as_tables(store, tmp_path)
+
+
+def test_rows_handed_out_must_keep_their_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    compacted(tmp_path, monkeypatch, after=0)
+    store = r3store.open_store(tmp_path)
+    i = store._catalog.locate("s6")
+    pending = store._catalog._pending
+    assert pending is not None
+    pending.rows[i] = dict(pending.rows[i], row_start=99)  # what a lying checkpoint would have handed out
+    with pytest.raises(FormatError, match=r"row 6 was read from its row group as sample 's6'"):
+        store.sample_ids  # noqa: B018
+
+
+def test_version_2_checkpoint_still_reads_every_row_on_first_lookup(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_checkpoint, "CHECKPOINT_VERSION", 2)
+    compacted(tmp_path, monkeypatch)
+    store = r3store.open_store(tmp_path)
+    assert store._catalog.in_parts
+    np.testing.assert_array_equal(store.get("s2"), routes(2))
+    assert not store._catalog.in_parts
+    same_as_tables(store, tmp_path)
+
+
+def test_any_other_use_of_a_lazy_list_reads_every_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    compacted(tmp_path, monkeypatch)
+    store = r3store.open_store(tmp_path)
+    catalog = store._catalog
+    i = catalog.locate("s6")
+    assert catalog.num_rows[i] == 3
+    assert catalog.in_parts
+    assert len(catalog.num_rows) == 13  # a whole-list use: every row read, the row numbers kept
+    assert not catalog.in_parts
+    assert catalog.array[i] == catalog.samples.column("array")[i].as_py()
