@@ -255,20 +255,26 @@ def assemble(
                                         f"sample {sid!r} has {n} tokens, more than max_seqlen={opts.max_seqlen}")
     offsets = np.concatenate([[0], np.cumsum([n - 1 for n in num_tokens])]).astype(np.int64)
     plan = plan_layout(num_tokens, opts)
-    ridx = route_index(plan)
     missing = [(lo + a, lo + b) for sid, lo in zip(sample_ids, offsets[:-1], strict=True)
                for a, b in reader.missing_rows(sid)]
-    if missing:  # rows the engine could not capture are laid out as pad rows
-        dropped = np.zeros(int(offsets[-1]), bool)
-        for a, b in missing:
-            dropped[a:b] = True
-        ridx = np.where((ridx >= 0) & dropped[np.maximum(ridx, 0)], -1, ridx)
-    out = _read_rank_rows(reader, sample_ids, offsets, ridx, list(positions), layers, out_dtype,
-                          num_experts=spec.num_experts if pad_policy == "spread" else None, fill_value=fill_value,
-                          allocate=None if packed else allocate, ep_size=opts.ep_size)
+    pads: dict[str, Any] = {"num_experts": spec.num_experts if pad_policy == "spread" else None,
+                            "fill_value": fill_value, "allocate": None if packed else allocate, "ep_size": opts.ep_size}
+    planned = _plan_runs(plan) if not missing and opts.layout != "sbhd" else None
+    if planned is not None:  # THD, BSHD: the plan's runs of rows, found in C, read straight into place
+        replay_mask, runs = planned
+        out = _read_runs(reader, sample_ids, runs, replay_mask, list(positions), layers, out_dtype, **pads)
+    else:
+        ridx = route_index(plan)
+        if missing:  # rows the engine could not capture are laid out as pad rows
+            dropped = np.zeros(int(offsets[-1]), bool)
+            for a, b in missing:
+                dropped[a:b] = True
+            ridx = np.where((ridx >= 0) & dropped[np.maximum(ridx, 0)], -1, ridx)
+        out = _read_rank_rows(reader, sample_ids, offsets, ridx, list(positions), layers, out_dtype, **pads)
+        replay_mask = ridx >= 0
     batch: dict[str, Any] = {
         "routes": kernels.pack_bits(out, bits) if packed else out,
-        "replay_mask": ridx >= 0,
+        "replay_mask": replay_mask,
         "cu_seqlens": np.array(plan.cu_seqlens, dtype=np.int32),
         "num_tokens": np.array(plan.seqlens, dtype=np.int32),
         "sample_ids": sample_ids,
@@ -283,6 +289,46 @@ def assemble(
     if return_policy_version:
         batch["policy_version"] = _policy_versions(reader, sample_ids, offsets, plan)
     return batch
+
+
+MAX_RUNS_PER_SAMPLE = 8
+"""Runs of rows per sample above which a plan is read through the general path (THD and
+BSHD plans have one or two per sample: the CP chunks; SBHD interleaves samples)."""
+
+
+def _plan_runs(plan: LayoutPlan) -> tuple[np.ndarray, np.ndarray] | None:
+    """The replay mask (bool, the plan's shape) and the runs of route rows the plan's positions
+    hold (int64 ``(m, 4)``: sample, first row, stop row, first position in C order), in one
+    pass of the compiled kernels (:func:`r3store.layout.route_index`, as runs); None without
+    the kernels or when the plan cuts its samples into more than a few runs each."""
+    native = kernels.native_module()
+    if native is None:
+        return None
+    index = np.ascontiguousarray(plan.index, dtype=np.int64).reshape(-1)
+    mask = np.empty(plan.index.shape, dtype=bool)
+    runs = np.empty((MAX_RUNS_PER_SAMPLE * plan.num_samples, 4), dtype=np.int64)
+    m = native.route_runs(index, plan.token_offsets, mask.reshape(-1), runs)
+    return None if m < 0 else (mask, runs[:m])
+
+
+def _read_runs(reader: RouteReader, sample_ids: list[str], runs: np.ndarray, replay_mask: np.ndarray,
+               positions: list[int], layers: Sequence[int] | None, dtype: np.dtype, *, num_experts: int | None,
+               fill_value: int, allocate: Callable[[tuple[int, ...], np.dtype], np.ndarray] | None = None,
+               ep_size: int | None = None) -> np.ndarray:
+    """The routes of a plan whose runs (:func:`_plan_runs`) land on runs of output positions:
+    each run read in place (:meth:`RouteReader.get_runs`), then the pad rows written."""
+    flat = replay_mask.reshape(-1)
+    shape = (len(flat), len(positions), reader.spec.top_k)
+    out = np.empty(shape, dtype=dtype) if allocate is None else _allocated(allocate, shape, dtype)
+    if len(runs):
+        table = runs.tolist()
+        reader.get_runs([(sample_ids[s], a, b) for s, a, b, _ in table], layers, out=out, at=[r[3] for r in table])
+    pad = np.flatnonzero(~flat)
+    if num_experts is None:
+        out[pad] = fill_value
+    else:
+        _write_pads(out, pad, num_experts, ep_size)
+    return out.reshape((*replay_mask.shape, len(positions), reader.spec.top_k))
 
 
 def _read_rank_rows(reader: RouteReader, sample_ids: list[str], offsets: np.ndarray, ridx: np.ndarray,

@@ -274,6 +274,59 @@ PyObject *py_check_frame(PyObject *self, PyObject *args) {
                          (unsigned long)tag);
 }
 
+/* decode_frames' frame table, and what the checks of one frame found */
+typedef struct {
+    const uint8_t *blob;
+    Py_ssize_t blob_len;
+    const int64_t *st, *ln, *rw, *ly, *rc, *lc, *rf, *rn;
+    Py_ssize_t chunk_rows, N, L, K, lpc;
+    int bits;
+    Py_ssize_t n_total;
+    int check_tags;
+    uint32_t prefix_crc;
+} batch_t;
+
+typedef struct {
+    const uint8_t *payload;
+    Py_ssize_t plen;
+    uint32_t ne;
+} frame_t;
+
+/* most frames unpacked together (the layer chunks of one row chunk), and the rows of each
+   unpacked before the next frame's: out is then written a block of whole rows at a time */
+#define GROUP_MAX 64
+#define ROW_BLOCK 16
+
+/* Frame f of a decode_frames table: inside blob and out, a valid frame of n_total ids (the
+   checks of frame_status), bound to its place when tags are checked. 0, or -1 if not. */
+static int check_batch_frame(const batch_t *t, Py_ssize_t f, frame_t *fr) {
+    const Py_ssize_t r0 = t->rf ? (Py_ssize_t)t->rf[f] : 0, nr = t->rn ? (Py_ssize_t)t->rn[f] : t->chunk_rows;
+    if (t->st[f] < 0 || t->ln[f] < 0 || t->st[f] > t->blob_len - t->ln[f] || r0 < 0 || nr < 0
+        || r0 > t->chunk_rows - nr || t->rw[f] < 0 || t->rw[f] > t->N - nr || t->ly[f] < 0
+        || t->ly[f] > t->L - t->lpc) {
+        return -1;
+    }
+    const uint8_t *d = t->blob + t->st[f];
+    uint32_t nt = 0, ne = 0, tag = 0, want = 0;
+    int hdr = 0;
+    if (frame_status(d, (Py_ssize_t)t->ln[f], t->bits, &nt, &ne, &hdr, &tag) || (Py_ssize_t)nt != t->n_total) {
+        return -1;
+    }
+    if (t->check_tags && (position_tag(t->prefix_crc, (long long)t->rc[f], (long long)t->lc[f], &want) < 0
+                          || want != tag)) {
+        return -1;
+    }
+    fr->payload = d + hdr;
+    fr->plen = (Py_ssize_t)t->ln[f] - hdr;
+    fr->ne = ne;
+    return 0;
+}
+
+/* frames f and g write the same output rows (the same chunk rows, to the same out rows) */
+static int same_rows(const batch_t *t, Py_ssize_t f, Py_ssize_t g) {
+    return t->rw[f] == t->rw[g] && (!t->rf || (t->rf[f] == t->rf[g] && t->rn[f] == t->rn[g]));
+}
+
 R3_DOC(decode_frames_doc, "decode_frames(blob, starts, lengths, bits, out, rows, layers, chunk_rows,\n"
 "layers_per_chunk, prefix_crc, row_chunks, layer_chunks, check_tags, row_first=None,\n"
 "row_count=None) -> int\n\n"
@@ -343,42 +396,67 @@ PyObject *py_decode_frames(PyObject *self, PyObject *args) {
         const conv_fn conv = conv_table[T_U32][otype];
         char *base = (char *)out.buf;
         Py_BEGIN_ALLOW_THREADS
-        for (f = 0; f < n; f++) {
-            uint32_t nt = 0, ne = 0, tag = 0;
-            int hdr = 0;
-            const Py_ssize_t r0 = rf ? (Py_ssize_t)rf[f] : 0, nr = rn ? (Py_ssize_t)rn[f] : chunk_rows;
-            if (st[f] < 0 || ln[f] < 0 || st[f] > blob.len - ln[f] || r0 < 0 || nr < 0 || r0 > chunk_rows - nr
-                || rw[f] < 0 || rw[f] > N - nr || ly[f] < 0 || ly[f] > L - lpc) {
+        batch_t bt = {(const uint8_t *)blob.buf, blob.len, st, ln, rw, ly, rc, lc, rf, rn, chunk_rows, N, L, K, lpc,
+                      bits, n_total, check_tags, (uint32_t)prefix_crc};
+        const int rows4 = osize == 4 && width % 8 == 0; /* rows byte-aligned in the payload, 4-byte output */
+        frame_t cur, next;
+        int have_next = 0;
+        f = 0;
+        while (f < n) {
+            if (have_next) {
+                cur = next;
+                have_next = 0;
+            } else if (check_batch_frame(&bt, f, &cur) < 0) {
                 failed = f;
                 break;
             }
-            const uint8_t *d = (const uint8_t *)blob.buf + st[f];
-            if (frame_status(d, (Py_ssize_t)ln[f], bits, &nt, &ne, &hdr, &tag) || (Py_ssize_t)nt != n_total) {
-                failed = f;
-                break;
-            }
-            uint32_t want = 0;
-            if (check_tags && (position_tag((uint32_t)prefix_crc, (long long)rc[f], (long long)lc[f], &want) < 0
-                               || want != tag)) {
-                failed = f;
-                break;
-            }
-            if (osize == 4 && width % 8 == 0 && (Py_ssize_t)ne == n_total) {
-                /* every row of the chunk is byte-aligned in the payload: unpacked straight into out */
-                const Py_ssize_t row_bytes = width / 8 * bits, plen = (Py_ssize_t)ln[f] - hdr - r0 * row_bytes;
-                const uint8_t *pl = d + hdr + r0 * row_bytes; /* chunk row r0 onwards */
-                uint32_t *o0 = (uint32_t *)(base + ((rw[f] * L + ly[f]) * K) * osize);
-                Py_ssize_t r = unpack_rows4(pl, plen, nr, width / 8, bits, o0, L * K);
-                for (; r < nr; r++) {
-                    unpack_contig(pl + r * row_bytes, plen - r * row_bytes, width, bits, (char *)(o0 + r * L * K), 4);
+            if (!rows4 || (Py_ssize_t)cur.ne != n_total) {
+                const Py_ssize_t r0 = rf ? (Py_ssize_t)rf[f] : 0, nr = rn ? (Py_ssize_t)rn[f] : chunk_rows;
+                unpack_contig(cur.payload, cur.plen, (Py_ssize_t)cur.ne, bits, (char *)stage, 4);
+                memset(stage + cur.ne, 0, (size_t)(n_total - (Py_ssize_t)cur.ne) * 4);
+                for (Py_ssize_t r = 0; r < nr; r++) {
+                    conv((const char *)(stage + (r0 + r) * width), 4, base + (((rw[f] + r) * L + ly[f]) * K) * osize,
+                         width);
                 }
+                f++;
                 continue;
             }
-            unpack_contig(d + hdr, (Py_ssize_t)ln[f] - hdr, (Py_ssize_t)ne, bits, (char *)stage, 4);
-            memset(stage + ne, 0, (size_t)(n_total - (Py_ssize_t)ne) * 4);
-            for (Py_ssize_t r = 0; r < nr; r++) {
-                conv((const char *)(stage + (r0 + r) * width), 4, base + (((rw[f] + r) * L + ly[f]) * K) * osize, width);
+            /* a group: this frame and the next ones that continue its output rows to the right
+               (the layer chunks of one row chunk), every one checked before any is written, then
+               unpacked a block of rows at a time across the group, so that out fills row after row */
+            const uint8_t *pl[GROUP_MAX];
+            Py_ssize_t g = 1;
+            pl[0] = cur.payload;
+            while (f + g < n && g < GROUP_MAX && same_rows(&bt, f, f + g) && ly[f + g] == ly[f + g - 1] + lpc) {
+                if (check_batch_frame(&bt, f + g, &next) < 0) {
+                    failed = f + g;
+                    break;
+                }
+                if ((Py_ssize_t)next.ne != n_total) {
+                    have_next = 1; /* checked already: decoded alone next */
+                    break;
+                }
+                pl[g++] = next.payload;
             }
+            const Py_ssize_t r0 = rf ? (Py_ssize_t)rf[f] : 0, nr = rn ? (Py_ssize_t)rn[f] : chunk_rows;
+            const Py_ssize_t row_bytes = width / 8 * bits, plen = n_total / 8 * bits - r0 * row_bytes;
+            uint32_t *o0 = (uint32_t *)(base + ((rw[f] * L + ly[f]) * K) * osize);
+            for (Py_ssize_t b0 = 0; b0 < nr; b0 += ROW_BLOCK) {
+                const Py_ssize_t nb = nr - b0 < ROW_BLOCK ? nr - b0 : ROW_BLOCK;
+                for (Py_ssize_t i = 0; i < g; i++) {
+                    const uint8_t *p = pl[i] + (r0 + b0) * row_bytes; /* chunk row r0 + b0 onwards */
+                    uint32_t *o = o0 + b0 * L * K + i * width;
+                    Py_ssize_t r = unpack_rows4(p, plen - b0 * row_bytes, nb, width / 8, bits, o, L * K);
+                    for (; r < nb; r++) {
+                        unpack_contig(p + r * row_bytes, plen - (b0 + r) * row_bytes, width, bits,
+                                      (char *)(o + r * L * K), 4);
+                    }
+                }
+            }
+            if (failed >= 0) {
+                break;
+            }
+            f += g;
         }
         Py_END_ALLOW_THREADS
         free(stage);
