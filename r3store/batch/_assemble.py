@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -108,6 +109,20 @@ def packed_bits(bits_per_id: int, pad_policy: PadPolicy = "spread", fill_value: 
         raise LayoutOptionError("fill_value", fill_value, "must lie in [0, 2**16) with packed=True (ids are packed "
                                                           "as unsigned bit fields)")
     return max(bits_per_id, int(fill_value).bit_length())
+
+
+@functools.lru_cache(maxsize=64, typed=True)
+def _batch_form(num_experts: int, top_k: int, bits_per_id: int, pad_policy: Any, fill_value: Any, dtype: Any,
+                packed: bool, ep_size: int | None) -> tuple[np.dtype, int]:
+    """The routes' dtype and packed bits of a batch, after the pad and dtype checks (memoised
+    per store shape and options: the checks depend on nothing else, and a failing one is not
+    remembered, so it raises again on every call)."""
+    check_pad_args(num_experts, pad_policy, fill_value)
+    out_dtype = route_dtype("auto" if packed else dtype, num_experts, pad_policy=pad_policy, fill_value=fill_value)
+    bits = packed_bits(bits_per_id, pad_policy, fill_value) if packed else 0
+    if pad_policy == "spread":  # top_k <= num_experts and ep_size divides num_experts, before any work
+        pad_routes(0, 0, top_k, num_experts, ep_size=ep_size)
+    return out_dtype, bits
 
 
 def _check_tokens(reader: RouteReader, sample_ids: Sequence[str], tokens: Sequence[Any]) -> np.ndarray:
@@ -236,16 +251,17 @@ def assemble(
     opts = resolve_config(LayoutOptions, "assemble", "options", options, deprecated, _LOOSE)
     pad_policy, fill_value, packed = opts.pad_policy, opts.fill_value, opts.packed
     spec = reader.spec
-    check_pad_args(spec.num_experts, pad_policy, fill_value)
-    out_dtype = route_dtype("auto" if packed else opts.dtype, spec.num_experts, pad_policy=pad_policy,
-                            fill_value=fill_value)
-    bits = packed_bits(spec.bits_per_id, pad_policy, fill_value) if packed else 0
-    if pad_policy == "spread":  # top_k <= num_experts and ep_size divides num_experts, before any work
-        pad_routes(0, 0, spec.top_k, spec.num_experts, ep_size=opts.ep_size)
+    form = (spec.num_experts, spec.top_k, spec.bits_per_id, pad_policy, fill_value, opts.dtype, packed, opts.ep_size)
+    try:
+        out_dtype, bits = _batch_form(*form)
+    except TypeError as exc:  # an unhashable option: checked without the memo (which raises what it finds)
+        if "unhashable" not in str(exc):
+            raise
+        out_dtype, bits = _batch_form.__wrapped__(*form)
     sample_ids = list(sample_ids)
     if not sample_ids:
         raise OptionError("sample_ids", sample_ids, "is empty: assemble needs at least one sample id")
-    positions = spec.layer_positions(layers)
+    positions = tuple(range(spec.num_moe_layers)) if layers is None else spec.layer_positions(layers)
     flat_tokens = _check_tokens(reader, sample_ids, tokens) if tokens is not None else None
     num_tokens = [reader.num_tokens(s) for s in sample_ids]
     if opts.max_seqlen is not None:  # name the sample (the plan only knows batch positions)
