@@ -333,12 +333,17 @@ class ChunkReader:
         piece_map: dict[int, list[tuple[int, int, int]]] = {}
 
         def pieces(c: int) -> list[tuple[int, int, int]]:
-            """The pieces (first row, stop row, output row of the first) row chunk ``c`` serves."""
-            if not piece_map:
-                for i, (c0, n0) in enumerate(zip(begin.tolist(), per_chunk.tolist(), strict=True)):
-                    piece_map[int(chunks[i])] = list(zip(p_lo[c0 : c0 + n0].tolist(), p_hi[c0 : c0 + n0].tolist(),
-                                                         p_at[c0 : c0 + n0].tolist(), strict=True))
-            return piece_map[c]
+            """The pieces (first row, stop row, output row of the first) row chunk ``c`` serves
+            (looked up per chunk asked: a read asks it of its partial chunks only)."""
+            known = piece_map.get(c)
+            if known is None:
+                i = int(np.searchsorted(chunks, c))
+                if i >= len(chunks) or int(chunks[i]) != c:
+                    raise KeyError(c)
+                c0, n0 = int(begin[i]), int(per_chunk[i])
+                known = piece_map[c] = list(zip(p_lo[c0 : c0 + n0].tolist(), p_hi[c0 : c0 + n0].tolist(),
+                                                p_at[c0 : c0 + n0].tolist(), strict=True))
+            return known
 
 
         def into(key: Chunk) -> tuple[int, int] | None:
