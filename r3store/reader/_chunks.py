@@ -326,7 +326,8 @@ class ChunkReader:
         if len(p_chunk) > 1 and (p_chunk[1:] < p_chunk[:-1]).any():  # runs in output order need not be in row order
             order = np.argsort(p_chunk, kind="stable")
             p_chunk, p_lo, p_hi, p_at = p_chunk[order], p_lo[order], p_hi[order], p_at[order]
-        begin = np.flatnonzero(np.concatenate(([True], p_chunk[1:] != p_chunk[:-1])))
+        begin = np.flatnonzero(np.concatenate(([True], p_chunk[1:] != p_chunk[:-1]))) if len(p_chunk) else \
+            np.zeros(0, dtype=np.int64)
         chunks, per_chunk = p_chunk[begin], np.diff(np.append(begin, len(p_chunk)))
         whole_piece = (per_chunk == 1) & (p_lo[begin] == chunks * cr) & (p_hi[begin] == (chunks + 1) * cr)
         chunk_place = np.where(whole_piece, p_at[begin], -1)  # per chunk: the output row it decodes in place to
