@@ -7,7 +7,8 @@ ranges from ``mmap`` views as r3store 0.2 did, in the same run, page cache warm 
 The chunk cache is off so every call reads and verifies its frames.
 
 With ``--paths`` it measures instead issue 21's single-process paths against baselines in
-the same run, in CPU time (``time.process_time``, median of ``--repeats``), on one sample of
+the same run, in CPU time (``time.process_time``, median of ``--repeats``; ``get``, ``assemble``
+and ``np.load`` interleaved call by call), on one sample of
 ``--tokens`` tokens of the same shape (default 32,768): ``get`` vs ``np.load`` of the same
 int32 ``.npy`` (target <= 1.5x), ``assemble`` THD CP=1 vs the same ``np.load`` (<= 1.2x),
 ``validate`` vs reading every route back with ``get`` (<= 2.5x), and the writer
@@ -92,6 +93,21 @@ def cpu_median(fn: Callable[[], object], repeats: int) -> float:
         fn()
         times.append(time.process_time() - t0)
     return statistics.median(times)
+
+
+def cpu_medians(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median CPU seconds of each of ``fns`` over ``repeats`` calls (after one untimed call
+    each), the calls interleaved (one of each per round), so that a path and its baseline see
+    the same machine: on a shared machine the load moves between blocks of calls."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.process_time()
+            fn()
+            times[name].append(time.process_time() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def _cpu() -> tuple[float, float]:
@@ -189,13 +205,13 @@ def paths(tokens: int, repeats: int) -> None:
             w.append("a", routes)
         store = r3store.open_store(folder / "store", reader={"cache_bytes": 0})
         assert (store.get("a") == routes).all()
-        load = cpu_median(lambda: np.load(folder / "a.npy"), repeats)
-        get = cpu_median(lambda: store.get("a"), repeats)
         thd = LayoutOptions(layout="thd")
-        assemble = cpu_median(lambda: store.assemble(["a"], thd), repeats)
-        read_all = cpu_median(lambda: [store.get(s) for s in store.sample_ids], repeats)
+        reads = cpu_medians({"load": lambda: np.load(folder / "a.npy"), "get": lambda: store.get("a"),
+                             "assemble": lambda: store.assemble(["a"], thd)}, repeats)
+        load, get, assemble = reads["load"], reads["get"], reads["assemble"]
         report = validate(store)
         assert report.ok, report.findings
+        read_all = cpu_median(lambda: [store.get(s) for s in store.sample_ids], repeats)
         validate_cpu = cpu_median(lambda: validate(store), repeats)
         rows = [
             ("get", get, "np.load", load, 1.5),

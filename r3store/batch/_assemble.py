@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -108,6 +109,20 @@ def packed_bits(bits_per_id: int, pad_policy: PadPolicy = "spread", fill_value: 
         raise LayoutOptionError("fill_value", fill_value, "must lie in [0, 2**16) with packed=True (ids are packed "
                                                           "as unsigned bit fields)")
     return max(bits_per_id, int(fill_value).bit_length())
+
+
+@functools.lru_cache(maxsize=64, typed=True)
+def _batch_form(num_experts: int, top_k: int, bits_per_id: int, pad_policy: Any, fill_value: Any, dtype: Any,
+                packed: bool, ep_size: int | None) -> tuple[np.dtype, int]:
+    """The routes' dtype and packed bits of a batch, after the pad and dtype checks (memoised
+    per store shape and options: the checks depend on nothing else, and a failing one is not
+    remembered, so it raises again on every call)."""
+    check_pad_args(num_experts, pad_policy, fill_value)
+    out_dtype = route_dtype("auto" if packed else dtype, num_experts, pad_policy=pad_policy, fill_value=fill_value)
+    bits = packed_bits(bits_per_id, pad_policy, fill_value) if packed else 0
+    if pad_policy == "spread":  # top_k <= num_experts and ep_size divides num_experts, before any work
+        pad_routes(0, 0, top_k, num_experts, ep_size=ep_size)
+    return out_dtype, bits
 
 
 def _check_tokens(reader: RouteReader, sample_ids: Sequence[str], tokens: Sequence[Any]) -> np.ndarray:
@@ -236,16 +251,17 @@ def assemble(
     opts = resolve_config(LayoutOptions, "assemble", "options", options, deprecated, _LOOSE)
     pad_policy, fill_value, packed = opts.pad_policy, opts.fill_value, opts.packed
     spec = reader.spec
-    check_pad_args(spec.num_experts, pad_policy, fill_value)
-    out_dtype = route_dtype("auto" if packed else opts.dtype, spec.num_experts, pad_policy=pad_policy,
-                            fill_value=fill_value)
-    bits = packed_bits(spec.bits_per_id, pad_policy, fill_value) if packed else 0
-    if pad_policy == "spread":  # top_k <= num_experts and ep_size divides num_experts, before any work
-        pad_routes(0, 0, spec.top_k, spec.num_experts, ep_size=opts.ep_size)
+    form = (spec.num_experts, spec.top_k, spec.bits_per_id, pad_policy, fill_value, opts.dtype, packed, opts.ep_size)
+    try:
+        out_dtype, bits = _batch_form(*form)
+    except TypeError as exc:  # an unhashable option: checked without the memo (which raises what it finds)
+        if "unhashable" not in str(exc):
+            raise
+        out_dtype, bits = _batch_form.__wrapped__(*form)
     sample_ids = list(sample_ids)
     if not sample_ids:
         raise OptionError("sample_ids", sample_ids, "is empty: assemble needs at least one sample id")
-    positions = spec.layer_positions(layers)
+    positions = tuple(range(spec.num_moe_layers)) if layers is None else spec.layer_positions(layers)
     flat_tokens = _check_tokens(reader, sample_ids, tokens) if tokens is not None else None
     num_tokens = [reader.num_tokens(s) for s in sample_ids]
     if opts.max_seqlen is not None:  # name the sample (the plan only knows batch positions)
@@ -255,20 +271,26 @@ def assemble(
                                         f"sample {sid!r} has {n} tokens, more than max_seqlen={opts.max_seqlen}")
     offsets = np.concatenate([[0], np.cumsum([n - 1 for n in num_tokens])]).astype(np.int64)
     plan = plan_layout(num_tokens, opts)
-    ridx = route_index(plan)
     missing = [(lo + a, lo + b) for sid, lo in zip(sample_ids, offsets[:-1], strict=True)
                for a, b in reader.missing_rows(sid)]
-    if missing:  # rows the engine could not capture are laid out as pad rows
-        dropped = np.zeros(int(offsets[-1]), bool)
-        for a, b in missing:
-            dropped[a:b] = True
-        ridx = np.where((ridx >= 0) & dropped[np.maximum(ridx, 0)], -1, ridx)
-    out = _read_rank_rows(reader, sample_ids, offsets, ridx, list(positions), layers, out_dtype,
-                          num_experts=spec.num_experts if pad_policy == "spread" else None, fill_value=fill_value,
-                          allocate=None if packed else allocate, ep_size=opts.ep_size)
+    pads: dict[str, Any] = {"num_experts": spec.num_experts if pad_policy == "spread" else None,
+                            "fill_value": fill_value, "allocate": None if packed else allocate, "ep_size": opts.ep_size}
+    planned = _plan_runs(plan) if not missing and opts.layout != "sbhd" else None
+    if planned is not None:  # THD, BSHD: the plan's runs of rows, found in C, read straight into place
+        replay_mask, runs = planned
+        out = _read_runs(reader, sample_ids, runs, replay_mask, list(positions), layers, out_dtype, **pads)
+    else:
+        ridx = route_index(plan)
+        if missing:  # rows the engine could not capture are laid out as pad rows
+            dropped = np.zeros(int(offsets[-1]), bool)
+            for a, b in missing:
+                dropped[a:b] = True
+            ridx = np.where((ridx >= 0) & dropped[np.maximum(ridx, 0)], -1, ridx)
+        out = _read_rank_rows(reader, sample_ids, offsets, ridx, list(positions), layers, out_dtype, **pads)
+        replay_mask = ridx >= 0
     batch: dict[str, Any] = {
         "routes": kernels.pack_bits(out, bits) if packed else out,
-        "replay_mask": ridx >= 0,
+        "replay_mask": replay_mask,
         "cu_seqlens": np.array(plan.cu_seqlens, dtype=np.int32),
         "num_tokens": np.array(plan.seqlens, dtype=np.int32),
         "sample_ids": sample_ids,
@@ -283,6 +305,46 @@ def assemble(
     if return_policy_version:
         batch["policy_version"] = _policy_versions(reader, sample_ids, offsets, plan)
     return batch
+
+
+MAX_RUNS_PER_SAMPLE = 8
+"""Runs of rows per sample above which a plan is read through the general path (THD and
+BSHD plans have one or two per sample: the CP chunks; SBHD interleaves samples)."""
+
+
+def _plan_runs(plan: LayoutPlan) -> tuple[np.ndarray, np.ndarray] | None:
+    """The replay mask (bool, the plan's shape) and the runs of route rows the plan's positions
+    hold (int64 ``(m, 4)``: sample, first row, stop row, first position in C order), in one
+    pass of the compiled kernels (:func:`r3store.layout.route_index`, as runs); None without
+    the kernels or when the plan cuts its samples into more than a few runs each."""
+    native = kernels.native_module()
+    if native is None:
+        return None
+    index = np.ascontiguousarray(plan.index, dtype=np.int64).reshape(-1)
+    mask = np.empty(plan.index.shape, dtype=bool)
+    runs = np.empty((MAX_RUNS_PER_SAMPLE * plan.num_samples, 4), dtype=np.int64)
+    m = native.route_runs(index, plan.token_offsets, mask.reshape(-1), runs)
+    return None if m < 0 else (mask, runs[:m])
+
+
+def _read_runs(reader: RouteReader, sample_ids: list[str], runs: np.ndarray, replay_mask: np.ndarray,
+               positions: list[int], layers: Sequence[int] | None, dtype: np.dtype, *, num_experts: int | None,
+               fill_value: int, allocate: Callable[[tuple[int, ...], np.dtype], np.ndarray] | None = None,
+               ep_size: int | None = None) -> np.ndarray:
+    """The routes of a plan whose runs (:func:`_plan_runs`) land on runs of output positions:
+    each run read in place (:meth:`RouteReader.get_runs`), then the pad rows written."""
+    flat = replay_mask.reshape(-1)
+    shape = (len(flat), len(positions), reader.spec.top_k)
+    out = np.empty(shape, dtype=dtype) if allocate is None else _allocated(allocate, shape, dtype)
+    if len(runs):
+        table = runs.tolist()
+        reader.get_runs([(sample_ids[s], a, b) for s, a, b, _ in table], layers, out=out, at=[r[3] for r in table])
+    pad = np.flatnonzero(~flat)
+    if num_experts is None:
+        out[pad] = fill_value
+    else:
+        _write_pads(out, pad, num_experts, ep_size)
+    return out.reshape((*replay_mask.shape, len(positions), reader.spec.top_k))
 
 
 def _read_rank_rows(reader: RouteReader, sample_ids: list[str], offsets: np.ndarray, ridx: np.ndarray,

@@ -68,6 +68,9 @@ K = TypeVar("K")
 INDEX_CACHE_BYTES = 64 << 20
 """Verified storage-object indexes kept per reader (least recently used dropped first): an
 index takes 16 bytes per inner chunk, about 0.45% of the packed routes at 128-row chunks."""
+LAYER_PLANS = 64
+"""Layer plans (:meth:`ChunkReader._layer_plan`: how a set of stored layer positions maps onto
+layer chunks) kept per reader, for as many distinct layer selections."""
 MAX_PLACE_SEARCH = 1 << 16
 """Places tried when naming where an out-of-place frame belongs."""
 
@@ -137,6 +140,7 @@ class ChunkReader:
         self._indexes: ByteLRU[tuple[str, int]] = ByteLRU(INDEX_CACHE_BYTES)
         self._chunks: ByteLRU[tuple[str, int, int]] = ByteLRU(parse_int("cache_bytes", cache_bytes, minimum=0))
         self._prefetched: dict[str, bytes] = {}
+        self._layer_plans: dict[tuple[int, tuple[int, ...]], Any] = {}
 
     @property
     def cache_bytes(self) -> int:
@@ -307,9 +311,8 @@ class ChunkReader:
         fetched range for a :class:`~r3store.codecs.SupportsBatchDecode` codec; the others decoded
         one by one and copied (and cached with ``remember``: the first and last chunks of a
         sample, which its neighbours share)."""
-        pos = np.asarray(positions)
         lpc, cr, per_object = geometry.layers_per_chunk, geometry.chunk_rows, geometry.row_chunks_per_object
-        by_chunk = {int(b): _as_slices(np.flatnonzero(pos // lpc == b), pos, b * lpc) for b in np.unique(pos // lpc)}
+        by_chunk, whole, layer_chunks, layer_place = self._layer_plan(lpc, positions)
         # the pieces the runs cut the row chunks into, grouped by chunk (a run's order kept within one):
         # row chunk, first row, stop row, output row of the first
         table = np.asarray(runs, dtype=np.int64).reshape(-1, 3)
@@ -320,23 +323,29 @@ class ChunkReader:
         p_chunk = np.repeat(first_c, counts) + within
         p_lo, p_hi = np.maximum(table[run_of, 0], p_chunk * cr), np.minimum(table[run_of, 1], (p_chunk + 1) * cr)
         p_at = table[run_of, 2] + p_lo - table[run_of, 0]
-        order = np.argsort(p_chunk, kind="stable")
-        p_chunk, p_lo, p_hi, p_at = p_chunk[order], p_lo[order], p_hi[order], p_at[order]
-        chunks, begin, per_chunk = np.unique(p_chunk, return_index=True, return_counts=True)
+        if len(p_chunk) > 1 and (p_chunk[1:] < p_chunk[:-1]).any():  # runs in output order need not be in row order
+            order = np.argsort(p_chunk, kind="stable")
+            p_chunk, p_lo, p_hi, p_at = p_chunk[order], p_lo[order], p_hi[order], p_at[order]
+        begin = np.flatnonzero(np.concatenate(([True], p_chunk[1:] != p_chunk[:-1]))) if len(p_chunk) else \
+            np.zeros(0, dtype=np.int64)
+        chunks, per_chunk = p_chunk[begin], np.diff(np.append(begin, len(p_chunk)))
         whole_piece = (per_chunk == 1) & (p_lo[begin] == chunks * cr) & (p_hi[begin] == (chunks + 1) * cr)
         chunk_place = np.where(whole_piece, p_at[begin], -1)  # per chunk: the output row it decodes in place to
         piece_map: dict[int, list[tuple[int, int, int]]] = {}
 
         def pieces(c: int) -> list[tuple[int, int, int]]:
-            """The pieces (first row, stop row, output row of the first) row chunk ``c`` serves."""
-            if not piece_map:
-                for i, (c0, n0) in enumerate(zip(begin.tolist(), per_chunk.tolist(), strict=True)):
-                    piece_map[int(chunks[i])] = list(zip(p_lo[c0 : c0 + n0].tolist(), p_hi[c0 : c0 + n0].tolist(),
-                                                         p_at[c0 : c0 + n0].tolist(), strict=True))
-            return piece_map[c]
+            """The pieces (first row, stop row, output row of the first) row chunk ``c`` serves
+            (looked up per chunk asked: a read asks it of its partial chunks only)."""
+            known = piece_map.get(c)
+            if known is None:
+                i = int(np.searchsorted(chunks, c))
+                if i >= len(chunks) or int(chunks[i]) != c:
+                    raise KeyError(c)
+                c0, n0 = int(begin[i]), int(per_chunk[i])
+                known = piece_map[c] = list(zip(p_lo[c0 : c0 + n0].tolist(), p_hi[c0 : c0 + n0].tolist(),
+                                                p_at[c0 : c0 + n0].tolist(), strict=True))
+            return known
 
-        whole = {b for b, (dst, src) in by_chunk.items()  # layer chunks wanted whole, in order: decoded in place
-                 if isinstance(dst, slice) and isinstance(src, slice) and src == slice(0, lpc)}
 
         def into(key: Chunk) -> tuple[int, int] | None:
             """Where a frame decodes in place (output row, output layer): its rows form one whole
@@ -354,16 +363,14 @@ class ChunkReader:
                 out[o : o + hi - lo, dst] = chunk[lo - c * cr : hi - c * cr, src]
 
         fast = _batch_decodes(codec) and _batch_target(out)
-        layer_place = np.array([by_chunk[b][0].start if b in whole else -1 for b in sorted(by_chunk)],  # type: ignore[union-attr]
-                               dtype=np.int64)
         if not len(chunks):  # empty runs only
             return out
         objects = chunks // per_object
-        cuts = np.flatnonzero(np.diff(objects)) + 1
-        for lo_i, hi_i in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(chunks)].tolist(), strict=True):
+        cuts = (np.flatnonzero(np.diff(objects)) + 1).tolist()
+        for lo_i, hi_i in zip([0, *cuts], [*cuts, len(chunks)], strict=True):
             obj, row_chunks = int(objects[lo_i]), chunks[lo_i:hi_i]
             piece_rows = (p_lo, p_hi, p_at, p_chunk, begin[lo_i:hi_i], per_chunk[lo_i:hi_i])
-            if fast and self._read_object_fast(array, geometry, codec, obj, row_chunks, sorted(by_chunk),
+            if fast and self._read_object_fast(array, geometry, codec, obj, row_chunks, layer_chunks,
                                                chunk_place[lo_i:hi_i], layer_place, copy, out, remember, piece_rows):
                 continue
             wanted = [(c, b) for c in row_chunks.tolist() for b in by_chunk]
@@ -374,8 +381,31 @@ class ChunkReader:
                         self._remember(array, c, b, chunk)
         return out
 
+    def _layer_plan(self, lpc: int, positions: Sequence[int]) -> tuple[
+            dict[int, tuple[slice | np.ndarray, slice | np.ndarray]], set[int], np.ndarray, np.ndarray]:
+        """How stored layer positions map onto layer chunks (the same for every read of these
+        positions; kept per reader): per layer chunk, its output layers and in-chunk layers
+        (slices when runs); the layer chunks wanted whole and in order (decoded in place); the
+        layer chunks, sorted (int64); and per layer chunk, the output layer it decodes in place
+        to, or -1."""
+        key = (lpc, tuple(positions))
+        plan = self._layer_plans.get(key)
+        if plan is None:
+            pos = np.asarray(positions, dtype=np.int64)
+            by_chunk = {int(b): _as_slices(np.flatnonzero(pos // lpc == b), pos, b * lpc)
+                        for b in np.unique(pos // lpc)}
+            whole = {b for b, (dst, src) in by_chunk.items()
+                     if isinstance(dst, slice) and isinstance(src, slice) and src == slice(0, lpc)}
+            layer_chunks = np.array(sorted(by_chunk), dtype=np.int64)
+            layer_place = np.array([by_chunk[b][0].start if b in whole else -1  # type: ignore[union-attr]
+                                    for b in sorted(by_chunk)], dtype=np.int64)
+            if len(self._layer_plans) >= LAYER_PLANS:
+                self._layer_plans.clear()
+            plan = self._layer_plans[key] = (by_chunk, whole, layer_chunks, layer_place)
+        return plan
+
     def _read_object_fast(self, array: str, geometry: ArrayGeometry, codec: Codec, obj: int, row_chunks: np.ndarray,
-                          layer_chunks: list[int], row_place: np.ndarray, layer_place: np.ndarray,
+                          layer_chunks: np.ndarray, row_place: np.ndarray, layer_place: np.ndarray,
                           copy: Callable[[int, int, np.ndarray], None], out: np.ndarray, remember: bool,
                           pieces: tuple[np.ndarray, ...]) -> bool:
         """The frames of ``row_chunks`` x ``layer_chunks`` of one storage object, vectorised: index
@@ -385,7 +415,7 @@ class ChunkReader:
         ``decode_frames`` takes row ranges (``row_first``/``row_count``, as
         :class:`~r3store.codecs.BitpackCodec`'s does) and they need not be cached;
         the others go by one more call per range into a scratch of whole chunks, then copied.
-        ``row_chunks``: sorted int64. ``row_place``/``layer_place``: per row chunk and layer chunk,
+        ``row_chunks``, ``layer_chunks``: sorted int64. ``row_place``/``layer_place``: per row chunk and layer chunk,
         the output row or layer it decodes in place to, or -1. ``pieces``: the first rows, stop
         rows, output rows and row chunks of the pieces the runs cut, grouped by chunk, then per
         row chunk its first piece and piece count. ``remember``: cache the chunks decoded
@@ -394,15 +424,19 @@ class ChunkReader:
         end, a bad entry): the caller's general path handles (or names) it."""
         index = self.object_index(array, geometry, obj)
         first = obj * geometry.row_chunks_per_object
-        rc = np.repeat(row_chunks, len(layer_chunks))
-        lc = np.tile(np.asarray(layer_chunks, dtype=np.int64), len(row_chunks))
-        entries = index[rc - first, lc]
+        nr, nl = len(row_chunks), len(layer_chunks)
+        rc, lc = np.repeat(row_chunks, nl), np.tile(layer_chunks, nr)
+        rows_at, layers_at = np.repeat(row_place, nl), np.tile(layer_place, nr)
+        chunk_at = np.repeat(np.arange(nr), nl)  # the frame's row chunk, as a position in row_chunks
+        entries = index[row_chunks - first][:, layer_chunks].reshape(-1, 2)
         cached = self._chunks and any((array, int(c), int(b)) in self._chunks for c, b in zip(rc, lc, strict=True))
         if cached or (entries >= np.uint64(1 << 62)).any() or not entries[:, 1].all():
             return False
         offsets, nbytes = entries[:, 0].astype(np.int64), entries[:, 1].astype(np.int64)
-        order = np.argsort(offsets, kind="stable")
-        offsets, nbytes, rc, lc = offsets[order], nbytes[order], rc[order], lc[order]
+        if (offsets[1:] < offsets[:-1]).any():  # frames are written in (row chunk, layer chunk) order
+            order = np.argsort(offsets, kind="stable")
+            offsets, nbytes, rc, lc = offsets[order], nbytes[order], rc[order], lc[order]
+            rows_at, layers_at, chunk_at = rows_at[order], layers_at[order], chunk_at[order]
         ends = offsets + nbytes
         new = _range_heads(offsets, ends, rc, self.backend.coalesce_gap)
         heads = np.flatnonzero(new)
@@ -410,9 +444,6 @@ class ChunkReader:
         key = f"{array}/{ArrayGeometry.object_key(obj)}"
         blobs = self.backend.get_ranges(key, [ByteRange(int(a), int(b)) for a, b in zip(starts, stops, strict=True)])
         which = np.cumsum(new) - 1
-        chunk_at = np.searchsorted(row_chunks, rc)
-        rows_at = row_place[chunk_at]
-        layers_at = layer_place[np.searchsorted(np.asarray(layer_chunks), lc)]
         direct = (rows_at >= 0) & (layers_at >= 0)  # decoded in place: whole rows and whole layers
         cr = geometry.chunk_rows
         ranged: tuple[np.ndarray, ...] | None = None
@@ -651,11 +682,13 @@ class ChunkReader:
         clone._chunks = ByteLRU(self.cache_bytes if cache_bytes is None else parse_int("cache_bytes", cache_bytes,
                                                                                         minimum=0))
         clone._prefetched = {}
+        clone._layer_plans = {}
         return clone
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_chunks=ByteLRU(self.cache_bytes), _indexes=ByteLRU(INDEX_CACHE_BYTES), _prefetched={})
+        state.update(_chunks=ByteLRU(self.cache_bytes), _indexes=ByteLRU(INDEX_CACHE_BYTES), _prefetched={},
+                     _layer_plans={})
         return state
 
 

@@ -423,7 +423,7 @@ class RouteReader:
         r3store.errors.ChecksumError, r3store.errors.FormatError, r3store.errors.StorageError
         """
         catalog = self._catalog
-        positions = self.spec.layer_positions(layers)
+        positions = tuple(range(self.spec.num_moe_layers)) if layers is None else self.spec.layer_positions(layers)
         runs = [_parse_run(run) for run in runs]
         top_id = self.spec.num_experts - 1
         if not isinstance(out, np.ndarray) or out.dtype.kind not in "iu" or np.iinfo(out.dtype).max < top_id \

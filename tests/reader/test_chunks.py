@@ -245,3 +245,14 @@ def test_get_results_and_the_chunk_cache_do_not_share_memory(tmp_path: Path, lay
     for sid, routes in source.items():  # the edge chunks now come from the cache
         np.testing.assert_array_equal(reader.get(sid), routes)
         np.testing.assert_array_equal(reader.get(sid, rows=slice(1, 3)), routes[1:3])
+
+
+def test_get_runs_of_empty_runs_only_writes_nothing(wide: Path) -> None:
+    """Finding (differential fuzzing, this round): when every run was empty, the pieces the
+    runs cut were grouped by chunk with an index into no pieces (IndexError)."""
+    reader = open_store(wide)
+    out = np.full((3, 1, 2), 7, np.int32)
+    assert reader.get_runs([("a", 4, 4), ("a", 9, 9)], out=out, at=[0, 3]) is out
+    assert (out == 7).all()
+    empty = np.zeros((0, 1, 2), np.int32)
+    assert reader.get_runs([("a", 2, 2)], out=empty).shape == (0, 1, 2)

@@ -167,12 +167,31 @@ int get_i64_arrays(PyObject *const *objs, Py_buffer *arr, const char *const *nam
     return -1;
 }
 
-int position_tag(uint32_t prefix_crc, long long row_chunk, long long layer_chunk, uint32_t *tag) {
-    char text[48];
-    const int k = snprintf(text, sizeof text, "%lld/%lld", row_chunk, layer_chunk);
-    if (k <= 0 || k >= (int)sizeof text) {
-        return -1;
+/* the decimal digits of v >= 0 at p (no terminator); returns their count */
+static int put_decimal(char *p, unsigned long long v) {
+    char tmp[20];
+    int k = 0, i;
+    do {
+        tmp[k++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    for (i = 0; i < k; i++) {
+        p[i] = tmp[k - 1 - i];
     }
+    return k;
+}
+
+int position_tag(uint32_t prefix_crc, long long row_chunk, long long layer_chunk, uint32_t *tag) {
+    /* the text '<row_chunk>/<layer_chunk>' as snprintf("%lld/%lld") writes it (negatives
+       signed), without snprintf: this runs once per frame of every batch decode */
+    char text[48];
+    int k = 0;
+    if (row_chunk < 0) text[k++] = '-';
+    k += put_decimal(text + k, row_chunk < 0 ? 0ull - (unsigned long long)row_chunk : (unsigned long long)row_chunk);
+    text[k++] = '/';
+    if (layer_chunk < 0) text[k++] = '-';
+    k += put_decimal(text + k,
+                     layer_chunk < 0 ? 0ull - (unsigned long long)layer_chunk : (unsigned long long)layer_chunk);
     *tag = crc32c_extend(prefix_crc, (const uint8_t *)text, (size_t)k);
     return 0;
 }

@@ -1,6 +1,6 @@
 /*
  * gather.c: a row gather (rows of a (rows, layers, top_k) array by an int64 index, -1 = pad
- * row) with dtype conversion: gather_rows().
+ * row) with dtype conversion: gather_rows(); the runs of route rows a layout plan holds: route_runs().
  */
 #include "r3k.h"
 
@@ -104,4 +104,116 @@ PyObject *py_gather_rows(PyObject *self, PyObject *args) {
     PyBuffer_Release(&index);
     PyBuffer_Release(&out);
     return PyLong_FromUnsignedLongLong(pads);
+}
+
+R3_DOC(route_runs_doc, "route_runs(index, token_offsets, mask, runs) -> int\n\n"
+"The route rows a layout plan's positions hold, as runs: one pass over index (C-contiguous\n"
+"int64, a plan's positions in C order: each a token of the concatenated token order, or -1\n"
+"for padding). token_offsets (C-contiguous int64, B + 1 increasing values from 0): where\n"
+"each sample starts in that order. Position p holds route row t - token_offsets[s] of\n"
+"sample s, t = index[p] in [token_offsets[s], token_offsets[s + 1] - 1); a sample's last\n"
+"token and padding hold none. mask (writable, 1 byte per position): 1 where a position\n"
+"holds a route row, else 0 (the batch's replay mask). runs (writable C-contiguous int64\n"
+"(capacity, 4)): per run of positions holding consecutive rows of one sample, (sample,\n"
+"first row, stop row, first position), in position order. Returns the number of runs, or\n"
+"-1 when there are more than capacity (mask and runs then hold a part). IndexError when\n"
+"index holds a value outside [-1, token_offsets[B]).");
+
+PyObject *py_route_runs(PyObject *self, PyObject *args) {
+    PyObject *index_obj, *off_obj, *mask_obj, *runs_obj;
+    Py_buffer index, off, mask, runs;
+    if (!PyArg_ParseTuple(args, "OOOO", &index_obj, &off_obj, &mask_obj, &runs_obj)) {
+        return NULL;
+    }
+    if (get_i64_array(index_obj, &index, "index") < 0) {
+        return NULL;
+    }
+    if (get_i64_array(off_obj, &off, "token_offsets") < 0) {
+        PyBuffer_Release(&index);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(mask_obj, &mask, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&index);
+        PyBuffer_Release(&off);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(runs_obj, &runs, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&index);
+        PyBuffer_Release(&off);
+        PyBuffer_Release(&mask);
+        return NULL;
+    }
+    const Py_ssize_t n = index.len / 8, B = off.len / 8 - 1;
+    const int64_t *idx = (const int64_t *)index.buf, *o = (const int64_t *)off.buf;
+    const char *fault = NULL;
+    Py_ssize_t i, m = 0;
+    if (B < 0 || o[0] != 0) {
+        fault = "route_runs: token_offsets must hold B + 1 >= 1 values from 0";
+    } else if (mask.len != n || mask.itemsize != 1 || buffer_type(&runs) != T_I64 || runs.len % 32) {
+        fault = "route_runs: mask must hold 1 byte per position and runs 4 int64 per run";
+    }
+    for (i = 0; !fault && i < B; i++) {
+        if (o[i + 1] <= o[i]) {
+            fault = "route_runs: token_offsets must increase (every sample holds a token)";
+        }
+    }
+    if (fault) {
+        PyErr_SetString(PyExc_ValueError, fault);
+    } else {
+        const int64_t total = o[B];
+        uint8_t *mk = (uint8_t *)mask.buf;
+        int64_t *run = (int64_t *)runs.buf, *cur = NULL;
+        const Py_ssize_t capacity = runs.len / 32;
+        Py_ssize_t s = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (i = 0; i < n; i++) {
+            const int64_t t = idx[i];
+            if (t < -1 || t >= total) {
+                fault = "route_runs: index holds a token outside [-1, token_offsets[B])";
+                break;
+            }
+            if (t < 0) {
+                mk[i] = 0;
+                cur = NULL;
+                continue;
+            }
+            if (t < o[s] || t >= o[s + 1]) { /* another sample: binary search */
+                Py_ssize_t lo = 0, hi = B; /* o[lo] <= t < o[hi] */
+                while (hi - lo > 1) {
+                    const Py_ssize_t mid = lo + (hi - lo) / 2;
+                    if (o[mid] <= t) lo = mid; else hi = mid;
+                }
+                s = lo;
+            }
+            if (t == o[s + 1] - 1) { /* the sample's last token: no route row */
+                mk[i] = 0;
+                cur = NULL;
+                continue;
+            }
+            mk[i] = 1;
+            const int64_t row = t - o[s];
+            if (cur && cur[0] == s && cur[2] == row) {
+                cur[2]++;
+                continue;
+            }
+            if (m == capacity) {
+                m = -1; /* more runs than room: the caller takes another path */
+                break;
+            }
+            cur = run + 4 * m++;
+            cur[0] = s;
+            cur[1] = row;
+            cur[2] = row + 1;
+            cur[3] = i;
+        }
+        Py_END_ALLOW_THREADS
+        if (fault) {
+            PyErr_SetString(PyExc_IndexError, fault);
+        }
+    }
+    PyBuffer_Release(&index);
+    PyBuffer_Release(&off);
+    PyBuffer_Release(&mask);
+    PyBuffer_Release(&runs);
+    return fault ? NULL : PyLong_FromSsize_t(m);
 }

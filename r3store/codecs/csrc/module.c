@@ -88,6 +88,7 @@ static PyMethodDef methods[] = {
     {"check_routes", py_check_routes, METH_VARARGS, check_routes_doc},
     {"route_stats", py_route_stats, METH_VARARGS, route_stats_doc},
     {"gather_rows", py_gather_rows, METH_VARARGS, gather_rows_doc},
+    {"route_runs", py_route_runs, METH_VARARGS, route_runs_doc},
     {"decode_frames", py_decode_frames, METH_VARARGS, decode_frames_doc},
     {"crc32c", py_crc32c, METH_VARARGS, crc32c_doc},
     {"crc_path", (PyCFunction)py_crc_path, METH_NOARGS, crc_path_doc},
