@@ -1070,7 +1070,8 @@ def _schema_pieces(pending: _Pending) -> tuple[pa.Table, list[pa.Table]]:
 
 def _keep_promises(samples: pa.Table, pending: _Pending) -> None:
     """Every row handed out before the rows were read is the row :attr:`SampleCatalog.samples` has
-    at that number (else a ``FormatError`` naming the checkpoint: never another sample's route)."""
+    at that number, and every id found in no row then is in none now (else a ``FormatError`` naming
+    the checkpoint: never another sample's route, nor a sample said not to exist)."""
     for i, promised in pending.rows.items():
         found = samples.slice(i, 1).to_pylist()[0] if i < samples.num_rows else None
         keys = ("sample_id", "array", "row_start", "num_rows", "num_tokens", "quarantined", "missing_rows",
@@ -1080,6 +1081,15 @@ def _keep_promises(samples: pa.Table, pending: _Pending) -> None:
                                             f"{promised.get('sample_id')!r}; once every row is read it is "
                                             f"{None if found is None else found.get('sample_id')!r} (rows out of "
                                             "store order, or a header that lies)")
+    absent = [sid for sid, i in pending.where.items() if i is None]
+    if absent:
+        held = pc.is_in(samples.column("sample_id"), pa.array(absent, pa.string()))
+        there = samples.column("sample_id").filter(held).to_pylist()
+        if there:
+            raise FormatError(pending.path, f"sample {there[0]!r} was looked up before the rows were read and "
+                                            "not found (its row groups' Bloom filters or the header's recent "
+                                            "commits left it out); once every row is read it is there (a header "
+                                            "that lies)")
 
 
 def _open_checkpoint(backend: Backend, manifest: Manifest, cap: int | None,
