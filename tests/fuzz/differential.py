@@ -100,7 +100,8 @@ import numpy as np
 
 import r3store
 from r3store._format import position_tag
-from r3store.codecs import BitpackCodec, kernels
+from r3store.codecs import BitpackCodec, SetCodec, kernels
+from r3store.codecs._set_numpy import encode_set_frame_numpy
 from r3store.errors import (
     ChecksumError,
     CodecError,
@@ -112,8 +113,8 @@ from r3store.errors import (
 )
 from r3store.storage import LocalBackend
 
-__all__ = ["TARGETS", "assemble", "crc", "frame_args", "frames", "guarded", "layout", "overread", "ray_blocks",
-           "reads", "run", "set_frames", "unpack", "writer", "writer_faults"]
+__all__ = ["TARGETS", "assemble", "crc", "frame_args", "frames", "grouped", "guarded", "layout", "overread",
+           "ray_blocks", "reads", "run", "set_encode", "set_frames", "unpack", "writer", "writer_faults"]
 
 Report = dict[str, Any]
 MAX_FAILURES = 20
@@ -405,6 +406,189 @@ def frames(seed: int = 0, cases: int | None = None, seconds: float | None = None
                 run.check(named == "refused", lambda i=impl: f"{i}: frame {rc} reported by decode_frames decodes")
     return run.report()
 
+
+
+def grouped(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """``decode_frames`` of frames whose chunk rows are byte-aligned (``layers_per_chunk * top_k`` a
+    multiple of 8, no trimmed tail: the grouped path that writes frames side by side row by row),
+    laid out in groups (the same output rows, consecutive layer chunks; 8 and 16 bits mostly), with
+    the same ``row_first``/``row_count`` per group or not, into uint8/int16/uint16/int32; with
+    non-temporal stores from 0 bytes and by default, AVX-512 on and off. Then one frame in the middle
+    of a group changed: the frames before it are decoded, nothing of it or after it is written."""
+    run = _Run("grouped", seed, cases, seconds)
+    rng = run.rng
+    native = _native()
+    modes = [m for m in unpack_modes() if m != "numpy"]
+    for _ in run:
+        bits = int(rng.choice([8, 16, 8, 16, int(rng.integers(1, 17))]))
+        top_k = int(rng.choice([1, 2, 4, 8]))
+        lpc = int(rng.choice([d for d in (1, 2, 4, 8) if d * top_k % 8 == 0] or [8]))
+        cr = int(rng.integers(1, 40))
+        nrc, nlc = int(rng.integers(1, 4)), int(rng.integers(1, 9))
+        if rng.random() < 0.05:  # past a group's 64 frames or 256 KiB of payload
+            nrc, nlc, cr = 1, int(rng.integers(60, 140)), int(rng.integers(30, 40))
+        codec = BitpackCodec(bits=bits, frame_version=2)
+        cols: dict[str, list[int]] = {k: [] for k in ("starts", "lengths", "rows", "layers", "rc", "lc", "first",
+                                                       "count")}
+        pieces, want, pos, out_row = [], [], 0, 0
+        same = rng.random() < 0.7
+        for r in range(nrc):
+            first = int(rng.integers(0, cr))
+            count = int(rng.integers(1, cr - first + 1))
+            for b in range(nlc):
+                if not same:
+                    first = int(rng.integers(0, cr))
+                    count = int(rng.integers(1, cr - first + 1))
+                ids = rng.integers(0, 1 << bits, (cr, lpc, top_k))
+                if rng.random() < 0.1:
+                    ids.reshape(-1)[-int(rng.integers(1, ids.size + 1)):] = 0  # a trimmed tail: not grouped
+                frame = codec.encode(ids, tag=position_tag("w-00007", r, b))
+                gap = int(rng.choice([0, 0, 1, 7]))
+                for k, v in zip(cols, (pos, len(frame), out_row, b * lpc, r, b, first, count), strict=True):
+                    cols[k].append(v)
+                want.append((out_row, b * lpc, ids[first : first + count]))
+                pieces += [np.frombuffer(frame, np.uint8), rng.integers(0, 256, gap, dtype=np.uint8)]
+                pos += len(frame) + gap
+            out_row += max(cols["count"][-nlc:]) if not same else count
+        blob = np.concatenate(pieces)
+        c = {k: np.array(v, np.int64) for k, v in cols.items()}
+        ranges = (c["first"], c["count"])
+        choices = [np.int32, np.uint16, np.int16] + ([np.uint8] if bits <= 8 else [])
+        dtype = np.dtype(choices[int(rng.integers(0, len(choices)))])
+        layers = nlc * lpc + int(rng.integers(0, 3))
+        expect = np.full((out_row + 1, layers, top_k), 77, dtype)
+        cut = int(rng.integers(1, len(want))) if len(want) > 1 else 0
+        cut_expect = expect.copy()
+        for f, (row, layer, ids) in enumerate(want):
+            expect[row : row + len(ids), layer : layer + lpc] = ids
+            if f < cut:
+                cut_expect[row : row + len(ids), layer : layer + lpc] = ids
+        bad = blob.copy()
+        bad[c["starts"][cut] + int(rng.integers(0, c["lengths"][cut]))] ^= np.uint8(int(rng.integers(1, 256)))
+        geometry = (f"{len(want)} frames of {bits} bits, chunk {cr}x{lpc}x{top_k}, {nrc}x{nlc} chunks, "
+                    f"same ranges {same}, out {dtype} with {layers} layers")
+        for mode in modes:
+            for stream in (0, -1):
+                saved_stream = native.set_stream_min(stream)
+                try:
+                    with _unpack_mode(mode):
+                        out = np.full_like(expect, 77)
+                        rc = _decode(blob, c, bits, out, cr, lpc, ranges)
+                        run.check(rc == -1 and np.array_equal(out, expect),
+                                  lambda m=mode, s=stream, r=rc: f"{m}, stream_min {s}: {geometry}: rc {r}, out "
+                                                                 f"differs {not np.array_equal(out, expect)}")
+                        out = np.full_like(expect, 77)
+                        rc = _decode(bad, c, bits, out, cr, lpc, ranges)
+                        run.check(rc == cut and np.array_equal(out, cut_expect),
+                                  lambda m=mode, s=stream, r=rc: f"{m}, stream_min {s}: {geometry}, frame {cut} "
+                                                                 f"changed: rc {r}, out differs "
+                                                                 f"{not np.array_equal(out, cut_expect)}")
+                finally:
+                    native.set_stream_min(saved_stream)
+    return run.report()
+
+
+@contextmanager
+def _set_path(name: str) -> Iterator[None]:
+    """The set codec's ``avx512``, ``avx2`` or ``portable`` C kernels for the block."""
+    native = _native()
+    with kernels.use("native" if name == "portable" else "native-avx2"):
+        prev = native.setcodec_avx512(False)
+        try:
+            if name == "avx512":
+                native.setcodec_avx512(True)
+            yield
+        finally:
+            native.setcodec_avx512(prev)
+
+
+def set_paths() -> list[str]:
+    native = _native()
+    paths = ["portable"]
+    if native.cpu_features().get("avx2"):
+        paths.append("avx2")
+        try:
+            native.setcodec_avx512(native.setcodec_avx512(True))
+            paths.append("avx512")
+        except ValueError:
+            pass
+    return paths
+
+
+def set_encode(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """``SetCodec.encode`` on every C path (AVX-512, AVX2, portable) against the numpy reference:
+    experts at and around every power of two (1..1,024; past it refused), top-k 1..16, 0..200 rows (around the
+    encoder's groups of 32 rows and its blocks), adversarial rows (an id repeated, all equal, ids
+    of E-1 and E..2**bits-1, unsorted, all zero), a partial last row, int64/int32/int16/uint16/
+    uint8 inputs, contiguous or strided, and ids outside [0, 2**bits) (negative, 2**bits):
+    byte-identical frames, or a CodecError on every path."""
+    run = _Run("set_encode", seed, cases, seconds)
+    rng = run.rng
+    paths = set_paths()
+    for _ in run:
+        b = int(rng.integers(0, 11)) if rng.random() < 0.97 else int(rng.integers(11, 17))  # the codec stops at 1,024
+        experts = int(np.clip((1 << b) + int(rng.choice([-1, 0, 0, 1])), 1, 65536))
+        if rng.random() < 0.3:
+            experts = int(rng.integers(1, 1025))
+        top_k = int(rng.choice([1, 2, 4, 6, 8, 16, int(rng.integers(1, 17))]))
+        top_k = min(top_k, max(1, experts)) if rng.random() < 0.8 else top_k
+        try:
+            codec = SetCodec(num_experts=experts, top_k=top_k)
+        except (CodecError, OptionError):
+            run.counts["codec refused"] = run.counts.get("codec refused", 0) + 1
+            continue
+        bits = codec.bits
+        n = int(rng.choice([0, 1, 31, 32, 33, 63, 64, 65, 96, 127, 128, 129, int(rng.integers(0, 200))]))
+        rows = np.stack([rng.permutation(max(experts, top_k))[:top_k] for _ in range(n)]) if n else \
+            np.zeros((0, top_k), np.int64)
+        rows = rows.astype(np.int64) % max(experts, 1)
+        for r in range(n):
+            kind = rng.random()
+            if kind < 0.05:
+                rows[r] = rows[r, 0]  # all equal
+            elif kind < 0.1 and top_k > 1:
+                rows[r, int(rng.integers(1, top_k))] = rows[r, 0]  # a repeat
+            elif kind < 0.15:
+                rows[r] = 0
+            elif kind < 0.2:
+                rows[r, int(rng.integers(0, top_k))] = int(rng.integers(experts, 1 << bits)) if experts < 1 << bits \
+                    else experts - 1  # past num_experts, inside the bits
+            elif kind < 0.25:
+                rows[r] = np.sort(rows[r])
+            elif kind < 0.3:
+                rows[r, int(rng.integers(0, top_k))] = experts - 1
+        flat = rows.reshape(-1)
+        if flat.size and rng.random() < 0.15:  # a partial last row
+            flat = flat[: flat.size - int(rng.integers(1, min(top_k, flat.size) + 1))]
+        bad = flat.size and rng.random() < 0.08
+        if bad:
+            flat = flat.copy()
+            flat[int(rng.integers(0, flat.size))] = int(rng.choice([-1, 1 << bits, (1 << bits) + 5, -(1 << 40)]))
+        choices = [np.int64, np.int32] + [d for d in (np.int16, np.uint16, np.uint8)
+                                          if not bad and (flat.size == 0 or int(flat.max()) <= np.iinfo(d).max)]
+        dtype = np.dtype(choices[int(rng.integers(0, len(choices)))])
+        arr = flat.astype(dtype)
+        strided = rng.random() < 0.3
+        if strided:
+            room = np.zeros(arr.size * 3, dtype)
+            room[::3] = arr
+            arr = room[::3]
+        tag = int(rng.choice([0, 1, (1 << 32) - 1, int(rng.integers(0, 1 << 32))]))
+        want = encode_set_frame_numpy(arr.astype(np.int64), codec.params, tag)  # as the encoder sees them
+        what = f"E={experts} k={top_k} ({bits} bits), {flat.size} ids as {dtype}{' strided' * strided}"
+        for name in paths:
+            with _set_path(name):
+                try:
+                    got: bytes | None = codec.encode(arr, tag=tag)
+                except CodecError:
+                    got = None
+            run.check(got == want, lambda nm=name, g=got: f"{nm}: {what}: "
+                                                          f"{'refused' if g is None else 'frame'}, the numpy "
+                                                          f"reference {'refuses' if want is None else 'differs'}")
+        if want is not None and not bad:
+            back = codec.decode(want)
+            run.check(back.reshape(-1).size == flat.size, lambda: f"{what}: decode gives {back.size} ids")
+    return run.report()
 
 def _perturb(rng: np.random.Generator, values: list[int], lo: int, hi: int) -> np.ndarray:
     arr = np.array(values, np.int64)
@@ -1310,7 +1494,8 @@ def ray_blocks(seed: int = 0, cases: int | None = None, seconds: float | None = 
 TARGETS: dict[str, Callable[..., Report]] = {
     "crc": crc, "unpack": unpack, "frames": frames, "frame_args": frame_args, "overread": overread, "reads": reads,
     "writer": writer, "writer_faults": writer_faults, "ray_blocks": ray_blocks, "set_frames": set_frames,
-    "layout": layout, "assemble": assemble}
+    "layout": layout, "assemble": assemble, "grouped": grouped,
+    "set_encode": set_encode}
 """Every target; ``ray_blocks`` needs a Ray cluster (``main`` starts a local one)."""
 
 
