@@ -25,7 +25,8 @@ from tests.fuzz import differential  # noqa: E402
 pytestmark = pytest.mark.skipif(kernels.native_module() is None, reason="differential targets need the C extension")
 
 CASES = {"crc": 400, "unpack": 400, "frames": 200, "frame_args": 2000, "overread": 300, "reads": 6, "writer": 4,
-         "set_frames": 150, "layout": 300, "assemble": 3, "grouped": 300, "set_encode": 400}
+         "set_frames": 150, "layout": 300, "assemble": 3, "grouped": 300, "set_encode": 400,
+         "direct_writes": 60}
 
 
 @pytest.mark.parametrize("target", sorted(CASES))
