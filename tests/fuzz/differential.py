@@ -116,7 +116,8 @@ from r3store.errors import (
 from r3store.storage import LocalBackend
 
 __all__ = ["TARGETS", "assemble", "crc", "direct_writes", "frame_args", "frames", "grouped", "guarded", "layout",
-           "overread", "ray_blocks", "reads", "run", "set_encode", "set_frames", "unpack", "writer", "writer_faults"]
+           "overread", "ranges", "ray_blocks", "reads", "run", "set_encode", "set_frames", "unpack", "writer",
+           "writer_faults"]
 
 Report = dict[str, Any]
 MAX_FAILURES = 20
@@ -684,6 +685,141 @@ def direct_writes(seed: int = 0, cases: int | None = None, seconds: float | None
         for root in roots:
             shutil.rmtree(root, ignore_errors=True)
     run.counts["written with O_DIRECT"] = direct[0]
+    return run.report()
+
+
+def _reference_rows(rows: Any, n: int) -> tuple[int, int] | None:
+    """``rows=`` as ``r3store.reader._ranges`` states the rules (written from its text): (start, stop),
+    or None where it must be refused."""
+    if rows is None:
+        return 0, n
+    if not isinstance(rows, slice) or rows.step not in (None, 1):
+        return None
+    ends = []
+    for value, default in ((rows.start, 0), (rows.stop, n)):
+        if value is None:
+            ends.append(default)
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            return None
+        v = int(value) + (n if int(value) < 0 else 0)
+        if not 0 <= v <= n:
+            return None
+        ends.append(v)
+    return (ends[0], ends[1]) if ends[0] <= ends[1] else None
+
+
+def ranges(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """``get``/``get_many`` with row ranges (negative, past either end, reversed, steps, bools,
+    floats, numpy ints, 2**63) and layer lists (non-MoE, past the model, negative, repeated, empty,
+    numpy ints), ``read_rows`` with start/stop past the array, and settings objects given a
+    misspelt field (keyword, dict form, ``open_store(reader=...)``): a range within the sample is
+    read exactly (the rows and layers of the whole sample), any other is a ``RangeError`` /
+    ``LayerError`` / ``OptionError``, never clipped; a misspelt field is an ``UnknownOptionError``."""
+    import dataclasses
+
+    from r3store.errors import LayerError, RangeError, UnknownOptionError
+
+    run = _Run("ranges", seed, cases, seconds)
+    rng = run.rng
+    root = Path(tempfile.mkdtemp(prefix="r3-ranges-"))
+    try:
+        spec = r3store.ModelSpec(num_layers=5, num_experts=32, top_k=2, moe_layers=(1, 2, 4))
+        full: dict[str, np.ndarray] = {}
+        with r3store.RouteWriter(root, spec, {"chunk_rows": 4}) as w:
+            for i, n in enumerate((1, 2, 5, 9, 17)):
+                routes = np.stack([np.stack([rng.permutation(32)[:2] for _ in range(3)]) for _ in range(n)])
+                w.append(f"s{i}", routes.astype(np.int32))
+                full[f"s{i}"] = routes.astype(np.int32)
+        store = r3store.open_store(root)
+        moe = list(spec.moe_layers)
+        values: list[Any] = [None, 0, 1, -1, 2, 3, 5, 8, 9, 16, 17, 18, -9, -10, -17, -18, 1 << 63, -(1 << 63),
+                             True, False, 1.0, "1", np.int64(2), np.int32(-1), np.uint8(3)]
+        for _ in run:
+            sid = f"s{int(rng.integers(0, 5))}"
+            n = len(full[sid])
+            kind = rng.random()
+            rows: Any = None
+            if kind < 0.85:
+                rows = slice(values[int(rng.integers(0, len(values)))], values[int(rng.integers(0, len(values)))],
+                             [None, None, None, 1, 2, 0, -1][int(rng.integers(0, 7))])
+            elif kind < 0.92:
+                rows = [(0, 1), range(1), 1, [0]][int(rng.integers(0, 4))]
+            layers: Any = None
+            if rng.random() < 0.6:
+                pick = [moe[int(rng.integers(0, 3))] for _ in range(int(rng.integers(0, 4)))]
+                if rng.random() < 0.3:
+                    pick.append([0, 3, 5, -1, -2, 1 << 40, True, np.int64(2), 2.0][int(rng.integers(0, 9))])
+                layers = pick if rng.random() < 0.8 else tuple(pick)
+            want_rows = _reference_rows(rows, n)
+            valid_layers = layers is None or all(
+                not isinstance(x, bool) and isinstance(x, int | np.integer) and int(x) in moe for x in layers)
+            doubtful = layers is not None and (len(layers) == 0 or len(set(map(int, layers))) < len(layers)
+                                               if valid_layers else False)
+            what = f"get({sid!r} of {n} rows, rows={rows!r}, layers={layers!r})"
+            wrong_type = (rows is not None and not isinstance(rows, slice)) or (layers is not None and any(
+                isinstance(x, bool) or not isinstance(x, int | np.integer) for x in layers))
+            try:
+                got = store.get(sid, layers, rows=rows)
+            except TypeError as exc:  # a value of the wrong type (documented by sample_layers; a builtin error)
+                run.check(wrong_type, lambda w=what, e=exc: f"{w}: TypeError ({e}) for values of the right types")
+                continue
+            except (RangeError, LayerError, OptionError) as exc:
+                run.check(want_rows is None or not valid_layers or doubtful,
+                          lambda w=what, e=exc: f"{w}: refused ({type(e).__name__}: {e}), the rules accept it")
+                continue
+            except Exception as exc:  # noqa: BLE001  # the oracle
+                run.check(False, lambda w=what, e=exc: f"{w}: {type(e).__name__} outside r3store.errors: {e}")
+                continue
+            if want_rows is None or not valid_layers:
+                run.check(False, lambda w=what, g=got: f"{w}: accepted ({g.shape}), the rules refuse it")
+                continue
+            idx = [moe.index(int(x)) for x in layers] if layers is not None else list(range(3))
+            expect = full[sid][want_rows[0] : want_rows[1]][:, idx]
+            run.check(got.shape == expect.shape and np.array_equal(got, expect),
+                      lambda w=what, g=got: f"{w}: {g.shape} differs from the rows written {expect.shape}")
+            if rng.random() < 0.2 and layers is not None and not doubtful:
+                many = store.get_many([sid, sid], layers)
+                run.check(all(np.array_equal(m, full[sid][:, idx]) for m in many),
+                          lambda w=what: f"get_many of {w} differs")
+        # read_rows past the array and with odd ints
+        row = store.row("s4")
+        for _ in range(200):
+            a, b = (values[int(rng.integers(0, len(values)))] for _ in range(2))
+            try:
+                got = store.read_rows(row["array"], a, b, [0, 1, 2])
+            except (OptionError, FormatError, RangeError):
+                continue
+            except Exception as exc:  # noqa: BLE001  # the oracle
+                run.check(False, lambda e=exc, a=a, b=b: f"read_rows({a!r}, {b!r}): {type(e).__name__}: {e}")
+                continue
+            run.check(isinstance(a, int | np.integer) and not isinstance(a, bool | np.bool_) and 0 <= int(a) <= int(b),
+                      lambda a=a, b=b: f"read_rows({a!r}, {b!r}) accepted")
+        # misspelt settings fields
+        for cls in (r3store.ReaderOptions, r3store.LayoutOptions, r3store.WriterConfig):
+            for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+                name = field.name
+                for typo in {name[:-1], name + "s", name.upper(), name.replace("_", ""), name.replace("_", "-"),
+                             name[1:], "_" + name} - {f.name for f in dataclasses.fields(cls)} - {""}:  # type: ignore[arg-type]
+                    for form in ("keyword", "dict"):
+                        try:
+                            cls(**{typo: 1}) if form == "keyword" else cls.from_dict({typo: 1})  # type: ignore[attr-defined]
+                        except UnknownOptionError:
+                            run.counts["misspelt fields refused"] = run.counts.get("misspelt fields refused", 0) + 1
+                            continue
+                        except Exception as exc:  # noqa: BLE001  # the oracle
+                            run.check(False, lambda c=cls, t=typo, f=form, e=exc: f"{c.__name__} {f} {t!r}: "
+                                                                                  f"{type(e).__name__}: {e}")
+                            continue
+                        run.check(False, lambda c=cls, t=typo, f=form: f"{c.__name__} {f} {t!r} accepted")
+            try:
+                r3store.open_store(root, reader={"use_checkpoints": False})
+            except UnknownOptionError:
+                pass
+            except Exception as exc:  # noqa: BLE001  # the oracle
+                run.check(False, lambda e=exc: f"open_store(reader={{'use_checkpoints': ...}}): {type(e).__name__}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     return run.report()
 
 def _perturb(rng: np.random.Generator, values: list[int], lo: int, hi: int) -> np.ndarray:
@@ -1591,7 +1727,8 @@ TARGETS: dict[str, Callable[..., Report]] = {
     "crc": crc, "unpack": unpack, "frames": frames, "frame_args": frame_args, "overread": overread, "reads": reads,
     "writer": writer, "writer_faults": writer_faults, "ray_blocks": ray_blocks, "set_frames": set_frames,
     "layout": layout, "assemble": assemble, "grouped": grouped,
-    "set_encode": set_encode, "direct_writes": direct_writes}
+    "set_encode": set_encode, "direct_writes": direct_writes,
+    "ranges": ranges}
 """Every target; ``ray_blocks`` needs a Ray cluster (``main`` starts a local one)."""
 
 

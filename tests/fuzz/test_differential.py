@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(kernels.native_module() is None, reason="differe
 
 CASES = {"crc": 400, "unpack": 400, "frames": 200, "frame_args": 2000, "overread": 300, "reads": 6, "writer": 4,
          "set_frames": 150, "layout": 300, "assemble": 3, "grouped": 300, "set_encode": 400,
-         "direct_writes": 60}
+         "direct_writes": 60, "ranges": 400}
 
 
 @pytest.mark.parametrize("target", sorted(CASES))
@@ -156,3 +156,18 @@ def test_the_set_encode_oracle_sees_a_wrong_path(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(SetCodec, "encode", wrong)
     report = differential.set_encode(seed=3, cases=200)
     assert report["failures"]
+
+
+def test_the_ranges_oracle_sees_a_clipped_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader that clipped rows past a sample's end (numpy's slicing) instead of refusing is caught."""
+    from r3store.reader import _reader
+
+    def clipped(sample_id: str, rows: object, num_rows: int) -> tuple[int, int]:
+        if isinstance(rows, slice) and rows.step in (None, 1):
+            start, stop, _ = slice(rows.start if rows.start is not None else None, rows.stop).indices(num_rows)
+            return start, max(start, stop)
+        return 0, num_rows
+
+    monkeypatch.setattr(_reader, "sample_rows", clipped)
+    report = differential.ranges(seed=3, cases=200)
+    assert any("the rules refuse it" in f for f in report["failures"])
