@@ -115,9 +115,9 @@ from r3store.errors import (
 )
 from r3store.storage import LocalBackend
 
-__all__ = ["TARGETS", "assemble", "crc", "direct_writes", "frame_args", "frames", "grouped", "guarded", "layout",
-           "overread", "ranges", "ray_blocks", "reads", "run", "set_encode", "set_frames", "unpack", "writer",
-           "writer_faults"]
+__all__ = ["TARGETS", "assemble", "assemble_paths", "crc", "direct_writes", "frame_args", "frames", "grouped",
+           "guarded", "layout", "overread", "ranges", "ray_blocks", "reads", "run", "set_encode", "set_frames",
+           "unpack", "writer", "writer_faults"]
 
 Report = dict[str, Any]
 MAX_FAILURES = 20
@@ -1204,8 +1204,8 @@ def _routes(rng: np.random.Generator, rows: int, layers: int, experts: int, top_
         np.argsort(keys, axis=-1).astype(np.int32)
 
 
-def _random_store(rng: np.random.Generator, root: Path, max_rows: int,
-                  set_share: float = 0.0) -> tuple[r3store.ModelSpec, dict[str, Any]]:
+def _random_store(rng: np.random.Generator, root: Path, max_rows: int, set_share: float = 0.0,
+                  missing_share: float = 0.3) -> tuple[r3store.ModelSpec, dict[str, Any]]:
     experts = int(rng.choice([2, 3, 8, 40, 64, 128, 257, 1024, 4096, 65536]))
     top_k = int(rng.integers(1, min(experts, 8) + 1))
     layers = int(rng.integers(1, 6))
@@ -1220,7 +1220,7 @@ def _random_store(rng: np.random.Generator, root: Path, max_rows: int,
             rows = int(rng.integers(1, max_rows + 1)) if rng.random() < 0.8 else int(rng.integers(1, 4))
             routes = _routes(rng, rows, layers, experts, top_k)
             sid = f"s{i}"
-            if rows > 2 and rng.random() < 0.3:
+            if rows > 2 and rng.random() < missing_share:
                 a = int(rng.integers(0, rows - 1))
                 routes[a : int(rng.integers(a + 1, rows))] = -1  # rows the engine could not capture
                 w.append(sid, routes, allow_missing=True)
@@ -1291,6 +1291,91 @@ def assemble(seed: int = 0, cases: int | None = None, seconds: float | None = No
         finally:
             shutil.rmtree(root, ignore_errors=True)
     return run.report()
+
+def assemble_paths(seed: int = 0, cases: int | None = None, seconds: float | None = None,
+                   max_rows: int = 300) -> Report:
+    """``assemble`` through its run planning in C (``route_runs``: THD and BSHD plans without
+    missing rows) against its general path (``route_index``, every row gathered), on random stores,
+    batches, layouts, CP/TP/SP ranks, frameworks, pad policies and fill values, dtypes, ``packed``,
+    layer subsets, options given as objects and as dicts in turn (the memoised checks): every key of
+    the two batches equal, pad rows included; an option one path refuses the other refuses alike."""
+    from r3store.batch import _assemble
+    from r3store.errors import LayoutOptionError
+
+    run = _Run("assemble_paths", seed, cases, seconds)
+    rng = run.rng
+    real = _assemble._plan_runs
+    planned = [0]
+
+    def counted(plan: Any) -> Any:
+        found = real(plan)
+        planned[0] += found is not None
+        return found
+    for _ in run:
+        root = Path(tempfile.mkdtemp(prefix="r3-fuzz-asm2-"))
+        try:
+            spec, samples = _random_store(rng, root, max_rows, set_share=0.3, missing_share=0.05)
+            store = r3store.open_store(root)
+            ids = [str(v) for v in rng.permutation(sorted(samples))[: int(rng.integers(1, len(samples) + 1))]]
+            cp, tp = int(rng.choice([1, 1, 2, 3, 4])), int(rng.choice([1, 1, 2, 4]))
+            opts: dict[str, Any] = {"layout": str(rng.choice(["thd", "thd", "bshd", "sbhd"])), "cp_size": cp,
+                                    "tp_size": tp, "cp_mode": str(rng.choice(["zigzag", "contiguous"])),
+                                    "sequence_parallel": bool(tp > 1 and rng.random() < 0.5),
+                                    "framework": FRAMEWORKS[int(rng.integers(0, len(FRAMEWORKS)))],
+                                    "dtype": str(rng.choice(["int32", "auto", "int16", "uint8"])),
+                                    "pad_policy": str(rng.choice(["spread", "fill", "fill"])),
+                                    "fill_value": int(rng.choice([-1, 0, 0, 1, spec.num_experts - 1, 65535])),
+                                    "packed": bool(rng.random() < 0.25)}
+            if rng.random() < 0.3:
+                opts["pad_multiple"] = int(rng.choice([1, 8, 64]))
+            layers = sorted(int(v) for v in rng.choice(spec.num_layers, int(rng.integers(1, spec.num_layers + 1)),
+                                                       replace=False)) if rng.random() < 0.5 else None
+            for cp_rank in range(cp):
+                for tp_rank in range(tp if opts["sequence_parallel"] else 1):
+                    rank = {**opts, "cp_rank": cp_rank, "tp_rank": tp_rank}
+                    try:
+                        given: Any = rank if rng.random() < 0.5 else r3store.LayoutOptions.from_dict(rank)
+                    except LayoutOptionError:
+                        given = rank  # refused by the constructor: assemble must refuse it too
+                    results = []
+                    for path in ("runs", "general"):
+                        _assemble._plan_runs = counted if path == "runs" else lambda plan: None
+                        try:
+                            results.append(store.assemble(ids, given, layers=layers))
+                        except (LayoutOptionError, OptionError) as exc:
+                            results.append(outcome_of(exc))
+                        except R3StoreError as exc:
+                            results.append(outcome_of(exc))
+                        finally:
+                            _assemble._plan_runs = real
+                    a, b = results
+                    what = f"{spec}, {ids}, {rank}, layers {layers}"
+                    if isinstance(a, str) or isinstance(b, str):
+                        run.check(a == b, lambda w=what, a=a, b=b: f"{w}: runs path {_said(a)}, general {_said(b)}")
+                        run.counts["refused alike"] = run.counts.get("refused alike", 0) + isinstance(a, str)
+                        continue
+                    bad = sorted(k for k in set(a) | set(b) if not _same_value(a.get(k), b.get(k)))
+                    run.check(not bad, lambda w=what, k=bad: f"{w}: {k} differ between the runs and the general path")
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    run.counts["batches through route_runs"] = planned[0]
+    return run.report()
+
+
+def _said(result: Any) -> str:
+    return result if isinstance(result, str) else "a batch"
+
+
+def outcome_of(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
+                and a.shape == b.shape and np.array_equal(a, b))
+    return bool(a == b)
+
 
 
 def _random_read(rng: np.random.Generator, routes: np.ndarray, layers: int) -> tuple[slice | None, list[int] | None]:
@@ -1728,7 +1813,7 @@ TARGETS: dict[str, Callable[..., Report]] = {
     "writer": writer, "writer_faults": writer_faults, "ray_blocks": ray_blocks, "set_frames": set_frames,
     "layout": layout, "assemble": assemble, "grouped": grouped,
     "set_encode": set_encode, "direct_writes": direct_writes,
-    "ranges": ranges}
+    "ranges": ranges, "assemble_paths": assemble_paths}
 """Every target; ``ray_blocks`` needs a Ray cluster (``main`` starts a local one)."""
 
 

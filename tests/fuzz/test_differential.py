@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(kernels.native_module() is None, reason="differe
 
 CASES = {"crc": 400, "unpack": 400, "frames": 200, "frame_args": 2000, "overread": 300, "reads": 6, "writer": 4,
          "set_frames": 150, "layout": 300, "assemble": 3, "grouped": 300, "set_encode": 400,
-         "direct_writes": 60, "ranges": 400}
+         "direct_writes": 60, "ranges": 400, "assemble_paths": 4}
 
 
 @pytest.mark.parametrize("target", sorted(CASES))
@@ -171,3 +171,21 @@ def test_the_ranges_oracle_sees_a_clipped_range(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(_reader, "sample_rows", clipped)
     report = differential.ranges(seed=3, cases=200)
     assert any("the rules refuse it" in f for f in report["failures"])
+
+
+def test_the_assemble_paths_oracle_sees_a_wrong_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run planning that put one run a position late is caught (its batch differs from the general path's)."""
+    from r3store.batch import _assemble
+
+    real = _assemble._plan_runs
+
+    def late(plan: object) -> object:
+        planned = real(plan)  # type: ignore[arg-type]
+        if planned is not None and len(planned[1]) and planned[1][0, 2] - planned[1][0, 1] > 1:
+            planned[1][0, 1] += 1
+            planned[1][0, 3] += 1
+        return planned
+
+    monkeypatch.setattr(_assemble, "_plan_runs", late)
+    report = differential.assemble_paths(seed=4, cases=6)
+    assert any("differ between the runs and the general path" in f for f in report["failures"])
