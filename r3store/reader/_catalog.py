@@ -847,7 +847,11 @@ class SampleCatalog:
         :attr:`samples` holds it (user metadata merged across commits as there)."""
         pending = self._pending
         if pending is not None and pending.lazy and i in pending.rows:
-            ckpt, newer = _schema_pieces(pending)
+            try:
+                ckpt, newer = _schema_pieces(pending)
+            except FormatError:
+                self._materialize()  # the full read checks again, warns and falls back to the sample tables
+                return {k: v[0] for k, v in self.samples.slice(i, 1).to_pydict().items()}
             one = pending.row_tables[i]
             with warnings.catch_warnings():  # a merge for the columns' types only: the full read warns once
                 warnings.simplefilter("ignore")
@@ -1061,9 +1065,13 @@ def _after(newer: pa.Table | None, last: tuple[int, str] | None) -> bool:
 
 def _schema_pieces(pending: _Pending) -> tuple[pa.Table, list[pa.Table]]:
     """Empty tables of the checkpoint's columns and of each newer table's: merged with one row,
-    they give it the columns and types :attr:`SampleCatalog.samples` has."""
+    they give it the columns and types :attr:`SampleCatalog.samples` has. A ``FormatError`` when
+    the checkpoint's Arrow schema cannot be read."""
     if pending.schema_pieces is None:
-        schema = pq.ParquetFile(pa.BufferReader(pending.buf)).schema_arrow.remove_metadata()
+        try:
+            schema = pq.ParquetFile(pa.BufferReader(pending.buf)).schema_arrow.remove_metadata()
+        except (pa.ArrowException, OSError, ValueError) as exc:  # e.g. a damaged ARROW:schema (no digest binds it)
+            raise FormatError(pending.path, f"its schema cannot be read: {exc}") from None
         pending.schema_pieces = (schema.empty_table(), [t.slice(0, 0) for t in pending.newer.values()])
     return pending.schema_pieces
 

@@ -68,6 +68,8 @@ from tests.fuzz.targets import FIXTURES, Failure, MemoryBackend, outcome
 __all__ = ["ATTACKS", "bloom", "flips", "reseal", "truncations"]
 
 GOLDEN_CKPT2 = FIXTURES / "stores" / "v3-ckpt2"
+GOLDEN_CKPT3 = FIXTURES / "stores" / "v3-ckpt3"
+"""The golden store of checkpoint version 3 (one row group per 16,384 rows, a Bloom filter each)."""
 CALLS = ("len", "ids", "get", "row", "contains", "commits", "pickle", "assemble", "refresh", "num_visible")
 """The calls a store is used with; each order starts with a different one."""
 LOOKUPS = ("get", "row", "contains", "assemble")
@@ -78,9 +80,8 @@ counts are for ``len``; a lie they serve must make every later call that reads t
 Objects = dict[str, bytes]
 
 
-def golden_objects() -> Objects:
-    return {p.relative_to(GOLDEN_CKPT2).as_posix(): p.read_bytes()
-            for p in sorted(GOLDEN_CKPT2.rglob("*")) if p.is_file()}
+def golden_objects(root: Path = GOLDEN_CKPT2) -> Objects:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def ckpt_key(objects: Objects) -> str:
@@ -209,10 +210,11 @@ def _positions(size: int, stride: int, rng: random.Random) -> list[int]:
     return list(range(rng.randrange(stride) if stride > 1 else 0, size, stride))
 
 
-def flips(stride: int = 1, seed: int = 0) -> dict[str, Any]:
-    """Change the golden checkpoint's byte at every ``stride``-th position (each by another value)."""
+def flips(stride: int = 1, seed: int = 0, golden: Path = GOLDEN_CKPT2) -> dict[str, Any]:
+    """Change the golden checkpoint's byte at every ``stride``-th position (each by another value);
+    ``golden``: the store (:data:`GOLDEN_CKPT3` for a version 3 checkpoint)."""
     rng = random.Random(seed)
-    objects = golden_objects()
+    objects = golden_objects(golden)
     key = ckpt_key(objects)
     blob = objects[key]
     truth = Truth(objects, {})
@@ -226,10 +228,10 @@ def flips(stride: int = 1, seed: int = 0) -> dict[str, Any]:
     return {"attack": "flips", "cases": len(positions), "failures": 0, "outcomes": len(seen)}
 
 
-def truncations(stride: int = 1, seed: int = 0) -> dict[str, Any]:
+def truncations(stride: int = 1, seed: int = 0, golden: Path = GOLDEN_CKPT2) -> dict[str, Any]:
     """Cut the golden checkpoint to every ``stride``-th length; extend it in several ways."""
     rng = random.Random(seed)
-    objects = golden_objects()
+    objects = golden_objects(golden)
     key = ckpt_key(objects)
     blob = objects[key]
     truth = Truth(objects, {})
@@ -893,6 +895,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attack", default="all", help=f"one of {', '.join(ATTACKS)}, or all (default)")
     parser.add_argument("--stride", type=int, default=1, help="flips/truncations: every N-th byte position")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--golden", choices=("v3-ckpt2", "v3-ckpt3"), default="v3-ckpt2",
+                        help="flips/truncations: the golden store (checkpoint version 2 or 3)")
     args = parser.parse_args(argv)
     status = 0
     for name, attack in ATTACKS.items():
@@ -902,6 +906,7 @@ def main(argv: list[str] | None = None) -> int:
         kwargs: dict[str, Any] = {"seed": args.seed}
         if name in ("flips", "truncations"):
             kwargs["stride"] = args.stride
+            kwargs["golden"] = FIXTURES / "stores" / args.golden
         try:
             report = attack(**kwargs)
         except Failure as exc:

@@ -73,3 +73,10 @@ def test_version_3_lookups_mixed_with_whole_list_uses_equal_the_tables() -> None
     assert isinstance(outcomes, dict)
     assert outcomes.get("none: ok", 0) >= 8  # undamaged stores: every answer equal, no warning
     assert report["cases"] >= 25
+
+
+def test_changed_and_cut_bytes_of_a_v3_checkpoint_are_refused_or_harmless() -> None:
+    """The golden ``v3-ckpt3`` checkpoint (one Bloom filter per row group, ``last``), each call
+    order starting with another lookup or whole-list use."""
+    assert checkpoints.flips(stride=150, seed=1, golden=checkpoints.GOLDEN_CKPT3)["cases"] >= 30
+    assert checkpoints.truncations(stride=300, seed=1, golden=checkpoints.GOLDEN_CKPT3)["cases"] >= 20
