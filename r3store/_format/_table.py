@@ -238,6 +238,7 @@ def read_parquet_groups(buf: bytes, path: str, groups: list[int], footer: Footer
     try:
         reader = pq.ParquetFile(pa.BufferReader(buf), read_dictionary=strings, page_checksum_verification=True)
         raw = [reader.read_row_group(g, use_threads=False) for g in groups]
+        decoded = [_decode_dictionaries(part, path) for part in raw]  # indices past a damaged dictionary raise here
     except (pa.ArrowException, OSError, ValueError) as exc:
         if isinstance(exc, FormatError):
             raise
@@ -245,8 +246,7 @@ def read_parquet_groups(buf: bytes, path: str, groups: list[int], footer: Footer
             raise ChecksumError(path, (), f"a Parquet page of row groups {groups} fails its CRC: {exc}") from exc
         raise FormatError(path, f"row groups {groups} do not read: {exc}") from exc
     out = []
-    for part in raw:
-        part = _decode_dictionaries(part, path)
+    for part in decoded:
         _check_utf8(part, path)
         out.append(part.replace_schema_metadata(None))
     return out

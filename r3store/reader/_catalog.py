@@ -847,7 +847,11 @@ class SampleCatalog:
         :attr:`samples` holds it (user metadata merged across commits as there)."""
         pending = self._pending
         if pending is not None and pending.lazy and i in pending.rows:
-            ckpt, newer = _schema_pieces(pending)
+            try:
+                ckpt, newer = _schema_pieces(pending)
+            except FormatError:
+                self._materialize()  # the full read checks again, warns and falls back to the sample tables
+                return {k: v[0] for k, v in self.samples.slice(i, 1).to_pydict().items()}
             one = pending.row_tables[i]
             with warnings.catch_warnings():  # a merge for the columns' types only: the full read warns once
                 warnings.simplefilter("ignore")
@@ -1061,16 +1065,21 @@ def _after(newer: pa.Table | None, last: tuple[int, str] | None) -> bool:
 
 def _schema_pieces(pending: _Pending) -> tuple[pa.Table, list[pa.Table]]:
     """Empty tables of the checkpoint's columns and of each newer table's: merged with one row,
-    they give it the columns and types :attr:`SampleCatalog.samples` has."""
+    they give it the columns and types :attr:`SampleCatalog.samples` has. A ``FormatError`` when
+    the checkpoint's Arrow schema cannot be read."""
     if pending.schema_pieces is None:
-        schema = pq.ParquetFile(pa.BufferReader(pending.buf)).schema_arrow.remove_metadata()
+        try:
+            schema = pq.ParquetFile(pa.BufferReader(pending.buf)).schema_arrow.remove_metadata()
+        except (pa.ArrowException, OSError, ValueError) as exc:  # e.g. a damaged ARROW:schema (no digest binds it)
+            raise FormatError(pending.path, f"its schema cannot be read: {exc}") from None
         pending.schema_pieces = (schema.empty_table(), [t.slice(0, 0) for t in pending.newer.values()])
     return pending.schema_pieces
 
 
 def _keep_promises(samples: pa.Table, pending: _Pending) -> None:
     """Every row handed out before the rows were read is the row :attr:`SampleCatalog.samples` has
-    at that number (else a ``FormatError`` naming the checkpoint: never another sample's route)."""
+    at that number, and every id found in no row then is in none now (else a ``FormatError`` naming
+    the checkpoint: never another sample's route, nor a sample said not to exist)."""
     for i, promised in pending.rows.items():
         found = samples.slice(i, 1).to_pylist()[0] if i < samples.num_rows else None
         keys = ("sample_id", "array", "row_start", "num_rows", "num_tokens", "quarantined", "missing_rows",
@@ -1080,6 +1089,15 @@ def _keep_promises(samples: pa.Table, pending: _Pending) -> None:
                                             f"{promised.get('sample_id')!r}; once every row is read it is "
                                             f"{None if found is None else found.get('sample_id')!r} (rows out of "
                                             "store order, or a header that lies)")
+    absent = [sid for sid, i in pending.where.items() if i is None]
+    if absent:
+        held = pc.is_in(samples.column("sample_id"), pa.array(absent, pa.string()))
+        there = samples.column("sample_id").filter(held).to_pylist()
+        if there:
+            raise FormatError(pending.path, f"sample {there[0]!r} was looked up before the rows were read and "
+                                            "not found (its row groups' Bloom filters or the header's recent "
+                                            "commits left it out); once every row is read it is there (a header "
+                                            "that lies)")
 
 
 def _open_checkpoint(backend: Backend, manifest: Manifest, cap: int | None,

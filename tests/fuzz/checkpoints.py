@@ -68,15 +68,20 @@ from tests.fuzz.targets import FIXTURES, Failure, MemoryBackend, outcome
 __all__ = ["ATTACKS", "bloom", "flips", "reseal", "truncations"]
 
 GOLDEN_CKPT2 = FIXTURES / "stores" / "v3-ckpt2"
+GOLDEN_CKPT3 = FIXTURES / "stores" / "v3-ckpt3"
+"""The golden store of checkpoint version 3 (one row group per 16,384 rows, a Bloom filter each)."""
 CALLS = ("len", "ids", "get", "row", "contains", "commits", "pickle", "assemble", "refresh", "num_visible")
 """The calls a store is used with; each order starts with a different one."""
+LOOKUPS = ("get", "row", "contains", "assemble")
+"""Calls that read only the row groups that may hold an id while a version 3 checkpoint's rows are
+unread (FORMAT.md 11.2): the header's Bloom filters and recent commits are trusted for them, as its
+counts are for ``len``; a lie they serve must make every later call that reads the rows raise."""
 
 Objects = dict[str, bytes]
 
 
-def golden_objects() -> Objects:
-    return {p.relative_to(GOLDEN_CKPT2).as_posix(): p.read_bytes()
-            for p in sorted(GOLDEN_CKPT2.rglob("*")) if p.is_file()}
+def golden_objects(root: Path = GOLDEN_CKPT2) -> Objects:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def ckpt_key(objects: Objects) -> str:
@@ -162,20 +167,23 @@ def check_uses(objects: Objects, truth: Truth, order: list[str], seed: int = 0) 
             raise Failure(f"open: {type(exc).__name__} outside r3store.errors: {exc}") from exc
         counted_wrong = ""
         for name in order if store is not None else ():
+            pending = store._catalog._pending
+            lookup = pending is not None and pending.lazy and name in LOOKUPS
             try:
                 reads, wrong = _call(store, name, truth, rng)
+                reads = reads and not lookup
             except R3StoreError as exc:
                 labels.append(f"{name}: {outcome(exc)}")
                 continue
             except Exception as exc:  # the oracle
                 raise Failure(f"{name} after {labels}: {type(exc).__name__} outside r3store.errors: {exc}") from exc
-            if wrong and not reads:  # a lying header's count, allowed until the rows are read
+            if wrong and not reads:  # a lying header's count or lookup, allowed until the rows are read
                 counted_wrong = counted_wrong or wrong
                 labels.append(f"{name}: from the header")
                 continue
             if wrong:
                 raise Failure(f"{name} (order {order}): {wrong} without an error")
-            if counted_wrong:
+            if counted_wrong and reads:
                 raise Failure(f"{name} read the rows without an error after {counted_wrong} (order {order})")
             labels.append(f"{name}: ok")
     others = [w for w in caught if not issubclass(w.category, CheckpointWarning)]
@@ -202,10 +210,11 @@ def _positions(size: int, stride: int, rng: random.Random) -> list[int]:
     return list(range(rng.randrange(stride) if stride > 1 else 0, size, stride))
 
 
-def flips(stride: int = 1, seed: int = 0) -> dict[str, Any]:
-    """Change the golden checkpoint's byte at every ``stride``-th position (each by another value)."""
+def flips(stride: int = 1, seed: int = 0, golden: Path = GOLDEN_CKPT2) -> dict[str, Any]:
+    """Change the golden checkpoint's byte at every ``stride``-th position (each by another value);
+    ``golden``: the store (:data:`GOLDEN_CKPT3` for a version 3 checkpoint)."""
     rng = random.Random(seed)
-    objects = golden_objects()
+    objects = golden_objects(golden)
     key = ckpt_key(objects)
     blob = objects[key]
     truth = Truth(objects, {})
@@ -219,10 +228,10 @@ def flips(stride: int = 1, seed: int = 0) -> dict[str, Any]:
     return {"attack": "flips", "cases": len(positions), "failures": 0, "outcomes": len(seen)}
 
 
-def truncations(stride: int = 1, seed: int = 0) -> dict[str, Any]:
+def truncations(stride: int = 1, seed: int = 0, golden: Path = GOLDEN_CKPT2) -> dict[str, Any]:
     """Cut the golden checkpoint to every ``stride``-th length; extend it in several ways."""
     rng = random.Random(seed)
-    objects = golden_objects()
+    objects = golden_objects(golden)
     key = ckpt_key(objects)
     blob = objects[key]
     truth = Truth(objects, {})
@@ -591,15 +600,303 @@ def bloom(seed: int = 0, cases: int = 200) -> dict[str, Any]:
     return {"attack": "bloom", "cases": cases, "checks": checks, "failures": 0}
 
 
-ATTACKS: dict[str, Callable[..., dict[str, Any]]] = {"flips": flips, "truncations": truncations, "reseal": reseal,
-                                                     "bloom": bloom}
 
+
+
+
+# -- version 3: lookups that read single row groups ------------------------------------------------
+
+V3_CALLS = ("get", "get_many", "num_tokens", "row", "info", "contains", "absent", "len", "iter", "sample_ids",
+            "validate", "missing_rows")
+"""Calls of the version 3 attack: lookups (which read only the row groups that may hold an id while
+the rows are unread) mixed with whole-list uses (which read every row)."""
+
+
+def v3_store(rng: random.Random) -> tuple[str, Objects, dict[str, Any]]:
+    """A random store compacted into a version 3 checkpoint of row groups of 1..5 rows, with commits
+    of 1..3 samples (some quarantined, some with missing rows), then commits made after the
+    compaction: new ids, ids of the checkpoint again, retries of quarantined ones, some by a
+    writer whose clock is behind the compaction's (its rows sort before the checkpoint's last)."""
+    root = Path(tempfile.mkdtemp(prefix="r3-ckpt3-"))
+    saved = _checkpoint.GROUP_ROWS
+    group_rows = rng.randint(1, 5)
+    names: list[str] = []
+    quarantined: list[str] = []
+    counter = [0]
+    parts: list[str] = [f"groups of {group_rows}"]
+
+    def commit(ids: list[str], skew: float = 0.0) -> None:
+        now = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=skew)
+        config = r3store.WriterConfig(on_invalid="quarantine", clock=lambda: now)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", r3store.errors.ClockSkewWarning)
+            with r3store.RouteWriter(root, SPEC, config) as w:
+                for sid in ids:
+                    counter[0] += 1
+                    routes = _routes(counter[0], rng.choice((1, 3, 7)))
+                    bad = rng.random() < 0.15
+                    if bad:
+                        routes[0, 0] = [5, 5]
+                        quarantined.append(sid)
+                    missing = not bad and rng.random() < 0.2
+                    if missing:
+                        routes[0] = -1
+                    w.append(sid, routes, metadata={"n": counter[0]}, allow_missing=missing)
+
+    try:
+        for c in range(rng.randint(1, 7)):
+            ids = [f"c{c}-{k}" for k in range(rng.randint(1, 3))]
+            names += ids
+            commit(ids)
+        _checkpoint.GROUP_ROWS = group_rows
+        r3store.compact(root)
+        _checkpoint.GROUP_ROWS = saved
+        for c in range(rng.choice((0, 1, 1, 2, 3))):
+            kind = rng.randrange(4)
+            if kind == 1 and names:
+                ids, what = [rng.choice(names)], "an id again"
+            elif kind == 2 and quarantined:
+                ids, what = [rng.choice(quarantined)], "a quarantined id retried"
+            else:
+                ids, what = [f"n{c}-{k}" for k in range(rng.randint(1, 2))], "new ids"
+            skew = rng.choice((0.0, 0.0, -7200.0, -2.0))
+            parts.append(what + (f" (writer clock {skew:+.0f} s)" if skew else ""))
+            commit(ids, skew)
+        objects = {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+        reader = {"on_duplicate": rng.choice(("first", "report", "raise"))}
+        return "; ".join(parts), objects, reader
+    finally:
+        _checkpoint.GROUP_ROWS = saved
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _v3_damage(rng: random.Random, objects: Objects) -> tuple[str, Objects]:
+    """One damage of the store's version 3 checkpoint (or none): (its name, the objects)."""
+    key = ckpt_key(objects)
+    blob = objects[key]
+    doc = json.loads(_kv(blob)[b"r3store.checkpoint"])
+    kind = rng.randrange(9)
+    if kind == 0:
+        return "none", objects
+    if kind == 1:
+        buf = bytearray(blob)
+        pos = rng.randrange(4, max(5, len(buf) - 8))
+        buf[pos] ^= 1 << rng.randrange(8)
+        return f"byte {pos} flipped", {**objects, key: bytes(buf)}
+    if kind == 2 and doc["rows"]:
+        ts, name = doc["last"]
+        edits: list[tuple[str, Any]] = [("last earlier", [ts - 10**10, name]), ("last later", [ts + 10**12, name]),
+                                        ("last null", None), ("last 0", [0, name]), ("last as text", [str(ts), name])]
+        what, value = rng.choice(edits)
+        forged = forge(blob, header=_set("last", value), group_rows=_rows_of(doc))
+        return what + " (resealed)", {**objects, key: forged}
+    if kind == 3 and len(doc["groups"]) > 1:
+        return "group digests rotated (resealed)", {**objects, key: forge(blob, header=lambda d: {**d, "groups": [
+            [g[0], d["groups"][(i + 1) % len(d["groups"])][1], g[2]] for i, g in enumerate(d["groups"])]},
+            group_rows=_rows_of(doc))}
+    if kind == 4 and doc["groups"]:
+        g = rng.randrange(len(doc["groups"]))
+        start = sum(x[2] for x in doc["groups"][:g]) // 8
+        size = doc["groups"][g][2] // 8
+
+        def zero(raw: bytes) -> bytes:
+            return raw[:start] + bytes(size) + raw[start + size:]
+        return f"group {g}'s Bloom filter emptied (resealed)", {**objects, key: forge(
+            blob, bloom=zero, group_rows=_rows_of(doc))}
+    if kind == 5 and doc["groups"]:
+        return "every Bloom filter full (resealed)", {**objects, key: forge(
+            blob, bloom=lambda raw: b"\xff" * len(raw), group_rows=_rows_of(doc))}
+    if kind == 6 and len(doc["groups"]) > 1:
+        def shift(d: dict[str, Any]) -> dict[str, Any]:
+            groups = copy.deepcopy(d["groups"])
+            groups[0][2] += 64
+            groups[-1][2] -= 64
+            return {**d, "groups": groups} if groups[-1][2] >= 64 else d
+        return "Bloom filter sizes shifted between groups (resealed)", {**objects, key: forge(
+            blob, header=shift, group_rows=_rows_of(doc))}
+    if kind == 7 and doc["rows"] > 1:
+        return "two ids swapped, group digests kept (resealed)", {**objects, key: forge(
+            blob, rows=swap_first_ids, group_rows=_rows_of(doc))}
+    if kind == 8 and doc["rows"]:
+        return "visible + 1 (resealed)", {**objects, key: forge(blob, header=_set("visible", lambda v: v + 1),
+                                                                 group_rows=_rows_of(doc))}
+    return "none", objects
+
+
+def _rows_of(doc: dict[str, Any]) -> int:
+    return int(doc["groups"][0][0]) if doc["groups"] else 4
+
+
+class _V3Truth:
+    def __init__(self, objects: Objects, reader: dict[str, Any]) -> None:
+        from r3store.audit import validate
+
+        store = r3store.open_store(MemoryBackend(dict(objects), "truth"), reader={**reader, "use_checkpoint": False})
+        self.reader = reader
+        self.ids = list(store.sample_ids)
+        self.all_ids = sorted(store.samples.column("sample_id").to_pylist())
+        self.hidden = set(self.all_ids) - set(self.ids)
+        self.rows = {sid: store.row(sid, include_quarantined=True) for sid in self.all_ids}
+        self.routes = {sid: store.get(sid, include_quarantined=True) for sid in self.all_ids}
+        self.tokens = {sid: store.num_tokens(sid, include_quarantined=True) for sid in self.all_ids}
+        self.missing = {sid: store.missing_rows(sid, include_quarantined=True) for sid in self.all_ids}
+        report = validate(store)
+        self.valid, self.kinds = report.ok, {f.kind for f in report.findings}
+        self.damaged = False
+        self.last_kinds: set[str] = set()
+
+
+def _v3_call(store: r3store.RouteStore, name: str, truth: _V3Truth, rng: random.Random) -> str:
+    """Run one call; what differs from the truth, or ""."""
+    from r3store.audit import validate
+
+    sid = rng.choice(truth.all_ids) if truth.all_ids else "none"
+    q = sid in truth.hidden
+    if name == "get":
+        return "" if _same(store.get(sid, include_quarantined=q), truth.routes[sid]) else f"get({sid!r}) differs"
+    if name == "get_many":
+        pick = rng.sample(truth.ids, min(len(truth.ids), rng.randint(1, 4)))
+        got = store.get_many(pick)
+        return "" if all(_same(a, truth.routes[s]) for a, s in zip(got, pick, strict=True)) else \
+            f"get_many({pick}) differs"
+    if name == "num_tokens":
+        got = store.num_tokens(sid, include_quarantined=q)
+        return "" if got == truth.tokens[sid] else f"num_tokens({sid!r}) {got}, the tables give {truth.tokens[sid]}"
+    if name in ("row", "info"):
+        got = store.row(sid, include_quarantined=q)
+        return "" if _same(got, truth.rows[sid]) else f"row({sid!r}) {got} differs from {truth.rows[sid]}"
+    if name == "missing_rows":
+        got = store.missing_rows(sid, include_quarantined=q)
+        return "" if got == truth.missing[sid] else f"missing_rows({sid!r}) {got}"
+    if name == "contains":
+        got = [p for p in truth.all_ids if p in store]
+        return "" if got == [p for p in truth.all_ids if p in truth.ids] else f"'in' gives {got}"
+    if name == "absent":
+        probe = rng.choice(["never-written", "", "c0-9", *[f"{s}x" for s in truth.all_ids[:2]]])
+        try:
+            store.get(probe)
+        except r3store.errors.SampleNotFoundError:
+            return "" if probe not in truth.ids else f"get({probe!r}) not found"
+        return "" if probe in truth.ids else f"get({probe!r}) of an id never written answered"
+    if name == "len":
+        return "" if len(store) == len(truth.ids) else f"len {len(store)}, the tables give {len(truth.ids)}"
+    if name == "iter":
+        got = list(store)
+        return "" if got == truth.ids else f"iteration gives {got}, the tables {truth.ids}"
+    if name == "sample_ids":
+        got = list(store.sample_ids)
+        return "" if got == truth.ids else f"sample_ids {got}, the tables {truth.ids}"
+    if name == "validate":
+        report = validate(store)
+        kinds = truth.last_kinds = {f.kind for f in report.findings}
+        if report.ok == truth.valid:
+            return ""
+        if truth.damaged and truth.valid and kinds - truth.kinds == {"checkpoint"}:
+            return ""  # the damaged checkpoint, named
+        return f"validate ok={report.ok} ({sorted(kinds)}), the tables' store {truth.valid}"
+    raise AssertionError(name)
+
+
+V3_LOOKUPS = ("get", "get_many", "num_tokens", "row", "info", "contains", "absent", "missing_rows")
+"""Calls answered from the row groups that may hold an id while the rows are unread."""
+
+
+def check_v3(objects: Objects, truth: _V3Truth, order: list[str], seed: int, strict: bool) -> str:
+    """Open ``objects`` and run ``order``; an outcome label, or :class:`Failure`. ``strict``: an
+    undamaged checkpoint, so no error and no warning is allowed either. Otherwise a lookup made
+    while the rows are unread (or ``len``) may serve what a resealed header says (its Bloom
+    filters, its counts), but then every later call that reads every row must raise (``validate``:
+    or name the checkpoint)."""
+    rng = random.Random(seed)
+    labels: list[str] = []
+    served = ""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            store = r3store.open_store(MemoryBackend(dict(objects)), reader=truth.reader)
+        except R3StoreError as exc:
+            if strict:
+                raise Failure(f"open of an undamaged store: {exc!r}") from exc
+            return outcome(exc)
+        except Exception as exc:  # the oracle
+            raise Failure(f"open: {type(exc).__name__} outside r3store.errors: {exc}") from exc
+        for name in order:
+            pending = store._catalog._pending
+            trusted = name == "len" or (name in V3_LOOKUPS and pending is not None and pending.lazy)
+            try:
+                wrong = _v3_call(store, name, truth, rng)
+            except R3StoreError as exc:
+                if strict:
+                    raise Failure(f"{name} after {labels} on an undamaged store: {exc!r}") from exc
+                labels.append(f"{name}: {outcome(exc)}")
+                continue
+            except Exception as exc:  # the oracle
+                raise Failure(f"{name} after {labels}: {type(exc).__name__} outside r3store.errors: {exc!r}") from exc
+            if wrong and trusted and not strict:
+                served = served or wrong
+                labels.append(f"{name}: served from the header")
+                continue
+            if wrong:
+                raise Failure(f"{name} (after {labels}): {wrong} without an error")
+            if served and name not in V3_LOOKUPS and name != "len" and not (
+                    name == "validate" and "checkpoint" in truth.last_kinds):
+                raise Failure(f"{name} read every row without an error after {served} (after {labels})")
+            labels.append(f"{name}: ok")
+    others = [w for w in caught if not issubclass(w.category, CheckpointWarning)]
+    if others:
+        raise Failure(f"unexpected warning {others[0].category.__name__}: {others[0].message}")
+    if strict and caught:
+        raise Failure(f"undamaged store: {caught[0].message}")
+    refusals = sorted({lab.split(": ", 1)[1] for lab in labels if not lab.endswith(": ok")})
+    return ("CheckpointWarning; " if caught else "") + ("; ".join(refusals) if refusals else "ok")
+
+
+def lookups(seed: int = 0, stores: int = 40, orders_per_store: int = 3) -> dict[str, Any]:
+    """Random version 3 stores (:func:`v3_store`), each used in ``orders_per_store`` random orders of
+    :data:`V3_CALLS`: undamaged first (every answer equal to the sample tables', no warning), then
+    damaged one way each (:func:`_v3_damage`)."""
+    rng = random.Random(seed)
+    cases = 0
+    outcomes: dict[str, int] = {}
+    skipped: dict[str, int] = {}
+    failures: list[str] = []
+    for n in range(stores):
+        what, objects, reader = v3_store(rng)
+        try:
+            truth = _V3Truth(objects, reader)
+        except R3StoreError as exc:  # e.g. a duplicate with on_duplicate="raise": a checkpoint must not hide it
+            skipped[outcome(exc)] = skipped.get(outcome(exc), 0) + 1
+            try:
+                _refused_alike(objects, reader, outcome(exc), f"store {n} ({what})")
+            except Failure as fail:
+                failures.append(str(fail))
+            continue
+        for k in range(orders_per_store):  # the first order on the undamaged store
+            damage, forged = ("none", objects) if k == 0 else _v3_damage(rng, objects)
+            order = [rng.choice(V3_CALLS) for _ in range(rng.randint(1, 8))]
+            truth.damaged = damage != "none"
+            cases += 1
+            try:
+                label = check_v3(forged, truth, order, seed * 1000 + cases, strict=damage == "none")
+            except Failure as exc:
+                failures.append(f"store {n} ({what}, reader {reader}), {damage}: {exc}")
+                continue
+            key = f"{damage.split(' (')[0] if 'byte' not in damage else 'byte flipped'}: {label}"
+            outcomes[key] = outcomes.get(key, 0) + 1
+    return {"attack": "lookups", "stores": stores, "cases": cases, "failures": failures,
+            "outcomes": outcomes, "refused alike": skipped}
+
+
+ATTACKS: dict[str, Callable[..., dict[str, Any]]] = {"flips": flips, "truncations": truncations, "reseal": reseal,
+                                                     "bloom": bloom, "lookups": lookups}
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.fuzz.checkpoints", description=__doc__.split("\n")[0])
     parser.add_argument("--attack", default="all", help=f"one of {', '.join(ATTACKS)}, or all (default)")
     parser.add_argument("--stride", type=int, default=1, help="flips/truncations: every N-th byte position")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--golden", choices=("v3-ckpt2", "v3-ckpt3"), default="v3-ckpt2",
+                        help="flips/truncations: the golden store (checkpoint version 2 or 3)")
     args = parser.parse_args(argv)
     status = 0
     for name, attack in ATTACKS.items():
@@ -609,6 +906,7 @@ def main(argv: list[str] | None = None) -> int:
         kwargs: dict[str, Any] = {"seed": args.seed}
         if name in ("flips", "truncations"):
             kwargs["stride"] = args.stride
+            kwargs["golden"] = FIXTURES / "stores" / args.golden
         try:
             report = attack(**kwargs)
         except Failure as exc:
@@ -616,6 +914,7 @@ def main(argv: list[str] | None = None) -> int:
         report["seconds"] = round(time.monotonic() - start, 1)
         if name == "reseal" and not status:
             report["outcomes"] = len(report["outcomes"])
+        status = status or int(bool(report.get("failures")))
         print(json.dumps(report, ensure_ascii=False), flush=True)
     return status
 

@@ -82,9 +82,11 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
 import itertools
 import json
 import mmap
+import os
 import shutil
 import sys
 import tempfile
@@ -100,7 +102,8 @@ import numpy as np
 
 import r3store
 from r3store._format import position_tag
-from r3store.codecs import BitpackCodec, kernels
+from r3store.codecs import BitpackCodec, SetCodec, kernels
+from r3store.codecs._set_numpy import encode_set_frame_numpy
 from r3store.errors import (
     ChecksumError,
     CodecError,
@@ -112,8 +115,9 @@ from r3store.errors import (
 )
 from r3store.storage import LocalBackend
 
-__all__ = ["TARGETS", "assemble", "crc", "frame_args", "frames", "guarded", "layout", "overread", "ray_blocks",
-           "reads", "run", "set_frames", "unpack", "writer", "writer_faults"]
+__all__ = ["TARGETS", "assemble", "assemble_paths", "crc", "direct_writes", "frame_args", "frames", "grouped",
+           "guarded", "layout", "overread", "ranges", "ray_blocks", "reads", "run", "set_encode", "set_frames",
+           "unpack", "writer", "writer_faults"]
 
 Report = dict[str, Any]
 MAX_FAILURES = 20
@@ -405,6 +409,418 @@ def frames(seed: int = 0, cases: int | None = None, seconds: float | None = None
                 run.check(named == "refused", lambda i=impl: f"{i}: frame {rc} reported by decode_frames decodes")
     return run.report()
 
+
+
+def grouped(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """``decode_frames`` of frames whose chunk rows are byte-aligned (``layers_per_chunk * top_k`` a
+    multiple of 8, no trimmed tail: the grouped path that writes frames side by side row by row),
+    laid out in groups (the same output rows, consecutive layer chunks; 8 and 16 bits mostly), with
+    the same ``row_first``/``row_count`` per group or not, into uint8/int16/uint16/int32; with
+    non-temporal stores from 0 bytes and by default, AVX-512 on and off. Then one frame in the middle
+    of a group changed: the frames before it are decoded, nothing of it or after it is written."""
+    run = _Run("grouped", seed, cases, seconds)
+    rng = run.rng
+    native = _native()
+    modes = [m for m in unpack_modes() if m != "numpy"]
+    for _ in run:
+        bits = int(rng.choice([8, 16, 8, 16, int(rng.integers(1, 17))]))
+        top_k = int(rng.choice([1, 2, 4, 8]))
+        lpc = int(rng.choice([d for d in (1, 2, 4, 8) if d * top_k % 8 == 0] or [8]))
+        cr = int(rng.integers(1, 40))
+        nrc, nlc = int(rng.integers(1, 4)), int(rng.integers(1, 9))
+        if rng.random() < 0.05:  # past a group's 64 frames or 256 KiB of payload
+            nrc, nlc, cr = 1, int(rng.integers(60, 140)), int(rng.integers(30, 40))
+        codec = BitpackCodec(bits=bits, frame_version=2)
+        cols: dict[str, list[int]] = {k: [] for k in ("starts", "lengths", "rows", "layers", "rc", "lc", "first",
+                                                       "count")}
+        pieces, want, pos, out_row = [], [], 0, 0
+        same = rng.random() < 0.7
+        for r in range(nrc):
+            first = int(rng.integers(0, cr))
+            count = int(rng.integers(1, cr - first + 1))
+            for b in range(nlc):
+                if not same:
+                    first = int(rng.integers(0, cr))
+                    count = int(rng.integers(1, cr - first + 1))
+                ids = rng.integers(0, 1 << bits, (cr, lpc, top_k))
+                if rng.random() < 0.1:
+                    ids.reshape(-1)[-int(rng.integers(1, ids.size + 1)):] = 0  # a trimmed tail: not grouped
+                frame = codec.encode(ids, tag=position_tag("w-00007", r, b))
+                gap = int(rng.choice([0, 0, 1, 7]))
+                for k, v in zip(cols, (pos, len(frame), out_row, b * lpc, r, b, first, count), strict=True):
+                    cols[k].append(v)
+                want.append((out_row, b * lpc, ids[first : first + count]))
+                pieces += [np.frombuffer(frame, np.uint8), rng.integers(0, 256, gap, dtype=np.uint8)]
+                pos += len(frame) + gap
+            out_row += max(cols["count"][-nlc:]) if not same else count
+        blob = np.concatenate(pieces)
+        c = {k: np.array(v, np.int64) for k, v in cols.items()}
+        ranges = (c["first"], c["count"])
+        choices = [np.int32, np.uint16, np.int16] + ([np.uint8] if bits <= 8 else [])
+        dtype = np.dtype(choices[int(rng.integers(0, len(choices)))])
+        layers = nlc * lpc + int(rng.integers(0, 3))
+        expect = np.full((out_row + 1, layers, top_k), 77, dtype)
+        cut = int(rng.integers(1, len(want))) if len(want) > 1 else 0
+        cut_expect = expect.copy()
+        for f, (row, layer, ids) in enumerate(want):
+            expect[row : row + len(ids), layer : layer + lpc] = ids
+            if f < cut:
+                cut_expect[row : row + len(ids), layer : layer + lpc] = ids
+        bad = blob.copy()
+        bad[c["starts"][cut] + int(rng.integers(0, c["lengths"][cut]))] ^= np.uint8(int(rng.integers(1, 256)))
+        geometry = (f"{len(want)} frames of {bits} bits, chunk {cr}x{lpc}x{top_k}, {nrc}x{nlc} chunks, "
+                    f"same ranges {same}, out {dtype} with {layers} layers")
+        for mode in modes:
+            for stream in (0, -1):
+                saved_stream = native.set_stream_min(stream)
+                try:
+                    with _unpack_mode(mode):
+                        out = np.full_like(expect, 77)
+                        rc = _decode(blob, c, bits, out, cr, lpc, ranges)
+                        run.check(rc == -1 and np.array_equal(out, expect),
+                                  lambda m=mode, s=stream, r=rc: f"{m}, stream_min {s}: {geometry}: rc {r}, out "
+                                                                 f"differs {not np.array_equal(out, expect)}")
+                        out = np.full_like(expect, 77)
+                        rc = _decode(bad, c, bits, out, cr, lpc, ranges)
+                        run.check(rc == cut and np.array_equal(out, cut_expect),
+                                  lambda m=mode, s=stream, r=rc: f"{m}, stream_min {s}: {geometry}, frame {cut} "
+                                                                 f"changed: rc {r}, out differs "
+                                                                 f"{not np.array_equal(out, cut_expect)}")
+                finally:
+                    native.set_stream_min(saved_stream)
+    return run.report()
+
+
+@contextmanager
+def _set_path(name: str) -> Iterator[None]:
+    """The set codec's ``avx512``, ``avx2`` or ``portable`` C kernels for the block."""
+    native = _native()
+    with kernels.use("native" if name == "portable" else "native-avx2"):
+        prev = native.setcodec_avx512(False)
+        try:
+            if name == "avx512":
+                native.setcodec_avx512(True)
+            yield
+        finally:
+            native.setcodec_avx512(prev)
+
+
+def set_paths() -> list[str]:
+    native = _native()
+    paths = ["portable"]
+    if native.cpu_features().get("avx2"):
+        paths.append("avx2")
+        try:
+            native.setcodec_avx512(native.setcodec_avx512(True))
+            paths.append("avx512")
+        except ValueError:
+            pass
+    return paths
+
+
+def set_encode(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """``SetCodec.encode`` on every C path (AVX-512, AVX2, portable) against the numpy reference:
+    experts at and around every power of two (1..1,024; past it refused), top-k 1..16, 0..200 rows (around the
+    encoder's groups of 32 rows and its blocks), adversarial rows (an id repeated, all equal, ids
+    of E-1 and E..2**bits-1, unsorted, all zero), a partial last row, int64/int32/int16/uint16/
+    uint8 inputs, contiguous or strided, and ids outside [0, 2**bits) (negative, 2**bits):
+    byte-identical frames, or a CodecError on every path."""
+    run = _Run("set_encode", seed, cases, seconds)
+    rng = run.rng
+    paths = set_paths()
+    for _ in run:
+        b = int(rng.integers(0, 11)) if rng.random() < 0.97 else int(rng.integers(11, 17))  # the codec stops at 1,024
+        experts = int(np.clip((1 << b) + int(rng.choice([-1, 0, 0, 1])), 1, 65536))
+        if rng.random() < 0.3:
+            experts = int(rng.integers(1, 1025))
+        top_k = int(rng.choice([1, 2, 4, 6, 8, 16, int(rng.integers(1, 17))]))
+        top_k = min(top_k, max(1, experts)) if rng.random() < 0.8 else top_k
+        try:
+            codec = SetCodec(num_experts=experts, top_k=top_k)
+        except (CodecError, OptionError):
+            run.counts["codec refused"] = run.counts.get("codec refused", 0) + 1
+            continue
+        bits = codec.bits
+        n = int(rng.choice([0, 1, 31, 32, 33, 63, 64, 65, 96, 127, 128, 129, int(rng.integers(0, 200))]))
+        rows = np.stack([rng.permutation(max(experts, top_k))[:top_k] for _ in range(n)]) if n else \
+            np.zeros((0, top_k), np.int64)
+        rows = rows.astype(np.int64) % max(experts, 1)
+        for r in range(n):
+            kind = rng.random()
+            if kind < 0.05:
+                rows[r] = rows[r, 0]  # all equal
+            elif kind < 0.1 and top_k > 1:
+                rows[r, int(rng.integers(1, top_k))] = rows[r, 0]  # a repeat
+            elif kind < 0.15:
+                rows[r] = 0
+            elif kind < 0.2:
+                rows[r, int(rng.integers(0, top_k))] = int(rng.integers(experts, 1 << bits)) if experts < 1 << bits \
+                    else experts - 1  # past num_experts, inside the bits
+            elif kind < 0.25:
+                rows[r] = np.sort(rows[r])
+            elif kind < 0.3:
+                rows[r, int(rng.integers(0, top_k))] = experts - 1
+        flat = rows.reshape(-1)
+        if flat.size and rng.random() < 0.15:  # a partial last row
+            flat = flat[: flat.size - int(rng.integers(1, min(top_k, flat.size) + 1))]
+        bad = flat.size and rng.random() < 0.08
+        if bad:
+            flat = flat.copy()
+            flat[int(rng.integers(0, flat.size))] = int(rng.choice([-1, 1 << bits, (1 << bits) + 5, -(1 << 40)]))
+        choices = [np.int64, np.int32] + [d for d in (np.int16, np.uint16, np.uint8)
+                                          if not bad and (flat.size == 0 or int(flat.max()) <= np.iinfo(d).max)]
+        dtype = np.dtype(choices[int(rng.integers(0, len(choices)))])
+        arr = flat.astype(dtype)
+        strided = rng.random() < 0.3
+        if strided:
+            room = np.zeros(arr.size * 3, dtype)
+            room[::3] = arr
+            arr = room[::3]
+        tag = int(rng.choice([0, 1, (1 << 32) - 1, int(rng.integers(0, 1 << 32))]))
+        want = encode_set_frame_numpy(arr.astype(np.int64), codec.params, tag)  # as the encoder sees them
+        what = f"E={experts} k={top_k} ({bits} bits), {flat.size} ids as {dtype}{' strided' * strided}"
+        for name in paths:
+            with _set_path(name):
+                try:
+                    got: bytes | None = codec.encode(arr, tag=tag)
+                except CodecError:
+                    got = None
+            run.check(got == want, lambda nm=name, g=got: f"{nm}: {what}: "
+                                                          f"{'refused' if g is None else 'frame'}, the numpy "
+                                                          f"reference {'refuses' if want is None else 'differs'}")
+        if want is not None and not bad:
+            back = codec.decode(want)
+            run.check(back.reshape(-1).size == flat.size, lambda: f"{what}: decode gives {back.size} ids")
+    return run.report()
+
+
+@contextmanager
+def _direct_fault(fault: str, short: int) -> Iterator[None]:
+    """A file system that refuses ``O_DIRECT`` where this one takes it (the kernel's answers, injected
+    into ``os.pwrite``/``fcntl.fcntl`` for the block): EINVAL at the first direct write (an
+    alignment the device refuses), a short write of ``short`` bytes, or ``F_SETFL`` refused."""
+    import fcntl
+
+    real_pwrite, real_fcntl = os.pwrite, fcntl.fcntl
+    calls = [0]
+
+    def pwrite(fd: int, data: Any, offset: int) -> int:
+        calls[0] += 1
+        if fault == "EINVAL at the first pwrite" and calls[0] == 1:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        if fault == "short pwrite" and calls[0] == 1:
+            return real_pwrite(fd, memoryview(data)[:short], offset)
+        return real_pwrite(fd, data, offset)
+
+    def fcntl_(fd: int, cmd: int, arg: int = 0) -> Any:
+        if fault == "fcntl refuses O_DIRECT" and cmd == fcntl.F_SETFL and arg & getattr(os, "O_DIRECT", 0):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_fcntl(fd, cmd, arg)
+
+    os.pwrite, fcntl.fcntl = pwrite, fcntl_  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os.pwrite, fcntl.fcntl = real_pwrite, real_fcntl  # type: ignore[assignment]
+
+
+def direct_writes(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """``LocalBackend.set`` and ``set_if_absent`` of objects of every size around 1 MiB and around
+    4 KiB page multiples (-1, 0, +1, +511 bytes), from page-aligned buffers (the ``O_DIRECT`` path)
+    and from unaligned ones, with ``direct_write_bytes`` at its default, 4 KiB or None, into a
+    folder on the disk and one on tmpfs (``/dev/shm``, which refuses ``O_DIRECT`` before Linux
+    6.6), and with a refusal injected (:func:`_direct_fault`): every object reads back equal,
+    whole and by ranges, and no write fails."""
+    from r3store.storage import ByteRange, _local
+
+    run = _Run("direct_writes", seed, cases, seconds)
+    rng = run.rng
+    roots = [Path(tempfile.mkdtemp(prefix="r3-direct-"))]
+    if Path("/dev/shm").is_dir():
+        roots.append(Path(tempfile.mkdtemp(prefix="r3-direct-", dir="/dev/shm")))
+    real = _local._write_direct
+    direct = [0]
+
+    def counted(fd: int, view: memoryview) -> int:
+        done = real(fd, view)
+        direct[0] += bool(done)
+        return done
+
+    _local._write_direct = counted
+    page = _local.DIRECT_ALIGN
+    try:
+        for i in run:
+            base = int(rng.choice([1 << 20, page * int(rng.integers(1, 600)), int(rng.integers(1, 3 << 20))]))
+            size = max(0, base + int(rng.choice([-1, 0, 0, 1, 511, -page + 1])))
+            pool = np.empty(size + 2 * page, np.uint8)
+            off = (-pool.ctypes.data) % page + (int(rng.integers(1, 64)) if rng.random() < 0.25 else 0)
+            buf = pool[off : off + size]
+            buf[:] = rng.integers(0, 256, size, dtype=np.uint8)
+            root = roots[int(rng.integers(0, len(roots)))]
+            backend = LocalBackend(root)
+            backend.direct_write_bytes = [_local.DIRECT_WRITE_BYTES, page, None][int(rng.integers(0, 3))]
+            key = f"c/{i}/{size}"
+            data: bytes | memoryview = memoryview(buf) if rng.random() < 0.7 else buf.tobytes()
+            fault = ["none", "none", "EINVAL at the first pwrite", "short pwrite", "fcntl refuses O_DIRECT"][
+                int(rng.integers(0, 5))]
+            with _direct_fault(fault, int(rng.integers(1, 1 << 16))):
+                if rng.random() < 0.5:
+                    backend.set(key, data)
+                else:
+                    run.check(backend.set_if_absent(key, data),
+                              lambda k=key: f"set_if_absent({k!r}) refused a new key")
+            got = backend.get(key)
+            what = (f"{size} bytes, buffer at page offset {off % page}, {fault}, direct_write_bytes "
+                    f"{backend.direct_write_bytes}, {'tmpfs' if str(root).startswith('/dev/shm') else 'disk'}")
+            run.check(len(got) == size and got == buf.tobytes(), lambda w=what: f"{w}: read back differs")
+            if size:
+                a = int(rng.integers(0, size))
+                b = int(rng.integers(a, size + 1))
+                run.check(bytes(backend.get(key, ByteRange(a, b))) == buf[a:b].tobytes(),
+                          lambda w=what, a=a, b=b: f"{w}: bytes {a}..{b} differ")
+            backend.delete(key)
+            backend.close()
+    finally:
+        _local._write_direct = real
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
+    run.counts["written with O_DIRECT"] = direct[0]
+    return run.report()
+
+
+def _reference_rows(rows: Any, n: int) -> tuple[int, int] | None:
+    """``rows=`` as ``r3store.reader._ranges`` states the rules (written from its text): (start, stop),
+    or None where it must be refused."""
+    if rows is None:
+        return 0, n
+    if not isinstance(rows, slice) or rows.step not in (None, 1):
+        return None
+    ends = []
+    for value, default in ((rows.start, 0), (rows.stop, n)):
+        if value is None:
+            ends.append(default)
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            return None
+        v = int(value) + (n if int(value) < 0 else 0)
+        if not 0 <= v <= n:
+            return None
+        ends.append(v)
+    return (ends[0], ends[1]) if ends[0] <= ends[1] else None
+
+
+def ranges(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """``get``/``get_many`` with row ranges (negative, past either end, reversed, steps, bools,
+    floats, numpy ints, 2**63) and layer lists (non-MoE, past the model, negative, repeated, empty,
+    numpy ints), ``read_rows`` with start/stop past the array, and settings objects given a
+    misspelt field (keyword, dict form, ``open_store(reader=...)``): a range within the sample is
+    read exactly (the rows and layers of the whole sample), any other is a ``RangeError`` /
+    ``LayerError`` / ``OptionError``, never clipped; a misspelt field is an ``UnknownOptionError``."""
+    import dataclasses
+
+    from r3store.errors import LayerError, RangeError, UnknownOptionError
+
+    run = _Run("ranges", seed, cases, seconds)
+    rng = run.rng
+    root = Path(tempfile.mkdtemp(prefix="r3-ranges-"))
+    try:
+        spec = r3store.ModelSpec(num_layers=5, num_experts=32, top_k=2, moe_layers=(1, 2, 4))
+        full: dict[str, np.ndarray] = {}
+        with r3store.RouteWriter(root, spec, {"chunk_rows": 4}) as w:
+            for i, n in enumerate((1, 2, 5, 9, 17)):
+                routes = np.stack([np.stack([rng.permutation(32)[:2] for _ in range(3)]) for _ in range(n)])
+                w.append(f"s{i}", routes.astype(np.int32))
+                full[f"s{i}"] = routes.astype(np.int32)
+        store = r3store.open_store(root)
+        moe = list(spec.moe_layers)
+        values: list[Any] = [None, 0, 1, -1, 2, 3, 5, 8, 9, 16, 17, 18, -9, -10, -17, -18, 1 << 63, -(1 << 63),
+                             True, False, 1.0, "1", np.int64(2), np.int32(-1), np.uint8(3)]
+        for _ in run:
+            sid = f"s{int(rng.integers(0, 5))}"
+            n = len(full[sid])
+            kind = rng.random()
+            rows: Any = None
+            if kind < 0.85:
+                rows = slice(values[int(rng.integers(0, len(values)))], values[int(rng.integers(0, len(values)))],
+                             [None, None, None, 1, 2, 0, -1][int(rng.integers(0, 7))])
+            elif kind < 0.92:
+                rows = [(0, 1), range(1), 1, [0]][int(rng.integers(0, 4))]
+            layers: Any = None
+            if rng.random() < 0.6:
+                pick = [moe[int(rng.integers(0, 3))] for _ in range(int(rng.integers(0, 4)))]
+                if rng.random() < 0.3:
+                    pick.append([0, 3, 5, -1, -2, 1 << 40, True, np.int64(2), 2.0][int(rng.integers(0, 9))])
+                layers = pick if rng.random() < 0.8 else tuple(pick)
+            want_rows = _reference_rows(rows, n)
+            valid_layers = layers is None or all(
+                not isinstance(x, bool) and isinstance(x, int | np.integer) and int(x) in moe for x in layers)
+            doubtful = layers is not None and (len(layers) == 0 or len(set(map(int, layers))) < len(layers)
+                                               if valid_layers else False)
+            what = f"get({sid!r} of {n} rows, rows={rows!r}, layers={layers!r})"
+            wrong_type = (rows is not None and not isinstance(rows, slice)) or (layers is not None and any(
+                isinstance(x, bool) or not isinstance(x, int | np.integer) for x in layers))
+            try:
+                got = store.get(sid, layers, rows=rows)
+            except TypeError as exc:  # a value of the wrong type (documented by sample_layers; a builtin error)
+                run.check(wrong_type, lambda w=what, e=exc: f"{w}: TypeError ({e}) for values of the right types")
+                continue
+            except (RangeError, LayerError, OptionError) as exc:
+                run.check(want_rows is None or not valid_layers or doubtful,
+                          lambda w=what, e=exc: f"{w}: refused ({type(e).__name__}: {e}), the rules accept it")
+                continue
+            except Exception as exc:  # noqa: BLE001  # the oracle
+                run.check(False, lambda w=what, e=exc: f"{w}: {type(e).__name__} outside r3store.errors: {e}")
+                continue
+            if want_rows is None or not valid_layers:
+                run.check(False, lambda w=what, g=got: f"{w}: accepted ({g.shape}), the rules refuse it")
+                continue
+            idx = [moe.index(int(x)) for x in layers] if layers is not None else list(range(3))
+            expect = full[sid][want_rows[0] : want_rows[1]][:, idx]
+            run.check(got.shape == expect.shape and np.array_equal(got, expect),
+                      lambda w=what, g=got: f"{w}: {g.shape} differs from the rows written {expect.shape}")
+            if rng.random() < 0.2 and layers is not None and not doubtful:
+                many = store.get_many([sid, sid], layers)
+                run.check(all(np.array_equal(m, full[sid][:, idx]) for m in many),
+                          lambda w=what: f"get_many of {w} differs")
+        # read_rows past the array and with odd ints
+        row = store.row("s4")
+        for _ in range(200):
+            a, b = (values[int(rng.integers(0, len(values)))] for _ in range(2))
+            try:
+                got = store.read_rows(row["array"], a, b, [0, 1, 2])
+            except (OptionError, FormatError, RangeError):
+                continue
+            except Exception as exc:  # noqa: BLE001  # the oracle
+                run.check(False, lambda e=exc, a=a, b=b: f"read_rows({a!r}, {b!r}): {type(e).__name__}: {e}")
+                continue
+            run.check(isinstance(a, int | np.integer) and not isinstance(a, bool | np.bool_) and 0 <= int(a) <= int(b),
+                      lambda a=a, b=b: f"read_rows({a!r}, {b!r}) accepted")
+        # misspelt settings fields
+        for cls in (r3store.ReaderOptions, r3store.LayoutOptions, r3store.WriterConfig):
+            for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+                name = field.name
+                for typo in {name[:-1], name + "s", name.upper(), name.replace("_", ""), name.replace("_", "-"),
+                             name[1:], "_" + name} - {f.name for f in dataclasses.fields(cls)} - {""}:  # type: ignore[arg-type]
+                    for form in ("keyword", "dict"):
+                        try:
+                            cls(**{typo: 1}) if form == "keyword" else cls.from_dict({typo: 1})  # type: ignore[attr-defined]
+                        except UnknownOptionError:
+                            run.counts["misspelt fields refused"] = run.counts.get("misspelt fields refused", 0) + 1
+                            continue
+                        except Exception as exc:  # noqa: BLE001  # the oracle
+                            run.check(False, lambda c=cls, t=typo, f=form, e=exc: f"{c.__name__} {f} {t!r}: "
+                                                                                  f"{type(e).__name__}: {e}")
+                            continue
+                        run.check(False, lambda c=cls, t=typo, f=form: f"{c.__name__} {f} {t!r} accepted")
+            try:
+                r3store.open_store(root, reader={"use_checkpoints": False})
+            except UnknownOptionError:
+                pass
+            except Exception as exc:  # noqa: BLE001  # the oracle
+                run.check(False, lambda e=exc: f"open_store(reader={{'use_checkpoints': ...}}): {type(e).__name__}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return run.report()
 
 def _perturb(rng: np.random.Generator, values: list[int], lo: int, hi: int) -> np.ndarray:
     arr = np.array(values, np.int64)
@@ -788,8 +1204,8 @@ def _routes(rng: np.random.Generator, rows: int, layers: int, experts: int, top_
         np.argsort(keys, axis=-1).astype(np.int32)
 
 
-def _random_store(rng: np.random.Generator, root: Path, max_rows: int,
-                  set_share: float = 0.0) -> tuple[r3store.ModelSpec, dict[str, Any]]:
+def _random_store(rng: np.random.Generator, root: Path, max_rows: int, set_share: float = 0.0,
+                  missing_share: float = 0.3) -> tuple[r3store.ModelSpec, dict[str, Any]]:
     experts = int(rng.choice([2, 3, 8, 40, 64, 128, 257, 1024, 4096, 65536]))
     top_k = int(rng.integers(1, min(experts, 8) + 1))
     layers = int(rng.integers(1, 6))
@@ -804,7 +1220,7 @@ def _random_store(rng: np.random.Generator, root: Path, max_rows: int,
             rows = int(rng.integers(1, max_rows + 1)) if rng.random() < 0.8 else int(rng.integers(1, 4))
             routes = _routes(rng, rows, layers, experts, top_k)
             sid = f"s{i}"
-            if rows > 2 and rng.random() < 0.3:
+            if rows > 2 and rng.random() < missing_share:
                 a = int(rng.integers(0, rows - 1))
                 routes[a : int(rng.integers(a + 1, rows))] = -1  # rows the engine could not capture
                 w.append(sid, routes, allow_missing=True)
@@ -875,6 +1291,91 @@ def assemble(seed: int = 0, cases: int | None = None, seconds: float | None = No
         finally:
             shutil.rmtree(root, ignore_errors=True)
     return run.report()
+
+def assemble_paths(seed: int = 0, cases: int | None = None, seconds: float | None = None,
+                   max_rows: int = 300) -> Report:
+    """``assemble`` through its run planning in C (``route_runs``: THD and BSHD plans without
+    missing rows) against its general path (``route_index``, every row gathered), on random stores,
+    batches, layouts, CP/TP/SP ranks, frameworks, pad policies and fill values, dtypes, ``packed``,
+    layer subsets, options given as objects and as dicts in turn (the memoised checks): every key of
+    the two batches equal, pad rows included; an option one path refuses the other refuses alike."""
+    from r3store.batch import _assemble
+    from r3store.errors import LayoutOptionError
+
+    run = _Run("assemble_paths", seed, cases, seconds)
+    rng = run.rng
+    real = _assemble._plan_runs
+    planned = [0]
+
+    def counted(plan: Any) -> Any:
+        found = real(plan)
+        planned[0] += found is not None
+        return found
+    for _ in run:
+        root = Path(tempfile.mkdtemp(prefix="r3-fuzz-asm2-"))
+        try:
+            spec, samples = _random_store(rng, root, max_rows, set_share=0.3, missing_share=0.05)
+            store = r3store.open_store(root)
+            ids = [str(v) for v in rng.permutation(sorted(samples))[: int(rng.integers(1, len(samples) + 1))]]
+            cp, tp = int(rng.choice([1, 1, 2, 3, 4])), int(rng.choice([1, 1, 2, 4]))
+            opts: dict[str, Any] = {"layout": str(rng.choice(["thd", "thd", "bshd", "sbhd"])), "cp_size": cp,
+                                    "tp_size": tp, "cp_mode": str(rng.choice(["zigzag", "contiguous"])),
+                                    "sequence_parallel": bool(tp > 1 and rng.random() < 0.5),
+                                    "framework": FRAMEWORKS[int(rng.integers(0, len(FRAMEWORKS)))],
+                                    "dtype": str(rng.choice(["int32", "auto", "int16", "uint8"])),
+                                    "pad_policy": str(rng.choice(["spread", "fill", "fill"])),
+                                    "fill_value": int(rng.choice([-1, 0, 0, 1, spec.num_experts - 1, 65535])),
+                                    "packed": bool(rng.random() < 0.25)}
+            if rng.random() < 0.3:
+                opts["pad_multiple"] = int(rng.choice([1, 8, 64]))
+            layers = sorted(int(v) for v in rng.choice(spec.num_layers, int(rng.integers(1, spec.num_layers + 1)),
+                                                       replace=False)) if rng.random() < 0.5 else None
+            for cp_rank in range(cp):
+                for tp_rank in range(tp if opts["sequence_parallel"] else 1):
+                    rank = {**opts, "cp_rank": cp_rank, "tp_rank": tp_rank}
+                    try:
+                        given: Any = rank if rng.random() < 0.5 else r3store.LayoutOptions.from_dict(rank)
+                    except LayoutOptionError:
+                        given = rank  # refused by the constructor: assemble must refuse it too
+                    results = []
+                    for path in ("runs", "general"):
+                        _assemble._plan_runs = counted if path == "runs" else lambda plan: None
+                        try:
+                            results.append(store.assemble(ids, given, layers=layers))
+                        except (LayoutOptionError, OptionError) as exc:
+                            results.append(outcome_of(exc))
+                        except R3StoreError as exc:
+                            results.append(outcome_of(exc))
+                        finally:
+                            _assemble._plan_runs = real
+                    a, b = results
+                    what = f"{spec}, {ids}, {rank}, layers {layers}"
+                    if isinstance(a, str) or isinstance(b, str):
+                        run.check(a == b, lambda w=what, a=a, b=b: f"{w}: runs path {_said(a)}, general {_said(b)}")
+                        run.counts["refused alike"] = run.counts.get("refused alike", 0) + isinstance(a, str)
+                        continue
+                    bad = sorted(k for k in set(a) | set(b) if not _same_value(a.get(k), b.get(k)))
+                    run.check(not bad, lambda w=what, k=bad: f"{w}: {k} differ between the runs and the general path")
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    run.counts["batches through route_runs"] = planned[0]
+    return run.report()
+
+
+def _said(result: Any) -> str:
+    return result if isinstance(result, str) else "a batch"
+
+
+def outcome_of(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
+                and a.shape == b.shape and np.array_equal(a, b))
+    return bool(a == b)
+
 
 
 def _random_read(rng: np.random.Generator, routes: np.ndarray, layers: int) -> tuple[slice | None, list[int] | None]:
@@ -1310,7 +1811,9 @@ def ray_blocks(seed: int = 0, cases: int | None = None, seconds: float | None = 
 TARGETS: dict[str, Callable[..., Report]] = {
     "crc": crc, "unpack": unpack, "frames": frames, "frame_args": frame_args, "overread": overread, "reads": reads,
     "writer": writer, "writer_faults": writer_faults, "ray_blocks": ray_blocks, "set_frames": set_frames,
-    "layout": layout, "assemble": assemble}
+    "layout": layout, "assemble": assemble, "grouped": grouped,
+    "set_encode": set_encode, "direct_writes": direct_writes,
+    "ranges": ranges, "assemble_paths": assemble_paths}
 """Every target; ``ray_blocks`` needs a Ray cluster (``main`` starts a local one)."""
 
 

@@ -56,3 +56,27 @@ def test_the_oracle_sees_a_whole_forgery() -> None:
     truth = checkpoints.Truth(objects, {})
     with pytest.raises(Failure, match=r"differs|without an error"):
         checkpoints.check_uses(forged, truth, ["get", "row"] * 6, seed=0)
+
+
+def test_resealed_lies_on_a_version_3_checkpoint_are_refused_once_the_rows_are_read() -> None:
+    """Version 3 lookups trust the header's Bloom filters and recent commits (as ``len`` trusts its
+    counts): a lie may be served by a lookup, but every later call that reads the rows raises."""
+    report = checkpoints.reseal(seed=2, orders_per_case=1, stores=2)  # the golden store, then a v3 one
+    assert report["failures"] == [], report["failures"]
+    assert report["cases"] >= 100
+
+
+def test_version_3_lookups_mixed_with_whole_list_uses_equal_the_tables() -> None:
+    report = checkpoints.lookups(seed=1, stores=12, orders_per_store=3)
+    assert report["failures"] == [], report["failures"]
+    outcomes = report["outcomes"]
+    assert isinstance(outcomes, dict)
+    assert outcomes.get("none: ok", 0) >= 8  # undamaged stores: every answer equal, no warning
+    assert report["cases"] >= 25
+
+
+def test_changed_and_cut_bytes_of_a_v3_checkpoint_are_refused_or_harmless() -> None:
+    """The golden ``v3-ckpt3`` checkpoint (one Bloom filter per row group, ``last``), each call
+    order starting with another lookup or whole-list use."""
+    assert checkpoints.flips(stride=150, seed=1, golden=checkpoints.GOLDEN_CKPT3)["cases"] >= 30
+    assert checkpoints.truncations(stride=300, seed=1, golden=checkpoints.GOLDEN_CKPT3)["cases"] >= 20

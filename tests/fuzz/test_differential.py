@@ -25,7 +25,8 @@ from tests.fuzz import differential  # noqa: E402
 pytestmark = pytest.mark.skipif(kernels.native_module() is None, reason="differential targets need the C extension")
 
 CASES = {"crc": 400, "unpack": 400, "frames": 200, "frame_args": 2000, "overread": 300, "reads": 6, "writer": 4,
-         "set_frames": 150, "layout": 300, "assemble": 3}
+         "set_frames": 150, "layout": 300, "assemble": 3, "grouped": 300, "set_encode": 400,
+         "direct_writes": 60, "ranges": 400, "assemble_paths": 4}
 
 
 @pytest.mark.parametrize("target", sorted(CASES))
@@ -111,3 +112,80 @@ def test_the_set_frames_oracle_sees_a_wrong_decoder(monkeypatch: pytest.MonkeyPa
     report = differential.set_frames(seed=4, cases=20)
     assert report["failures"], report
     assert all("numpy" in f for f in report["failures"]), report
+
+
+
+@pytest.mark.parametrize("fault", ["before left out", "failed frame written"])
+def test_the_grouped_oracle_sees_a_wrong_write_around_a_failed_frame(
+        monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
+    """A decode_frames that leaves out the frames before a failed one, or writes something of the
+    failed frame (a group flushed past it), is caught."""
+    real = kernels.decode_frames
+
+    def wrong(blob: object, starts: np.ndarray, lengths: np.ndarray, bits: int, out: np.ndarray,
+              rows: np.ndarray, layers: np.ndarray, **kwargs: object) -> int:
+        rc = int(real(blob, starts, lengths, bits, out, rows, layers, **kwargs))
+        if rc >= 0 and fault == "before left out":
+            out[...] = 77
+        elif rc >= 0:
+            out[rows[rc], layers[rc]] = 0
+        return rc
+
+    monkeypatch.setattr(kernels, "decode_frames", wrong)
+    report = differential.grouped(seed=3, cases=40)
+    assert report["failures"], f"the oracle missed: {fault}"
+
+
+def test_the_set_encode_oracle_sees_a_wrong_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A set encoder whose AVX-512 path changed one byte of frames of 33 rows or more is caught."""
+    from r3store.codecs import SetCodec
+
+    real = SetCodec.encode
+    native = kernels.native_module()
+
+    def wrong(self: SetCodec, ids: object, *, tag: int = 0) -> bytes:
+        frame = real(self, ids, tag=tag)
+        on = native.setcodec_avx512(False)
+        native.setcodec_avx512(on)
+        if on and np.asarray(ids).size >= 33 * self.top_k:
+            frame = frame[:-1] + bytes([frame[-1] ^ 1])
+        return frame
+
+    if "avx512" not in differential.set_paths():
+        pytest.skip("no AVX-512 set encoder on this CPU")
+    monkeypatch.setattr(SetCodec, "encode", wrong)
+    report = differential.set_encode(seed=3, cases=200)
+    assert report["failures"]
+
+
+def test_the_ranges_oracle_sees_a_clipped_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader that clipped rows past a sample's end (numpy's slicing) instead of refusing is caught."""
+    from r3store.reader import _reader
+
+    def clipped(sample_id: str, rows: object, num_rows: int) -> tuple[int, int]:
+        if isinstance(rows, slice) and rows.step in (None, 1):
+            start, stop, _ = slice(rows.start if rows.start is not None else None, rows.stop).indices(num_rows)
+            return start, max(start, stop)
+        return 0, num_rows
+
+    monkeypatch.setattr(_reader, "sample_rows", clipped)
+    report = differential.ranges(seed=3, cases=200)
+    assert any("the rules refuse it" in f for f in report["failures"])
+
+
+def test_the_assemble_paths_oracle_sees_a_wrong_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run planning that put one run a position late is caught (its batch differs from the general path's)."""
+    from r3store.batch import _assemble
+
+    real = _assemble._plan_runs
+
+    def late(plan: object) -> object:
+        planned = real(plan)  # type: ignore[arg-type]
+        if planned is not None and len(planned[1]) and planned[1][0, 2] - planned[1][0, 1] > 1:
+            planned[1][0, 1] += 1
+            planned[1][0, 3] += 1
+        return planned
+
+    monkeypatch.setattr(_assemble, "_plan_runs", late)
+    report = differential.assemble_paths(seed=4, cases=6)
+    assert any("differ between the runs and the general path" in f for f in report["failures"])
