@@ -340,10 +340,12 @@ class RouteReader:
         Raises
         ------
         r3store.errors.SampleNotFoundError
-            (a KeyError) no such committed sample, or (with ``include_quarantined``) a
-            quarantined sample whose routes could not be stored (none were kept).
+            (a KeyError) no such committed sample, or a quarantined sample whose routes
+            could not be stored (none were kept), with or without ``include_quarantined``.
         r3store.errors.LayerError
             (an IndexError) a layer is not an MoE layer (names the sample and ``layers``).
+        TypeError
+            ``rows`` is not a slice, or a layer is not an int.
         r3store.errors.RangeError
             (an OptionError and an IndexError) ``rows`` reaches past either end of the
             sample, ends before it starts or has a step other than 1; names the sample,
