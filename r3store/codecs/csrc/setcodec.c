@@ -658,23 +658,9 @@ static void classify_rows(set_enc_t *e, const int64_t *stage, Py_ssize_t rows, P
         const int64_t *v = stage + r * k;
         u128 rank = 0;
         const int kind = row_digit(t, v, &rank);
-        if (kind == 2) {
-            e->except[e->n_except++] = (uint32_t)row;
-            for (int j = 0; j < k; j++) e->raw[e->n_raw++] = (int16_t)v[j];
-        } else {
-            if (kind == 1) rank = t->sets;
-            if (t->narrow) {
-                ((uint64_t *)e->digits)[e->n_digits++] = (uint64_t)rank;
-            } else {
-                ((u128 *)e->digits)[e->n_digits++] = rank;
-            }
-        }
         int64_t orv = 0;
         for (int j = 0; j < k; j++) orv |= v[j];
-        if (orv) { /* rows after the last non-zero one are not stored */
-            e->n_rows = row + 1;
-            e->digits_at_last = e->n_digits;
-        }
+        enc_row(e, v, kind, rank, orv, row, k);
     }
 }
 
