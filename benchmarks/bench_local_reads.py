@@ -96,18 +96,11 @@ def cpu_median(fn: Callable[[], object], repeats: int) -> float:
 
 
 def cpu_medians(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median CPU seconds of each of ``fns`` over ``repeats`` calls (after one untimed call
-    each), the calls interleaved (one of each per round), so that a path and its baseline see
-    the same machine: on a shared machine the load moves between blocks of calls."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.process_time()
-            fn()
-            times[name].append(time.process_time() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
+    """Median CPU seconds (user + system) of each of ``fns``, timed by :func:`interleaved_cpu`
+    (one call of each per round, so that a path and its baseline see the same machine: on a
+    shared machine the load moves between blocks of calls)."""
+    return {name: statistics.median(u + k for u, k in times)
+            for name, times in interleaved_cpu(fns, repeats).items()}
 
 
 def _cpu() -> tuple[float, float]:
