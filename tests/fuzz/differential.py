@@ -274,17 +274,24 @@ def _unpack_mode(mode: str) -> Iterator[None]:
             native.set_avx512(saved)
 
 
-def unpack_modes() -> list[str]:
+def _simd_paths(first: list[str], avx512_switch: str) -> list[str]:
+    """``first``, then "avx2" and "avx512" where this CPU runs them (the AVX-512 switch, a
+    native function such as ``set_avx512``, refuses with ValueError where it does not)."""
     native = _native()
-    modes = ["numpy", "scalar"]
+    paths = list(first)
     if native.cpu_features().get("avx2"):
-        modes.append("avx2")
+        paths.append("avx2")
+        switch = getattr(native, avx512_switch)
         try:
-            native.set_avx512(native.set_avx512(True))
-            modes.append("avx512")
+            switch(switch(True))
+            paths.append("avx512")
         except ValueError:
             pass
-    return modes
+    return paths
+
+
+def unpack_modes() -> list[str]:
+    return _simd_paths(["numpy", "scalar"], "set_avx512")
 
 
 def unpack(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
@@ -506,16 +513,7 @@ def _set_path(name: str) -> Iterator[None]:
 
 
 def set_paths() -> list[str]:
-    native = _native()
-    paths = ["portable"]
-    if native.cpu_features().get("avx2"):
-        paths.append("avx2")
-        try:
-            native.setcodec_avx512(native.setcodec_avx512(True))
-            paths.append("avx512")
-        except ValueError:
-            pass
-    return paths
+    return _simd_paths(["portable"], "setcodec_avx512")
 
 
 def set_encode(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
