@@ -78,16 +78,18 @@ def test_header_lists_each_group_and_what_an_open_needs(tmp_path: Path, monkeypa
     assert header.bloom.hits(table.column("sample_id").to_pylist()) == [f"s{i}" for i in range(10)]
 
 
+def _row_5_index_99(table: pa.Table) -> pa.Table:
+    """The table with row 5's ``index`` set to 99 (a change inside row group 1 of 4-row groups)."""
+    i = table.schema.get_field_index("index")
+    values = table.column(i).to_pylist()
+    values[5] = 99
+    return table.set_column(i, table.schema.field(i), pa.array(values, pa.int64()))
+
+
 def test_damaged_group_is_named_and_the_header_still_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = make_checkpoint(tmp_path, 10, monkeypatch)
 
-    def edit(table: pa.Table) -> pa.Table:
-        i = table.schema.get_field_index("index")
-        values = table.column(i).to_pylist()
-        values[5] = 99
-        return table.set_column(i, table.schema.field(i), pa.array(values, pa.int64()))
-
-    rewrite(path, rows=edit)
+    rewrite(path, rows=_row_5_index_99)
     assert header_of(path) is not None  # the header and root digest are intact
     with pytest.raises(ChecksumError, match=r"row group 1 \(rows 4 to 7\)"):
         read(path)
@@ -178,13 +180,7 @@ def test_v3_header_gives_each_groups_filter_and_the_last_row(tmp_path: Path, mon
 def test_v3_groups_read_alone_and_a_damaged_one_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = make_v3(tmp_path, 10, monkeypatch)
 
-    def edit(table: pa.Table) -> pa.Table:
-        i = table.schema.get_field_index("index")
-        values = table.column(i).to_pylist()
-        values[5] = 99
-        return table.set_column(i, table.schema.field(i), pa.array(values, pa.int64()))
-
-    rewrite(path, rows=edit)
+    rewrite(path, rows=_row_5_index_99)
     header = header_of(path)
     assert header is not None
     buf = path.read_bytes()
