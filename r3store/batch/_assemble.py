@@ -187,7 +187,9 @@ def assemble(
         (:meth:`r3store.RouteReader.policy_spans`), laid out like the routes.
     allocate : callable, optional
         ``allocate(shape, dtype)`` returns the writable, C-contiguous, uninitialised
-        array ``routes`` is built in (default ``numpy.empty``): e.g. shared memory, so a
+        array ``routes`` is built in (default: the reader's
+        :attr:`~r3store.RouteReader.buffer_pool`, memory of released outputs reused, see
+        ``ReaderOptions.output_pool_bytes``): e.g. shared memory, so a
         DataLoader worker hands the batch over without copying it (RouteDataset does).
         ``routes`` is then a view of it. Not used with ``options.packed`` (the packed
         bytes are a new array).
@@ -335,7 +337,7 @@ def _read_runs(reader: RouteReader, sample_ids: list[str], runs: np.ndarray, rep
     each run read in place (:meth:`RouteReader.get_runs`), then the pad rows written."""
     flat = replay_mask.reshape(-1)
     shape = (len(flat), len(positions), reader.spec.top_k)
-    out = np.empty(shape, dtype=dtype) if allocate is None else _allocated(allocate, shape, dtype)
+    out = reader.buffer_pool.empty(shape, dtype) if allocate is None else _allocated(allocate, shape, dtype)
     if len(runs):
         table = runs.tolist()
         reader.get_runs([(sample_ids[s], a, b) for s, a, b, _ in table], layers, out=out, at=[r[3] for r in table])
@@ -369,7 +371,7 @@ def _read_rank_rows(reader: RouteReader, sample_ids: list[str], offsets: np.ndar
         order = np.argsort(rows, kind="stable")
         rows, where = rows[order], where[order]
     shape = (len(flat), n_layers, top_k)
-    out = np.empty(shape, dtype=dtype) if allocate is None else _allocated(allocate, shape, dtype)
+    out = reader.buffer_pool.empty(shape, dtype) if allocate is None else _allocated(allocate, shape, dtype)
     if len(rows):
         starts_here = np.zeros(int(offsets[-1]) + 1, bool)  # a sample's first row: a run ends before it
         starts_here[offsets[:-1]] = True
@@ -385,7 +387,7 @@ def _read_rank_rows(reader: RouteReader, sample_ids: list[str], offsets: np.ndar
         if breaks is direct:
             reader.get_runs(runs, layers, out=out, at=where[firsts].tolist())
         else:
-            compact = np.empty((len(rows), n_layers, top_k), dtype=dtype)
+            compact = reader.buffer_pool.empty((len(rows), n_layers, top_k), dtype)
             reader.get_runs(runs, layers, out=compact)
             local = np.full(len(flat), -1, dtype=np.int64)
             local[where] = np.arange(len(rows))

@@ -17,7 +17,9 @@
   selects (the one code path behind every ``filter=``);
 * the chunk reader (``_chunks.py``): array documents checked against their commit,
   object indexes, ranged reads coalesced (:func:`merge_ranges`), frames decoded through
-  the codec registry and checked against their place (format v2), an LRU cache.
+  the codec registry and checked against their place (format v2), an LRU cache;
+* :class:`BufferPool` (``_pool.py``): the memory of released output arrays, reused for
+  later outputs (``ReaderOptions.output_pool_bytes``).
 
 It imports nothing above it: laying routes out for a trainer is :mod:`r3store.batch`.
 """
@@ -40,10 +42,12 @@ from r3store.reader._chunks import merge_ranges
 from r3store.reader._compact import CompactResult, compact
 from r3store.reader._filter import filter_samples
 from r3store.reader._options import ReaderOptions, ReaderOptionsDict
+from r3store.reader._pool import BufferPool
 from r3store.reader._ranges import describe_rows, sample_rows
 from r3store.reader._reader import RouteReader
 
 __all__ = [
+    "BufferPool",
     "CompactResult",
     "LoadedCheckpoint",
     "OnDuplicate",

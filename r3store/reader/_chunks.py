@@ -59,6 +59,7 @@ from r3store.errors import (
     StoreIdentityError,
     UnknownCodecError,
 )
+from r3store.reader._pool import BufferPool
 from r3store.storage import Backend, ByteRange, SuffixByteRange
 
 __all__ = ["ChunkReader", "merge_ranges"]
@@ -128,10 +129,14 @@ class ChunkReader:
         not named here are refused.
     cache_bytes : int
         Budget for decoded chunks kept in memory.
+    pool : BufferPool, optional
+        Where :meth:`read_rows` builds the arrays it returns (default: a pool of 0 bytes,
+        plain ``numpy.empty``).
     """
 
     def __init__(self, backend: Backend, manifest: Manifest, array_rows: Mapping[str, int], *,
-                 cache_bytes: int = 64 << 20) -> None:
+                 cache_bytes: int = 64 << 20, pool: BufferPool | None = None) -> None:
+        self.pool = BufferPool(0) if pool is None else pool
         self.backend = backend
         self.manifest = manifest
         self.spec: ModelSpec = manifest.spec
@@ -223,13 +228,13 @@ class ChunkReader:
             # result (a view): every chunk then decodes in place, none through a scratch and a copy
             cr = geometry.chunk_rows
             lead, tail = start % cr, -stop % cr
-            room = np.empty((lead + stop - start + tail, *shape[1:]), dtype=np.int32)
+            room = self.pool.empty((lead + stop - start + tail, *shape[1:]), np.int32)
             self._read(array, geometry, codec, [(start - lead, stop + tail, 0)], positions, room, remember=False)
             if self._chunks.maxsize and (lead or tail):  # the chunks this sample shares with its neighbours
                 self._remember_edges(array, geometry, positions, room, start - lead)
             return room[lead : lead + stop - start]
         if out is None:
-            out = np.empty(shape, dtype=np.int32)
+            out = self.pool.empty(shape, np.int32)
         elif out.shape != shape:
             raise OptionError("out", f"<array of shape {out.shape}>", f"must have shape {shape}")
         if stop <= start or not len(positions):

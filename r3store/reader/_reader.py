@@ -32,6 +32,7 @@ from r3store.reader._catalog import (
 )
 from r3store.reader._chunks import ChunkReader
 from r3store.reader._options import ReaderOptions, ReaderOptionsDict
+from r3store.reader._pool import BufferPool
 from r3store.reader._ranges import sample_layers, sample_rows, sample_span
 from r3store.storage import Backend, open_backend
 
@@ -98,7 +99,8 @@ class RouteReader:
         self._catalog = SampleCatalog(backend, manifest, on_duplicate=opts.on_duplicate,
                                       max_sample_rows=opts.max_sample_rows, preloaded=preloaded,
                                       commits=opts.commits, filter=opts.filter, use_checkpoint=opts.use_checkpoint)
-        self._chunks = ChunkReader(backend, manifest, self._catalog.array_rows, cache_bytes=opts.cache_bytes)
+        self._chunks = ChunkReader(backend, manifest, self._catalog.array_rows, cache_bytes=opts.cache_bytes,
+                                   pool=BufferPool(opts.output_pool_bytes))
 
     @classmethod
     def open(
@@ -567,9 +569,17 @@ class RouteReader:
         clone._chunks = self._chunks.fork(clone.backend, cache_bytes=cache_bytes)
         return clone
 
+    @property
+    def buffer_pool(self) -> BufferPool:
+        """Where the arrays this reader returns are built (``ReaderOptions.output_pool_bytes``;
+        shared by :meth:`fork`'s readers, empty in a pickled copy)."""
+        return self._chunks.pool
+
     def clear_cache(self) -> None:
-        """Drop decoded chunks and object indexes held in memory."""
+        """Drop decoded chunks, object indexes and pooled output memory held by the reader
+        (arrays already returned stay valid)."""
         self._chunks.clear()
+        self._chunks.pool.clear()
 
     def close(self) -> None:
         """Release caches and file maps; the reader reopens them on demand."""
