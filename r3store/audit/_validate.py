@@ -48,7 +48,7 @@ from r3store.audit._scan import (
     run_plan,
     select_samples,
 )
-from r3store.codecs.kernels import route_stats
+from r3store.codecs.kernels import route_stats, route_stats_pieces
 from r3store.errors import ChecksumError, FormatError, ObjectNotFoundError, UnknownCodecError
 from r3store.reader import RouteReader, checkpoint_keys, load_checkpoint, read_all_rows, table_keys
 
@@ -598,6 +598,8 @@ class _SampleScanner:
             counted = None
         else:
             counted = (np.ones((len(x), x.shape[1]), bool) if ok is None else ok) & in_sample[:, None]
+        if ok is None and self._feed_pieces(lo, hi, x, counted):  # the common case: per-sample sums
+            return
         # one pass in C: per (row, layer) the top id (ids are >= 0, so top == 0 means all zeros) and
         # whether an id repeats; the ids of the counted cells go to the histogram
         top, repeated = route_stats(x, self.res.hist, counted)
@@ -613,6 +615,47 @@ class _SampleScanner:
                 if i == self.next:
                     self.next += 1
             i += 1
+
+    def _feed_pieces(self, lo: int, hi: int, x: np.ndarray, counted: np.ndarray | None) -> bool:
+        """Rows ``[lo, hi)`` when every cell is readable and captured: one pass in C sums
+        each sample's piece per layer (top id, a repeat, cells not all zeros) and counts the
+        ids of the samples' rows in the histogram; only a piece with a repeated or out of
+        range id is looked at cell by cell (which rows). False, having done nothing, when the
+        samples' pieces overlap (then :meth:`feed` goes cell by cell)."""
+        touched: list[tuple[_Sample, int, int]] = []  # sample, first and stop row of its piece (block rows)
+        i = self.next
+        while i < len(self.samples) and self.samples[i].start < hi:
+            s = self.samples[i]
+            touched.append((s, max(lo, s.start) - lo, min(hi, s.stop) - lo))
+            i += 1
+        cuts = sorted({0, len(x), *(a for _, a, _ in touched), *(b for _, _, b in touched)})
+        where = {a: p for p, a in enumerate(cuts[:-1])}
+        if any(b > a and cuts[where[a] + 1] != b for _, a, b in touched):
+            return False
+        top, repeated, nonzero = route_stats_pieces(x, cuts, self.res.hist, counted)
+        num_experts = self.spec.num_experts
+        for s, a, b in touched:
+            if b > a:
+                p = where[a]
+                s.valid += b - a
+                s.nonzero += nonzero[p]
+                s.max_id = np.maximum(s.max_id, top[p])
+                if repeated[p].any() or (top[p] >= num_experts).any():  # which rows: cell by cell
+                    cell_top, cell_repeated = route_stats(x[a:b])
+                    self._faults(s, lo + a - s.start, cell_top, cell_repeated, num_experts)
+            if s.stop <= hi:
+                self._finish(s)
+        while self.next < len(self.samples) and self.samples[self.next].stop <= hi:
+            self.next += 1
+        return True
+
+    @staticmethod
+    def _faults(s: _Sample, row0: int, top: np.ndarray, repeated: np.ndarray, num_experts: int) -> None:
+        """The rows ``row0 + [0, len(top))`` of ``s`` whose cells repeat an id or hold one out of range."""
+        for pos in np.flatnonzero(repeated.any(axis=0)):
+            s.repeated.setdefault(int(pos), RowRuns()).add_mask(repeated[:, pos], row0)
+        for pos in np.flatnonzero(top.max(axis=0, initial=-1) >= num_experts):
+            s.out_of_range.setdefault(int(pos), RowRuns()).add_mask(top[:, pos] >= num_experts, row0)
 
     @staticmethod
     def _update(s: _Sample, row0: int, top: np.ndarray, repeated: np.ndarray, ok: np.ndarray | None,

@@ -28,6 +28,7 @@ __all__ = [
     "pack_bits_numpy",
     "repeated_ids",
     "route_stats_numpy",
+    "route_stats_pieces_numpy",
     "unpack_bits_numpy",
     "unpack_into_numpy",
 ]
@@ -318,6 +319,23 @@ def route_stats_numpy(routes: np.ndarray, hist: np.ndarray | None,
         cells = (np.arange(routes.shape[1], dtype=np.int64)[None, :, None] * nbins + wide)[keep]
         hist += np.bincount(cells, minlength=hist.size).reshape(hist.shape)
     return top, repeated
+
+
+def route_stats_pieces_numpy(routes: np.ndarray, cuts: np.ndarray, hist: np.ndarray | None,
+                             mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """numpy twin of :func:`r3store.codecs.kernels.route_stats_pieces`."""
+    cell_top, cell_repeated = route_stats_numpy(routes, hist, mask)
+    n, layers = len(cuts) - 1, routes.shape[1]
+    top = np.full((n, layers), -1, np.int64)
+    repeated = np.zeros((n, layers), np.bool_)
+    nonzero = np.zeros((n, layers), np.int64)
+    for p in range(n):
+        a, b = int(cuts[p]), int(cuts[p + 1])
+        if b > a:
+            top[p] = cell_top[a:b].max(axis=0)
+            repeated[p] = cell_repeated[a:b].any(axis=0)
+            nonzero[p] = np.count_nonzero(cell_top[a:b], axis=0)
+    return top, repeated, nonzero
 
 
 def b64decode_numpy(text: str | bytes | bytearray | memoryview) -> np.ndarray:

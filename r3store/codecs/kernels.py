@@ -58,6 +58,7 @@ from r3store.codecs._kernels_numpy import (
     pack_bits_numpy,
     repeated_ids,
     route_stats_numpy,
+    route_stats_pieces_numpy,
     unpack_into_numpy,
 )
 from r3store.errors import CodecError
@@ -90,6 +91,7 @@ __all__ = [
     "pack_bits",
     "repeated_ids",
     "route_stats",
+    "route_stats_pieces",
     "unpack_bits",
     "unpack_into",
     "use",
@@ -528,6 +530,17 @@ def route_stats(routes: np.ndarray, hist: np.ndarray | None = None,
     r3store.errors.CodecError
         ``routes`` is not a 3-D integer array, or ``hist``/``mask`` do not fit it.
     """
+    mask = _stats_args(routes, hist, mask)
+    cells = routes.shape[:2]
+    if _native is None or not routes.dtype.isnative:
+        return route_stats_numpy(routes, hist, mask)
+    top = np.empty(cells, np.int64)
+    repeated = np.empty(cells, np.bool_)
+    _native.route_stats(routes, top, repeated.view(np.uint8), hist, mask)
+    return top, repeated
+
+def _stats_args(routes: np.ndarray, hist: np.ndarray | None, mask: np.ndarray | None) -> np.ndarray | None:
+    """The checks of :func:`route_stats`'s arguments; ``mask`` made C-contiguous."""
     if not isinstance(routes, np.ndarray) or routes.ndim != 3 or routes.dtype.kind not in "iu":
         raise CodecError(_KERNELS, "routes must be a 3-D integer ndarray (rows, layers, top_k)")
     cells = routes.shape[:2]
@@ -540,12 +553,53 @@ def route_stats(routes: np.ndarray, hist: np.ndarray | None = None,
         if not isinstance(mask, np.ndarray) or mask.shape != cells or mask.dtype != np.bool_:
             raise CodecError(_KERNELS, f"mask must be a bool array of shape {cells}")
         mask = np.ascontiguousarray(mask)
+    return mask
+
+
+def route_stats_pieces(routes: np.ndarray, cuts: Sequence[int] | np.ndarray, hist: np.ndarray | None = None,
+                       mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`route_stats` summed over pieces of rows, without a per-cell result.
+
+    ``validate`` checks a row block holding several samples: per sample and layer it needs
+    only the largest id, whether a cell repeats an id and how many cells are not all zeros
+    (the per-cell results are read again only for a sample with a fault). The per-cell
+    results of a tile of rows stay in a cache-sized scratch.
+
+    Parameters
+    ----------
+    routes : ndarray of integer dtype, shape (rows, layers, top_k), any memory layout
+    cuts : sequence of int, non-decreasing, from 0 to rows
+        Piece ``p`` is rows ``[cuts[p], cuts[p + 1])``.
+    hist, mask
+        As in :func:`route_stats` (every cell of every piece is counted where ``mask`` keeps it).
+
+    Returns
+    -------
+    top : ndarray of int64, shape (pieces, layers)
+        The largest id of the piece's cells per layer (-1 for a piece without rows).
+    repeated : ndarray of bool, shape (pieces, layers)
+        Whether one of the piece's cells in the layer holds an id twice.
+    nonzero : ndarray of int64, shape (pieces, layers)
+        How many of the piece's cells in the layer hold an id other than 0.
+
+    Raises
+    ------
+    r3store.errors.CodecError
+        ``routes`` is not a 3-D integer array, ``hist``/``mask`` do not fit it, or ``cuts``
+        does not rise from 0 to the rows.
+    """
+    mask = _stats_args(routes, hist, mask)
+    cut = np.ascontiguousarray(cuts, dtype=np.int64)
+    if cut.ndim != 1 or not len(cut) or cut[0] != 0 or cut[-1] != len(routes) or (np.diff(cut) < 0).any():
+        raise CodecError(_KERNELS, f"cuts must rise from 0 to the {len(routes)} rows, got {cut.tolist()[:8]}")
     if _native is None or not routes.dtype.isnative:
-        return route_stats_numpy(routes, hist, mask)
-    top = np.empty(cells, np.int64)
-    repeated = np.empty(cells, np.bool_)
-    _native.route_stats(routes, top, repeated.view(np.uint8), hist, mask)
-    return top, repeated
+        return route_stats_pieces_numpy(routes, cut, hist, mask)
+    n = len(cut) - 1
+    top = np.empty((n, routes.shape[1]), np.int64)
+    repeated = np.empty((n, routes.shape[1]), np.bool_)
+    nonzero = np.empty((n, routes.shape[1]), np.int64)
+    _native.route_stats_pieces(routes, cut, top, repeated.view(np.uint8), nonzero, hist, mask)
+    return top, repeated, nonzero
 
 
 def decode_frames(blob: npt.ArrayLike | bytes | memoryview, starts: np.ndarray, lengths: np.ndarray, bits: int,

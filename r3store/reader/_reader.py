@@ -576,14 +576,15 @@ class RouteReader:
         return self._chunks.pool
 
     def clear_cache(self) -> None:
-        """Drop decoded chunks, object indexes and pooled output memory held by the reader
-        (arrays already returned stay valid)."""
+        """Drop decoded chunks and object indexes held in memory (the output memory of
+        :attr:`buffer_pool` stays: :meth:`close` releases it)."""
         self._chunks.clear()
-        self._chunks.pool.clear()
 
     def close(self) -> None:
-        """Release caches and file maps; the reader reopens them on demand."""
+        """Release caches, pooled output memory and file maps; the reader reopens them on
+        demand (arrays already returned stay valid)."""
         self.clear_cache()
+        self._chunks.pool.clear()
         self.backend.close()
 
     def __enter__(self) -> Self:

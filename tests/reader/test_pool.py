@@ -226,5 +226,7 @@ def test_output_pool_bytes_is_validated_and_shared_by_forks(stored: tuple[Path, 
     assert copy.buffer_pool is not store.buffer_pool
     assert copy.buffer_pool.max_bytes == 32 << 20
     store.get("s0")
-    store.clear_cache()
+    store.clear_cache()  # decoded chunks only
+    assert store.buffer_pool.nbytes == 4 << 20
+    store.close()
     assert store.buffer_pool.nbytes == 0

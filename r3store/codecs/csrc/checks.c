@@ -486,3 +486,188 @@ PyObject *py_route_stats(PyObject *self, PyObject *args) {
     }
     Py_RETURN_NONE;
 }
+
+
+/* ---------------------------------------------------------------------------------
+ * route_stats summed over pieces of rows (validate: one piece per sample a row block
+ * holds): the per-cell results of a tile of rows stay in a cache-sized scratch, so the
+ * common case (nothing wrong) writes no per-cell array at all
+ * --------------------------------------------------------------------------------- */
+
+#define STATS_TILE 1024
+
+/* Per layer over rows cells: top[l] = max, nonzero[l] += cells whose top is not 0, rep[l] |= repeats
+   (the tile's per-cell results are in L2; the loop over layers vectorises). */
+static void stats_sum_plain(const int64_t *restrict tt, const uint8_t *restrict tr, Py_ssize_t rows, Py_ssize_t L,
+                            int64_t *restrict top, int64_t *restrict nonzero, uint8_t *restrict rep) {
+    for (Py_ssize_t r = 0; r < rows; r++, tt += L, tr += L) {
+        for (Py_ssize_t l = 0; l < L; l++) {
+            top[l] = tt[l] > top[l] ? tt[l] : top[l];
+            nonzero[l] += tt[l] != 0;
+            rep[l] |= tr[l];
+        }
+    }
+}
+
+#ifdef R3_X86
+R3_TARGET_AVX2 static void stats_sum_avx2(const int64_t *restrict tt, const uint8_t *restrict tr, Py_ssize_t rows,
+                                          Py_ssize_t L, int64_t *restrict top, int64_t *restrict nonzero,
+                                          uint8_t *restrict rep) {
+    for (Py_ssize_t r = 0; r < rows; r++, tt += L, tr += L) {
+        for (Py_ssize_t l = 0; l < L; l++) {
+            top[l] = tt[l] > top[l] ? tt[l] : top[l];
+            nonzero[l] += tt[l] != 0;
+            rep[l] |= tr[l];
+        }
+    }
+}
+#endif
+
+static void stats_sum_rows(const int64_t *tt, const uint8_t *tr, Py_ssize_t rows, Py_ssize_t L, int64_t *top,
+                           int64_t *nonzero, uint8_t *rep) {
+#ifdef R3_X86
+    if (use_avx2) {
+        stats_sum_avx2(tt, tr, rows, L, top, nonzero, rep);
+        return;
+    }
+#endif
+    stats_sum_plain(tt, tr, rows, L, top, nonzero, rep);
+}
+
+R3_DOC(route_stats_pieces_doc, "route_stats_pieces(routes, cuts, top, repeated, nonzero, hist, mask) -> None\n\n"
+"route_stats summed over pieces of rows: piece p is rows [cuts[p], cuts[p + 1]) of routes\n"
+"(rows, layers, top_k), any integer type and strides. top[p, l]: the largest id of the piece's\n"
+"cells in layer l (-1 when the piece has no rows); repeated[p, l]: 1 when one of them holds an\n"
+"id twice; nonzero[p, l]: how many of them hold an id other than 0 (their largest id is not 0).\n"
+"cuts: C-contiguous int64, non-decreasing, from 0 to rows; top, nonzero: C-contiguous int64\n"
+"(pieces, layers); repeated: pieces * layers bytes. hist and mask as in route_stats.");
+
+PyObject *py_route_stats_pieces(PyObject *self, PyObject *args) {
+    PyObject *routes_obj, *cuts_obj, *top_obj, *rep_obj, *nz_obj, *hist_obj, *mask_obj;
+    Py_buffer routes, cuts, top, rep, nz, hist, mask;
+    int has_hist, has_mask, held = 0, ok = 1;
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &routes_obj, &cuts_obj, &top_obj, &rep_obj, &nz_obj, &hist_obj,
+                          &mask_obj)) {
+        return NULL;
+    }
+    if (get_int_buffer(routes_obj, &routes, 0, "routes") < 0) return NULL;
+    held = 1;
+    if (routes.ndim != 3) {
+        PyErr_SetString(PyExc_ValueError, "routes must have 3 dimensions");
+        ok = 0;
+    }
+    const Py_ssize_t R = ok ? routes.shape[0] : 0, L = ok ? routes.shape[1] : 0, K = ok ? routes.shape[2] : 0;
+    Py_ssize_t n = 0;
+    if (ok && PyObject_GetBuffer(cuts_obj, &cuts, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        ok = 0;
+    } else if (ok) {
+        held = 2;
+        if (buffer_type(&cuts) != T_I64 || cuts.len < 8) {
+            PyErr_SetString(PyExc_ValueError, "route_stats_pieces: cuts must be a C-contiguous int64 array of >= 1 value");
+            ok = 0;
+        } else {
+            const int64_t *c = (const int64_t *)cuts.buf;
+            n = cuts.len / 8 - 1;
+            if (c[0] != 0 || c[n] != R) ok = 0;
+            for (Py_ssize_t p = 0; ok && p < n; p++) ok = c[p] <= c[p + 1];
+            if (!ok) PyErr_SetString(PyExc_ValueError, "route_stats_pieces: cuts must rise from 0 to the rows");
+        }
+    }
+    if (ok && get_c_buffer(top_obj, &top, n * L * 8, 1, "top") < 0) ok = 0;
+    else if (ok) held = 3;
+    if (ok && get_c_buffer(rep_obj, &rep, n * L, 0, "repeated") < 0) ok = 0;
+    else if (ok) held = 4;
+    if (ok && get_c_buffer(nz_obj, &nz, n * L * 8, 1, "nonzero") < 0) ok = 0;
+    else if (ok) held = 5;
+    has_hist = hist_obj != Py_None;
+    has_mask = mask_obj != Py_None;
+    if (ok && has_hist) {
+        if (get_c_buffer(hist_obj, &hist, -1, 1, "hist") < 0) {
+            ok = 0;
+        } else if (hist.ndim != 2 || hist.shape[0] != L) {
+            PyErr_SetString(PyExc_ValueError, "route_stats_pieces: hist must have shape (layers, nbins)");
+            PyBuffer_Release(&hist);
+            ok = 0;
+        }
+    }
+    if (ok && has_mask) {
+        if (PyObject_GetBuffer(mask_obj, &mask, PyBUF_SIMPLE) < 0) {
+            ok = 0;
+        } else if (mask.len != R * L) {
+            PyErr_SetString(PyExc_ValueError, "route_stats_pieces: mask must hold one byte per (row, layer)");
+            PyBuffer_Release(&mask);
+            ok = 0;
+        }
+        if (!ok && has_hist) PyBuffer_Release(&hist);
+    }
+    const Py_ssize_t tile = STATS_TILE;
+    int64_t *ttop = NULL, *scratch = NULL;
+    uint8_t *trep = NULL;
+    if (ok) {
+        ttop = (int64_t *)malloc((size_t)(tile * (L ? L : 1)) * sizeof(int64_t));
+        trep = (uint8_t *)malloc((size_t)(tile * (L ? L : 1)));
+        scratch = (int64_t *)malloc((size_t)(K ? K : 1) * sizeof(int64_t));
+        if (!ttop || !trep || !scratch) {
+            PyErr_NoMemory();
+            if (has_mask) PyBuffer_Release(&mask);
+            if (has_hist) PyBuffer_Release(&hist);
+            ok = 0;
+        }
+    }
+    if (ok) {
+        Py_ssize_t strides[3];
+        for (int i = 0; i < 3; i++) strides[i] = routes.strides ? routes.strides[i] : 0;
+        if (!routes.strides) {
+            strides[2] = routes.itemsize;
+            strides[1] = strides[2] * K;
+            strides[0] = strides[1] * L;
+        }
+        const int type = buffer_type(&routes);
+        const int64_t *c = (const int64_t *)cuts.buf;
+        int64_t *ptop = (int64_t *)top.buf, *pnz = (int64_t *)nz.buf;
+        uint8_t *prep = (uint8_t *)rep.buf;
+        int64_t *h = has_hist ? (int64_t *)hist.buf : NULL;
+        const Py_ssize_t nbins = has_hist ? hist.shape[1] : 0;
+        const uint8_t *m = has_mask ? (const uint8_t *)mask.buf : NULL;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t p = 0; p < n; p++) {
+            int64_t *at = ptop + p * L, *an = pnz + p * L;
+            uint8_t *ar = prep + p * L;
+            for (Py_ssize_t l = 0; l < L; l++) {
+                at[l] = -1;
+                an[l] = 0;
+                ar[l] = 0;
+            }
+            for (Py_ssize_t r0 = c[p]; r0 < c[p + 1]; r0 += tile) {
+                const Py_ssize_t rows = c[p + 1] - r0 < tile ? c[p + 1] - r0 : tile;
+                const char *b = (const char *)routes.buf + r0 * strides[0];
+                const uint8_t *mt = m ? m + r0 * L : NULL;
+                int done = 0;
+#ifdef R3_X86
+                if (use_avx2 && (type == T_I32 || type == T_U32) && K == 8 && strides[2] == 4 && strides[1] == 32) {
+                    stats_i32_k8_avx2(b, rows, L, strides[0], type == T_I32, ttop, trep, h, nbins, mt);
+                    done = 1;
+                }
+#endif
+                if (!done) {
+                    const Py_ssize_t shape[3] = {rows, L, K};
+                    stats_table[type](b, shape, strides, ttop, trep, h, nbins, mt, scratch);
+                }
+                stats_sum_rows(ttop, trep, rows, L, at, an, ar);
+            }
+        }
+        Py_END_ALLOW_THREADS
+        if (has_mask) PyBuffer_Release(&mask);
+        if (has_hist) PyBuffer_Release(&hist);
+    }
+    free(ttop);
+    free(trep);
+    free(scratch);
+    if (held >= 5) PyBuffer_Release(&nz);
+    if (held >= 4) PyBuffer_Release(&rep);
+    if (held >= 3) PyBuffer_Release(&top);
+    if (held >= 2) PyBuffer_Release(&cuts);
+    PyBuffer_Release(&routes);
+    if (!ok) return NULL;
+    Py_RETURN_NONE;
+}

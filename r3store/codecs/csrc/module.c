@@ -87,6 +87,7 @@ static PyMethodDef methods[] = {
     {"check_frame", py_check_frame, METH_VARARGS, check_frame_doc},
     {"check_routes", py_check_routes, METH_VARARGS, check_routes_doc},
     {"route_stats", py_route_stats, METH_VARARGS, route_stats_doc},
+    {"route_stats_pieces", py_route_stats_pieces, METH_VARARGS, route_stats_pieces_doc},
     {"gather_rows", py_gather_rows, METH_VARARGS, gather_rows_doc},
     {"route_runs", py_route_runs, METH_VARARGS, route_runs_doc},
     {"decode_frames", py_decode_frames, METH_VARARGS, decode_frames_doc},
