@@ -156,14 +156,14 @@ def writer_rows(routes: np.ndarray, spec: r3store.ModelSpec, folder: Path, repea
     """The writer (``append`` + ``flush``: one commit to an open store) against ``np.save`` of
     the same int32, interleaved call by call: the writer as it is (storage objects written
     with ``O_DIRECT``), the writer with every write through the page cache
-    (``LocalBackend.direct_write_bytes = None``: the writer before this change), ``np.save``
+    (``WriterConfig.direct_write_bytes=None``: the writer before this change), ``np.save``
     overwriting one file (issue 21's baseline) and ``np.save`` into a new file each call (a
     commit always writes new files). Every commit is fsynced as the store does it."""
     counter = iter(range(1 << 30))
     fresh = iter(range(1 << 30))
     with r3store.RouteWriter(folder / "written", spec, config={"writer_id": "w"}) as direct, \
-            r3store.RouteWriter(folder / "buffered", spec, config={"writer_id": "b"}) as buffered:
-        cast(LocalBackend, buffered.backend).direct_write_bytes = None
+            r3store.RouteWriter(folder / "buffered", spec,
+                                config={"writer_id": "b", "direct_write_bytes": None}) as buffered:
 
         def commit(writer: r3store.RouteWriter) -> Callable[[], None]:
             def write() -> None:  # one sample appended and committed (its own commit)

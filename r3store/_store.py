@@ -48,6 +48,9 @@ class RouteStore(RouteReader):
         Parameters
         ----------
         sample_ids : sequence of str
+            In batch order (not a single str). A repeated id is allowed (oversampling): each
+            occurrence is laid out as its own sequence holding the sample's routes, as a
+            second sample with the same routes would be (see :func:`r3store.batch.assemble`).
         options : LayoutOptions or LayoutOptionsDict, optional
             The layout and the batch's form passed whole (see
             :class:`r3store.layout.LayoutOptions`): ``layout`` (THD packed with
@@ -95,17 +98,26 @@ class RouteStore(RouteReader):
 
         Raises
         ------
+        TypeError
+            A plain ``TypeError``: ``sample_ids`` is a single str or not iterable, or an id
+            is not a str; ``layers`` is not a sequence of ints; a keyword is neither a
+            parameter nor a deprecated layout field.
         r3store.errors.AlignmentError
             A sample's tokens do not match its routes (hash, or row count off by one).
         r3store.errors.LayoutOptionError
-            A layout option is invalid, or given both in ``options`` and as a keyword
-            with different values.
+            A layout option is invalid (a name that is no field:
+            :class:`~r3store.errors.UnknownLayoutOptionError`, also a ``TypeError``), given
+            both in ``options`` and as a keyword with different values, or a sample has more
+            tokens than ``max_seqlen``.
         r3store.errors.OptionError
-            ``return_tensors`` is not ``"np"`` or ``"pt"``; ``dtype`` cannot hold every
-            expert id; ``fill_value`` does not fit ``dtype``.
+            ``sample_ids`` is empty; ``return_tensors`` is not ``"np"`` or ``"pt"``; ``dtype``
+            cannot hold every expert id; ``fill_value`` does not fit ``dtype``.
         r3store.errors.SampleNotFoundError, r3store.errors.LayerError
-        TypeError
-            A keyword is neither a parameter nor a deprecated layout field.
+            An id is no committed sample; a layer is not an MoE layer or is asked for twice.
+        r3store.errors.ChecksumError, r3store.errors.FormatError, r3store.errors.StorageError
+            As :meth:`r3store.RouteReader.get`: a corrupted chunk, a malformed array, a failed read.
+        ImportError
+            ``return_tensors="pt"`` without torch.
         """
         parse_choice("return_tensors", return_tensors, ("np", "pt"))
         opts = resolve_config(LayoutOptions, "RouteStore.assemble", "options", options, deprecated)

@@ -170,18 +170,25 @@ def assemble(
     Parameters
     ----------
     reader : RouteReader
+        The store (a :class:`r3store.RouteStore` is one).
     sample_ids : sequence of str
-        The samples, in batch order.
+        The samples, in batch order (not a single str). An id may appear more than once:
+        oversampling is legitimate, so a repeat is neither refused nor merged; each
+        occurrence is laid out as a sequence of its own holding the sample's routes (and
+        ``tokens``, ``policy_version``, missing rows), exactly as a second sample committed
+        with the same routes would be, with its own ``cu_seqlens`` entry and ``sample_ids``
+        slot. Callers that must not train on a sample twice deduplicate before calling.
     options : LayoutOptions or LayoutOptionsDict, optional
         The layout and the batch's form, passed whole (default ``LayoutOptions()``): how
         the trainer lays out tokens (THD/BSHD/SBHD, CP, TP/SP), the pad rows
         (``pad_policy``, ``fill_value``), the routes' ``dtype`` and whether they are
         ``packed``; see below and :class:`r3store.layout.LayoutOptions`.
     layers : sequence of int, optional
-        Global decoder layers to keep (a pipeline stage's MoE layers).
+        Global decoder layers to keep (a pipeline stage's MoE layers), each at most once.
     tokens : sequence of int sequences, optional
-        Each sample's token ids: checked against the stored token hash and
-        ``len(tokens) - 1 == rows``, and laid out as ``batch["tokens"]``.
+        Each sample's token ids (one entry per entry of ``sample_ids``, repeats included):
+        checked against the stored token hash and ``len(tokens) - 1 == rows``, and laid out
+        as ``batch["tokens"]``.
     return_policy_version : bool
         Add ``policy_version``: per row, the policy (weight) version that produced it
         (:meth:`r3store.RouteReader.policy_spans`), laid out like the routes.
@@ -233,20 +240,33 @@ def assemble(
 
     Raises
     ------
+    TypeError
+        A plain ``TypeError``, before anything is read: ``sample_ids`` is a single str or
+        not iterable, or an id is not a str; ``layers`` is not a sequence or holds other
+        than ints; a keyword is neither a parameter nor a deprecated field.
     r3store.errors.AlignmentError
         ``tokens`` given and a sample's ``len(tokens) - 1`` differs from its route rows,
         its token hash differs from the stored one, or its ids are not integers; or
         ``tokens`` has another length than ``sample_ids`` (``sample_id`` None).
     r3store.errors.LayoutOptionError
-        An option, ``pad_policy`` or ``fill_value`` is invalid, or ``fill_value`` does
-        not fit ``dtype`` (an :class:`~r3store.errors.OptionError`).
+        ``options`` is neither a LayoutOptions, a dict of its fields nor None; an option,
+        ``pad_policy`` or ``fill_value`` is invalid, or ``fill_value`` does not fit
+        ``dtype`` (an :class:`~r3store.errors.OptionError`); a sample has more tokens than
+        ``max_seqlen`` (names it). A name that is no field raises its subclass
+        :class:`~r3store.errors.UnknownLayoutOptionError` (also a ``TypeError``).
     r3store.errors.OptionError
         ``sample_ids`` is empty; ``dtype`` is not one of the choices, or cannot hold every expert id; or
         ``allocate`` returned anything but a writable C-contiguous array of the shape
         and dtype asked for.
-    r3store.errors.SampleNotFoundError, r3store.errors.LayerError
-    TypeError
-        ``sample_ids`` is a single str, or a keyword is unknown.
+    r3store.errors.SampleNotFoundError
+        (a KeyError) an id is no committed sample (quarantined ones included).
+    r3store.errors.LayerError
+        (an IndexError) a layer is not an MoE layer of the spec, or is asked for twice.
+    r3store.errors.ChecksumError, r3store.errors.FormatError
+        A chunk fails its CRC-32C or position tag; a route array document, frame or object
+        index is malformed (as :meth:`r3store.RouteReader.get`).
+    r3store.errors.UnknownCodecError, r3store.errors.StorageError
+        An array's codec is not registered; reading an object failed.
     """
     if isinstance(sample_ids, str):
         raise TypeError(f"sample_ids must be a sequence of ids, got the str {sample_ids!r}; use [{sample_ids!r}]")

@@ -14,6 +14,7 @@ from r3store.cli._options import (
     handle_errors,
     parse_storage_options,
     plural,
+    print_header,
     storage_option_flag,
     warn_duplicates,
 )
@@ -34,8 +35,8 @@ __all__ = ["diff", "plot_diff", "render_diff", "require_shared"]
 
 def render_diff(result: dict[str, Any], console: Console) -> None:
     """Print a :func:`r3store.audit.diff` result as tables."""
-    table = Table(title=Text(f"r3store diff\n  A {result['store_a']}\n  B {result['store_b']}"), show_header=False,
-                  title_justify="left")
+    print_header(console, "r3store diff", result["store_a"], result["store_b"])
+    table = Table(show_header=False)
     table.add_column("figure", style="bold")
     table.add_column("value", justify="right")
     rows = [

@@ -16,6 +16,7 @@ from r3store.cli._options import (
     make_console,
     parse_storage_options,
     plural,
+    print_header,
     storage_option_flag,
 )
 
@@ -60,7 +61,8 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     quarantined = summary["quarantined"]
     moe = spec["moe_layers"]
     span = f"{moe[0]}..{moe[-1]}" if moe == list(range(moe[0], moe[-1] + 1)) else ", ".join(map(str, moe))
-    table = Table(title=Text(f"r3store {summary['url']}"), show_header=False, title_justify="left")
+    print_header(console, "r3store", summary["url"])
+    table = Table(show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value")
     rows = [

@@ -6,7 +6,7 @@ import io
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import wraps
 from typing import Any, NoReturn, TypeVar
 
@@ -18,9 +18,10 @@ from rich.text import Text
 from r3store.errors import R3StoreError
 
 __all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_OK", "BadValue", "MissingExtra", "SafeConsole", "colour_flag",
-           "echo_json", "error_line", "exit_on_error", "exit_on_usage", "handle_errors", "is_local_url",
-           "is_one_line_usage", "json_text", "make_console", "parse_storage_options", "plural", "printable",
-           "quiet_stdout", "storage_option_flag", "styled", "uses_colour", "warn_duplicates"]
+           "echo_json", "error_line", "exit_on_error", "exit_on_usage", "handle_errors", "header_lines",
+           "is_local_url", "is_one_line_usage", "json_text", "make_console", "parse_storage_options", "plural",
+           "print_header", "printable", "quiet_stdout", "storage_option_flag", "styled", "uses_colour",
+           "warn_duplicates"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -192,6 +193,62 @@ def uses_colour(console: Console) -> bool:
 def styled(*parts: str | tuple[str, str]) -> Text:
     """Text from plain strings and ``(text, style)`` pairs; no markup is read in either."""
     return Text.assemble(*parts)
+
+
+def header_lines(title: str, urls: Sequence[str], width: int) -> list[str]:
+    """The lines of a command's header naming the store(s) at ``urls``, readable at ``width`` columns.
+
+    One store: ``"<title> <url>"`` when it fits, else the title and then the URL on a line
+    of its own. Two stores (``diff``): the title, then ``"  A <url_a>"`` and ``"  B <url_b>"``;
+    when either line is wider than ``width`` and the URLs share leading folders, those
+    folders get a line of their own (``"  in <folders>/"``) and A and B name the rest. A URL
+    is never cut, folded or shortened with an ellipsis: a line still wider than ``width`` is
+    left whole for the terminal to wrap (it stays one line to copy).
+
+    Examples
+    --------
+    >>> header_lines("r3store stats", ["/data/run-7"], 80)
+    ['r3store stats /data/run-7']
+    >>> header_lines("r3store stats", ["/data/run-7"], 20)
+    ['r3store stats', '/data/run-7']
+    >>> header_lines("r3store diff", ["/data/runs/step-7/rollout", "/data/runs/step-7/trainer"], 80)
+    ['r3store diff', '  A /data/runs/step-7/rollout', '  B /data/runs/step-7/trainer']
+    >>> header_lines("r3store diff", ["/data/runs/step-7/rollout", "/data/runs/step-7/trainer"], 24)
+    ['r3store diff', '  in /data/runs/step-7/', '  A rollout', '  B trainer']
+    """
+    if len(urls) == 1:
+        line = f"{title} {urls[0]}"
+        return [line] if len(line) <= width else [title, urls[0]]
+    a, b = urls
+    lines = [f"  A {a}", f"  B {b}"]
+    if max(map(len, lines)) > width:
+        prefix = _shared_folders(a, b)
+        if prefix:
+            lines = [f"  in {prefix}", f"  A {a[len(prefix):]}", f"  B {b[len(prefix):]}"]
+    return [title, *lines]
+
+
+def _shared_folders(a: str, b: str) -> str:
+    """The leading folders ``a`` and ``b`` share, up to and including a ``/`` (``""``: none worth a line
+    of its own: nothing, the root or a bare ``s3://``), leaving each a name.
+
+    Examples
+    --------
+    >>> _shared_folders("s3://b/run/x", "s3://b/run/y"), _shared_folders("s3://b1/x", "s3://b2/x")
+    ('s3://b/run/', '')
+    """
+    parts_a, parts_b = a.split("/"), b.split("/")
+    shared = 0
+    while shared < min(len(parts_a), len(parts_b)) - 1 and parts_a[shared] == parts_b[shared]:
+        shared += 1
+    prefix = "/".join(parts_a[:shared]) + "/" if shared else ""
+    return "" if prefix == "/" or prefix.endswith("://") else prefix
+
+
+def print_header(console: Console, title: str, *urls: str) -> None:
+    """Print :func:`header_lines` at ``console``'s width, each line whole (never folded by rich)."""
+    for line in header_lines(title, urls, console.width):
+        console.print(Text(line), soft_wrap=True)
 
 
 def error_line(exc: BaseException) -> str:

@@ -14,15 +14,27 @@ from rich.console import Console
 
 from r3store.cli._options import EXIT_ERROR, BadValue, MissingExtra, make_console
 
-__all__ = ["PLOT_FORMATS", "RAY_CONNECT_TIMEOUT_S", "MissingExtra", "NothingSelected", "echo_json", "on_ray",
-           "parse_size", "plot_canvas", "plot_format", "plot_options", "probe", "progress_bar", "ray_endpoint",
-           "ray_missing_text", "require_selection", "save_plot", "scan_options"]
+__all__ = ["PLOT_FORMATS", "RAY_CONNECT_TIMEOUT_S", "RAY_VERBOSE_META", "MissingExtra", "NothingSelected",
+           "echo_json", "on_ray", "parse_size", "plot_canvas", "plot_format", "plot_options", "probe",
+           "progress_bar", "ray_endpoint", "ray_missing_text", "require_selection", "save_plot", "scan_options"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+RAY_VERBOSE_META = "r3store.ray_verbose"
+"""``ctx.meta`` key: ``-v``/``--verbose`` was given (Ray started with its own log lines)."""
+
+
+def _set_ray_verbose(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.meta[RAY_VERBOSE_META] = True
+
+
 def scan_options(func: F) -> F:
-    """Add ``--sample-filter``, ``--limit``, ``--workers`` and ``--ray [ADDRESS]``."""
+    """Add ``--sample-filter``, ``--limit``, ``--workers``, ``--ray [ADDRESS]`` and ``-v``."""
+    func = click.option("-v", "--verbose", is_flag=True, expose_value=False, callback=_set_ray_verbose,
+                        help="With --ray: show Ray's own log lines (INFO and up) and its workers' output on "
+                             "stderr (without it Ray starts quietly: errors only).")(func)
     func = click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None, metavar="[ADDRESS]",
                         help="Run the scan as Ray tasks over groups of commits, on the cluster at ADDRESS "
                              "('auto', 'host:6379', 'ray://host:10001'; without one: RAY_ADDRESS, else the cluster "
@@ -90,7 +102,9 @@ def progress_bar(description: str, enabled: bool, unit: str = "rows") -> Iterato
 
 def on_ray(address: str, description: str, enabled: bool, scan: Callable[[Any, Any], Any]) -> Any:
     """Connect to the Ray cluster at ``address`` (see ``--ray``), then ``scan(r3store.ray, progress)``
-    with a progress bar over its tasks.
+    with a progress bar over its tasks. Ray starts quietly (:func:`r3store.ray.connect`: errors
+    only, no worker output), so the command's output holds none of Ray's own lines, unless
+    ``-v`` was given.
 
     Before ``ray.init`` (whose own retries wait for minutes on an address where no cluster
     runs), the cluster's first endpoint (:func:`ray_endpoint`) must accept a TCP connection
@@ -115,7 +129,8 @@ def on_ray(address: str, description: str, enabled: bool, scan: Callable[[Any, A
             endpoint = ray_endpoint(address)
             if endpoint is not None:
                 probe(endpoint, RAY_CONNECT_TIMEOUT_S)
-        on_cluster.connect(address)
+        ctx = click.get_current_context(silent=True)
+        on_cluster.connect(address, verbose=bool(ctx is not None and ctx.meta.get(RAY_VERBOSE_META)))
     except (ConnectionError, ValueError) as exc:  # what ray.init raises for a bad or unreachable address
         raise BadValue("--ray", shown, f"cannot connect to Ray: {exc}") from exc
     with progress_bar(description, enabled=enabled, unit="tasks") as progress:

@@ -14,6 +14,7 @@ from r3store.cli._options import (
     handle_errors,
     parse_storage_options,
     plural,
+    print_header,
     storage_option_flag,
     warn_duplicates,
 )
@@ -37,7 +38,8 @@ def render_stats(result: dict[str, Any], console: Console) -> None:
     spec = result["spec"]
     most = f"; entropy at most {result['layers'][0]['max_entropy_bits']:.3f} bits" if result["layers"] else ""
     # load: tokens routed to an expert; ids out of range: ids >= num_experts
-    console.print(Text(f"r3store stats {result['url']}: {plural(result['samples'], 'sample')}, "
+    print_header(console, "r3store stats", result["url"])
+    console.print(Text(f"{plural(result['samples'], 'sample')}, "
                        f"{plural(result['rows'], 'routed token')}, {spec['num_experts']} experts, "
                        f"top-{spec['top_k']}{most}"))
     table = Table()

@@ -17,6 +17,7 @@ from r3store.cli._options import (
     handle_errors,
     make_console,
     parse_storage_options,
+    print_header,
     storage_option_flag,
     styled,
 )
@@ -39,13 +40,14 @@ def render_report(report: ValidationReport, console: Console, *, strict: bool = 
     """Print a :class:`r3store.audit.ValidationReport` as a table (or, on a console narrower
     than :data:`WIDE_TABLE`, one finding per paragraph) and a summary line, which agrees with
     the exit status (``strict``: quarantined samples count as faults, ``--strict``)."""
+    if report.findings:
+        print_header(console, "r3store validate", report.url)
     if report.findings and console.width < WIDE_TABLE:
-        console.print(Text(f"r3store validate {report.url}"))
         for f in report.findings:
             severity, rest = str(f).split(" ", 1)
             console.print(styled((severity, _STYLE[f.severity]), " ", rest))
     elif report.findings:
-        table = Table(title=Text(f"r3store validate {report.url}"), title_justify="left")
+        table = Table()
         for name, wrap in (("severity", False), ("kind", False), ("sample", True), ("layer", False),
                            ("rows", True), ("commit / chunk", True), ("detail", True)):
             table.add_column(name, overflow="fold", no_wrap=not wrap)

@@ -89,8 +89,9 @@ class RouteDataset(IterableDataset[dict[str, Any]]):
     global batch ``j`` goes to data-parallel rank ``j % dp_size``; within a rank,
     DataLoader worker ``w`` of ``W``
     builds the rank's batches ``w, w + W, ...``, which the DataLoader yields in order. So
-    every sample is yielded exactly once per epoch across ranks and workers, and the
-    sequence a rank sees does not depend on the number of workers.
+    every sample is yielded exactly once per epoch across ranks and workers (no batch holds
+    an id twice; to oversample, pass repeated ids to :meth:`r3store.RouteStore.assemble`), and
+    the sequence a rank sees does not depend on the number of workers.
 
     Parameters
     ----------

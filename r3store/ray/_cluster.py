@@ -15,7 +15,7 @@ from r3store.errors import R3StoreError
 __all__ = ["connect", "object_store_bytes", "r3store_errors"]
 
 
-def connect(address: str | None = None) -> None:
+def connect(address: str | None = None, *, verbose: bool = False) -> None:
     """Connect this process to a Ray cluster, unless it already is.
 
     Parameters
@@ -25,16 +25,26 @@ def connect(address: str | None = None) -> None:
         None or ``""``: ``ray.init()``'s own choice (``RAY_ADDRESS``, else the cluster
         last started by ``ray start`` on this machine, else a new local cluster with
         one worker per CPU).
+    verbose : bool
+        False (default): Ray starts quietly: its Python loggers print errors only
+        (``logging_level=logging.ERROR``: no "Started a local Ray instance" or "Connecting
+        to existing Ray cluster" INFO lines, no start-up warnings such as the token
+        authentication notice), worker output is not forwarded to this process
+        (``log_to_driver=False``) and no dashboard is started, so a command's output (its
+        ``--json`` included) holds nothing of Ray's. True: Ray's INFO lines and the
+        workers' output on stderr (``r3store validate --ray -v``). Ray's own log files
+        (the ``logs`` folder of its session) are written either way.
 
     Notes
     -----
     A process already connected (``ray.is_initialized()``) keeps its connection and
-    ``address`` is not looked at. Worker output is not forwarded to this process
-    (``log_to_driver=False``), so ``--json`` output stays clean.
+    neither argument is looked at. Messages of Ray's C++ core (a failed connection's
+    retries) are not Python logging and still reach stderr.
     """
     if ray.is_initialized():
         return
-    ray.init(address=address or None, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    ray.init(address=address or None, include_dashboard=False, log_to_driver=verbose,
+             logging_level=logging.INFO if verbose else logging.ERROR)
 
 
 @contextlib.contextmanager

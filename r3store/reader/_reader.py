@@ -317,8 +317,9 @@ class RouteReader:
         ----------
         sample_id : str
         layers : sequence of int, optional
-            Global decoder-layer indices (MoE layers only), in the order wanted, e.g. one
-            pipeline stage's layers. Only the chunks of these layers are read and decoded.
+            Global decoder-layer indices (MoE layers only, each at most once), in the order
+            wanted, e.g. one pipeline stage's layers. Only the chunks of these layers are read
+            and decoded.
         rows : slice, optional
             Row range (step 1) within the sample; a negative index counts from the sample's
             end. A range reaching past the sample is refused, never clipped
@@ -333,31 +334,44 @@ class RouteReader:
         -------
         ndarray of int32, shape (num_tokens - 1, len(layers), top_k)
             Row ``t``: expert ids chosen for input position ``t``; layers default to all
-            MoE layers in ``spec.moe_layers`` order. Rows the engine could not capture
-            (:meth:`missing_rows`) hold -1 in every slot. Without ``out``, a C-contiguous
-            view of a buffer with room for the rest of the sample's first and last row
-            chunks (so every chunk decodes in place; at most ``2 * chunk_rows - 2`` rows
-            more).
+            MoE layers in ``spec.moe_layers`` order; ``rows`` keeps its rows only. Rows the
+            engine could not capture (:meth:`missing_rows`) hold -1 in every slot. Without
+            ``out``, a new C-contiguous view of a buffer with room for the rest of the
+            sample's first and last row chunks (so every chunk decodes in place; at most
+            ``2 * chunk_rows - 2`` rows more): two calls never share memory. With ``out``:
+            ``out`` itself, in its dtype.
 
         Raises
         ------
+        TypeError
+            A plain ``TypeError`` (no r3store error, raised before anything is read):
+            ``sample_id`` is not a str; ``rows`` is not a slice (an int, a tuple, a str:
+            the message shows the slice to use); ``layers`` is not a sequence (an int, a
+            str) or holds other than ints (bools and floats included).
         r3store.errors.SampleNotFoundError
             (a KeyError) no such committed sample, or a quarantined sample whose routes
             could not be stored (none were kept), with or without ``include_quarantined``.
         r3store.errors.LayerError
-            (an IndexError) a layer is not an MoE layer (names the sample and ``layers``).
-        TypeError
-            ``rows`` is not a slice, or a layer is not an int.
+            (an IndexError) a layer is not an MoE layer of the spec, or is asked for twice
+            (names the sample and ``layers``).
         r3store.errors.RangeError
             (an OptionError and an IndexError) ``rows`` reaches past either end of the
-            sample, ends before it starts or has a step other than 1; names the sample,
-            ``rows`` and the sample's rows.
-        r3store.errors.ChecksumError
-            A chunk fails its CRC-32C; names the array and chunk.
+            sample, ends before it starts, has a step other than 1, or a bound that is not
+            an int; names the sample, ``rows`` and the sample's rows.
         r3store.errors.OptionError
-            ``out`` has the wrong shape, is read-only,
-            or its dtype is not a signed integer holding every expert id.
+            ``out`` is not a numpy array, has the wrong shape, is read-only, or its dtype
+            is not a signed integer holding -1 and every expert id.
+        r3store.errors.ChecksumError
+            (a FormatError) a chunk fails its CRC-32C or its position tag; names the array
+            and chunk.
+        r3store.errors.FormatError
+            The sample's route array document is malformed or disagrees with its sample
+            table or the manifest, or a frame or object index is malformed.
+        r3store.errors.UnknownCodecError
+            The array's codec is not registered (the message says how to install it).
         r3store.errors.StorageError
+            Reading an object failed (its subclass ``ObjectNotFoundError``: an object of a
+            committed sample is gone).
         """
         catalog = self._catalog
         try:
@@ -486,7 +500,34 @@ class RouteReader:
         self._chunks.prefetch(wanted)
 
     def get_many(self, sample_ids: Sequence[str], layers: Sequence[int] | None = None) -> list[np.ndarray]:
-        """Routes of several samples (see :meth:`get`), in the order given."""
+        """Routes of several samples (see :meth:`get`), in the order given.
+
+        A sample id may appear more than once (oversampling is legitimate): each occurrence
+        gets its own array holding the sample's routes (no two share memory).
+
+        Parameters
+        ----------
+        sample_ids : sequence of str
+            Not a single str: a str is iterated as its characters, each looked up as an id.
+        layers : sequence of int, optional
+            As for :meth:`get`, the same for every sample.
+
+        Returns
+        -------
+        list of ndarray of int32
+            One ``(num_tokens - 1, len(layers), top_k)`` array per id (see :meth:`get`).
+
+        Raises
+        ------
+        TypeError
+            ``sample_ids`` is not iterable, or an id is not a str; ``layers`` as in :meth:`get`.
+        r3store.errors.SampleNotFoundError, r3store.errors.LayerError
+            As in :meth:`get`, for the first id that fails (no list is returned).
+        r3store.errors.ChecksumError, r3store.errors.FormatError
+            As in :meth:`get`.
+        r3store.errors.UnknownCodecError, r3store.errors.StorageError
+            As in :meth:`get`.
+        """
         return [self.get(s, layers) for s in sample_ids]
 
     def geometry_of(self, array: str, *, partial: bool = False) -> ArrayGeometry:
@@ -515,20 +556,44 @@ class RouteReader:
                   out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``[start, stop)`` of a route array, at stored layer positions.
 
+        The low-level read under :meth:`get` (no sample table rows, no missing-row fill).
+
+        Parameters
+        ----------
+        array : str
+            ``routes/<commit>`` of a committed commit (the sample table's ``array``).
+        start, stop : int
+            Rows of the array (not of a sample: a sample's rows start at its ``row_start``).
+        positions : sequence of int
+            Stored layer positions, ``0 .. num_moe_layers - 1`` (what
+            ``spec.layer_positions(layers)`` returns), in the order wanted. Not checked
+            here: callers pass positions from the spec.
+        out : ndarray, optional
+            Destination of shape ``(stop - start, len(positions), top_k)``, of an integer
+            dtype holding every expert id (unsigned allowed: nothing is filled with -1).
+
         Returns
         -------
         ndarray of int32, shape (stop - start, len(positions), top_k)
-            ``out`` when given (it must have this shape).
+            ``out`` when given (in its dtype). Rows the engine could not capture hold what
+            is stored there (zeros), unlike :meth:`get`.
 
         Raises
         ------
         r3store.errors.FormatError
-            The rows lie past the array's end (an array shorter than its sample table is
-            read up to its end, for audits; see :meth:`geometry_of`).
+            ``array`` is not a committed route array, its document is malformed, the rows
+            lie past the array's end (an array shorter than its sample table is read up to
+            its end, for audits; see :meth:`geometry_of`), or a frame or index is malformed.
+        r3store.errors.ChecksumError
+            (a FormatError) a chunk fails its CRC-32C or its position tag.
         r3store.errors.OptionError
             ``start`` or ``stop`` is no int, ``start`` is negative or ``stop < start``, or
-            ``out`` has the wrong shape, is read-only or is not of an integer dtype holding
-            every expert id.
+            ``out`` is not a numpy array, has the wrong shape, is read-only or is not of an
+            integer dtype holding every expert id.
+        r3store.errors.UnknownCodecError
+            The array's codec is not registered.
+        r3store.errors.StorageError
+            Reading an object failed.
         """
         start = parse_int("start", start, minimum=0)
         stop = parse_int("stop", stop, minimum=start)

@@ -76,8 +76,9 @@ class LocalBackend(Backend):
     row). Durability is the same (``O_DIRECT`` promises none by itself: the fsync does);
     a read of the object soon after comes from the disk, not the cache. Where the platform
     or file system refuses ``O_DIRECT`` (no such flag, tmpfs before Linux 6.6, an alignment
-    the device does not take) the object goes through the page cache. Set
-    ``direct_write_bytes`` to None on an instance to always use the page cache.
+    the device does not take) the object goes through the page cache. A writer sets
+    :attr:`direct_write_bytes` from its settings (``r3store.WriterConfig.direct_write_bytes``;
+    ``None`` there: always the page cache), so users turn it off there, not here.
 
     Keys stay inside the folder: a key that is absolute or has an empty, ``.`` or ``..``
     component or a NUL byte raises :class:`r3store.errors.StorageError`, and reading
@@ -94,7 +95,7 @@ class LocalBackend(Backend):
 
     direct_write_bytes: int | None = DIRECT_WRITE_BYTES
     """Write objects of at least this many bytes from a page-aligned buffer with ``O_DIRECT``
-    (None: never). See :meth:`set`."""
+    (None: never); ``r3store.RouteWriter`` sets it from ``WriterConfig.direct_write_bytes``."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().absolute()

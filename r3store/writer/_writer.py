@@ -14,7 +14,7 @@ from r3store._checks import resolve_config
 from r3store._deprecated import renamed_property, warn
 from r3store._spec import ModelSpec
 from r3store.errors import DiscardedSampleWarning, IncompleteSampleError, RouteValidationError, WriterClosedError
-from r3store.storage import Backend, open_backend, refuse_local_options
+from r3store.storage import Backend, LocalBackend, open_backend, refuse_local_options
 from r3store.writer._buffer import SampleBuffer
 from r3store.writer._commit import Committer, default_layers_per_chunk
 from r3store.writer._config import WriterConfig, WriterConfigDict
@@ -45,7 +45,9 @@ class RouteWriter:
         ``buffer_bytes``, ``chunk_rows``, ``layers_per_chunk``, ``object_bytes``,
         ``on_invalid`` (``"quarantine"`` keeps bad samples flagged), ``writer_id``,
         ``max_sample_rows``, ``spill_dir`` (where open multi-turn samples spill when they
-        fill the buffer).
+        fill the buffer), ``clock``, ``codec``, ``direct_write_bytes`` (local stores: objects
+        of at least this size written with ``O_DIRECT``, bypassing the page cache; ``None``:
+        never).
     storage_options : mapping, optional
         Passed to fsspec (``endpoint_url``, ``key``, ``profile``, ...).
     **deprecated
@@ -116,7 +118,10 @@ class RouteWriter:
         self.spec = spec
         self.writer_id: str = self.config.writer_id or ""
         refuse_local_options(url, storage_options)
-        self._committer = Committer(open_backend(url, storage_options), spec, writer_id=self.writer_id,
+        backend = open_backend(url, storage_options)
+        if isinstance(backend, LocalBackend):  # the one backend that writes with O_DIRECT
+            backend.direct_write_bytes = self.config.direct_write_bytes
+        self._committer = Committer(backend, spec, writer_id=self.writer_id,
                                     chunk_rows=self.config.chunk_rows,
                                     layers_per_chunk=self.config.layers_per_chunk or 1,
                                     object_bytes=self.config.object_bytes,

@@ -49,3 +49,19 @@ def test_diff_warns_of_duplicate_ids_and_names_the_copy_read(tmp_path: Path) -> 
     assert f"1 sample id is committed more than once in {tmp_path / 'a'}: 's0' (commits " in line
     assert "read: " in line
     assert "DuplicateSampleError" in line
+
+
+def test_diff_header_at_80_columns_names_each_store_whole_on_a_line_of_its_own(tmp_path: Path) -> None:
+    """New-user finding: at 80 columns the header wrapped the second path mid-name (the title
+    was folded to the table's width). Now the folders the two stores share get a line of their
+    own and A and B name the rest; the table still fits."""
+    runs = tmp_path / "rollouts-of-a-long-running-job" / "step-000123"
+    make_store(runs / "rollout-routes", n=2)
+    make_store(runs / "trainer-routes", n=2, seed=3)
+    result = run("diff", str(runs / "rollout-routes"), str(runs / "trainer-routes"), columns=80)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[:4] == ["r3store diff", f"  in {runs}/", "  A rollout-routes", "  B trainer-routes"]
+    assert max(len(line) for line in lines[4:]) <= 80
+    wide = run("diff", str(runs / "rollout-routes"), str(runs / "trainer-routes"), columns=400)
+    assert wide.stdout.splitlines()[:3] == ["r3store diff", f"  A {runs}/rollout-routes", f"  B {runs}/trainer-routes"]

@@ -58,3 +58,25 @@ def test_storage_options_still_go_to_a_remote_store_of_a_diff(tmp_path: Path) ->
     result = run("diff", "s3://bucket/x", str(tmp_path / "nothing-here"), "-o", "bogus=1")
     assert result.exit_code == 2
     assert "unknown storage option 'bogus'" in result.stderr  # s3fs's check, not the local refusal
+
+
+@pytest.mark.parametrize("command", ["inspect", "stats", "validate"])
+def test_a_long_store_path_is_printed_whole_on_a_line_of_its_own_at_80_columns(tmp_path: Path, command: str) -> None:
+    """The headers naming a store folded a long path at the table's width (inspect, validate) or
+    mid-name at 80 columns (stats): now a header that does not fit puts the path whole on a line
+    of its own, and the rest of the output still fits 80 columns."""
+    path = tmp_path / "rollouts-of-a-long-running-job" / "step-000123" / "rollout-routes"
+    rng = np.random.default_rng(0)
+    bad = routes_of_16(rng, 6)
+    bad[2, 0] = [5, 5]  # a quarantined sample: validate has a finding to head
+    with r3store.RouteWriter(path, SPEC_3X16, {"on_invalid": "quarantine"}) as w:
+        w.append("s0", routes_of_16(rng, 6))
+        w.append("rep", bad)
+    title = "r3store" if command == "inspect" else f"r3store {command}"
+    result = run(command, str(path), columns=80)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert len(f"{title} {path}") > 80  # the case at hand
+    assert lines[:2] == [title, str(path)]
+    assert max(len(line) for line in lines[2:]) <= 80
+    assert run(command, str(path), columns=400).stdout.splitlines()[0] == f"{title} {path}"

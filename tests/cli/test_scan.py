@@ -5,6 +5,8 @@ New-user finding: ``--ray`` with an unreachable address hung for minutes in Ray'
 
 from __future__ import annotations
 
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -67,3 +69,30 @@ def test_probe_names_the_address_and_the_cause() -> None:
         server.bind(("127.0.0.1", 0))
         server.listen()
         probe(server.getsockname(), 5.0)  # a listening port passes
+
+
+RAY_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+(DEBUG|INFO|WARNING)\s+\S+\.py:\d+ -- ", re.M)
+"""A line of Ray's Python loggers below ERROR (``2026-01-02 03:04:05,678\tINFO worker.py:1 -- ...``)."""
+
+
+@pytest.mark.ray
+@pytest.mark.xdist_group("ray")
+def test_ray_starts_quietly_unless_asked_for_its_log_lines(tmp_path: Path) -> None:
+    # New-user finding: `validate --ray` printed Ray's own log lines into the command's output.
+    # A new local cluster ("local": never one another test or user started), as a user without
+    # RAY_ADDRESS or RAY_AUTH_MODE set gets; with -v Ray's lines come back (the check can fail).
+    path = tmp_path / "s"
+    with r3store.RouteWriter(path, SPEC_3X16) as w:
+        w.append("s0", routes_of_16(np.random.default_rng(0), 9))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    local = subprocess.run([sys.executable, "-m", "r3store.cli", "validate", str(path), "--json"],
+                           capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
+    runs = {flag: subprocess.run([sys.executable, "-m", "r3store.cli", "validate", str(path), "--json", *flag,
+                                  "--ray", "local"], capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+            for flag in ((), ("-v",))}
+    quiet, verbose = runs[()], runs[("-v",)]
+    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, local.stdout, ""), quiet.stderr
+    assert verbose.returncode == 0, verbose.stderr
+    assert verbose.stdout == local.stdout  # Ray's lines go to stderr only
+    assert re.search(r"\tINFO .* -- Started a local Ray instance", verbose.stderr), verbose.stderr
+    assert RAY_LOG_LINE.search(verbose.stderr)

@@ -268,12 +268,11 @@ def test_a_commit_writes_its_storage_object_directly_and_retries_recheck_the_arr
     monkeypatch.setattr(_local, "_write_direct",
                         lambda fd, view: directly.setdefault(len(view), write_direct(fd, view)))
     backend = FlakyBackend(tmp_path / "s", fail_on="/c/", times=1)
-    backend.direct_write_bytes = direct
     gets: list[str] = []
     get = backend.get
     monkeypatch.setattr(backend, "get", lambda key, byte_range=None: gets.append(key) or get(key, byte_range))
     written = routes(4000)
-    with r3store.RouteWriter(backend, SPEC) as writer:
+    with r3store.RouteWriter(backend, SPEC, {"direct_write_bytes": direct}) as writer:
         writer.append("a", written)
         with pytest.raises(StorageError):
             writer.flush()
