@@ -241,7 +241,8 @@ def assemble(
     Raises
     ------
     TypeError
-        A plain ``TypeError``, before anything is read: ``sample_ids`` is a single str or
+        A plain ``TypeError``, before anything is read: ``reader`` is no
+        :class:`~r3store.RouteReader`; ``sample_ids`` is a single str or
         not iterable, or an id is not a str; ``layers`` is not a sequence or holds other
         than ints; a keyword is neither a parameter nor a deprecated field.
     r3store.errors.AlignmentError
@@ -268,6 +269,8 @@ def assemble(
     r3store.errors.UnknownCodecError, r3store.errors.StorageError
         An array's codec is not registered; reading an object failed.
     """
+    if not isinstance(reader, RouteReader):
+        raise TypeError(f"reader must be a RouteReader (r3store.open_store), got {type(reader).__name__}")
     if isinstance(sample_ids, str):
         raise TypeError(f"sample_ids must be a sequence of ids, got the str {sample_ids!r}; use [{sample_ids!r}]")
     opts = resolve_config(LayoutOptions, "assemble", "options", options, deprecated, _LOOSE)

@@ -508,7 +508,7 @@ class RouteReader:
         Parameters
         ----------
         sample_ids : sequence of str
-            Not a single str: a str is iterated as its characters, each looked up as an id.
+            Not a single str (refused: it would be iterated as its characters).
         layers : sequence of int, optional
             As for :meth:`get`, the same for every sample.
 
@@ -520,7 +520,8 @@ class RouteReader:
         Raises
         ------
         TypeError
-            ``sample_ids`` is not iterable, or an id is not a str; ``layers`` as in :meth:`get`.
+            ``sample_ids`` is a str or not iterable, or an id is not a str; ``layers`` as in
+            :meth:`get`.
         r3store.errors.SampleNotFoundError, r3store.errors.LayerError
             As in :meth:`get`, for the first id that fails (no list is returned).
         r3store.errors.ChecksumError, r3store.errors.FormatError
@@ -528,6 +529,8 @@ class RouteReader:
         r3store.errors.UnknownCodecError, r3store.errors.StorageError
             As in :meth:`get`.
         """
+        if isinstance(sample_ids, str):
+            raise TypeError(f"sample_ids must be a sequence of ids, got the str {sample_ids!r}; use [{sample_ids!r}]")
         return [self.get(s, layers) for s in sample_ids]
 
     def geometry_of(self, array: str, *, partial: bool = False) -> ArrayGeometry:
@@ -566,8 +569,7 @@ class RouteReader:
             Rows of the array (not of a sample: a sample's rows start at its ``row_start``).
         positions : sequence of int
             Stored layer positions, ``0 .. num_moe_layers - 1`` (what
-            ``spec.layer_positions(layers)`` returns), in the order wanted. Not checked
-            here: callers pass positions from the spec.
+            ``spec.layer_positions(layers)`` returns), in the order wanted, each once.
         out : ndarray, optional
             Destination of shape ``(stop - start, len(positions), top_k)``, of an integer
             dtype holding every expert id (unsigned allowed: nothing is filled with -1).
@@ -587,9 +589,10 @@ class RouteReader:
         r3store.errors.ChecksumError
             (a FormatError) a chunk fails its CRC-32C or its position tag.
         r3store.errors.OptionError
-            ``start`` or ``stop`` is no int, ``start`` is negative or ``stop < start``, or
-            ``out`` is not a numpy array, has the wrong shape, is read-only or is not of an
-            integer dtype holding every expert id.
+            ``start`` or ``stop`` is no int, ``start`` is negative or ``stop < start``, a
+            position is no int, out of range or repeated, or ``out`` is not a numpy array,
+            has the wrong shape, is read-only or is not of an integer dtype holding every
+            expert id.
         r3store.errors.UnknownCodecError
             The array's codec is not registered.
         r3store.errors.StorageError
@@ -597,6 +600,7 @@ class RouteReader:
         """
         start = parse_int("start", start, minimum=0)
         stop = parse_int("stop", stop, minimum=start)
+        positions = _check_positions(positions, self.spec.num_moe_layers)
         _check_out(out, self.spec.num_experts - 1, signed=False)
         return self._chunks.read_rows(array, start, stop, positions, out)
 
@@ -617,9 +621,11 @@ class RouteReader:
             A run lies past the array's end, or a frame or index is malformed.
         r3store.errors.ChecksumError
         r3store.errors.OptionError
-            A run is reversed or negative, or ``out`` has the wrong shape, is read-only or
-            is not of an integer dtype holding every expert id.
+            A run is reversed or negative, a position is no int, out of range or repeated,
+            or ``out`` has the wrong shape, is read-only or is not of an integer dtype
+            holding every expert id.
         """
+        positions = _check_positions(positions, self.spec.num_moe_layers)
         _check_out(out, self.spec.num_experts - 1, signed=False)
         return self._chunks.read_runs(array, runs, positions, out)
 
@@ -678,6 +684,18 @@ def open_reader(
     warn("r3store.open_reader", "r3store.open_store(url, reader=ReaderOptions(...))")
     opts = resolve_config(ReaderOptions, "open_reader", "reader", reader, deprecated)
     return RouteReader._open(url, opts, storage_options)
+
+
+def _check_positions(positions: Sequence[int], num_moe_layers: int) -> list[int]:
+    """Stored layer positions as a list of ints, each in ``[0, num_moe_layers)`` and given once
+    (a negative one would read another layer's frames and fail their position tags, one past
+    the end index out of the object's table)."""
+    if isinstance(positions, str | bytes) or not isinstance(positions, Sequence | np.ndarray):
+        raise OptionError("positions", positions, "must be a sequence of stored layer positions (ints)")
+    out = [parse_int("positions", p, minimum=0, maximum=num_moe_layers - 1) for p in positions]
+    if len(set(out)) != len(out):
+        raise OptionError("positions", list(positions), "must name each stored layer position once")
+    return out
 
 
 def _check_out(out: np.ndarray | None, top_id: int, *, signed: bool) -> None:
