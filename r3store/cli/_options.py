@@ -19,8 +19,9 @@ from r3store.errors import R3StoreError
 
 __all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_OK", "BadValue", "MissingExtra", "SafeConsole", "colour_flag",
            "echo_json", "error_line", "exit_on_error", "exit_on_usage", "handle_errors", "is_local_url",
-           "is_one_line_usage", "json_text", "make_console", "parse_storage_options", "plural", "printable",
-           "quiet_stdout", "storage_option_flag", "styled", "uses_colour", "warn_duplicates"]
+           "is_one_line_usage", "json_text", "make_console", "open_for_audit", "parse_storage_options", "plural",
+           "printable", "quiet_stdout", "report_damaged", "storage_option_flag", "styled", "uses_colour",
+           "warn_duplicates"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -297,3 +298,32 @@ def warn_duplicates(store: Any, *, only: str | None = None, shown: int = 3) -> N
         text = (f"{count:,} sample id{' is' if count == 1 else 's are'} committed more than once in {store.url}: "
                 f"{'; '.join(parts)}{more}; one copy of each is read ({why})")
     make_console(stderr=True).print(styled(("warning:", "yellow"), " ", text), soft_wrap=True)
+
+
+def open_for_audit(url: str, storage_options: dict[str, Any], reader: dict[str, Any]) -> Any:
+    """Open ``url`` for an audit command (``RouteReader.open`` with ``reader`` and
+    ``on_damaged_table="skip"``): a damaged sample table costs only its own commit, which the
+    command reports (:func:`report_damaged`, or a ``damaged_table`` finding), without the
+    reader's Python warning on top."""
+    import warnings
+
+    from r3store.errors import DamagedTableWarning
+    from r3store.reader import RouteReader
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DamagedTableWarning)
+        return RouteReader.open(url, storage_options=storage_options, reader={**reader, "on_damaged_table": "skip"})
+
+
+def report_damaged(store: Any) -> bool:
+    """Print one ``error:`` line on stderr per commit that ``store`` (opened with
+    :func:`open_for_audit`) left out because its sample table is damaged; whether there was any
+    (the command then exits 1: a finding, as ``r3store validate`` reports it)."""
+    skipped: dict[str, str] = store.skipped_commits
+    console = make_console(stderr=True)
+    for commit, fault in skipped.items():
+        console.print(styled(("error:", "bold red"), " ", f"damaged_table: sample table of commit {commit!r} fails "
+                                                          f"its checks ({fault}); its samples are left out of what "
+                                                          "is shown here (r3store validate checks the rest)"),
+                      soft_wrap=True)
+    return bool(skipped)

@@ -16,6 +16,7 @@ from r3store.cli._options import (
     colour_flag,
     handle_errors,
     make_console,
+    open_for_audit,
     parse_storage_options,
     storage_option_flag,
     styled,
@@ -147,7 +148,6 @@ def validate(url: str, as_json: bool, grace: str, strict: bool, sample_filter: s
     I/O error, or a --sample-filter / --limit that selects no sample.
     """
     from r3store.audit import validate as run_validate
-    from r3store.reader import RouteReader
 
     grace_s = parse_duration(grace, "--grace")
     options = parse_storage_options(storage_options, url)
@@ -156,7 +156,7 @@ def validate(url: str, as_json: bool, grace: str, strict: bool, sample_filter: s
             url, storage_options=options, sample_filter=sample_filter, limit=limit, workers=workers,
             progress=progress))
     else:
-        store = RouteReader.open(url, storage_options=options, reader={"on_duplicate": "report"})
+        store = open_for_audit(url, options, {"on_duplicate": "report"})
         with progress_bar("validate", enabled=not as_json) as progress:
             report = run_validate(store, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress)
     require_selection(report.samples_checked, url, sample_filter=sample_filter, limit=limit,

@@ -29,7 +29,7 @@ from r3store._checks import (
     strict_fields,
 )
 from r3store.errors import OptionError
-from r3store.reader._catalog import ON_DUPLICATE, parse_commits
+from r3store.reader._catalog import ON_DAMAGED_TABLE, ON_DUPLICATE, parse_commits
 
 __all__ = ["ReaderOptions", "ReaderOptionsDict"]
 
@@ -44,6 +44,7 @@ class ReaderOptionsDict(TypedDict, total=False):
     commits: Collection[str] | None
     filter: pc.Expression | None
     use_checkpoint: bool
+    on_damaged_table: Literal["raise", "skip"]
 
 
 @strict_fields
@@ -89,6 +90,20 @@ class ReaderOptions:
         :func:`r3store.compact`) and read only the sample tables of commits it does not cover. A
         checkpoint that fails its checks is skipped with a :class:`r3store.errors.CheckpointWarning`.
         False reads every sample table.
+    on_damaged_table : {'raise', 'skip'}
+        A commit's sample table that fails its checks (a Parquet page or digest fails its
+        checksum, an unreadable or malformed table: :class:`r3store.errors.ChecksumError` or
+        :class:`r3store.errors.FormatError`; not a table of another spec or store, or over
+        ``max_sample_rows``). ``'raise'`` (the default): the open (or ``refresh``) fails with
+        that error. ``'skip'``: that commit alone is left out, with one
+        :class:`r3store.errors.DamagedTableWarning` naming the table, the commit and the fault,
+        and listed in :attr:`r3store.RouteReader.skipped_commits`; every other commit is read.
+        The default raises because skipping changes what a trainer sees: a damaged table
+        hides all of its commit's samples, and a job must not train on fewer samples unless
+        someone chose to. Commits a valid checkpoint covers need no table (their rows come
+        from the checkpoint), so ``r3store compact`` keeps a damaged table's samples readable
+        when it ran before the damage. The audit commands (``validate``, ``inspect``,
+        ``stats``) open with ``'skip'`` and report each skipped table.
 
     Raises
     ------
@@ -113,6 +128,7 @@ class ReaderOptions:
     commits: tuple[str, ...] | None = None
     filter: pc.Expression | None = None
     use_checkpoint: bool = True
+    on_damaged_table: Literal["raise", "skip"] = "raise"
 
     LOOSE_KEYWORDS: ClassVar[tuple[str, ...]] = (
         "on_duplicate", "cache_bytes", "cache_dir", "max_sample_rows", "commits", "filter", "use_checkpoint")
@@ -133,6 +149,7 @@ class ReaderOptions:
         if self.filter is not None and not isinstance(self.filter, pc.Expression):
             raise OptionError("filter", self.filter, "must be a pyarrow.compute.Expression, e.g. pc.field('step') == 3")
         object.__setattr__(self, "use_checkpoint", parse_bool("use_checkpoint", self.use_checkpoint))
+        parse_choice("on_damaged_table", self.on_damaged_table, ON_DAMAGED_TABLE)
 
     def __eq__(self, other: object) -> bool:
         """Field by field (``filter`` expressions by :meth:`pyarrow.compute.Expression.equals`)."""

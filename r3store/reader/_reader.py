@@ -97,7 +97,8 @@ class RouteReader:
         self.format_version = manifest.version
         self._catalog = SampleCatalog(backend, manifest, on_duplicate=opts.on_duplicate,
                                       max_sample_rows=opts.max_sample_rows, preloaded=preloaded,
-                                      commits=opts.commits, filter=opts.filter, use_checkpoint=opts.use_checkpoint)
+                                      commits=opts.commits, filter=opts.filter, use_checkpoint=opts.use_checkpoint,
+                                      on_damaged_table=opts.on_damaged_table)
         self._chunks = ChunkReader(backend, manifest, self._catalog.array_rows, cache_bytes=opts.cache_bytes)
 
     @classmethod
@@ -156,6 +157,14 @@ class RouteReader:
         return list(self._catalog.commits)
 
     @property
+    def skipped_commits(self) -> dict[str, str]:
+        """Commits left out because their sample table fails its checks, with the fault
+        (``"<table path>: <what is wrong>"``), in name order; empty unless the reader was
+        opened with ``on_damaged_table="skip"`` (see :class:`r3store.reader.ReaderOptions`).
+        Each was warned about once (:class:`r3store.errors.DamagedTableWarning`)."""
+        return self._catalog.skipped
+
+    @property
     def manifest(self) -> Manifest:
         """The store's checked manifest (format version, spec, cap on rows per sample)."""
         return self._catalog.manifest
@@ -179,7 +188,8 @@ class RouteReader:
         already known keep their place, the new ones are merged in store order (so
         :attr:`sample_ids` may grow in the middle when a commit's clock was behind).
         The ``filter=`` applies to the new samples too. Nothing changes when a new table
-        fails its checks.
+        fails its checks (with ``on_damaged_table="skip"``: its commit is skipped, warned
+        and added to :attr:`skipped_commits`; the others are added).
 
         Returns
         -------
@@ -296,7 +306,7 @@ class RouteReader:
         catalog = self._catalog
         complete = catalog.complete and catalog.watermark is None
         committed = catalog.commits if complete else committed_commits(self.backend)
-        return storage_usage(self.backend, set(committed))
+        return storage_usage(self.backend, set(committed).union(catalog.skipped))  # a damaged table is a table
 
     # -- reading ----------------------------------------------------------------------
 
