@@ -40,6 +40,7 @@ from r3store._checks import parse_int
 from r3store._format import INDEX_PREFIX, ArrayGeometry, array_key, parse_ranges, parse_table_key
 from r3store._spec import ModelSpec
 from r3store.audit._findings import KINDS, Finding, RowRuns, ValidationReport, format_rows, make_finding
+from r3store.audit._gc import checkpoint_listed, later_commit_of_writer
 from r3store.audit._physical import ALPHA, physical_id_test
 from r3store.audit._scan import (
     ProgressCallback,
@@ -52,7 +53,14 @@ from r3store.audit._scan import (
 )
 from r3store.codecs.kernels import route_stats
 from r3store.errors import ChecksumError, FormatError, ObjectNotFoundError, UnknownCodecError
-from r3store.reader import RouteReader, checkpoint_keys, load_checkpoint, read_all_rows, table_keys
+from r3store.reader import (
+    RouteReader,
+    checkpoint_keys,
+    committed_commits,
+    load_checkpoint,
+    read_all_rows,
+    table_keys,
+)
 
 __all__ = ["plan_validate", "validate"]
 
@@ -376,10 +384,32 @@ def _duplicate_findings(store: RouteReader, table: pa.Table, subset: bool) -> li
 
 
 def _leftover_findings(store: RouteReader) -> list[Finding]:
-    return [make_finding("uncommitted", array=array_key(commit),
-                         detail=f"{nbytes:,} bytes, no sample table: a crashed or still-running writer "
-                                "(r3store gc deletes old leftovers)")
-            for commit, nbytes in store.storage_usage().uncommitted.items()]
+    """Route arrays with no sample table: a crashed or running writer's, or a committed sample whose
+    table was lost; the detail says which evidence there is (a checkpoint listing the commit, a
+    later commit of the same writer)."""
+    uncommitted = store.storage_usage().uncommitted
+    if not uncommitted:
+        return []
+    listed = checkpoint_listed(store.backend, store.manifest)
+    committed = committed_commits(store.backend)
+    out = []
+    for commit, nbytes in uncommitted.items():
+        later = later_commit_of_writer(commit, committed)
+        if commit in listed:
+            why = (f"checkpoint {listed[commit]} lists this commit as committed: its sample table was lost "
+                   "(deleted, or left out of a copy or sync), not a crashed writer's; restore the table from where "
+                   "the store came from (r3store gc --delete refuses these routes)")
+        elif later is not None:
+            why = (f"a crashed or still-running writer's, or a committed sample whose table was lost: the same writer "
+                   f"committed {later!r} later, which points to a lost table (restore it: r3store gc --delete "
+                   "would delete these routes for good)")
+        else:
+            why = ("a crashed or still-running writer's (r3store gc deletes old leftovers), or a committed sample "
+                   "whose table was lost (a partial copy or sync): check that no copy of the store has "
+                   f"index/<bucket>/{commit}.parquet before r3store gc --delete deletes these routes for good")
+        out.append(make_finding("uncommitted", array=array_key(commit), detail=f"{nbytes:,} bytes, no sample table: "
+                                                                               f"{why}"))
+    return out
 
 
 def _damaged_findings(store: RouteReader, damaged: dict[str, str]) -> list[Finding]:
