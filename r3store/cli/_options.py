@@ -176,13 +176,25 @@ def make_console(*, stderr: bool = False) -> Console:
     ``[bold]x``, ``[/]`` cannot raise ``MarkupError``). Styles are given as
     :class:`rich.text.Text` spans (:func:`styled`) instead. Control characters are
     escaped (:class:`SafeConsole`, :func:`printable`). Colours follow rich's rules (none
-    when the output is no terminal or ``NO_COLOR`` is set); ``--no-color`` turns off every
-    style. Whatever a colour says is also said in words when colours are off (:func:`uses_colour`).
+    when the output is no terminal); ``--no-color`` or a non-empty ``NO_COLOR`` (no-color.org)
+    turns off every style, bold included. Output that is no terminal is :data:`PIPE_WIDTH`
+    wide unless ``COLUMNS`` says otherwise. Whatever a colour says is also said in words when
+    colours are off (:func:`uses_colour`).
     """
     ctx = click.get_current_context(silent=True)
-    if ctx is not None and ctx.meta.get(NO_COLOR_META):
-        return SafeConsole(stderr=stderr, markup=False, highlight=False, color_system=None, no_color=True)
-    return SafeConsole(stderr=stderr, markup=False, highlight=False)
+    if (ctx is not None and ctx.meta.get(NO_COLOR_META)) or os.environ.get("NO_COLOR"):
+        console = SafeConsole(stderr=stderr, markup=False, highlight=False, color_system=None, no_color=True)
+    else:
+        console = SafeConsole(stderr=stderr, markup=False, highlight=False)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console.width = PIPE_WIDTH  # a file or pipe: one line per finding, row or message (grep-able logs)
+    return console
+
+
+PIPE_WIDTH = 4096
+"""Console width when the output is no terminal and ``COLUMNS`` is not set: lines are not
+wrapped at 80 columns (rich's default), so a finding, a message or a ``show`` cell stays on
+one line of a log (set ``COLUMNS`` to wrap at another width)."""
 
 
 def uses_colour(console: Console) -> bool:
