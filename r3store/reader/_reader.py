@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Self
 
@@ -22,7 +23,7 @@ from r3store._format import (
     parse_manifest,
 )
 from r3store._spec import ModelSpec
-from r3store.errors import NotAStoreError, ObjectNotFoundError, OptionError, SampleNotFoundError
+from r3store.errors import ChecksumError, NotAStoreError, ObjectNotFoundError, OptionError, SampleNotFoundError
 from r3store.reader._catalog import (
     Preloaded,
     SampleCatalog,
@@ -361,7 +362,8 @@ class RouteReader:
             sample, ends before it starts or has a step other than 1; names the sample,
             ``rows`` and the sample's rows.
         r3store.errors.ChecksumError
-            A chunk fails its CRC-32C; names the array and chunk.
+            A chunk fails its CRC-32C; names the array and chunk ``(row chunk, layer chunk, 0)``,
+            and the sample, its rows and the decoder layer(s) the chunk holds.
         r3store.errors.OptionError
             ``out`` has the wrong shape, is read-only,
             or its dtype is not a signed integer holding every expert id.
@@ -388,8 +390,11 @@ class RouteReader:
         base = int(catalog.row_start[i])
         array = catalog.array[i]
         _check_out(out, self.spec.num_experts - 1, signed=True)
-        self._chunks.geometry(array)  # the whole array must match its sample table
-        got = self._chunks.read_rows(array, base + start, base + stop, positions, out=out)
+        geometry = self._chunks.geometry(array)  # the whole array must match its sample table
+        try:
+            got = self._chunks.read_rows(array, base + start, base + stop, positions, out=out)
+        except ChecksumError as exc:
+            raise _in_sample(exc, sample_id, base, int(catalog.num_rows[i]), geometry, self.spec) from None
         for a, b in catalog.missing_rows(i):
             if a < stop and b > start:
                 got[max(a, start) - start : min(b, stop) - start] = -1
@@ -636,3 +641,28 @@ def _parse_run(run: Any) -> tuple[str, int, int]:
     if stop < start:
         raise OptionError("runs", run, "stop must be >= start")
     return run[0], start, stop
+
+
+def _in_sample(exc: ChecksumError, sample_id: str, base: int, num_rows: int, geometry: ArrayGeometry,
+               spec: ModelSpec) -> ChecksumError:
+    """``exc`` (a chunk of a route array failing its checks during a read of ``sample_id``, whose
+    rows start at array row ``base``) with the sample, its rows and the decoder layers the chunk
+    holds; an object index (its first chunk's coordinates) holds every layer of its rows."""
+    if len(exc.chunk) != 3:
+        return exc
+    c, b, _ = exc.chunk
+    fault = re.sub(r"^chunk \([\d, ]*\): ", "", exc.fault)
+    if "index" in fault:  # the object index: every row chunk of the object, every layer
+        lo, hi = c * geometry.chunk_rows, (c + geometry.row_chunks_per_object) * geometry.chunk_rows
+        layers = list(spec.moe_layers)
+        what = f"storage object {c // geometry.row_chunks_per_object}: array rows {lo}-{hi - 1}, every layer"
+    else:
+        lo, hi = c * geometry.chunk_rows, (c + 1) * geometry.chunk_rows
+        lpc = geometry.layers_per_chunk
+        layers = list(spec.moe_layers[b * lpc : (b + 1) * lpc])
+        what = f"row chunk {c}: array rows {lo}-{hi - 1}; layer chunk {b}"
+    first, last = max(lo, base) - base, min(hi, base + num_rows) - base - 1
+    rows = f"rows {first}-{last}" if last >= first else "no rows"
+    named = f"decoder layer {layers[0]}" if len(layers) == 1 else \
+        f"decoder layers {', '.join(map(str, layers[:8]))}{' ...' if len(layers) > 8 else ''}"
+    return ChecksumError(exc.array, exc.chunk, f"{fault}; sample {sample_id!r}, its {rows}, {named} ({what})")
