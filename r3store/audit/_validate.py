@@ -167,7 +167,9 @@ def validate(store: RouteReader, *, sample_filter: str | None = None, limit: int
     Parameters
     ----------
     store : RouteReader
-        Open it with ``on_duplicate="report"`` (or ``"first"``) so duplicates are listed.
+        Open it with ``on_duplicate="report"`` (or ``"first"``) so duplicates are listed, and
+        ``on_damaged_table="skip"`` so a damaged sample table is a ``damaged_table`` finding
+        instead of an error at open (``r3store validate`` does both).
     sample_filter : str, optional
         ``fnmatch`` glob on sample ids: audit only matching samples (quarantined ones
         included). With a filter or a limit only the chunks of the selected samples are
