@@ -137,7 +137,9 @@ def validate(url: str, as_json: bool, grace: str, strict: bool, sample_filter: s
     Decodes every frame of every committed route array and reports, per sample, MoE
     layer and rows: all-zero layers, repeated ids within a row, ids >= num_experts,
     physical-looking (EP-remapped) id distributions, row counts other than
-    num_tokens - 1, duplicate sample ids, quarantined samples, uncommitted leftovers
+    num_tokens - 1, duplicate sample ids, quarantined samples, uncommitted leftovers,
+    sample tables that fail their checks (damaged_table: every other commit is still
+    checked; after r3store compact the commit's routes too, from the checkpoint)
     and missing rows (missing_rows: rows stored as missing with append(...,
     allow_missing=True); informational). Quarantined samples, and the faults in their
     routes, are warnings: the writer kept them aside as on_invalid="quarantine" promised
