@@ -87,6 +87,8 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     ]
     if summary["duplicates"]:
         rows.append(("duplicate ids", f"{len(summary['duplicates'])}"))
+    if summary.get("damaged_tables"):
+        rows.append(("damaged sample tables", f"{len(summary['damaged_tables'])} (their commits' samples left out)"))
     if summary["uncommitted_commits"]:
         rows.append(("uncommitted leftovers", f"{plural(len(summary['uncommitted_commits']), 'commit')}, "
                                               f"{_bytes(summary['uncommitted_bytes'])} (see r3store gc)"))

@@ -51,7 +51,11 @@ def test_inspect_and_stats_open_the_store_and_report_the_table(tmp_path: Path) -
         assert result.exit_code == 1, result.output
         assert "damaged_table" in result.stderr
         assert commit in result.stderr
-        assert checked_json(result, command)["samples"] == 4
+        doc = checked_json(result, command)
+        assert doc["samples"] == 4
+        if command == "inspect":
+            assert list(doc["damaged_tables"]) == [commit]
+    assert "damaged sample tables" in run("inspect", str(root)).stdout
 
 
 def test_validate_after_compact_checks_the_commit_from_the_checkpoint(tmp_path: Path) -> None:
