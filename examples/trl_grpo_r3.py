@@ -12,7 +12,10 @@ reference and policy log-prob forwards::
 
 It prints TRL's log lines, among them ``r3/flips`` (decisions that differ from the
 rollout's in the replayed forwards: 0) and ``r3/flips_without_replay`` (the trainer's
-own routing on a sample of batches), then the store's summary.
+own routing on a sample of batches), then the store's summary. The routes go to
+``<output-dir>/r3-routes``; a folder that already holds routes (an earlier run) is refused,
+since a second run would add its rollouts to the same store (pass another ``--output-dir``,
+or delete the old one).
 """
 
 from __future__ import annotations
@@ -29,12 +32,23 @@ def reward_w7(completions: list[str], **_: Any) -> list[float]:
 
 
 def run(output_dir: str, *, steps: int = 4, family: str = "qwen3_moe", seed: int = 0) -> dict[str, Any]:
-    """Train ``steps`` GRPO steps; return ``{"history": trainer log history, "routes_url": ..., "samples": ...}``."""
+    """Train ``steps`` GRPO steps; return ``{"history": trainer log history, "routes_url": ..., "samples": ...}``.
+
+    Raises
+    ------
+    FileExistsError
+        ``<output_dir>/r3-routes`` already holds routes (an earlier run): checked before anything
+        is written, so one store holds one run's rollouts.
+    """
+    routes_dir = os.path.join(output_dir, "r3-routes")  # R3GRPOTrainer's default routes_url
+    if os.path.isdir(routes_dir) and os.listdir(routes_dir):
+        raise FileExistsError(f"{routes_dir} already holds the routes of an earlier run; a new run would add its "
+                              "rollouts to the same store: pass another --output-dir, or delete that folder")
     import torch
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from r3store.reader import open_reader
+    from r3store import open_store
     from r3store.testing.moe import tiny_moe, tiny_tokenizer
     from r3store.trl import R3GRPOTrainer
 
@@ -48,13 +62,13 @@ def run(output_dir: str, *, steps: int = 4, family: str = "qwen3_moe", seed: int
         output_dir=output_dir, max_steps=steps, per_device_train_batch_size=4, num_generations=4,
         steps_per_generation=2, max_completion_length=8, learning_rate=1e-3, beta=0.04, temperature=1.0,
         logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, bf16=False, seed=seed,
-        gradient_checkpointing=True, dataloader_num_workers=0, model_init_kwargs={"dtype": "float32"})
+        activation_checkpointing=True, dataloader_num_workers=0, model_init_kwargs={"dtype": "float32"})
     torch.manual_seed(seed)
     trainer = R3GRPOTrainer(model=model_dir, reward_funcs=reward_w7, args=args,
                             train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tokenizer)
     trainer.flips_sample_every = 1  # measure the trainer's own routing on every batch (default: every 4th)
     trainer.train()
-    store = open_reader(trainer.routes_url)
+    store = open_store(trainer.routes_url)
     return {"history": trainer.state.log_history, "routes_url": trainer.routes_url,
             "samples": len(store.sample_ids), "trainer": trainer}
 
@@ -68,7 +82,10 @@ def main() -> None:
     from r3store.testing.moe import one_thread
 
     with one_thread():  # tiny model: OpenMP threads only compete
-        result = run(opts.output_dir, steps=opts.steps, family=opts.family)
+        try:
+            result = run(opts.output_dir, steps=opts.steps, family=opts.family)
+        except FileExistsError as exc:
+            parser.error(str(exc))
     for entry in result["history"]:
         shown = {k: round(v, 4) for k, v in entry.items() if k.startswith(("r3/", "reward", "loss", "kl"))}
         if shown:

@@ -43,6 +43,7 @@ builtin exception a caller would naturally catch, so ``except KeyError`` around
     ├── DiscardedSampleWarning                   open samples were dropped at close
     ├── CheckpointWarning                        a checkpoint was ignored (damaged, partial, foreign)
     ├── ClockSkewWarning                         a clock disagrees with the store's; a sample table was moved
+    ├── DamagedTableWarning                      a damaged sample table's commit was skipped (on_damaged_table)
     ├── MetadataTypeWarning                      writers disagree on a metadata field's type: read as strings
     └── R3StoreDeprecationWarning (DeprecationWarning)  a deprecated name (the message names the release removing it)
 
@@ -62,6 +63,7 @@ __all__ = [
     "ClockSkewWarning",
     "CodecError",
     "ContinuationError",
+    "DamagedTableWarning",
     "DiscardedSampleWarning",
     "DuplicateSampleError",
     "ExpertIdError",
@@ -678,6 +680,31 @@ class CheckpointWarning(R3StoreWarning):
         self.path = path
         self.fault = fault
         super().__init__(f"{path}: checkpoint ignored ({fault}); reading the sample tables instead")
+
+
+class DamagedTableWarning(R3StoreWarning):
+    """A commit's sample table (``index/<bucket>/<commit>.parquet``) fails its checks and was
+    skipped: the reader opened with ``on_damaged_table="skip"`` sees none of that commit's
+    samples (:attr:`r3store.RouteReader.skipped_commits` lists every commit skipped). The
+    other commits are read as usual; nothing is written or deleted. ``r3store validate``
+    reports the table as a ``damaged_table`` finding.
+
+    Attributes
+    ----------
+    path : str
+        The sample table's location.
+    commit : str
+        The commit whose samples are left out.
+    fault : str
+        What is wrong with the table (e.g. a Parquet page fails its CRC).
+    """
+
+    def __init__(self, path: str, commit: str, fault: str) -> None:
+        self.path = path
+        self.commit = commit
+        self.fault = fault
+        super().__init__(f"{path}: sample table of commit {commit!r} skipped ({fault}); its samples are left out "
+                         "of this reader (on_damaged_table='skip')")
 
 
 class MetadataTypeWarning(R3StoreWarning):

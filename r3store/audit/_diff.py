@@ -10,6 +10,7 @@ Qwen3-30B-A3B (the R3 paper, arXiv 2510.11370).
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import heapq
 from collections.abc import Callable, Iterable, Sequence
@@ -89,9 +90,12 @@ def diff(store_a: RouteReader, store_b: RouteReader, *, sample_filter: str | Non
     store_a, store_b : RouteReader
         Same ``num_experts`` and ``top_k``; compared on the MoE layers they share.
     sample_filter : str, optional
-        ``fnmatch`` glob on sample ids.
+        ``fnmatch`` glob on sample ids: compare, and count as only in A or only in B, only
+        the samples whose id matches.
     limit : int, optional
-        Compare the first ``limit`` (matching) common samples, in store A's order.
+        Compare the first ``limit`` (matching) common samples, in store A's order. When the
+        limit is reached, ``only_in_a`` / ``only_in_b`` count the samples of each store (in
+        its own order) up to its last compared sample, not the whole store.
     workers : int, optional
         Threads (one sample per task, each thread with its own RouteReaders); default 1
         when both stores are on local disk, else 8.
@@ -142,10 +146,17 @@ def plan_diff(store_a: RouteReader, store_b: RouteReader, *, sample_filter: str 
     in_b = set(store_b.sample_ids)
     in_a = set(ids_a)
     selected = select_samples(store_a.samples, sample_filter, None, visible_only=True)
-    common = set(selected.column("sample_id").to_pylist())
-    chosen = [s for s in ids_a if s in in_b and s in common][: limit if limit is not None else None]
-    only_a = [s for s in ids_a if s not in in_b]
-    only_b = [s for s in store_b.sample_ids if s not in in_a]
+    matching = set(selected.column("sample_id").to_pylist())
+    scope_a = [s for s in ids_a if s in matching]
+    scope_b = [s for s in store_b.sample_ids if sample_filter is None or fnmatch.fnmatchcase(s, sample_filter)]
+    chosen = [s for s in scope_a if s in in_b][: limit if limit is not None else None]
+    if limit is not None and len(chosen) >= limit:  # the limit was reached: each store up to its last compared sample
+        compared = set(chosen)
+        last_b = max((i for i, s in enumerate(scope_b) if s in compared), default=-1)
+        scope_a = scope_a[: scope_a.index(chosen[-1]) + 1] if chosen else []
+        scope_b = scope_b[: last_b + 1]
+    only_a = [s for s in scope_a if s not in in_b]
+    only_b = [s for s in scope_b if s not in in_a]
     where_a, where_b = _where(store_a), _where(store_b)
     samples = [(s, where_a[s][0], where_b[s][0]) for s in chosen]
     units = tuple(ScanUnit(i, min(na, nb), ((where_a[sid][1],), (where_b[sid][1],)), (sid, na, nb))

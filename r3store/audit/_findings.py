@@ -30,6 +30,8 @@ KINDS: Mapping[str, tuple[Severity, str]] = {
     "physical_ids": ("error", "a layer's id distribution looks like physical (EP-remapped) expert ids"),
     "row_count": ("error", "num_rows != num_tokens - 1"),
     "duplicate_sample": ("error", "a sample id committed by more than one commit"),
+    "damaged_table": ("error", "a commit's sample table (index/<bucket>/<commit>.parquet) fails its checks: readers "
+                               "refuse the store, or skip that commit with on_damaged_table='skip'"),
     "quarantined": ("warning", "a sample the writer quarantined (kept for audit, hidden from readers)"),
     "missing_rows": ("warning", "rows the engine could not capture, stored as missing (get returns -1 there, batches "
                                 "give them replay_mask False)"),

@@ -24,7 +24,9 @@ def summarize(store: RouteReader) -> dict[str, Any]:
     -------
     dict
         JSON-ready: ``url``, ``format_version`` (of the store: 1 or 2), ``spec``, ``samples`` (visible),
-        ``quarantined``, ``duplicates``, ``tokens``, ``route_rows``, ``expert_ids``,
+        ``quarantined``, ``duplicates``, ``damaged_tables`` (commit -> fault of each sample table
+        a reader opened with ``on_damaged_table="skip"`` left out; its samples are not counted),
+        ``tokens``, ``route_rows``, ``expert_ids``,
         ``route_bytes`` (bytes of the chunk objects of committed route arrays),
         ``index_bytes`` (Parquet sample tables), ``bits_per_id`` (route_bytes * 8 /
         expert_ids), ``ideal_bits_per_id`` (``ceil(log2(num_experts))``),
@@ -66,6 +68,7 @@ def summarize(store: RouteReader) -> dict[str, Any]:
         "samples": len(store),
         "quarantined": quarantined,
         "duplicates": {k: list(v) for k, v in store.duplicates.items()},
+        "damaged_tables": store.skipped_commits,
         "tokens": int(pc.sum(table.column("num_tokens")).as_py() or 0),
         "route_rows": rows,
         "expert_ids": ids,

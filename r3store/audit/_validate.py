@@ -14,8 +14,10 @@ kind, see :data:`r3store.audit.KINDS`):
   quarantined samples with their reason (``quarantined``), rows the engine could not
   capture (``missing_rows``; they are stored as zeros and left out of every route check),
   rows past the array end (``table_mismatch``);
-* per store: ids committed by two commits (``duplicate_sample``) and route arrays with no
-  sample table (``uncommitted``).
+* per store: ids committed by two commits (``duplicate_sample``), route arrays with no
+  sample table (``uncommitted``), and sample tables that fail their checks
+  (``damaged_table``: open the store with ``on_damaged_table="skip"`` so the other commits
+  are audited; a commit a valid checkpoint covers is still audited from the checkpoint's rows).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from r3store._checks import parse_int
 from r3store._format import INDEX_PREFIX, ArrayGeometry, array_key, parse_ranges, parse_table_key
 from r3store._spec import ModelSpec
 from r3store.audit._findings import KINDS, Finding, RowRuns, ValidationReport, format_rows, make_finding
+from r3store.audit._gc import checkpoint_listed, later_commit_of_writer
 from r3store.audit._physical import ALPHA, physical_id_test
 from r3store.audit._scan import (
     ProgressCallback,
@@ -50,7 +53,14 @@ from r3store.audit._scan import (
 )
 from r3store.codecs.kernels import route_stats, route_stats_pieces
 from r3store.errors import ChecksumError, FormatError, ObjectNotFoundError, UnknownCodecError
-from r3store.reader import RouteReader, checkpoint_keys, load_checkpoint, read_all_rows, table_keys
+from r3store.reader import (
+    RouteReader,
+    checkpoint_keys,
+    committed_commits,
+    load_checkpoint,
+    read_all_rows,
+    table_keys,
+)
 
 __all__ = ["plan_validate", "validate"]
 
@@ -157,7 +167,9 @@ def validate(store: RouteReader, *, sample_filter: str | None = None, limit: int
     Parameters
     ----------
     store : RouteReader
-        Open it with ``on_duplicate="report"`` (or ``"first"``) so duplicates are listed.
+        Open it with ``on_duplicate="report"`` (or ``"first"``) so duplicates are listed, and
+        ``on_damaged_table="skip"`` so a damaged sample table is a ``damaged_table`` finding
+        instead of an error at open (``r3store validate`` does both).
     sample_filter : str, optional
         ``fnmatch`` glob on sample ids: audit only matching samples (quarantined ones
         included). With a filter or a limit only the chunks of the selected samples are
@@ -226,10 +238,14 @@ def plan_validate(store: RouteReader, *, sample_filter: str | None = None, limit
     table = select_samples(store.samples, sample_filter, limit)
     subset = sample_filter is not None or limit is not None
     head = _table_findings(table) + _duplicate_findings(store, table, subset)
+    damaged = store.skipped_commits
     if not subset:
         head += _leftover_findings(store)
         if not store.is_partial:
-            head += _checkpoint_findings(store)
+            found, damaged_too = _checkpoint_findings(store)
+            head += found
+            damaged = {**damaged_too, **damaged}
+    head += _damaged_findings(store, damaged)
     flags = table.column("quarantined").to_pylist()
     quarantined = frozenset(sid for sid, q in zip(table.column("sample_id").to_pylist(), flags, strict=True) if q)
     commit_of = {array_key(commit): commit for commit in store.commits}
@@ -370,19 +386,59 @@ def _duplicate_findings(store: RouteReader, table: pa.Table, subset: bool) -> li
 
 
 def _leftover_findings(store: RouteReader) -> list[Finding]:
-    return [make_finding("uncommitted", array=array_key(commit),
-                         detail=f"{nbytes:,} bytes, no sample table: a crashed or still-running writer "
-                                "(r3store gc deletes old leftovers)")
-            for commit, nbytes in store.storage_usage().uncommitted.items()]
+    """Route arrays with no sample table: a crashed or running writer's, or a committed sample whose
+    table was lost; the detail says which evidence there is (a checkpoint listing the commit, a
+    later commit of the same writer)."""
+    uncommitted = store.storage_usage().uncommitted
+    if not uncommitted:
+        return []
+    listed = checkpoint_listed(store.backend, store.manifest)
+    committed = committed_commits(store.backend)
+    out = []
+    for commit, nbytes in uncommitted.items():
+        later = later_commit_of_writer(commit, committed)
+        if commit in listed:
+            why = (f"checkpoint {listed[commit]} lists this commit as committed: its sample table was lost "
+                   "(deleted, or left out of a copy or sync), not a crashed writer's; restore the table from where "
+                   "the store came from (r3store gc --delete refuses these routes)")
+        elif later is not None:
+            why = (f"a crashed or still-running writer's, or a committed sample whose table was lost: the same writer "
+                   f"committed {later!r} later, which points to a lost table (restore it: r3store gc --delete "
+                   "would delete these routes for good)")
+        else:
+            why = ("a crashed or still-running writer's (r3store gc deletes old leftovers), or a committed sample "
+                   "whose table was lost (a partial copy or sync): check that no copy of the store has "
+                   f"index/<bucket>/{commit}.parquet before r3store gc --delete deletes these routes for good")
+        out.append(make_finding("uncommitted", array=array_key(commit), detail=f"{nbytes:,} bytes, no sample table: "
+                                                                               f"{why}"))
+    return out
 
 
-def _checkpoint_findings(store: RouteReader) -> list[Finding]:
+def _damaged_findings(store: RouteReader, damaged: dict[str, str]) -> list[Finding]:
+    """One ``damaged_table`` finding per commit whose sample table fails its checks (``damaged``:
+    commit -> ``"<table path>: <fault>"``)."""
+    out = []
+    for commit, fault in sorted(damaged.items()):
+        if commit in store.commits:  # a checkpoint covers it: its rows (and routes) were read from there
+            effect = ("a checkpoint covers this commit: readers using it still read its samples, and its routes "
+                      "were checked; readers without it (use_checkpoint=False) refuse the store")
+        else:
+            effect = ("readers refuse the store (open_store raises) unless opened with on_damaged_table='skip', "
+                      "which leaves this commit's samples out; its routes were not checked")
+        out.append(make_finding("damaged_table", array=array_key(commit),
+                                detail=f"sample table of commit {commit!r} fails its checks: {fault}; {effect}"))
+    return out
+
+
+def _checkpoint_findings(store: RouteReader) -> tuple[list[Finding], dict[str, str]]:
     """Each checkpoint passes its checks and holds exactly the rows of the sample tables of the
-    commits it covers (every covered commit still has its table)."""
+    commits it covers (every covered commit still has its table; one whose table is damaged is
+    left out of the comparison). Returns the findings and the damaged tables met (commit -> fault)."""
     keys = checkpoint_keys(store.backend)
     if not keys:
-        return []
-    tables = read_all_rows(store.backend, store.manifest)  # from the sample tables, not a checkpoint
+        return [], {}
+    damaged: dict[str, str] = {}  # each damaged table becomes a finding of its own
+    tables = read_all_rows(store.backend, store.manifest, damaged=damaged)  # from the sample tables, not a checkpoint
     by_commit = tables.sort_by([("commit", "ascending"), ("row_start", "ascending")])
     commits = set(by_commit.column("commit").to_pylist())
     newest_bucket = {commit: max((parse_table_key(k) or (None, ""))[0] or "" for k in found)
@@ -397,7 +453,7 @@ def _checkpoint_findings(store: RouteReader) -> list[Finding]:
             why = str(caught[0].message) if caught else "fails its checks"
             out.append(make_finding("checkpoint", array=key, detail=why))
             continue
-        absent = sorted(loaded.info.commits - commits)
+        absent = sorted(loaded.info.commits - commits - set(damaged))
         if absent:
             out.append(make_finding("checkpoint", array=key, detail=f"covers {len(absent)} commit(s) with no sample "
                                                                    f"table, e.g. {absent[0]!r}"))
@@ -411,12 +467,15 @@ def _checkpoint_findings(store: RouteReader) -> list[Finding]:
                 "them (a writer whose clock was behind the store's, FORMAT.md section 12.2)")))
             continue
         mine = loaded.table.sort_by([("commit", "ascending"), ("row_start", "ascending")])
+        if damaged:  # no table to compare these commits' rows with
+            mine = mine.filter(pc.invert(pc.is_in(mine.column("commit"), value_set=pa.array(sorted(damaged),
+                                                                                              pa.string()))))
         theirs = by_commit.filter(pc.is_in(by_commit.column("commit"),
                                            value_set=pa.array(sorted(loaded.info.commits), pa.string())))
         fault = _rows_differ(mine, theirs)
         if fault is not None:
             out.append(make_finding("checkpoint", array=key, detail=f"disagrees with the sample tables: {fault}"))
-    return out
+    return out, damaged
 
 
 def _rows_differ(mine: pa.Table, theirs: pa.Table) -> str | None:

@@ -16,8 +16,10 @@ __all__ = ["demo"]
 
 @click.command()
 @click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--writers", default=4, show_default=True, help="Rollout-worker processes writing the trace.")
-@click.option("--loader-workers", default=2, show_default=True, help="DataLoader worker processes.")
+@click.option("--writers", default=4, show_default=True, type=click.IntRange(1, 32),
+              help="Rollout-worker processes writing the trace (1 to 32: one sample each at most).")
+@click.option("--loader-workers", default=2, show_default=True, type=click.IntRange(min=0),
+              help="DataLoader worker processes (0: load in the main process).")
 @colour_flag
 @handle_errors
 def demo(directory: Path | None, writers: int, loader_workers: int) -> None:

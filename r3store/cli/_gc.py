@@ -44,6 +44,14 @@ def gc(url: str, older_than: str, delete: bool, as_json: bool, storage_options: 
 
     Leftovers younger than --older-than are kept (a running writer may still be
     committing them) and counted.
+
+    Routes with no sample table may also be a committed sample whose table was lost
+    (deleted, or left out of a copy or sync): --delete would then lose it for good. A
+    commit that a checkpoint lists (index/*.checkpoint, written by r3store compact) is
+    such a sample: it is listed as a lost table and never deleted. Without a checkpoint,
+    a later commit of the same writer (commit names are <writer_id>-<seq>) or routes much
+    older than the writer's last commit point to a lost table: r3store validate says which;
+    look for the table in the store's source before --delete.
     """
     from r3store.audit import collect_garbage
 
@@ -66,6 +74,12 @@ def gc(url: str, older_than: str, delete: bool, as_json: bool, storage_options: 
         for item in found:
             table.add_row(Text(item.commit), str(len(item.keys)), f"{item.nbytes:,}", _age(item.age_s))
         console.print(table)
+        for item in found:
+            if item.listed_by is not None:
+                console.print(f"{item.commit}: checkpoint {item.listed_by} lists it as committed: its sample table "
+                              "was lost, not a crashed writer's; its routes are kept"
+                              + (" (not deleted)" if delete else "") + "; restore the table from the store's source",
+                              soft_wrap=True, highlight=False)
     else:
         console.print(f"no uncommitted leftovers older than {older_than}")
     if younger:

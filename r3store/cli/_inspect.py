@@ -10,13 +10,16 @@ from rich.table import Table
 from rich.text import Text
 
 from r3store.cli._options import (
+    EXIT_FINDINGS,
     colour_flag,
     echo_json,
     handle_errors,
     make_console,
+    open_for_audit,
     parse_storage_options,
     plural,
     print_header,
+    report_damaged,
     storage_option_flag,
 )
 
@@ -86,6 +89,8 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
     ]
     if summary["duplicates"]:
         rows.append(("duplicate ids", f"{len(summary['duplicates'])}"))
+    if summary.get("damaged_tables"):
+        rows.append(("damaged sample tables", f"{len(summary['damaged_tables'])} (their commits' samples left out)"))
     if summary["uncommitted_commits"]:
         rows.append(("uncommitted leftovers", f"{plural(len(summary['uncommitted_commits']), 'commit')}, "
                                               f"{_bytes(summary['uncommitted_bytes'])} (see r3store gc)"))
@@ -105,12 +110,14 @@ def render_summary(summary: dict[str, Any], console: Console) -> None:
 def inspect(url: str, as_json: bool, cache_dir: str | None, storage_options: tuple[str, ...]) -> None:
     """Summarise the store at URL: samples, tokens, spec, bytes, bits per expert id, commits."""
     from r3store.audit import summarize
-    from r3store.reader import RouteReader
 
-    store = RouteReader.open(url, storage_options=parse_storage_options(storage_options, url),
-                             reader={"on_duplicate": "report", "cache_dir": cache_dir})
+    store = open_for_audit(url, parse_storage_options(storage_options, url),
+                           {"on_duplicate": "report", "cache_dir": cache_dir})
+    damaged = report_damaged(store)
     summary = summarize(store)
     if as_json:
         echo_json(summary)
     else:
         render_summary(summary, make_console())
+    if damaged:
+        click.get_current_context().exit(EXIT_FINDINGS)

@@ -19,8 +19,9 @@ from r3store.errors import R3StoreError
 
 __all__ = ["EXIT_ERROR", "EXIT_FINDINGS", "EXIT_OK", "BadValue", "MissingExtra", "SafeConsole", "colour_flag",
            "echo_json", "error_line", "exit_on_error", "exit_on_usage", "handle_errors", "header_lines",
-           "is_local_url", "is_one_line_usage", "json_text", "make_console", "parse_storage_options", "plural",
-           "print_header", "printable", "quiet_stdout", "storage_option_flag", "styled", "uses_colour",
+           "is_local_url", "is_one_line_usage", "json_text", "make_console", "open_for_audit",
+           "parse_storage_options", "plural", "print_header", "printable", "quiet_stdout", "report_damaged",
+           "storage_option_flag", "styled", "uses_colour",
            "warn_duplicates"]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -176,13 +177,25 @@ def make_console(*, stderr: bool = False) -> Console:
     ``[bold]x``, ``[/]`` cannot raise ``MarkupError``). Styles are given as
     :class:`rich.text.Text` spans (:func:`styled`) instead. Control characters are
     escaped (:class:`SafeConsole`, :func:`printable`). Colours follow rich's rules (none
-    when the output is no terminal or ``NO_COLOR`` is set); ``--no-color`` turns off every
-    style. Whatever a colour says is also said in words when colours are off (:func:`uses_colour`).
+    when the output is no terminal); ``--no-color`` or a non-empty ``NO_COLOR`` (no-color.org)
+    turns off every style, bold included. Output that is no terminal is :data:`PIPE_WIDTH`
+    wide unless ``COLUMNS`` says otherwise. Whatever a colour says is also said in words when
+    colours are off (:func:`uses_colour`).
     """
     ctx = click.get_current_context(silent=True)
-    if ctx is not None and ctx.meta.get(NO_COLOR_META):
-        return SafeConsole(stderr=stderr, markup=False, highlight=False, color_system=None, no_color=True)
-    return SafeConsole(stderr=stderr, markup=False, highlight=False)
+    if (ctx is not None and ctx.meta.get(NO_COLOR_META)) or os.environ.get("NO_COLOR"):
+        console = SafeConsole(stderr=stderr, markup=False, highlight=False, color_system=None, no_color=True)
+    else:
+        console = SafeConsole(stderr=stderr, markup=False, highlight=False)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console.width = PIPE_WIDTH  # a file or pipe: one line per finding, row or message (grep-able logs)
+    return console
+
+
+PIPE_WIDTH = 4096
+"""Console width when the output is no terminal and ``COLUMNS`` is not set: lines are not
+wrapped at 80 columns (rich's default), so a finding, a message or a ``show`` cell stays on
+one line of a log (set ``COLUMNS`` to wrap at another width)."""
 
 
 def uses_colour(console: Console) -> bool:
@@ -354,3 +367,32 @@ def warn_duplicates(store: Any, *, only: str | None = None, shown: int = 3) -> N
         text = (f"{count:,} sample id{' is' if count == 1 else 's are'} committed more than once in {store.url}: "
                 f"{'; '.join(parts)}{more}; one copy of each is read ({why})")
     make_console(stderr=True).print(styled(("warning:", "yellow"), " ", text), soft_wrap=True)
+
+
+def open_for_audit(url: str, storage_options: dict[str, Any], reader: dict[str, Any]) -> Any:
+    """Open ``url`` for an audit command (``RouteReader.open`` with ``reader`` and
+    ``on_damaged_table="skip"``): a damaged sample table costs only its own commit, which the
+    command reports (:func:`report_damaged`, or a ``damaged_table`` finding), without the
+    reader's Python warning on top."""
+    import warnings
+
+    from r3store.errors import DamagedTableWarning
+    from r3store.reader import RouteReader
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DamagedTableWarning)
+        return RouteReader.open(url, storage_options=storage_options, reader={**reader, "on_damaged_table": "skip"})
+
+
+def report_damaged(store: Any) -> bool:
+    """Print one ``error:`` line on stderr per commit that ``store`` (opened with
+    :func:`open_for_audit`) left out because its sample table is damaged; whether there was any
+    (the command then exits 1: a finding, as ``r3store validate`` reports it)."""
+    skipped: dict[str, str] = store.skipped_commits
+    console = make_console(stderr=True)
+    for commit, fault in skipped.items():
+        console.print(styled(("error:", "bold red"), " ", f"damaged_table: sample table of commit {commit!r} fails "
+                                                          f"its checks ({fault}); its samples are left out of what "
+                                                          "is shown here (r3store validate checks the rest)"),
+                      soft_wrap=True)
+    return bool(skipped)

@@ -58,9 +58,10 @@ def _cell_width(console: Console, num_layers: int, row_digits: int) -> int:
 DEFAULT_ROWS = 50
 """Rows ``show`` prints without ``--rows`` (``--json`` gives every row)."""
 
-def layers_that_fit(width: int, *, num_experts: int, top_k: int, row_digits: int) -> int:
+def layers_that_fit(width: int, *, num_experts: int, top_k: int, row_digits: int, marks: int = 0) -> int:
     """How many layer columns fit ``width`` characters with each cell's top-k ids on one line
-    (at least 1, at most :data:`MAX_TABLE_LAYERS`).
+    (at least 1, at most :data:`MAX_TABLE_LAYERS`); ``marks``: characters each cell keeps free
+    for the text markers of a table without colours (``" !*"``: 3).
 
     Examples
     --------
@@ -69,7 +70,7 @@ def layers_that_fit(width: int, *, num_experts: int, top_k: int, row_digits: int
     >>> [layers_that_fit(w, num_experts=64, top_k=6, row_digits=4) for w in (80, 240)]
     [3, 8]
     """
-    cell = max(6, top_k * (len(str(max(num_experts - 1, 0))) + 1) - 1)
+    cell = max(6, top_k * (len(str(max(num_experts - 1, 0))) + 1) - 1) + marks
     borders = 1 + (row_digits + 3)
     return max(1, min(MAX_TABLE_LAYERS, (width - borders) // (cell + 3)))
 
@@ -118,6 +119,14 @@ def render_show(result: dict[str, Any], console: Console) -> None:
                              ("yellow", "yellow"), ": a cell holding an id twice"))
     elif out_of_range or repeated:
         console.print(f"!: a cell holding an id >= num_experts ({n}); *: a cell holding an id twice")
+
+
+def _first_layers(result: dict[str, Any], k: int) -> dict[str, Any]:
+    """A :func:`r3store.audit.show` result cut to its first ``k`` layers (cells, markers and all)."""
+    keep = set(result["layers"][:k])
+    return {**result, "layers": result["layers"][:k], "routes": [row[:k] for row in result["routes"]],
+            "repeated": [c for c in result["repeated"] if c[1] in keep],
+            "out_of_range": [c for c in result["out_of_range"] if c[1] in keep]}
 
 
 def _parse(value: str | None, parser: Any, hint: str) -> Any:
@@ -184,6 +193,15 @@ def show(url: str, sample_id: str, layers: str | None, rows: str | None, as_json
         raise SampleNotFoundError(sample_id, store.url, quarantined=exc.quarantined,
                                   hint="its routes could not be stored (none were kept), so there are no routes "
                                        "to show") from exc
+    if not as_json and layers is None and not uses_colour(console) and (result["repeated"] or result["out_of_range"]):
+        # marked cells (" !*") need room too: fewer layers, so each cell stays on one line
+        marked = layers_that_fit(console.width, num_experts=store.spec.num_experts, top_k=store.spec.top_k,
+                                 row_digits=6, marks=3)
+        if marked < len(result["layers"]):
+            result = _first_layers(result, marked)
+            shown = result["layers"]
+            note = (f"showing MoE layers {shown[0]}..{shown[-1]} of {store.spec.num_moe_layers}; "
+                    "pick others with --layers (--json shows all)")
     if as_json:
         echo_json(result)
     else:

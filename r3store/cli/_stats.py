@@ -10,11 +10,14 @@ from rich.table import Table
 from rich.text import Text
 
 from r3store.cli._options import (
+    EXIT_FINDINGS,
     colour_flag,
     handle_errors,
+    open_for_audit,
     parse_storage_options,
     plural,
     print_header,
+    report_damaged,
     storage_option_flag,
     warn_duplicates,
 )
@@ -132,11 +135,11 @@ def stats(url: str, as_json: bool, top: int, plot_path: str | None, plot_size: s
     the sequence-length distribution. Quarantined samples are left out.
     """
     from r3store.audit import stats as run_stats
-    from r3store.reader import RouteReader
 
     size = parse_size(plot_size)
     options = parse_storage_options(storage_options, url)
-    store = RouteReader.open(url, storage_options=options, reader={"on_duplicate": "first"})
+    store = open_for_audit(url, options, {"on_duplicate": "first"})
+    damaged = report_damaged(store)
     warn_duplicates(store)  # here, with --ray too: its output is the local scan's
     if ray_address is not None:
         result = on_ray(ray_address, "stats", not as_json, lambda on_cluster, progress: on_cluster.stats(
@@ -149,3 +152,5 @@ def stats(url: str, as_json: bool, top: int, plot_path: str | None, plot_size: s
     require_selection(result["samples"], url, sample_filter=sample_filter, limit=limit, what="visible sample",
                       total=len(store.sample_ids))
     emit(result, as_json=as_json, render=render_stats, draw=plot_stats, plot_path=plot_path, size=size)
+    if damaged:
+        click.get_current_context().exit(EXIT_FINDINGS)

@@ -16,6 +16,7 @@ from r3store.cli._options import (
     colour_flag,
     handle_errors,
     make_console,
+    open_for_audit,
     parse_storage_options,
     print_header,
     storage_option_flag,
@@ -138,7 +139,9 @@ def validate(url: str, as_json: bool, grace: str, strict: bool, sample_filter: s
     Decodes every frame of every committed route array and reports, per sample, MoE
     layer and rows: all-zero layers, repeated ids within a row, ids >= num_experts,
     physical-looking (EP-remapped) id distributions, row counts other than
-    num_tokens - 1, duplicate sample ids, quarantined samples, uncommitted leftovers
+    num_tokens - 1, duplicate sample ids, quarantined samples, uncommitted leftovers,
+    sample tables that fail their checks (damaged_table: every other commit is still
+    checked; after r3store compact the commit's routes too, from the checkpoint)
     and missing rows (missing_rows: rows stored as missing with append(...,
     allow_missing=True); informational). Quarantined samples, and the faults in their
     routes, are warnings: the writer kept them aside as on_invalid="quarantine" promised
@@ -149,7 +152,6 @@ def validate(url: str, as_json: bool, grace: str, strict: bool, sample_filter: s
     I/O error, or a --sample-filter / --limit that selects no sample.
     """
     from r3store.audit import validate as run_validate
-    from r3store.reader import RouteReader
 
     grace_s = parse_duration(grace, "--grace")
     options = parse_storage_options(storage_options, url)
@@ -158,7 +160,7 @@ def validate(url: str, as_json: bool, grace: str, strict: bool, sample_filter: s
             url, storage_options=options, sample_filter=sample_filter, limit=limit, workers=workers,
             progress=progress))
     else:
-        store = RouteReader.open(url, storage_options=options, reader={"on_duplicate": "report"})
+        store = open_for_audit(url, options, {"on_duplicate": "report"})
         with progress_bar("validate", enabled=not as_json) as progress:
             report = run_validate(store, sample_filter=sample_filter, limit=limit, workers=workers, progress=progress)
     require_selection(report.samples_checked, url, sample_filter=sample_filter, limit=limit,

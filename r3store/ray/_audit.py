@@ -12,6 +12,7 @@ the single-process report, findings and JSON included.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -20,7 +21,7 @@ import ray
 from r3store._checks import parse_optional_int
 from r3store.audit import ScanPlan, ScanUnit, ValidationReport, plan_diff, plan_stats, plan_validate
 from r3store.audit import run_plan as run_plan_here
-from r3store.errors import OptionError
+from r3store.errors import DamagedTableWarning, OptionError
 from r3store.ray._cluster import r3store_errors
 from r3store.reader import RouteReader
 
@@ -157,12 +158,16 @@ def validate(url: str | os.PathLike[str], *, storage_options: Mapping[str, Any] 
              progress: TaskProgress | None = None) -> ValidationReport:
     """:func:`r3store.audit.validate` of the store at ``url``, its route arrays scanned by Ray tasks.
 
-    Opens the store here (``on_duplicate="report"``, as ``r3store validate``), plans,
+    Opens the store here (``on_duplicate="report"`` and ``on_damaged_table="skip"``: a damaged
+    sample table is a ``damaged_table`` finding, as with ``r3store validate``), plans,
     runs the units on the connected cluster (:func:`connect` first) and merges: the
     report equals the single-process one. Parameters are those of
     :func:`r3store.audit.validate` and :func:`run_plan`.
     """
-    store = RouteReader.open(url, storage_options=storage_options, reader={"on_duplicate": "report"})
+    with warnings.catch_warnings():  # each skipped table is a finding of the report
+        warnings.simplefilter("ignore", DamagedTableWarning)
+        store = RouteReader.open(url, storage_options=storage_options,
+                                 reader={"on_duplicate": "report", "on_damaged_table": "skip"})
     plan = plan_validate(store, sample_filter=sample_filter, limit=limit, max_findings=max_findings)
     return run_plan(plan, [url], storage_options=storage_options, num_tasks=num_tasks, workers=workers,
                     progress=progress)

@@ -78,6 +78,8 @@ from r3store._format import (
 )
 from r3store.errors import (
     CheckpointWarning,
+    ChecksumError,
+    DamagedTableWarning,
     DuplicateSampleError,
     FormatError,
     MetadataTypeWarning,
@@ -90,8 +92,10 @@ from r3store.reader._filter import filter_samples
 from r3store.storage import Backend
 
 __all__ = [
+    "ON_DAMAGED_TABLE",
     "ON_DUPLICATE",
     "LoadedCheckpoint",
+    "OnDamagedTable",
     "OnDuplicate",
     "Preloaded",
     "SampleCatalog",
@@ -108,6 +112,9 @@ __all__ = [
 
 OnDuplicate = Literal["raise", "first", "report"]
 ON_DUPLICATE = ("raise", "first", "report")
+
+OnDamagedTable = Literal["raise", "skip"]
+ON_DAMAGED_TABLE = ("raise", "skip")
 
 V = TypeVar("V")
 
@@ -262,10 +269,24 @@ def load_checkpoint(backend: Backend, manifest: Manifest, *, max_sample_rows: in
     return None
 
 
-def read_all_rows(backend: Backend, manifest: Manifest) -> pa.Table:
+def read_all_rows(backend: Backend, manifest: Manifest, *, damaged: dict[str, str] | None = None) -> pa.Table:
     """Every row of every sample table of a store (read from the tables, no checkpoint; duplicates
-    kept), in store order: what a checkpoint of all commits would hold (audits compare them)."""
-    return SampleCatalog(backend, manifest, on_duplicate="report", use_checkpoint=False).all_rows
+    kept), in store order: what a checkpoint of all commits would hold (audits compare them).
+
+    Parameters
+    ----------
+    damaged : dict, optional
+        Given: a sample table that fails its checks is left out (no warning) and its commit
+        added here with the fault (as :attr:`SampleCatalog.skipped`). Not given: it raises.
+    """
+    if damaged is None:
+        return SampleCatalog(backend, manifest, on_duplicate="report", use_checkpoint=False).all_rows
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DamagedTableWarning)
+        catalog = SampleCatalog(backend, manifest, on_duplicate="report", use_checkpoint=False,
+                                on_damaged_table="skip")
+    damaged.update(catalog.skipped)
+    return catalog.all_rows
 
 
 def uncommitted_route_objects(listing: Mapping[str, V], committed: Collection[str]) -> dict[str, dict[str, V]]:
@@ -324,6 +345,11 @@ class SampleCatalog:
     on_duplicate : {"raise", "first", "report"}
         A sample id committed twice: raise, keep the earliest commit, or keep it and
         list the duplicates in :attr:`duplicates`.
+    on_damaged_table : {"raise", "skip"}
+        A sample table that fails its checks (a ``ChecksumError``, or a ``FormatError`` that
+        is not about the spec, the store's identity, the format version or the row cap):
+        raise, or leave its commit out with a :class:`r3store.errors.DamagedTableWarning`
+        and list it in :attr:`skipped` (see ``ReaderOptions.on_damaged_table``).
     max_sample_rows : int, optional
         Cap on rows per sample (default: the manifest's).
     preloaded : Preloaded, optional
@@ -344,6 +370,9 @@ class SampleCatalog:
         The committed commits (those asked for, with ``commits``), in name order.
     complete : bool
         Whether every committed commit was loaded (no ``commits`` restriction).
+    skipped : dict of str to str
+        Commits left out because their sample table is damaged (``on_damaged_table="skip"``),
+        with the fault (``"<table path>: <what is wrong>"``), in name order.
     array_rows : dict of str to int
         Rows each committed route array must have (``routes/<commit>`` -> the end of its
         table's last sample).
@@ -366,8 +395,11 @@ class SampleCatalog:
     def __init__(self, backend: Backend, manifest: Manifest, *, on_duplicate: OnDuplicate = "raise",
                  max_sample_rows: int | None = None, preloaded: Preloaded | None = None,
                  commits: Collection[str] | None = None, filter: pc.Expression | None = None,
-                 use_checkpoint: bool = True) -> None:
+                 use_checkpoint: bool = True, on_damaged_table: OnDamagedTable = "raise") -> None:
         parse_choice("on_duplicate", on_duplicate, ON_DUPLICATE)
+        parse_choice("on_damaged_table", on_damaged_table, ON_DAMAGED_TABLE)
+        self.on_damaged_table = on_damaged_table
+        self._skipped: dict[str, str] = {}
         if filter is not None and not isinstance(filter, pc.Expression):
             raise OptionError("filter", filter, "must be a pyarrow.compute.Expression, e.g. pc.field('step') == 3")
         self.url = backend.url
@@ -413,7 +445,7 @@ class SampleCatalog:
         self.checkpoint, self._watermark = pending.key, header.info.watermark
         by_commit = self._table_keys(backend, None)
         todo = {commit: keys for commit, keys in by_commit.items() if commit not in header.recent}
-        pending.newer = dict(zip(todo, self._read_tables(backend, todo), strict=True))
+        pending.newer = self._read_tables(backend, todo)
         self._pending = pending
         newer = self._merge(list(pending.newer.values())) if pending.newer else None
         ids = [] if newer is None else newer.column("sample_id").to_pylist()
@@ -426,7 +458,7 @@ class SampleCatalog:
         pending.visible = header.visible + len(ids) - hidden
         pending.newer_rows = newer
         pending.lazy = header.layout >= 3 and header.footer is not None and _after(newer, header.last)
-        self._read = set(todo)
+        self._read = set(pending.newer)
         self._build_lookup()
 
     def _materialize(self) -> None:
@@ -458,7 +490,7 @@ class SampleCatalog:
                 listed = table_keys(backend.list_prefix(INDEX_PREFIX), self.manifest.version, backend.path_of)
                 older = {commit: keys for commit, keys in listed.items() if commit not in newer and
                          (commit in pending.header.recent or keys[0].split("/")[1] < pending.header.info.watermark)}
-                newer = {**newer, **dict(zip(older, self._read_tables(backend, older), strict=True))}
+                newer = {**newer, **self._read_tables(backend, older)}
                 table, info = None, CheckpointInfo(frozenset(), pending.header.info.watermark, "")
                 self.checkpoint = None
             pieces = [] if table is None else [self._narrow(table)]
@@ -514,6 +546,12 @@ class SampleCatalog:
         """The commits the checkpoint covers (empty without one)."""
         self._materialize()
         return self._covered_v
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        """Commits left out because their sample table is damaged (``on_damaged_table="skip"``):
+        commit -> ``"<table path>: <fault>"``, in name order."""
+        return dict(sorted(self._skipped.items()))
 
     @property
     def in_parts(self) -> bool:
@@ -572,23 +610,36 @@ class SampleCatalog:
                                       f"commit {absent[0]!r} has no sample table")
         return {commit: by_commit[commit] for commit in wanted}
 
-    def _read_tables(self, backend: Backend, todo: dict[str, list[str]]) -> list[pa.Table]:
+    def _read_tables(self, backend: Backend, todo: dict[str, list[str]]) -> dict[str, pa.Table]:
         """Read and check the sample tables of ``todo`` (commit -> keys); note their array rows;
-        return them, narrowed by the filter where a table has the filter's columns."""
+        return them by commit, narrowed by the filter where a table has the filter's columns.
+        With ``on_damaged_table="skip"`` a damaged table's commit is left out (warned, noted
+        in :attr:`skipped`)."""
         blobs = backend.get_many([k for keys in todo.values() for k in keys])
-        tables = []
+        tables = {}
         for commit, keys in todo.items():
-            blob = blobs.pop(keys[0])
-            for other in keys[1:]:  # a late retry wrote a second bucket: the same bytes, or a fault
-                if blobs.pop(other) != blob:
-                    raise FormatError(backend.path_of(other), f"a second sample table of commit {commit!r} that "
-                                                              f"differs from {keys[0]}")
-            table = read_table(blob, backend.path_of(keys[0]), commit, version=self.manifest.version,
-                               spec=self.manifest.spec, spec_source=backend.path_of(MANIFEST_KEY),
-                               max_sample_rows=self.max_sample_rows, store_id=self.manifest.store_id)
+            try:
+                table = self._read_table(backend, commit, keys, blobs)
+            except FormatError as exc:
+                if self.on_damaged_table != "skip" or not _is_damage(exc):
+                    raise
+                self._skipped[commit] = str(exc)
+                warnings.warn(DamagedTableWarning(exc.path, commit, exc.fault), stacklevel=5)
+                continue
             self._array_rows[array_key(commit)] = array_rows(table)
-            tables.append(self._narrow(table))
+            tables[commit] = self._narrow(table)
         return tables
+
+    def _read_table(self, backend: Backend, commit: str, keys: list[str], blobs: dict[str, Any]) -> pa.Table:
+        """One commit's checked sample table (``keys``: its table keys, whose bytes ``blobs`` holds)."""
+        blob = blobs.pop(keys[0])
+        for other in keys[1:]:  # a late retry wrote a second bucket: the same bytes, or a fault
+            if blobs.pop(other) != blob:
+                raise FormatError(backend.path_of(other), f"a second sample table of commit {commit!r} that "
+                                                          f"differs from {keys[0]}")
+        return read_table(blob, backend.path_of(keys[0]), commit, version=self.manifest.version,
+                          spec=self.manifest.spec, spec_source=backend.path_of(MANIFEST_KEY),
+                          max_sample_rows=self.max_sample_rows, store_id=self.manifest.store_id)
 
     def _narrow(self, table: pa.Table) -> pa.Table:
         """``table`` filtered (pushed down before merging); unchanged when it lacks a column the
@@ -609,8 +660,9 @@ class SampleCatalog:
         tables = [] if preloaded is None else [self._narrow(preloaded.table)]
         if preloaded is not None:
             self._note_preloaded(preloaded)
-        tables += self._read_tables(backend, todo)
-        self._preloaded, self._read, self._commits = covered, set(todo), None
+        read = self._read_tables(backend, todo)
+        tables += read.values()
+        self._preloaded, self._read, self._commits = covered, set(read), None
         return self._merge(tables)
 
     def _merge(self, tables: list[pa.Table]) -> pa.Table:
@@ -658,14 +710,20 @@ class SampleCatalog:
         self._materialize()
         by_commit = self._table_keys(backend, None)
         todo = {commit: keys for commit, keys in by_commit.items()
-                if commit not in self._preloaded and commit not in self._read}
+                if commit not in self._preloaded and commit not in self._read and commit not in self._skipped}
         if not todo:
             return 0
         before = len(self.visible)
-        rows = self._merge([self._rows, *self._read_tables(backend, todo)])
-        samples, duplicates = _dedupe(rows, self.on_duplicate)
+        skipped = dict(self._skipped)
+        try:
+            read = self._read_tables(backend, todo)
+            rows = self._merge([self._rows, *read.values()])
+            samples, duplicates = _dedupe(rows, self.on_duplicate)
+        except BaseException:
+            self._skipped = skipped  # nothing changes
+            raise
         self._rows, self.samples, self.duplicates = rows, samples, duplicates
-        self._read |= set(todo)
+        self._read |= set(read)
         self._commits = None
         self._build_lookup()
         return len(self.visible) - before
@@ -1171,6 +1229,14 @@ def _clashing_metadata_as_strings(tables: list[pa.Table]) -> list[pa.Table]:
             t = t.set_column(t.schema.get_field_index(name), name, pc.cast(t.column(name), pa.string()))
         out.append(t)
     return out
+
+
+def _is_damage(exc: FormatError) -> bool:
+    """Whether a sample table's error is damage to its bytes (checksums, Parquet, columns, rows),
+    which ``on_damaged_table="skip"`` may skip; not a table of another spec or store, of an
+    unknown format version, or over the row cap (the reader's settings or the store are at
+    fault there, not one table)."""
+    return type(exc) in (FormatError, ChecksumError)
 
 
 def _dedupe(table: pa.Table, on_duplicate: OnDuplicate) -> tuple[pa.Table, dict[str, list[str]]]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import inspect
 import itertools
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar, cast
@@ -56,6 +57,7 @@ from r3store.errors import (
     OptionError,
     SpecConflictError,
     SpecError,
+    StorageError,
     StoreIdentityError,
     UnknownCodecError,
 )
@@ -630,7 +632,7 @@ class ChunkReader:
         with ThreadPoolExecutor(min(threads, len(todo))) as pool:
             raws = list(pool.map(fetch, todo))
         for (array, geometry, obj), raw in zip(todo, raws, strict=True):
-            self._keep_index((array, obj), decode_index(raw, geometry, array, obj).copy())
+            self._keep_index((array, obj), self._decode_index(raw, geometry, array, obj).copy())
 
     def object_index(self, array: str, geometry: ArrayGeometry, obj: int) -> np.ndarray:
         """The verified index of storage object ``obj``: uint64 ``(row chunks, layer chunks, 2)``."""
@@ -638,9 +640,35 @@ class ChunkReader:
         if index is None:
             key = f"{array}/{ArrayGeometry.object_key(obj)}"
             raw = self.backend.get(key, SuffixByteRange(geometry.index_nbytes))
-            index = decode_index(raw, geometry, array, obj).copy()
+            index = self._decode_index(raw, geometry, array, obj).copy()
             self._keep_index((array, obj), index)
         return index
+
+    def _decode_index(self, raw: bytes | memoryview, geometry: ArrayGeometry, array: str, obj: int) -> np.ndarray:
+        """:func:`decode_index`; an index that fails its CRC-32C is reported with the object's size
+        and, when a neighbouring object of the array is longer than this one could have been
+        shortened from, as truncated: the index is the object's last bytes, so an object cut short
+        (a partial upload or copy) fails exactly this way."""
+        try:
+            return decode_index(raw, geometry, array, obj)
+        except ChecksumError as exc:
+            key = f"{array}/{ArrayGeometry.object_key(obj)}"
+            try:
+                size = self.backend.info(key).size
+            except (StorageError, OSError):
+                raise exc from None
+            hint = (f"; the object is {size:,} bytes and its index is its last {geometry.index_nbytes:,}: damaged, "
+                    "or truncated (a partial upload or copy cuts the index off)")
+            if obj + 1 < geometry.num_objects:  # a full object: the next one holds as many row chunks
+                try:
+                    nxt = self.backend.info(f"{array}/{ArrayGeometry.object_key(obj + 1)}").size
+                except (StorageError, OSError):
+                    nxt = 0
+                if nxt > 2 * size:
+                    hint = (f"; the object is {size:,} bytes, the next one of the array {nxt:,}: truncated (a "
+                            "partial upload or copy cut its index off)")
+            fault = re.sub(r"^chunk \([\d, ]*\): ", "", exc.fault)
+            raise ChecksumError(exc.array, exc.chunk, f"{fault}{hint}") from None
 
     def _keep_index(self, key: tuple[str, int], index: np.ndarray) -> None:
         """Cache a verified object index (least recently used dropped past ``INDEX_CACHE_BYTES``)."""

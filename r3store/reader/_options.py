@@ -29,7 +29,7 @@ from r3store._checks import (
     strict_fields,
 )
 from r3store.errors import OptionError
-from r3store.reader._catalog import ON_DUPLICATE, parse_commits
+from r3store.reader._catalog import ON_DAMAGED_TABLE, ON_DUPLICATE, parse_commits
 
 __all__ = ["ReaderOptions", "ReaderOptionsDict"]
 
@@ -45,6 +45,7 @@ class ReaderOptionsDict(TypedDict, total=False):
     filter: pc.Expression | None
     use_checkpoint: bool
     output_pool_bytes: int
+    on_damaged_table: Literal["raise", "skip"]
 
 
 @strict_fields
@@ -100,6 +101,20 @@ class ReaderOptions:
         similar size reads into memory already mapped. The reader holds at most this many
         bytes of blocks, in use or free, after the arrays are dropped (see
         :class:`r3store.reader.BufferPool`).
+    on_damaged_table : {'raise', 'skip'}
+        A commit's sample table that fails its checks (a Parquet page or digest fails its
+        checksum, an unreadable or malformed table: :class:`r3store.errors.ChecksumError` or
+        :class:`r3store.errors.FormatError`; not a table of another spec or store, or over
+        ``max_sample_rows``). ``'raise'`` (the default): the open (or ``refresh``) fails with
+        that error. ``'skip'``: that commit alone is left out, with one
+        :class:`r3store.errors.DamagedTableWarning` naming the table, the commit and the fault,
+        and listed in :attr:`r3store.RouteReader.skipped_commits`; every other commit is read.
+        The default raises because skipping changes what a trainer sees: a damaged table
+        hides all of its commit's samples, and a job must not train on fewer samples unless
+        someone chose to. Commits a valid checkpoint covers need no table (their rows come
+        from the checkpoint), so ``r3store compact`` keeps a damaged table's samples readable
+        when it ran before the damage. The audit commands (``validate``, ``inspect``,
+        ``stats``) open with ``'skip'`` and report each skipped table.
 
     Raises
     ------
@@ -125,6 +140,7 @@ class ReaderOptions:
     filter: pc.Expression | None = None
     use_checkpoint: bool = True
     output_pool_bytes: int = 512 << 20
+    on_damaged_table: Literal["raise", "skip"] = "raise"
 
     LOOSE_KEYWORDS: ClassVar[tuple[str, ...]] = (
         "on_duplicate", "cache_bytes", "cache_dir", "max_sample_rows", "commits", "filter", "use_checkpoint")
@@ -147,6 +163,7 @@ class ReaderOptions:
         object.__setattr__(self, "use_checkpoint", parse_bool("use_checkpoint", self.use_checkpoint))
         object.__setattr__(self, "output_pool_bytes", parse_int("output_pool_bytes", self.output_pool_bytes,
                                                                  minimum=0))
+        parse_choice("on_damaged_table", self.on_damaged_table, ON_DAMAGED_TABLE)
 
     def __eq__(self, other: object) -> bool:
         """Field by field (``filter`` expressions by :meth:`pyarrow.compute.Expression.equals`)."""

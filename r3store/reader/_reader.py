@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Self
 
@@ -22,7 +23,7 @@ from r3store._format import (
     parse_manifest,
 )
 from r3store._spec import ModelSpec
-from r3store.errors import NotAStoreError, ObjectNotFoundError, OptionError, SampleNotFoundError
+from r3store.errors import ChecksumError, NotAStoreError, ObjectNotFoundError, OptionError, SampleNotFoundError
 from r3store.reader._catalog import (
     Preloaded,
     SampleCatalog,
@@ -98,7 +99,8 @@ class RouteReader:
         self.format_version = manifest.version
         self._catalog = SampleCatalog(backend, manifest, on_duplicate=opts.on_duplicate,
                                       max_sample_rows=opts.max_sample_rows, preloaded=preloaded,
-                                      commits=opts.commits, filter=opts.filter, use_checkpoint=opts.use_checkpoint)
+                                      commits=opts.commits, filter=opts.filter, use_checkpoint=opts.use_checkpoint,
+                                      on_damaged_table=opts.on_damaged_table)
         self._chunks = ChunkReader(backend, manifest, self._catalog.array_rows, cache_bytes=opts.cache_bytes,
                                    pool=BufferPool(opts.output_pool_bytes))
 
@@ -158,6 +160,14 @@ class RouteReader:
         return list(self._catalog.commits)
 
     @property
+    def skipped_commits(self) -> dict[str, str]:
+        """Commits left out because their sample table fails its checks, with the fault
+        (``"<table path>: <what is wrong>"``), in name order; empty unless the reader was
+        opened with ``on_damaged_table="skip"`` (see :class:`r3store.reader.ReaderOptions`).
+        Each was warned about once (:class:`r3store.errors.DamagedTableWarning`)."""
+        return self._catalog.skipped
+
+    @property
     def manifest(self) -> Manifest:
         """The store's checked manifest (format version, spec, cap on rows per sample)."""
         return self._catalog.manifest
@@ -181,7 +191,8 @@ class RouteReader:
         already known keep their place, the new ones are merged in store order (so
         :attr:`sample_ids` may grow in the middle when a commit's clock was behind).
         The ``filter=`` applies to the new samples too. Nothing changes when a new table
-        fails its checks.
+        fails its checks (with ``on_damaged_table="skip"``: its commit is skipped, warned
+        and added to :attr:`skipped_commits`; the others are added).
 
         Returns
         -------
@@ -298,7 +309,7 @@ class RouteReader:
         catalog = self._catalog
         complete = catalog.complete and catalog.watermark is None
         committed = catalog.commits if complete else committed_commits(self.backend)
-        return storage_usage(self.backend, set(committed))
+        return storage_usage(self.backend, set(committed).union(catalog.skipped))  # a damaged table is a table
 
     # -- reading ----------------------------------------------------------------------
 
@@ -363,7 +374,8 @@ class RouteReader:
             is not a signed integer holding -1 and every expert id.
         r3store.errors.ChecksumError
             (a FormatError) a chunk fails its CRC-32C or its position tag; names the array
-            and chunk.
+            and chunk ``(row chunk, layer chunk, 0)``, and the sample, its rows and the
+            decoder layer(s) the chunk holds.
         r3store.errors.FormatError
             The sample's route array document is malformed or disagrees with its sample
             table or the manifest, or a frame or object index is malformed.
@@ -394,8 +406,11 @@ class RouteReader:
         base = int(catalog.row_start[i])
         array = catalog.array[i]
         _check_out(out, self.spec.num_experts - 1, signed=True)
-        self._chunks.geometry(array)  # the whole array must match its sample table
-        got = self._chunks.read_rows(array, base + start, base + stop, positions, out=out)
+        geometry = self._chunks.geometry(array)  # the whole array must match its sample table
+        try:
+            got = self._chunks.read_rows(array, base + start, base + stop, positions, out=out)
+        except ChecksumError as exc:
+            raise _in_sample(exc, sample_id, base, int(catalog.num_rows[i]), geometry, self.spec) from None
         for a, b in catalog.missing_rows(i):
             if a < stop and b > start:
                 got[max(a, start) - start : min(b, stop) - start] = -1
@@ -720,3 +735,28 @@ def _parse_run(run: Any) -> tuple[str, int, int]:
     if stop < start:
         raise OptionError("runs", run, "stop must be >= start")
     return run[0], start, stop
+
+
+def _in_sample(exc: ChecksumError, sample_id: str, base: int, num_rows: int, geometry: ArrayGeometry,
+               spec: ModelSpec) -> ChecksumError:
+    """``exc`` (a chunk of a route array failing its checks during a read of ``sample_id``, whose
+    rows start at array row ``base``) with the sample, its rows and the decoder layers the chunk
+    holds; an object index (its first chunk's coordinates) holds every layer of its rows."""
+    if len(exc.chunk) != 3:
+        return exc
+    c, b, _ = exc.chunk
+    fault = re.sub(r"^chunk \([\d, ]*\): ", "", exc.fault)
+    if "index" in fault:  # the object index: every row chunk of the object, every layer
+        lo, hi = c * geometry.chunk_rows, (c + geometry.row_chunks_per_object) * geometry.chunk_rows
+        layers = list(spec.moe_layers)
+        what = f"storage object {c // geometry.row_chunks_per_object}: array rows {lo}-{hi - 1}, every layer"
+    else:
+        lo, hi = c * geometry.chunk_rows, (c + 1) * geometry.chunk_rows
+        lpc = geometry.layers_per_chunk
+        layers = list(spec.moe_layers[b * lpc : (b + 1) * lpc])
+        what = f"row chunk {c}: array rows {lo}-{hi - 1}; layer chunk {b}"
+    first, last = max(lo, base) - base, min(hi, base + num_rows) - base - 1
+    rows = f"rows {first}-{last}" if last >= first else "no rows"
+    named = f"decoder layer {layers[0]}" if len(layers) == 1 else \
+        f"decoder layers {', '.join(map(str, layers[:8]))}{' ...' if len(layers) > 8 else ''}"
+    return ChecksumError(exc.array, exc.chunk, f"{fault}; sample {sample_id!r}, its {rows}, {named} ({what})")

@@ -22,6 +22,12 @@ other router whose forward returns ``(logits, weights, ids)`` is named with
 ``RoutingReplay(model, routers={RouterClass: RouterSpec(weight_fn)})``.
 """
 
+try:
+    import torch as _torch  # noqa: F401 - fail here, with the install hint, when the extra is missing
+except ImportError as exc:
+    raise ImportError("r3store.replay needs PyTorch: pip install 'r3store[torch]' ('r3store[hf]' for the "
+                      "transformers MoE models it replays in)") from exc
+
 from r3store.replay._capture import Capture
 from r3store.replay._discover import FoundRouter, find_routers
 from r3store.replay._families import (

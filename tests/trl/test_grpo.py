@@ -38,7 +38,7 @@ def _example() -> ModuleType:
     return module
 
 
-@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning", "error::r3store.errors.R3StoreWarning")
 def test_two_grpo_steps_store_the_rollout_routes_and_replay_them_in_every_logprob_forward(tmp_path: Path) -> None:
     result = _example().run(str(tmp_path / "out"), steps=2)
     trainer = result["trainer"]
