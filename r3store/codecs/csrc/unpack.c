@@ -49,7 +49,6 @@ static const unpack_fn unpack_table[17][3] = {
     UNPACK_ROW(15), UNPACK_ROW(16),
 };
 
-static Py_ssize_t stream_from(void); /* outputs from this many bytes: non-temporal stores */
 
 static int size_slot(int size) { return size == 1 ? 0 : size == 2 ? 1 : 2; }
 
@@ -548,7 +547,7 @@ static Py_ssize_t llc_bytes(void) {
     return size > 0 ? size : (Py_ssize_t)32 << 20;
 }
 
-static Py_ssize_t stream_from(void) {
+Py_ssize_t stream_from(void) {
     if (stream_min < 0) {
         stream_min = llc_bytes();
     }
@@ -631,7 +630,13 @@ R3_TARGET_AVX2 static int widen_stream_avx2(const uint8_t *p, Py_ssize_t n, int 
  * contiguous array of 1-, 2- or 4-byte words (values are truncated to the word).
  */
 void unpack_contig(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, char *out, int osize) {
-    const int stream = use_avx2 && n * osize >= stream_from();
+    unpack_contig_as(p, plen, n, bits, out, osize, n * osize >= stream_from());
+}
+
+/* unpack_contig with non-temporal stores or not as stream says (a fused decode's blocks: the
+   whole output's size chooses, not the block's) */
+void unpack_contig_as(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, char *out, int osize, int stream) {
+    stream = stream && use_avx2;
     if ((bits == 8 && !(osize > 1 && avx512_on())) || bits == 16) {
 #ifdef R3_X86
         if (stream && widen_stream_avx2(p, n, bits / 8, out, osize)) {
