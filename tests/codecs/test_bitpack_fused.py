@@ -134,14 +134,14 @@ path as with the unfused read order (``"off"``)."""
     cases: list[tuple[bytes, int | None, str]] = []
     for pos in range(len(frame)):
         for mask in (0x01, 0x80):
-            bad = bytearray(frame)
-            bad[pos] ^= mask
+            flipped = bytearray(frame)
+            flipped[pos] ^= mask
             # header bytes (magic, version, bits, reserved, sizes) are checked first; the
             # tag (16..20), the CRC field (20..24) and the payload only by the CRC-32C (but
             # the padding bits of the last byte, checked first too)
             padding = pos == len(frame) - 1 and n * bits % 8
             kind = "marker" if pos >= 16 and not padding else "either"
-            cases.append((bytes(bad), 0xABCD, kind))
+            cases.append((bytes(flipped), 0xABCD, kind))
     cases += [(frame[:size], 0xABCD, "untouched") for size in range(0, len(frame), 37)]
     cases += [(frame + b"\x00", 0xABCD, "untouched"), (frame, 0xABCE, "marker"), (frame, 0, "marker")]
     for dtype in (np.dtype("uint8"), np.dtype("int16"), np.dtype("int32")):
