@@ -417,7 +417,17 @@ R3_TARGET_AVX2 static void widen_rows_avx2(const uint8_t *const *p, int count, P
     const Py_ssize_t row_bytes = n * bytes, piece = n * osize;
     Py_ssize_t r, i;
     int j;
-    if (stream && bytes == 1 && osize == 4 && (uintptr_t)out % 32 == 0 && stride % 32 == 0) { /* piece: 32 n bytes */
+    if (stream && bytes == osize && (uintptr_t)out % 16 == 0 && stride % 16 == 0 && row_bytes % 16 == 0) {
+        /* copies with non-temporal 16-byte stores (a group's pieces fill each output line in
+           order, so the write-combining buffers send whole lines) */
+        R3_ROWS_LOOP(for (i = 0; i < row_bytes; i += 16) _mm_stream_si128((__m128i *)(void *)(o + i),
+                                                                           _mm_loadu_si128((const __m128i *)(q + i)));)
+        _mm_sfence();
+    } else if (stream && bytes == 1 && osize == 2 && (uintptr_t)out % 16 == 0 && stride % 16 == 0) { /* piece: 2 n */
+        R3_ROWS_LOOP(for (i = 0; i < n; i += 8) _mm_stream_si128((__m128i *)(void *)(o + 2 * i),
+                                                                 _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(q + i))));)
+        _mm_sfence();
+    } else if (stream && bytes == 1 && osize == 4 && (uintptr_t)out % 32 == 0 && stride % 32 == 0) { /* piece: 32 n bytes */
         R3_ROWS_LOOP(for (i = 0; i < n; i += 8) _mm256_stream_si256((__m256i *)(void *)(o + 4 * i),
                                                                     _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));)
         _mm_sfence();
