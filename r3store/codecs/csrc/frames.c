@@ -482,7 +482,8 @@ R3_DOC(decode_frames_doc, "decode_frames(blob, starts, lengths, bits, out, rows,
 "row_count[f]) (default: every row); the whole frame is still checked.\n"
 "starts ... layer_chunks: C-contiguous int64 arrays of one length. Returns -1 when\n"
 "every frame decoded, else the index of the first frame that failed a check or lies\n"
-"outside blob or out (frames before it are decoded; the caller names the fault).");
+"outside blob or out (frames before it are decoded, it and the later ones untouched:\n"
+"each frame is checked before it is written; the caller names the fault).");
 
 
 PyObject *py_decode_frames(PyObject *self, PyObject *args) {
