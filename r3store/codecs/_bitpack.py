@@ -410,9 +410,12 @@ class BitpackCodec(Codec):
 
         Returns -1 when every frame decoded, else the index of the first that failed a
         check (:meth:`decode` of that frame names the fault): the frames before it are
-        decoded, its place and the later frames' places untouched (this call checks each
-        frame before writing it: with 8 KiB frames it is bound by the copy, not by the
-        CRC-32C; the missing marker, which the protocol also allows, is never written).
+        decoded, the later frames' places untouched. A frame whose place is one run of
+        ``out`` (``layers_per_chunk`` covering every layer, whole chunks) is decoded while
+        its CRC-32C is computed, and a failed CRC or tag leaves its place all missing marker
+        (every bit set); other frames are checked before they are written (side by side
+        frames of 8 KiB are bound by the copy, not by the CRC-32C), so their place is
+        untouched.
         """
         return kernels.decode_frames(blob, starts, lengths, self.bits, out, rows, layers, chunk_rows=chunk_rows,
                                      layers_per_chunk=layers_per_chunk, tag_prefix=tag_prefix,

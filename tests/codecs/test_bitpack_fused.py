@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
+from r3store._format import position_tag
 from r3store.codecs import BitpackCodec, kernels
 from r3store.errors import ChecksumError, FormatError
 
@@ -207,3 +208,58 @@ def test_every_mode_under_the_portable_kernels(mode: str) -> None:
                         assert (out == 0xFFFF).all()
     finally:
         NATIVE.set_simd(prev)
+
+
+def _run_of_frames(bits: int, row_chunks: int, cr: int, layers: int, top_k: int, rng: np.random.Generator) -> tuple[
+        bytes, dict[str, np.ndarray], np.ndarray]:
+    """Frames of whole rows (layers_per_chunk == layers: each chunk's place is one run of out),
+    the third trimmed (a zero tail)."""
+    codec = BitpackCodec(bits, 2)
+    want = rng.integers(0, 1 << bits, (row_chunks * cr, layers, top_k))
+    want[3 * cr - 2 :] = 0
+    frames = [codec.encode(want[r * cr : (r + 1) * cr], tag=position_tag("c-2", r, 0)) for r in range(row_chunks)]
+    sizes = np.array([len(f) for f in frames], np.int64)
+    rows = np.arange(row_chunks, dtype=np.int64)
+    cols = {"starts": np.cumsum(sizes) - sizes, "lengths": sizes, "rows": rows * cr, "layers": rows * 0,
+            "row_chunks": rows, "layer_chunks": rows * 0}
+    return b"".join(frames), cols, want
+
+
+@pytest.mark.parametrize("mode", _modes())
+@pytest.mark.parametrize("bits", [7, 8, 16])
+def test_decode_frames_fuses_chunks_that_are_runs_of_out(mode: str, bits: int) -> None:
+    """decode_frames with layers_per_chunk covering every layer: the numpy reference's ids on
+    every path; a CRC or tag fault leaves that frame's place all marker, the frames before it
+    decoded and the later ones untouched; a header fault leaves its place untouched."""
+    rng = np.random.default_rng(bits)
+    cr, layers, top_k = 33, 3, 8
+    blob, cols, want = _run_of_frames(bits, 5, cr, layers, top_k, rng)
+    codec = BitpackCodec(bits, 2)
+
+    def run(data: bytes, out: np.ndarray, prefix: str = "c-2") -> int:
+        return codec.decode_frames(data, cols["starts"], cols["lengths"], out, cols["rows"], cols["layers"],
+                                   chunk_rows=cr, layers_per_chunk=layers, tag_prefix=prefix,
+                                   row_chunks=cols["row_chunks"], layer_chunks=cols["layer_chunks"])
+
+    for dtype in [d for d in _dtypes(bits) if d.itemsize <= 4]:
+        for stream in (False, True):
+            out = np.full(want.shape, 5, dtype)
+            with _mode(mode, stream):
+                assert run(blob, out) == -1
+            np.testing.assert_array_equal(out, want.astype(dtype))
+        start = int(cols["starts"][2])
+        for pos, kind in ((start + 30, "marker"), (start + 21, "marker"), (start + 9, "untouched")):
+            bad = bytearray(blob)
+            bad[pos] ^= 0x02  # payload, CRC field; n_total (a size: checked first)
+            out = np.full(want.shape, 5, dtype)
+            with _mode(mode, True):
+                assert run(bytes(bad), out) == 2
+            np.testing.assert_array_equal(out[: 2 * cr], want[: 2 * cr].astype(dtype))
+            fill = _marker(dtype) if kind == "marker" else 5
+            assert (out[2 * cr : 3 * cr] == fill).all(), kind
+            assert (out[3 * cr :] == 5).all()
+        out = np.full(want.shape, 5, dtype)
+        with _mode(mode, False):
+            assert run(blob, out, prefix="c-3") == 0  # bound to another commit
+        assert (out[:cr] == _marker(dtype)).all()
+        assert (out[cr:] == 5).all()

@@ -131,16 +131,16 @@ static uint32_t decode_payload(uint32_t crc, const uint8_t *p, Py_ssize_t plen, 
  * the missing marker. 0: decoded; else the failed check: frame_status's numbers (nothing
  * written for all but 3), 9 the tag is not want_tag (want_tag >= 0), 10 out does not hold
  * n_total words (nothing written). After 3 or 9 every word of out has all bits set.
+ * stream: non-temporal stores.
  */
 static int decode_one(const uint8_t *d, Py_ssize_t len, int bits, char *out, Py_ssize_t out_words, int osize,
-                      long long want_tag, uint32_t *n_total, uint32_t *n_enc) {
+                      long long want_tag, int stream, uint32_t *n_total, uint32_t *n_enc) {
     int hdr = 0;
     uint32_t tag = 0;
     int status = frame_head(d, len, bits, n_total, n_enc, &hdr, &tag);
     if (status) return status;
     if ((Py_ssize_t)*n_total != out_words) return 10;
     const Py_ssize_t ne = (Py_ssize_t)*n_enc, nbytes = out_words * osize;
-    const int stream = nbytes >= stream_from();
     uint32_t crc = decode_payload(crc32c_extend(0, d, (size_t)hdr - 4), d + hdr, len - hdr, ne, bits, out, osize,
                                   stream);
     if (crc != get_u32(d + hdr - 4)) {
@@ -195,8 +195,8 @@ PyObject *py_decode_frame(PyObject *self, PyObject *args) {
     }
     const int osize = type_size[otype];
     Py_BEGIN_ALLOW_THREADS
-    status = decode_one((const uint8_t *)b.buf, b.len, bits, (char *)out.buf, out.len / osize, osize, want, &n_total,
-                        &n_enc);
+    status = decode_one((const uint8_t *)b.buf, b.len, bits, (char *)out.buf, out.len / osize, osize, want,
+                        out.len >= stream_from(), &n_total, &n_enc);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&b);
     PyBuffer_Release(&out);
@@ -482,8 +482,11 @@ R3_DOC(decode_frames_doc, "decode_frames(blob, starts, lengths, bits, out, rows,
 "row_count[f]) (default: every row); the whole frame is still checked.\n"
 "starts ... layer_chunks: C-contiguous int64 arrays of one length. Returns -1 when\n"
 "every frame decoded, else the index of the first frame that failed a check or lies\n"
-"outside blob or out (frames before it are decoded, it and the later ones untouched:\n"
-"each frame is checked before it is written; the caller names the fault).");
+"outside blob or out (frames before it are decoded, the later ones untouched; the\n"
+"caller names the fault). A frame whose place is one run of out (layers_per_chunk\n"
+"covering every layer, whole chunks) is decoded while its CRC-32C is computed: when\n"
+"its CRC or tag fails, its place is all bits set (the missing marker); any other\n"
+"failed frame's place is untouched (checked before it is written).");
 
 
 PyObject *py_decode_frames(PyObject *self, PyObject *args) {
@@ -536,6 +539,7 @@ PyObject *py_decode_frames(PyObject *self, PyObject *args) {
         const int64_t *rn = narr == 8 ? (const int64_t *)arr[7].buf : NULL;
         const int osize = type_size[otype];
         const conv_fn conv = conv_table[T_U32][otype];
+        const int stream = out.len >= stream_from();
         char *base = (char *)out.buf;
         /* a group: checked frames not yet written whose chunks sit side by side in out (the
            same out rows, consecutive layer chunks) and whose rows are byte-aligned, written
@@ -561,11 +565,26 @@ PyObject *py_decode_frames(PyObject *self, PyObject *args) {
                 break;
             }
             const uint8_t *d = (const uint8_t *)blob.buf + st[f];
+            uint32_t want = 0;
+            if (width == L * K && r0 == 0 && nr == chunk_rows) {
+                /* the chunk's place is one run of out (a layer chunk of every layer): decoded
+                   while its CRC-32C is computed (decode_one: all missing marker on a failed
+                   CRC or tag) */
+                FLUSH_GROUP()
+                if (check_tags) {
+                    (void)position_tag((uint32_t)prefix_crc, (long long)rc[f], (long long)lc[f], &want);
+                }
+                if (decode_one(d, (Py_ssize_t)ln[f], bits, base + rw[f] * L * K * osize, n_total, osize,
+                               check_tags ? (long long)want : -1, stream, &nt, &ne)) {
+                    failed = f;
+                    break;
+                }
+                continue;
+            }
             if (frame_status(d, (Py_ssize_t)ln[f], bits, &nt, &ne, &hdr, &tag) || (Py_ssize_t)nt != n_total) {
                 failed = f;
                 break;
             }
-            uint32_t want = 0;
             if (check_tags && (position_tag((uint32_t)prefix_crc, (long long)rc[f], (long long)lc[f], &want) < 0
                                || want != tag)) {
                 failed = f;
