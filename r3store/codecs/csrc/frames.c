@@ -83,15 +83,16 @@ static int frame_head(const uint8_t *d, Py_ssize_t len, int bits, uint32_t *n_to
  * ids, each's CRC then its unpack while the block is in the L1 cache (any width, any CRC
  * path); FUSED_AVX512, 8- and 16-bit ids copied or widened by the very 512-bit loads the
  * CRC folding reads (crc32c_widen; other widths and truncating outputs by blocks from
- * FUSED_BLOCKS_MIN payload bytes, shorter ones as FUSED_OFF).
+ * FUSED_BLOCKS_MIN payload bytes into outputs not streamed, the others as FUSED_OFF).
  */
 enum { FUSED_OFF, FUSED_BLOCKS, FUSED_AVX512, FUSED_COUNT };
 static const char *const fused_names[FUSED_COUNT] = {"off", "blocks", "avx512"};
 static int fused_mode = -1; /* -1: the best this CPU has, decided at the first use */
 #define FUSED_BLOCK_IDS 8192 /* a multiple of 8: whole bytes; bits KiB of payload */
-/* in the 'avx512' mode, bit-packed payloads shorter than this are checked whole, then
-   unpacked (they stay in the L2 cache between the two; measured: blocks cost up to 1.1x
-   there, and gain 1.6-2x on 7 MiB payloads) */
+/* in the 'avx512' mode, bit-packed payloads shorter than this, and those of streamed
+   outputs, are checked whole, then unpacked (short ones stay in the L2 cache between the
+   two; measured on the EPYC, one thread: blocks cost up to 1.1x there; on 7-9 MiB payloads
+   they take 0.65-0.8x the time into 1- and 2-byte words, 1.0-1.05x into streamed int32) */
 #define FUSED_BLOCKS_MIN (256 * 1024)
 
 static int fused_best(void) { return crc_avx512_cpu() ? FUSED_AVX512 : FUSED_BLOCKS; }
@@ -110,7 +111,7 @@ static uint32_t decode_payload(uint32_t crc, const uint8_t *p, Py_ssize_t plen, 
     if (fused_mode == FUSED_AVX512 && (bits == 8 || bits == 16) && osize >= bits / 8 && crc_widen_supported()) {
         return crc32c_widen(crc, p, (size_t)n, bits / 8, out, osize, stream);
     }
-    if (fused_mode == FUSED_OFF || (fused_mode == FUSED_AVX512 && plen < FUSED_BLOCKS_MIN)) {
+    if (fused_mode == FUSED_OFF || (fused_mode == FUSED_AVX512 && (plen < FUSED_BLOCKS_MIN || stream))) {
         crc = crc32c_extend(crc, p, (size_t)plen);
         unpack_contig_as(p, plen, n, bits, out, osize, stream);
         return crc;
@@ -205,8 +206,8 @@ PyObject *py_decode_frame(PyObject *self, PyObject *args) {
 
 R3_DOC(set_fused_doc, "set_fused(mode) -> str\n\n"
 "How decodes meet their CRC-32C: 'avx512' (8- and 16-bit ids copied or widened by the\n"
-"loads the 512-bit CRC folding reads; other widths as 'blocks' from 256 KiB of payload,\n"
-"as 'off' below), 'blocks' (the CRC of each\n"
+"loads the 512-bit CRC folding reads; other widths as 'blocks' from 256 KiB of payload\n"
+"into outputs not streamed, else as 'off'), 'blocks' (the CRC of each\n"
 "block of 8,192 ids, then its unpack while it is in the L1 cache), 'off' (the whole\n"
 "payload's CRC, then the unpack: each byte read twice) or 'best' (the first this CPU runs).\n"
 "Returns the previous mode. ValueError for 'avx512' without VPCLMULQDQ and AVX-512 BW.\n"
