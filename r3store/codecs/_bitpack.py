@@ -53,6 +53,7 @@ VERSIONS = (1, 2)
 HEADER = struct.Struct("<4sBBHIII")
 HEADER_V2 = struct.Struct("<4sBBHIIII")
 HEADER_SIZES = {1: HEADER.size, 2: HEADER_V2.size}
+_SIZES = struct.Struct("<II")  # n_total, n_encoded at offset 8
 MAX_BITS = 16
 MAX_DECODE_IDS = 1 << 26
 """Most ids :meth:`BitpackCodec.decode` allocates on its own (a frame of more decodes only
@@ -286,15 +287,16 @@ class BitpackCodec(Codec):
             # fused: the payload decoded while its CRC-32C is computed (one read of each byte)
             target = out
             if target is None and data.size >= HEADER.size:
-                n_total, n_encoded = (int(v) for v in data[8:16].view("<u4"))
+                n_total, n_encoded = _SIZES.unpack_from(data.data, 8)
                 if n_total <= MAX_DECODE_IDS and n_total - n_encoded <= MAX_ZERO_TAIL_IDS:
                     target = np.empty(n_total, dtype=np.int32)
-            if target is not None and target.itemsize <= 4 and target.dtype.isnative and target.flags.c_contiguous:
-                status = native.decode_frame(data, self.bits, target, -1 if tag is None else tag)[0]
+            if target is not None:
+                status = native.decode_frame(data, self.bits, target, -1 if tag is None else tag)
                 if not status:
                     return target
-                self._decode_checked(data, out, tag, native)  # names the fault (target holds no unchecked id)
-                raise FormatError(_FRAME, f"invalid frame (check {status})")
+                if status > 0:  # -1: an out the fused decode does not write (8-byte, strided)
+                    self._decode_checked(data, out, tag, native)  # names the fault (target holds no unchecked id)
+                    raise FormatError(_FRAME, f"invalid frame (check {status})")
         return self._decode_checked(data, out, tag, native)
 
     def _decode_checked(self, data: np.ndarray, out: np.ndarray | None, tag: int | None, native: Any) -> np.ndarray:

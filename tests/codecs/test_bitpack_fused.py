@@ -263,3 +263,27 @@ def test_decode_frames_fuses_chunks_that_are_runs_of_out(mode: str, bits: int) -
             assert run(blob, out, prefix="c-3") == 0  # bound to another commit
         assert (out[:cr] == _marker(dtype)).all()
         assert (out[cr:] == 5).all()
+
+
+@pytest.mark.parametrize("layout", ["strided", "int64", "big-endian"])
+def test_outputs_the_fused_decode_does_not_write_are_checked_first(layout: str) -> None:
+    """Strided, 8-byte and byte-swapped outputs: decoded after the whole frame is checked,
+    and untouched when a check fails."""
+    codec = BitpackCodec(8, 2)
+    ids = np.random.default_rng(5).integers(0, 256, 600)
+    frame = codec.encode(ids, tag=4)
+    bad = bytearray(frame)
+    bad[-3] ^= 0x08
+
+    def fresh() -> np.ndarray:
+        if layout == "strided":
+            return np.full(1200, 7, np.int32)[::2]
+        return np.full(600, 7, np.int64 if layout == "int64" else np.dtype(">i4"))
+
+    out = fresh()
+    assert codec.decode(frame, out=out, tag=4) is out
+    np.testing.assert_array_equal(out, ids)
+    out = fresh()
+    with pytest.raises(ChecksumError):
+        codec.decode(bytes(bad), out=out, tag=4)
+    assert (out == 7).all()

@@ -157,11 +157,12 @@ static int decode_one(const uint8_t *d, Py_ssize_t len, int bits, char *out, Py_
     return 0;
 }
 
-R3_DOC(decode_frame_doc, "decode_frame(buf, bits, out, tag=-1) -> (status, n_total, n_encoded)\n\n"
-"Check and decode one r3store.bitpack frame (version 1 or 2) into out, a C-contiguous\n"
-"writable array of 1-, 2- or 4-byte integers holding exactly the frame's n_total ids (ids\n"
-"past n_encoded are 0; values truncated like a cast). The payload is decoded while its\n"
-"CRC-32C is computed (set_fused). status 0: decoded; 1-8: check_frame's numbers, 9: the\n"
+R3_DOC(decode_frame_doc, "decode_frame(buf, bits, out, tag=-1) -> status\n\n"
+"Check and decode one r3store.bitpack frame (version 1 or 2) into out, a writable array\n"
+"holding exactly the frame's n_total ids (ids past n_encoded are 0; values truncated like\n"
+"a cast). The payload is decoded while its CRC-32C is computed (set_fused). status -1:\n"
+"out is not a C-contiguous array of 1-, 2- or 4-byte native integers (nothing done);\n"
+"0: decoded; 1-8: check_frame's numbers, 9: the\n"
 "position tag is not tag (tag >= 0), 10: out does not hold n_total ids. The header and size\n"
 "checks (1, 2, 4-8, 10) come first: out is then untouched. After 3 (CRC-32C) or 9 every\n"
 "element of out has all bits set (-1 signed, the maximum unsigned: the missing marker), so\n"
@@ -183,16 +184,15 @@ PyObject *py_decode_frame(PyObject *self, PyObject *args) {
     if (get_bytes_buffer(obj, &b) < 0) {
         return NULL;
     }
-    if (PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+    if (PyObject_GetBuffer(out_obj, &out, PyBUF_RECORDS) < 0) {
         PyBuffer_Release(&b);
         return NULL;
     }
     const int otype = buffer_type(&out);
-    if (otype < 0 || type_size[otype] > 4) {
+    if (otype < 0 || type_size[otype] > 4 || !is_c_contiguous(&out)) {
         PyBuffer_Release(&b);
         PyBuffer_Release(&out);
-        PyErr_SetString(PyExc_ValueError, "decode_frame: out must be an array of 1-, 2- or 4-byte native integers");
-        return NULL;
+        return PyLong_FromLong(-1); /* not an out this decode writes: the caller decodes otherwise */
     }
     const int osize = type_size[otype];
     Py_BEGIN_ALLOW_THREADS
@@ -201,7 +201,7 @@ PyObject *py_decode_frame(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&b);
     PyBuffer_Release(&out);
-    return Py_BuildValue("(ikk)", status, (unsigned long)n_total, (unsigned long)n_enc);
+    return PyLong_FromLong(status);
 }
 
 R3_DOC(set_fused_doc, "set_fused(mode) -> str\n\n"
