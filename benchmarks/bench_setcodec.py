@@ -242,7 +242,7 @@ def _speed_row(name: str, routes: np.ndarray, e: int, lpc: int, reps: int) -> di
 
 
 def table_bytes(rng: np.random.Generator, n: int, reps: int) -> list[dict[str, Any]]:
-    return [_bytes_row(rng, bits, n, reps) for bits in (6, 7, 8, 9)]
+    return [_bytes_row(rng, bits, n, reps) for bits in (6, 7, 8, 9, 16)]
 
 
 def _bytes_row(rng: np.random.Generator, bits: int, n: int, reps: int) -> dict[str, Any]:
@@ -255,31 +255,38 @@ def _bytes_row(rng: np.random.Generator, bits: int, n: int, reps: int) -> dict[s
     t_widen = median_time(lambda: np.copyto(out32, narrow, casting="unsafe"), reps)
     row: dict[str, Any] = {"bits": bits, "experts": 1 << bits, "decode_int32_ns_per_id": round(t_dec / n * 1e9, 4),
            "widen_ns_per_id": round(t_widen / n * 1e9, 4), "decode_vs_widen": round(t_widen / t_dec, 4)}
-    out8 = np.empty(n, np.uint8)
-    if bits == 8:
-        t8 = median_time(lambda: codec.decode(frame, out=out8), reps)
-        tm = median_time(lambda: np.copyto(out8, narrow), reps)
+    same = np.empty(n, narrow.dtype)  # 8 bits to uint8, 16 to uint16: the decode is a copy
+    byte_aligned = bits in (8, 16)
+    if byte_aligned:
+        t8 = median_time(lambda: codec.decode(frame, out=same), reps)
+        tm = median_time(lambda: np.copyto(same, narrow), reps)
         data = np.frombuffer(frame, np.uint8)
-        tc = median_time(lambda: kernels.check_frame(data, 8), reps)
-        row.update({"decode_uint8_ns_per_id": round(t8 / n * 1e9, 4), "memcpy_ns_per_id": round(tm / n * 1e9, 4),
-                    "uint8_vs_memcpy": round(tm / t8, 4), "crc_check_ns_per_id": round(tc / n * 1e9, 4)})
+        tc = median_time(lambda: kernels.check_frame(data, bits), reps)
+        row.update({"decode_copy_ns_per_id": round(t8 / n * 1e9, 4), "memcpy_ns_per_id": round(tm / n * 1e9, 4),
+                    "copy_vs_memcpy": round(tm / t8, 4), "crc_check_ns_per_id": round(tc / n * 1e9, 4)})
     native = kernels.native_module()
-    if native is not None and hasattr(native, "set_crc_path") and native.simd() == "avx2":
-        # before: the kernels of the previous release (three crc32 streams, AVX2 unpack, plain
-        # stores), same run
-        crc, avx512 = native.set_crc_path("sse4.2"), native.set_avx512(False)
-        stream_min = native.set_stream_min(1 << 62) if hasattr(native, "set_stream_min") else None
-        try:
-            t_old = median_time(lambda: codec.decode(frame, out=out32), reps)
-            row["before_decode_vs_widen"] = round(t_widen / t_old, 4)
-            if bits == 8:
-                t8_old = median_time(lambda: codec.decode(frame, out=out8), reps)
-                row["before_uint8_vs_memcpy"] = round(tm / t8_old, 4)
-        finally:
-            native.set_crc_path(crc)
-            native.set_avx512(avx512)
-            if stream_min is not None:
-                native.set_stream_min(stream_min)
+    if native is not None and hasattr(native, "set_fused") and native.simd() == "avx2":
+        # unfused: this release's kernels with the CRC-32C pass first, then the unpack (the
+        # previous commit); before: also the kernels of the release before (three crc32
+        # streams, AVX2 unpack, plain stores); same run
+        for name, crc_path, avx512, stream_min in (("unfused", None, None, None),
+                                                   ("before", "sse4.2", False, 1 << 62)):
+            saved = (native.set_fused("off"), crc_path and native.set_crc_path(crc_path),
+                     avx512 is not None and native.set_avx512(avx512), stream_min and native.set_stream_min(stream_min))
+            try:
+                t_old = median_time(lambda: codec.decode(frame, out=out32), reps)
+                row[f"{name}_decode_vs_widen"] = round(t_widen / t_old, 4)
+                if byte_aligned:
+                    t8_old = median_time(lambda: codec.decode(frame, out=same), reps)
+                    row[f"{name}_copy_vs_memcpy"] = round(tm / t8_old, 4)
+            finally:
+                native.set_fused(saved[0])
+                if crc_path:
+                    native.set_crc_path(saved[1])
+                if avx512 is not None:
+                    native.set_avx512(saved[2])
+                if stream_min:
+                    native.set_stream_min(saved[3])
     return row
 
 
@@ -316,9 +323,19 @@ def table_store_frames(rng: np.random.Generator, rows: int, reps: int) -> list[d
         t = median_time(dec, reps)
         t_ref = median_time(lambda dest=dest: np.copyto(dest, ids, casting="unsafe"), reps)
         name = "memcpy" if dtype == np.uint8 else "widen"
-        out.append({"dtype": np.dtype(dtype).name, "shape": list(ids.shape), "frames": len(frames),
-                    "frame_ids": cr * lpc * k, "decode_frames_ns_per_id": round(t / ids.size * 1e9, 4),
-                    f"{name}_ns_per_id": round(t_ref / ids.size * 1e9, 4), f"vs_{name}": round(t_ref / t, 4)})
+        row = {"dtype": np.dtype(dtype).name, "shape": list(ids.shape), "frames": len(frames),
+               "frame_ids": cr * lpc * k, "decode_frames_ns_per_id": round(t / ids.size * 1e9, 4),
+               f"{name}_ns_per_id": round(t_ref / ids.size * 1e9, 4), f"vs_{name}": round(t_ref / t, 4)}
+        native = kernels.native_module()
+        if native is not None and hasattr(native, "set_stream_min"):
+            # the same with non-temporal stores forced (by default only outputs of at least
+            # one last-level cache stream: the reader's next pass finds smaller ones cached)
+            saved = native.set_stream_min(0)
+            try:
+                row[f"streamed_vs_{name}"] = round(t_ref / median_time(dec, reps), 4)
+            finally:
+                native.set_stream_min(saved)
+        out.append(row)
     return out
 
 

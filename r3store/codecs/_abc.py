@@ -8,6 +8,11 @@ A codec turns a flat array of expert ids into bytes and back. Rules every codec 
   ``from_config(get_config())`` rebuilds an equal codec.
 * ``encode`` never modifies its input; ``decode`` writes into ``out`` only when
   ``out`` is given, and then returns ``out``.
+* A failed ``decode`` (or the failed frame of ``decode_frames``) leaves no unchecked id in
+  ``out``: its place is untouched, or every element of it is the missing marker (all bits
+  set: -1 in signed dtypes, the maximum in unsigned ones), as a decoder that writes while it
+  computes the checksum leaves it (zstd checks its content checksum at the end the same
+  way). Header and size checks come first, so ``out`` is written only within its bounds.
 * Malformed or corrupt input raises :class:`r3store.errors.FormatError` (a checksum
   mismatch raises its subclass :class:`r3store.errors.ChecksumError`); input a codec
   cannot represent raises :class:`r3store.errors.CodecError`.
@@ -72,9 +77,12 @@ class Codec(ABC):
         Raises
         ------
         r3store.errors.FormatError
-            ``buf`` is not a valid frame, or ``out`` has the wrong size.
+            ``buf`` is not a valid frame, or ``out`` has the wrong size (``out`` then
+            untouched).
         r3store.errors.ChecksumError
-            The frame's checksum does not match its bytes.
+            The frame's checksum does not match its bytes. ``out`` then holds no
+            unchecked id: it is untouched, or all missing marker (every bit set), as the
+            module's rules say; a codec may write while it computes the checksum.
         """
 
     @abstractmethod
@@ -192,8 +200,10 @@ class SupportsBatchDecode(Protocol):
         Returns
         -------
         int
-            -1 when every frame decoded; else the index of the first frame that failed
-            (the frames before it are decoded, the others untouched).
+            -1 when every frame decoded; else the index of the first frame that failed:
+            the frames before it are decoded, its place is untouched or all missing
+            marker (every bit set; never unchecked ids), the later frames' places are
+            untouched.
 
         Raises
         ------

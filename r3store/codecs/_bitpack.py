@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import google_crc32c
 import numpy as np
@@ -53,6 +53,7 @@ VERSIONS = (1, 2)
 HEADER = struct.Struct("<4sBBHIII")
 HEADER_V2 = struct.Struct("<4sBBHIIII")
 HEADER_SIZES = {1: HEADER.size, 2: HEADER_V2.size}
+_SIZES = struct.Struct("<II")  # n_total, n_encoded at offset 8
 MAX_BITS = 16
 MAX_DECODE_IDS = 1 << 26
 """Most ids :meth:`BitpackCodec.decode` allocates on its own (a frame of more decodes only
@@ -254,6 +255,18 @@ class BitpackCodec(Codec):
             The position tag the frame must carry (a version-1 frame carries none, read
             as 0); None: not checked.
 
+        Notes
+        -----
+        With the C kernels the payload is decoded into ``out`` while its CRC-32C is
+        computed (each byte read once), as streaming decoders with an end checksum do
+        (zstd's content checksum). The header and size checks come first: when they fail
+        (or ``out`` has the wrong size) ``out`` is untouched. When the CRC-32C or the
+        position tag fails, every element of ``out`` is set to the missing marker (all
+        bits set: -1 in signed dtypes, the maximum in unsigned ones) before the error is
+        raised, so ``out`` never holds unchecked ids. Outputs of 8-byte integers, and
+        outputs that are not C-contiguous in native byte order, are checked first and
+        left untouched on failure.
+
         Raises
         ------
         r3store.errors.ChecksumError
@@ -270,6 +283,26 @@ class BitpackCodec(Codec):
                                 or not out.flags.writeable):
             raise FormatError(_FRAME, f"out must be a writable integer array, got {getattr(out, 'dtype', out)!r}")
         native = kernels.native_module()  # called directly: per-frame overhead matters for small chunks
+        if native is not None and (tag is None or (is_int(tag) and 0 <= tag < 1 << 32)):
+            # fused: the payload decoded while its CRC-32C is computed (one read of each byte)
+            target = out
+            if target is None and data.size >= HEADER.size:
+                n_total, n_encoded = _SIZES.unpack_from(data.data, 8)
+                if n_total <= MAX_DECODE_IDS and n_total - n_encoded <= MAX_ZERO_TAIL_IDS:
+                    target = np.empty(n_total, dtype=np.int32)
+            if target is not None:
+                status = native.decode_frame(data, self.bits, target, -1 if tag is None else tag)
+                if not status:
+                    return target
+                if status > 0:  # -1: an out the fused decode does not write (8-byte, strided)
+                    self._decode_checked(data, out, tag, native)  # names the fault (target holds no unchecked id)
+                    raise FormatError(_FRAME, f"invalid frame (check {status})")
+        return self._decode_checked(data, out, tag, native)
+
+    def _decode_checked(self, data: np.ndarray, out: np.ndarray | None, tag: int | None, native: Any) -> np.ndarray:
+        """:meth:`decode` by a check of the whole frame, then the unpack (``out`` untouched on
+        failure): without the C kernels, for outputs the fused decode does not write, and to
+        name a fault."""
         check = native.check_frame(data, self.bits) if native is not None else kernels.check_frame(data, self.bits)
         status, n_total, n_encoded, header, found = check
         if status:
@@ -378,7 +411,13 @@ class BitpackCodec(Codec):
         only those rows of each frame's chunk are written, to ``out`` rows from ``rows[f]``.
 
         Returns -1 when every frame decoded, else the index of the first that failed a
-        check (:meth:`decode` of that frame names the fault).
+        check (:meth:`decode` of that frame names the fault): the frames before it are
+        decoded, the later frames' places untouched. A frame whose place is one run of
+        ``out`` (``layers_per_chunk`` covering every layer, whole chunks) is decoded while
+        its CRC-32C is computed, and a failed CRC or tag leaves its place all missing marker
+        (every bit set); other frames are checked before they are written (side by side
+        frames of 8 KiB are bound by the copy, not by the CRC-32C), so their place is
+        untouched.
         """
         return kernels.decode_frames(blob, starts, lengths, self.bits, out, rows, layers, chunk_rows=chunk_rows,
                                      layers_per_chunk=layers_per_chunk, tag_prefix=tag_prefix,

@@ -92,6 +92,13 @@ def _positions(size: int, limit: int = 48) -> list[int]:
     return sorted({*range(16), *middle, *range(size - 16, size)})
 
 
+def _untouched_or_missing(out: np.ndarray, fill: int) -> None:
+    """``out`` (filled with ``fill`` before a failed decode) is untouched, or all the missing
+    marker (every bit set: -1 in signed dtypes, the maximum in unsigned ones)."""
+    marker = np.array(-1).astype(out.dtype)
+    assert (out == fill).all() or (out == marker).all(), f"out holds neither only {fill} nor only {marker}: {out}"
+
+
 class CodecTests:
     """Abstract conformance tests for a :class:`r3store.codecs.Codec` (not collected).
 
@@ -261,12 +268,33 @@ class CodecTests:
             with pytest.raises(FormatError):
                 codec.decode(buf + extra)
 
-    def test_corrupt_frame_leaves_out_untouched(self, codec: Codec) -> None:
-        buf = codec.encode(make_ids("random", 16, self.id_bound(codec), seed=13))
-        out = np.full(16, 7, dtype=np.int32)
-        with pytest.raises(FormatError):
-            codec.decode(_flipped(buf, len(buf) - 1, 0xFF), out=out)
-        assert (out == 7).all()
+    @pytest.mark.parametrize("dtype", ["int32", "uint16", "uint8"])
+    def test_a_failed_decode_leaves_out_untouched_or_all_missing(self, codec: Codec, dtype: str) -> None:
+        """After any failure ``out`` holds no unchecked id: it is untouched, or every element
+        is the missing marker (all bits set: -1 signed, the maximum unsigned), as a decoder
+        that writes while it computes the checksum leaves it; a wrong-sized ``out`` is
+        untouched."""
+        bound = self.id_bound(codec)
+        if np.iinfo(dtype).max < bound - 1:
+            pytest.skip(f"{dtype} cannot hold every id")
+        ids = make_ids("random", 16, bound, seed=13)
+        buf = codec.encode(ids)
+        bad: list[tuple[bytes, dict[str, int]]] = [
+            (_flipped(buf, pos, mask), {}) for pos in _positions(len(buf)) for mask in (0x01, 0x80, 0xFF)]
+        bad += [(buf[:size], {}) for size in _positions(len(buf))]
+        bad += [(buf + b"\x00", {})]
+        if self.can_bind(codec):
+            bad += [(codec.encode(ids, tag=7), {"tag": 8})]  # type: ignore[call-arg]  # bound elsewhere
+        for frame, kwargs in bad:
+            out = np.full(16, 7, dtype=dtype)
+            with pytest.raises(FormatError):
+                codec.decode(frame, out=out, **kwargs)
+            _untouched_or_missing(out, 7)
+        for size in (15, 17):
+            out = np.full(size, 7, dtype=dtype)
+            with pytest.raises(FormatError):
+                codec.decode(buf, out=out)
+            assert (out == 7).all()
 
     # -- position binding -----------------------------------------------------------
 
@@ -284,7 +312,7 @@ class CodecTests:
         for other in (0, tag ^ 1, tag ^ 0x80000000):
             with pytest.raises(ChecksumError):
                 codec.decode(frame, out=out, tag=other)  # type: ignore[call-arg]
-        assert (out == 7).all()
+            _untouched_or_missing(out, 7)
         unbound = codec.encode(ids)
         assert codec.frame_tag(unbound) == 0  # type: ignore[attr-defined]
         with pytest.raises(ChecksumError):
@@ -357,7 +385,8 @@ class CodecTests:
         out = np.full((4, 6, 4), 7, dtype=np.int32)
         assert codec.decode_frames(blob, out=out, **kwargs) == 2
         np.testing.assert_array_equal(out[:2], expected[:2])  # frames 0 and 1 decoded
-        assert (out[2:] == 7).all()  # frames 2 and 3 untouched
+        _untouched_or_missing(out[2:, :3], 7)  # frame 2: no unchecked id
+        assert (out[2:, 3:] == 7).all()  # frame 3 untouched
 
     @pytest.mark.parametrize("layout", ["contiguous", "strided rows", "uint16", "zero tail"])
     def test_batch_encode_is_frame_by_frame_encode(self, codec: Codec, layout: str) -> None:

@@ -509,3 +509,166 @@ PyObject *py_crc32c(PyObject *self, PyObject *args) {
     PyBuffer_Release(&b);
     return PyLong_FromUnsignedLong(crc);
 }
+
+/* ---------------------------------------------------------------------------------
+ * CRC-32C fused with the copy or widen of byte-aligned ids (8- and 16-bit frames)
+ * --------------------------------------------------------------------------------- */
+
+/* n ids of in_bytes (1 or 2) bytes each from p, zero-extended (or copied) to osize-byte words
+   at out (osize >= in_bytes); plain C */
+static void widen_plain(const uint8_t *p, size_t n, int in_bytes, char *out, int osize) {
+    size_t i;
+    if (in_bytes == osize) {
+        memcpy(out, p, n * (size_t)osize);
+    } else if (in_bytes == 1 && osize == 2) {
+        for (i = 0; i < n; i++) {
+            const uint16_t v = p[i];
+            memcpy(out + 2 * i, &v, 2);
+        }
+    } else if (in_bytes == 1) {
+        for (i = 0; i < n; i++) {
+            const uint32_t v = p[i];
+            memcpy(out + 4 * i, &v, 4);
+        }
+    } else {
+        for (i = 0; i < n; i++) {
+            uint16_t w;
+            memcpy(&w, p + 2 * i, 2);
+            const uint32_t v = w;
+            memcpy(out + 4 * i, &v, 4);
+        }
+    }
+}
+
+#ifdef R3_X86
+/* the 64 payload bytes v, as ids of IN bytes, stored at o as OSIZE-byte words (64 * OSIZE / IN
+   bytes); STREAM: non-temporal stores (o 64-byte aligned) */
+#define R3_STORE64(o, v) (STREAM ? _mm512_stream_si512((void *)(o), (v)) : _mm512_storeu_si512((void *)(o), (v)))
+R3_TARGET_VPCLMUL static inline void widen_store64(char *o, __m512i v, const int IN, const int OSIZE,
+                                                   const int STREAM) {
+    if (IN == OSIZE) {
+        R3_STORE64(o, v);
+    } else if (IN == 1 && OSIZE == 2) {
+        R3_STORE64(o, _mm512_cvtepu8_epi16(_mm512_castsi512_si256(v)));
+        R3_STORE64(o + 64, _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(v, 1)));
+    } else if (IN == 1) {
+        R3_STORE64(o, _mm512_cvtepu8_epi32(_mm512_castsi512_si128(v)));
+        R3_STORE64(o + 64, _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v, 1)));
+        R3_STORE64(o + 128, _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v, 2)));
+        R3_STORE64(o + 192, _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v, 3)));
+    } else {
+        R3_STORE64(o, _mm512_cvtepu16_epi32(_mm512_castsi512_si256(v)));
+        R3_STORE64(o + 64, _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(v, 1)));
+    }
+}
+#undef R3_STORE64
+
+/*
+ * The 512-bit folding of crc_vpclmul on the very loads that the copy or widen stores: every
+ * payload byte is read once. nb >= 256 payload bytes; the raw register crc extended over them
+ * is returned. The folding keeps the four 512-bit registers of crc_vpclmul (256 bytes a step).
+ */
+R3_TARGET_VPCLMUL static inline uint32_t crc_widen_body(uint32_t crc, const uint8_t *p, size_t nb, char *out,
+                                                        const int IN, const int OSIZE, const int STREAM) {
+    const size_t ex = (size_t)(OSIZE / IN); /* output bytes per payload byte */
+    __m512i v0 = _mm512_loadu_si512(p), v1 = _mm512_loadu_si512(p + 64), v2 = _mm512_loadu_si512(p + 128),
+            v3 = _mm512_loadu_si512(p + 192);
+    widen_store64(out, v0, IN, OSIZE, STREAM);
+    widen_store64(out + 64 * ex, v1, IN, OSIZE, STREAM);
+    widen_store64(out + 128 * ex, v2, IN, OSIZE, STREAM);
+    widen_store64(out + 192 * ex, v3, IN, OSIZE, STREAM);
+    __m512i x0 = _mm512_xor_si512(v0, _mm512_zextsi128_si512(_mm_cvtsi32_si128((int)crc)));
+    __m512i x1 = v1, x2 = v2, x3 = v3;
+    const __m512i k16 = _mm512_broadcast_i32x4(kvec(K2048)), k4 = _mm512_broadcast_i32x4(kvec(K512));
+    size_t at = 256;
+    for (; at + 256 <= nb; at += 256) {
+        v0 = _mm512_loadu_si512(p + at);
+        v1 = _mm512_loadu_si512(p + at + 64);
+        v2 = _mm512_loadu_si512(p + at + 128);
+        v3 = _mm512_loadu_si512(p + at + 192);
+        x0 = fold512(x0, k16, v0);
+        x1 = fold512(x1, k16, v1);
+        x2 = fold512(x2, k16, v2);
+        x3 = fold512(x3, k16, v3);
+        widen_store64(out + at * ex, v0, IN, OSIZE, STREAM);
+        widen_store64(out + (at + 64) * ex, v1, IN, OSIZE, STREAM);
+        widen_store64(out + (at + 128) * ex, v2, IN, OSIZE, STREAM);
+        widen_store64(out + (at + 192) * ex, v3, IN, OSIZE, STREAM);
+    }
+    x1 = fold512(x0, k4, x1);
+    x2 = fold512(x1, k4, x2);
+    x3 = fold512(x2, k4, x3);
+    for (; at + 64 <= nb; at += 64) {
+        v0 = _mm512_loadu_si512(p + at);
+        x3 = fold512(x3, k4, v0);
+        widen_store64(out + at * ex, v0, IN, OSIZE, STREAM);
+    }
+    if (STREAM) {
+        _mm_sfence();
+    }
+    widen_plain(p + at, (nb - at) / (size_t)IN, IN, out + at * ex, OSIZE);
+    __m128i x = fold128(_mm512_extracti32x4_epi32(x3, 0), kvec(K384), _mm512_extracti32x4_epi32(x3, 3));
+    x = fold128(_mm512_extracti32x4_epi32(x3, 1), kvec(K256), x);
+    x = fold128(_mm512_extracti32x4_epi32(x3, 2), kvec(K128), x);
+    return crc_lane_tail(x, p + at, nb - at);
+}
+
+#define R3_CRC_WIDEN(IN, OSIZE)                                                                                   \
+    R3_TARGET_VPCLMUL static uint32_t crc_widen_##IN##_##OSIZE(uint32_t crc, const uint8_t *p, size_t nb,        \
+                                                               char *out, int stream) {                          \
+        return stream ? crc_widen_body(crc, p, nb, out, IN, OSIZE, 1) : crc_widen_body(crc, p, nb, out, IN, OSIZE, 0); \
+    }
+R3_CRC_WIDEN(1, 1) R3_CRC_WIDEN(1, 2) R3_CRC_WIDEN(1, 4) R3_CRC_WIDEN(2, 2) R3_CRC_WIDEN(2, 4)
+#undef R3_CRC_WIDEN
+#endif
+
+int crc_widen_supported(void) {
+#ifdef R3_X86
+    return crc_path == CRC_PATH_AVX512 && use_avx2;
+#else
+    return 0;
+#endif
+}
+
+/*
+ * CRC-32C of the n * in_bytes payload bytes at p (extending value, as crc32c_extend) while
+ * they are copied or zero-extended to n osize-byte words at out (in_bytes 1 or 2, osize >=
+ * in_bytes): one read of each byte. Needs crc_widen_supported() (the caller falls back
+ * otherwise). stream: non-temporal stores (used only when out lines up to 64 bytes after a
+ * head of plain stores).
+ */
+uint32_t crc32c_widen(uint32_t value, const uint8_t *p, size_t n, int in_bytes, char *out, int osize, int stream) {
+    uint32_t crc = ~value;
+#ifdef R3_X86
+    size_t nb = n * (size_t)in_bytes, head = 0;
+    if (stream) { /* plain stores until out is 64-byte aligned (whole ids; else no streaming) */
+        const size_t mis = (size_t)((64 - (uintptr_t)out % 64) % 64);
+        if (mis % (size_t)osize) {
+            stream = 0;
+        } else {
+            head = mis / (size_t)osize * (size_t)in_bytes;
+        }
+    }
+    if (nb < 256 + head) {
+        widen_plain(p, n, in_bytes, out, osize);
+        return ~crc_hw(crc, p, nb);
+    }
+    if (head) {
+        widen_plain(p, head / (size_t)in_bytes, in_bytes, out, osize);
+        crc = crc_hw(crc, p, head);
+        out += head / (size_t)in_bytes * (size_t)osize;
+        p += head;
+        nb -= head;
+    }
+    uint32_t (*fn)(uint32_t, const uint8_t *, size_t, char *, int) =
+        in_bytes == 1 ? (osize == 1 ? crc_widen_1_1 : osize == 2 ? crc_widen_1_2 : crc_widen_1_4)
+                      : (osize == 2 ? crc_widen_2_2 : crc_widen_2_4);
+    return ~fn(crc, p, nb, out, stream);
+#else
+    (void)stream;
+    widen_plain(p, n, in_bytes, out, osize);
+    return ~crc_sw(crc, p, n * (size_t)in_bytes);
+#endif
+}
+
+int crc_avx512_cpu(void) { return crc_path_supported(CRC_PATH_AVX512); }

@@ -96,6 +96,8 @@ static PyMethodDef methods[] = {
     {"set_crc_path", py_set_crc_path, METH_VARARGS, set_crc_path_doc},
     {"set_avx512", py_set_avx512, METH_VARARGS, set_avx512_doc},
     {"set_stream_min", py_set_stream_min, METH_VARARGS, set_stream_min_doc},
+    {"decode_frame", py_decode_frame, METH_VARARGS, decode_frame_doc},
+    {"set_fused", py_set_fused, METH_VARARGS, set_fused_doc},
     {"setcodec_avx512", py_setcodec_avx512, METH_VARARGS, setcodec_avx512_doc},
     {"set_encode", py_set_encode, METH_VARARGS, set_encode_doc},
     {"set_check", py_set_check, METH_VARARGS, set_check_doc},

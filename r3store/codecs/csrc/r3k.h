@@ -124,6 +124,11 @@ void cursor_zero(cursor_t *c, int dt, Py_ssize_t n);
 
 void crc_init_tables(void);
 uint32_t crc32c_extend(uint32_t value, const uint8_t *p, size_t n);
+/* CRC-32C of n ids of in_bytes (1, 2) bytes at p while copying or zero-extending them to osize-byte
+   words at out (osize >= in_bytes), each byte read once; only where crc_widen_supported() */
+int crc_widen_supported(void);
+int crc_avx512_cpu(void); /* the CPU can run the 'avx512' CRC path */
+uint32_t crc32c_widen(uint32_t value, const uint8_t *p, size_t n, int in_bytes, char *out, int osize, int stream);
 
 /* ---------------------------------------------------------------------------------
  * bit packing (pack.c) and unpacking (unpack.c)
@@ -134,6 +139,9 @@ uint64_t pack_buffer(const Py_buffer *src, int type, int bits, uint8_t *out, Py_
 static inline int fits(uint64_t acc, int bits) { return (acc >> bits) == 0; }
 
 void unpack_contig(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, char *out, int osize);
+void unpack_contig_as(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, char *out, int osize, int stream);
+/* the output size from which decodes use non-temporal stores (set_stream_min) */
+Py_ssize_t stream_from(void);
 void unpack_rows(const uint8_t *const *p, const Py_ssize_t *plen, int count, Py_ssize_t rows, Py_ssize_t gpr,
                  int bits, char *out, Py_ssize_t stride, int osize, Py_ssize_t out_bytes);
 void unpack_to_buffer(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, Py_buffer *out, int otype);
@@ -152,6 +160,8 @@ R3_PYFUNC(encode_frame)
 R3_PYFUNC(encode_frames)
 R3_PYFUNC(check_frame)
 R3_PYFUNC(decode_frames)
+R3_PYFUNC(decode_frame)
+R3_PYFUNC(set_fused)
 R3_PYFUNC(check_routes)
 R3_PYFUNC(route_stats)
 R3_PYFUNC(route_stats_pieces)

@@ -49,7 +49,6 @@ static const unpack_fn unpack_table[17][3] = {
     UNPACK_ROW(15), UNPACK_ROW(16),
 };
 
-static Py_ssize_t stream_from(void); /* outputs from this many bytes: non-temporal stores */
 
 static int size_slot(int size) { return size == 1 ? 0 : size == 2 ? 1 : 2; }
 
@@ -418,7 +417,17 @@ R3_TARGET_AVX2 static void widen_rows_avx2(const uint8_t *const *p, int count, P
     const Py_ssize_t row_bytes = n * bytes, piece = n * osize;
     Py_ssize_t r, i;
     int j;
-    if (stream && bytes == 1 && osize == 4 && (uintptr_t)out % 32 == 0 && stride % 32 == 0) { /* piece: 32 n bytes */
+    if (stream && bytes == osize && (uintptr_t)out % 16 == 0 && stride % 16 == 0 && row_bytes % 16 == 0) {
+        /* copies with non-temporal 16-byte stores (a group's pieces fill each output line in
+           order, so the write-combining buffers send whole lines) */
+        R3_ROWS_LOOP(for (i = 0; i < row_bytes; i += 16) _mm_stream_si128((__m128i *)(void *)(o + i),
+                                                                           _mm_loadu_si128((const __m128i *)(q + i)));)
+        _mm_sfence();
+    } else if (stream && bytes == 1 && osize == 2 && (uintptr_t)out % 16 == 0 && stride % 16 == 0) { /* piece: 2 n */
+        R3_ROWS_LOOP(for (i = 0; i < n; i += 8) _mm_stream_si128((__m128i *)(void *)(o + 2 * i),
+                                                                 _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(q + i))));)
+        _mm_sfence();
+    } else if (stream && bytes == 1 && osize == 4 && (uintptr_t)out % 32 == 0 && stride % 32 == 0) { /* piece: 32 n bytes */
         R3_ROWS_LOOP(for (i = 0; i < n; i += 8) _mm256_stream_si256((__m256i *)(void *)(o + 4 * i),
                                                                     _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + i))));)
         _mm_sfence();
@@ -548,7 +557,7 @@ static Py_ssize_t llc_bytes(void) {
     return size > 0 ? size : (Py_ssize_t)32 << 20;
 }
 
-static Py_ssize_t stream_from(void) {
+Py_ssize_t stream_from(void) {
     if (stream_min < 0) {
         stream_min = llc_bytes();
     }
@@ -631,7 +640,13 @@ R3_TARGET_AVX2 static int widen_stream_avx2(const uint8_t *p, Py_ssize_t n, int 
  * contiguous array of 1-, 2- or 4-byte words (values are truncated to the word).
  */
 void unpack_contig(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, char *out, int osize) {
-    const int stream = use_avx2 && n * osize >= stream_from();
+    unpack_contig_as(p, plen, n, bits, out, osize, n * osize >= stream_from());
+}
+
+/* unpack_contig with non-temporal stores or not as stream says (a fused decode's blocks: the
+   whole output's size chooses, not the block's) */
+void unpack_contig_as(const uint8_t *p, Py_ssize_t plen, Py_ssize_t n, int bits, char *out, int osize, int stream) {
+    stream = stream && use_avx2;
     if ((bits == 8 && !(osize > 1 && avx512_on())) || bits == 16) {
 #ifdef R3_X86
         if (stream && widen_stream_avx2(p, n, bits / 8, out, osize)) {
