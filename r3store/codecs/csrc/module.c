@@ -96,6 +96,7 @@ static PyMethodDef methods[] = {
     {"set_avx512", py_set_avx512, METH_VARARGS, set_avx512_doc},
     {"set_stream_min", py_set_stream_min, METH_VARARGS, set_stream_min_doc},
     {"setcodec_avx512", py_setcodec_avx512, METH_VARARGS, setcodec_avx512_doc},
+    {"setcodec_gather_decode", py_setcodec_gather_decode, METH_VARARGS, setcodec_gather_decode_doc},
     {"set_encode", py_set_encode, METH_VARARGS, set_encode_doc},
     {"set_check", py_set_check, METH_VARARGS, set_check_doc},
     {"set_decode", py_set_decode, METH_VARARGS, set_decode_doc},
