@@ -9,10 +9,13 @@
  *
  * Ranks and blocks below 2**64 ("narrow") use 64-bit arithmetic; larger ones (E = 1024,
  * k = 16 needs 116 bits) unsigned __int128. Decoding a rank finds each id with a guide
- * table (the top 13 bits of the remaining rank give the id to start from) and a short
- * upward scan of the C(c, i) table, eight rows in lockstep; for E <= 256 the last two ids
- * come from one load of a pair table (rank below C(E, 2) -> both ids), for E <= 64 the last
- * three from a triple table. Narrow blocks split into digits by a multiply (no division).
+ * table (the top 13 bits of the remaining rank give the id to start from; the answer is
+ * that id or the next unless the entry is marked) and a short upward scan of the C(c, i)
+ * table, eight rows in lockstep; for E <= 256 the last two ids come from one load of a pair
+ * table (rank below C(E, 2) -> both ids), for E <= 128 the last three from a triple table.
+ * Narrow blocks split into digits by a multiply (no division). A row range of a frame skips
+ * the rows before it by whole blocks. With setcodec_gather_decode() on, ranks are unranked 8
+ * rows per AVX-512 register with gathers instead (measured slower here; for tests).
  * Encoding with AVX-512 (F, BW; narrow codecs) ranks 32 rows at a time: a transpose, a
  * sorting network and gathers of C(c, i); on AVX2 machines (E <= 256) a row is sorted by
  * a bitmap: popcounts give each id's colex position.
@@ -23,11 +26,15 @@ typedef unsigned __int128 u128;
 
 #define SET_HEADER 32
 #define SET_GUIDE_BITS 13
+#define SET_GUIDE_C 0x7FFF    /* a guide entry: the id to start from, */
+#define SET_GUIDE_FAR 0x8000  /* and whether its bucket's answers reach beyond it + 1 */
 #define SET_MAX_E 1024
 #define SET_MAX_K 16
 #define SET_MAX_M 64
 #define SET_WIDE_BITS 120
-#define SET_TRIPLE_E 64 /* the triple table up to this many experts */
+#ifndef SET_TRIPLE_E
+#define SET_TRIPLE_E 128 /* the triple table up to this many experts */
+#endif
 
 typedef struct {
     int E, k, m, bits, narrow;
@@ -41,7 +48,7 @@ typedef struct {
     uint64_t *c64;                 /* (k + 1) x stride: C(c, i), narrow */
     u128 *c128;                    /* the same, wide */
     uint16_t *pair;                /* narrow, 2 <= k, E <= 256: rank r < C(E, 2) -> c_2 << 8 | c_1; else NULL */
-    uint32_t *triple;              /* narrow, 3 <= k, E <= 64: rank r < C(E, 3) -> c_3 << 16 | c_2 << 8 | c_1 */
+    uint32_t *triple;              /* narrow, 3 <= k, E <= SET_TRIPLE_E: rank r < C(E, 3) -> c_3 << 16 | c_2 << 8 | c_1 */
     uint16_t *tidx;                /* AVX-512 encode: k x 8 x 32 vpermt2w indices (transpose 32 rows) */
     uint32_t tmask[SET_MAX_K][8];  /* the lanes each register pair fills */
     /* AVX-512 decode: 8 rows of k ids (k column vectors, as pairs in zmm registers) back to
@@ -134,7 +141,7 @@ static set_tab *tab_build(int E, int k, int m) {
         }
         t->pair[n2] = 0;
     }
-    if (t->narrow && k >= 3 && E <= SET_TRIPLE_E) { /* the last three ids by one load (163 KiB at E = 64) */
+    if (t->narrow && k >= 3 && E <= SET_TRIPLE_E) { /* the last three ids by one load (163 KiB at E = 64, 1.3 MiB at 128) */
         const size_t n3 = (size_t)E * (size_t)(E - 1) * (size_t)(E - 2) / 6;
         t->triple = malloc((n3 + 1) * sizeof(uint32_t));
         if (!t->triple) {
@@ -173,11 +180,15 @@ static set_tab *tab_build(int E, int k, int m) {
         if (shift < 0) shift = 0;
         t->gshift[i] = shift;
         uint16_t *g = t->guide + ((size_t)i << SET_GUIDE_BITS);
-        int c = 0;
+        int c = 0, c_hi = 0;
         for (u128 b = 0; b < ((u128)1 << SET_GUIDE_BITS); b++) {
             const u128 r = b << shift; /* the largest c with C(c, i) <= r */
             while (c + 1 < E && ci[c + 1] <= r) c++;
-            g[b] = (uint16_t)c;
+            /* ... and for the last rank of the bucket: SET_GUIDE_FAR when it lies beyond c + 1 */
+            const u128 r_hi = ((b + 1) << shift) - 1;
+            if (c_hi < c) c_hi = c;
+            while (c_hi + 1 < E && ci[c_hi + 1] <= r_hi) c_hi++;
+            g[b] = (uint16_t)(c | (c_hi >= c + 2 ? SET_GUIDE_FAR : 0));
         }
     }
     return t;
@@ -327,19 +338,20 @@ static int row_digit(const set_tab *t, const int64_t *v, u128 *rank) {
 }
 
 /* One id of a rank at colex position i >= 2: the largest c with C(c, i) <= r (r becomes
-   r - C(c, i)). The guide gives a c at most the answer, usually the answer or one below; a
-   longer scan is rare. */
+   r - C(c, i)). The guide gives a c at most the answer, the answer or one below unless
+   the entry is marked SET_GUIDE_FAR (0.1-0.3% of the ranks at 64-256 experts): then a
+   scan. */
 SET_INLINE int find64(const set_tab *t, int i, uint64_t *r) {
     const uint64_t *ci = t->c64 + (size_t)i * (size_t)t->stride;
     const uint64_t v = *r;
-    size_t c = t->guide[((size_t)i << SET_GUIDE_BITS) + (size_t)(v >> t->gshift[i])];
-    const uint64_t a0 = ci[c], a1 = ci[c + 1], a2 = ci[c + 2]; /* loaded together: no second dependent load */
-    if (__builtin_expect(a2 <= v, 0)) {
-        c += 2;
+    const size_t g = t->guide[((size_t)i << SET_GUIDE_BITS) + (size_t)(v >> t->gshift[i])];
+    size_t c = g & SET_GUIDE_C;
+    if (__builtin_expect(g >= SET_GUIDE_FAR, 0)) {
         while (ci[c + 1] <= v) c++;
         *r = v - ci[c];
         return (int)c;
     }
+    const uint64_t a0 = ci[c], a1 = ci[c + 1];
     const size_t s = a1 <= v;
     *r = v - (s ? a1 : a0);
     return (int)(c + s);
@@ -347,7 +359,7 @@ SET_INLINE int find64(const set_tab *t, int i, uint64_t *r) {
 
 SET_INLINE int find128(const set_tab *t, int i, u128 r) {
     const u128 *ci = t->c128 + i * t->stride;
-    int c = t->guide[((size_t)i << SET_GUIDE_BITS) + (size_t)(r >> t->gshift[i])];
+    int c = t->guide[((size_t)i << SET_GUIDE_BITS) + (size_t)(r >> t->gshift[i])] & SET_GUIDE_C;
     while (ci[c + 1] <= r) c++;
     return c;
 }
@@ -1022,14 +1034,14 @@ SET_INLINE void unrank_run64_p(const set_tab *t, const uint64_t *d, int32_t *dst
 #pragma GCC unroll 16
             for (int l = 0; l < SET_LANES; l++) {
                 const uint64_t v = r[l];
-                size_t c = gi[v >> sh];
-                const uint64_t a0 = ci[c], a1 = ci[c + 1], a2 = ci[c + 2];
-                if (__builtin_expect(a2 <= v, 0)) {
-                    c += 2;
+                const size_t g = gi[v >> sh];
+                size_t c = g & SET_GUIDE_C;
+                if (__builtin_expect(g >= SET_GUIDE_FAR, 0)) {
                     while (ci[c + 1] <= v) c++;
                     r[l] = v - ci[c];
                     o[l * k + i - 1] = (int32_t)c;
                 } else {
+                    const uint64_t a0 = ci[c], a1 = ci[c + 1];
                     const size_t s = a1 <= v;
                     r[l] = v - (s ? a1 : a0);
                     o[l * k + i - 1] = (int32_t)(c + s);
@@ -1079,10 +1091,10 @@ SET_INLINE void unrank_run64(const set_tab *t, const uint64_t *d, int32_t *dst, 
  * SET_V512 registers in flight
  *
  * At each colex position i the guide entry of every lane (rank >> gshift[i]) is gathered
- * (vpgatherdd of a 4-byte word at the 2-byte entry, masked to 16 bits), then C(c, i),
- * C(c + 1, i) and C(c + 2, i) (three vpgatherdq); compares give c, c + 1 or c + 2 and the
- * value subtracted. A lane whose answer lies beyond c + 2 (rare) goes on one masked gather
- * a step, the other lanes idle. The last two or three ids come from a gather of the pair
+ * (vpgatherdd of a 4-byte word at the 2-byte entry), then C(c, i) and C(c + 1, i) (two
+ * vpgatherdq); a compare gives c or c + 1 and the value subtracted. Lanes whose entry is
+ * marked SET_GUIDE_FAR and still below their answer go on one masked gather a step, the
+ * other lanes idle (rare). The last two or three ids come from a gather of the pair
  * or triple table. The ids, one ymm register of 8 int32 per position, are put back in row
  * order by vpermt2d (t->didx) and stored. Same ids as unrank_run64_p.
  * --------------------------------------------------------------------------------- */
@@ -1098,7 +1110,8 @@ static inline __attribute__((always_inline)) R3_TARGET_SET512 void unrank512_k(c
     const uint16_t *const guide = t->guide;
     const size_t stride = (size_t)t->stride;
     const __m512i zero = _mm512_set1_epi64(k >= 2 ? (long long)(uint64_t)t->sets : -1);
-    const __m256i one = _mm256_set1_epi32(1), low16 = _mm256_set1_epi32(0xFFFF), low8 = _mm256_set1_epi32(0xFF);
+    const __m256i one = _mm256_set1_epi32(1), low15 = _mm256_set1_epi32(SET_GUIDE_C), low8 = _mm256_set1_epi32(0xFF);
+    const __m256i far_bit = _mm256_set1_epi32(SET_GUIDE_FAR);
     const int outs = (k + 1) / 2, pairs = (k + 3) / 4; /* zmm registers of output; of column pairs */
     int gs[SET_MAX_K + 1];
     for (int i = 0; i <= k; i++) gs[i] = t->gshift[i];
@@ -1122,15 +1135,15 @@ static inline __attribute__((always_inline)) R3_TARGET_SET512 void unrank512_k(c
             for (int u = 0; u < SET_V512; u++) {
                 const __m512i v = r[u];
                 const __m256i gix = _mm512_cvtepi64_epi32(_mm512_srl_epi64(v, sh));
-                __m256i c = _mm256_and_si256(_mm256_i32gather_epi32(gi, gix, 2), low16);
+                const __m256i g = _mm256_i32gather_epi32(gi, gix, 2);
+                __m256i c = _mm256_and_si256(g, low15);
                 const __m512i a0 = _mm512_i32gather_epi64(c, ci, 8);
                 const __m512i a1 = _mm512_i32gather_epi64(c, ci + 1, 8);
-                const __m512i a2 = _mm512_i32gather_epi64(c, ci + 2, 8);
-                const __mmask8 s1 = _mm512_cmple_epu64_mask(a1, v), s2 = _mm512_cmple_epu64_mask(a2, v);
-                __m512i lo = _mm512_mask_mov_epi64(_mm512_mask_mov_epi64(a0, s1, a1), s2, a2);
-                c = _mm256_mask_add_epi32(_mm256_mask_add_epi32(c, s1, c, one), s2, c, _mm256_set1_epi32(2));
-                if (__builtin_expect(s2 != 0, 0)) { /* the long scan: lanes with C(c + 1, i) <= v step on */
-                    __mmask8 m = s2;
+                const __mmask8 s1 = _mm512_cmple_epu64_mask(a1, v), far = _mm256_test_epi32_mask(g, far_bit);
+                __m512i lo = _mm512_mask_mov_epi64(a0, s1, a1);
+                c = _mm256_mask_add_epi32(c, s1, c, one);
+                if (__builtin_expect(far != 0, 0)) { /* the long scan: lanes with C(c + 1, i) <= v step on */
+                    __mmask8 m = far & s1;
                     while (m) {
                         const __m512i hi = _mm512_mask_i32gather_epi64(lo, m, c, ci + 1, 8);
                         m = _mm512_mask_cmple_epu64_mask(m, hi, v);
