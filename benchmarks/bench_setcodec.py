@@ -28,6 +28,8 @@ Tables:
    SetCodec, BitpackCodec and zstd level 1 (on uint8 ids; decode includes the widen to
    int32). Targets: set decode >= 0.3x bitpack decode, set encode >= 0.3x bitpack encode.
    ``set_encode_before``: the set encode without its AVX-512 kernel (the AVX2 one), same run.
+   ``set_decode_gather``: the set decode with the AVX-512 gather decoder
+   (``setcodec_gather_decode``, off by default), same frames, same run.
    Also the readers' path: all the frames decoded into one (rows, layers, k) int32 array by
    one ``decode_frames`` call (:class:`r3store.codecs.SupportsBatchDecode`) per codec.
 4. **Byte-aligned bitpack**: BitpackCodec decode of one frame to int32 against the widen
@@ -225,6 +227,17 @@ def _speed_row(name: str, routes: np.ndarray, e: int, lpc: int, reps: int) -> di
                 t["set_encode_before"] = median_time(lambda: [set_codec.encode(f) for f in frames], reps)
             finally:
                 native.setcodec_avx512(prev)
+    if native is not None and hasattr(native, "setcodec_gather_decode") and native.simd() == "avx2":
+        # the AVX-512 gather decoder (off by default), same frames, same run
+        try:
+            prev_gather = native.setcodec_gather_decode(True)
+        except ValueError:
+            prev_gather = None
+        else:
+            try:
+                t["set_decode_gather"] = median_time(set_dec, reps)
+            finally:
+                native.setcodec_gather_decode(prev_gather)
     if u8_frames:
         t["zstd1_encode"] = median_time(lambda: [z1.encode(f.astype(np.uint8)) for f in frames], reps)
         t["zstd1_decode"] = median_time(z_dec, reps)
@@ -235,6 +248,8 @@ def _speed_row(name: str, routes: np.ndarray, e: int, lpc: int, reps: int) -> di
     row["set_decode_frames_vs_bitpack"] = round(t["bitpack_decode_frames"] / t["set_decode_frames"], 4)
     if "set_encode_before" in t:
         row["set_encode_before_vs_bitpack"] = round(t["bitpack_encode"] / t["set_encode_before"], 4)
+    if "set_decode_gather" in t:
+        row["set_decode_gather_vs_bitpack"] = round(t["bitpack_decode"] / t["set_decode_gather"], 4)
     if u8_frames:
         row["set_decode_vs_zstd1"] = round(t["zstd1_decode"] / t["set_decode"], 4)
         row["set_encode_vs_zstd1"] = round(t["zstd1_encode"] / t["set_encode"], 4)

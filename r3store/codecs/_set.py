@@ -258,9 +258,17 @@ class SetCodec(Codec):
     def decode_frames(self, blob: bytes | memoryview | np.ndarray, starts: np.ndarray, lengths: np.ndarray,
                       out: np.ndarray, rows: np.ndarray, layers: np.ndarray, *, chunk_rows: int,
                       layers_per_chunk: int, tag_prefix: str | None = None, row_chunks: np.ndarray | None = None,
-                      layer_chunks: np.ndarray | None = None) -> int:
+                      layer_chunks: np.ndarray | None = None, row_first: np.ndarray | None = None,
+                      row_count: np.ndarray | None = None) -> int:
         """Check and decode a run of frames into their places in ``out``
         (:class:`r3store.codecs.SupportsBatchDecode`; the arguments are told there).
+
+        ``row_first``, ``row_count`` (int64, shape ``(n,)``, given together, as
+        :func:`r3store.codecs.kernels.decode_frames` takes them): only rows
+        ``[row_first[f], row_first[f] + row_count[f])`` of frame ``f``'s chunk are written,
+        to ``out[rows[f] : rows[f] + row_count[f], ...]`` (a CP rank's pieces, decoded in
+        place); the whole frame is still checked, and the kernels skip the digits of the
+        rows before the range by whole blocks instead of unranking them.
 
         One C call (GIL released) where the kernels are built and ``out`` is in native byte
         order, else frame by frame with :meth:`decode`; each frame gets every check
@@ -284,6 +292,12 @@ class SetCodec(Codec):
             else blob.view(np.uint8).reshape(-1)
         cols = [np.ascontiguousarray(a, dtype=np.int64) for a in (starts, lengths, rows, layers)]
         n = cols[0].size
+        if (row_first is None) != (row_count is None):
+            raise CodecError(self.codec_id, "decode_frames needs row_first and row_count together, or neither")
+        ranges = None if row_first is None or row_count is None else \
+            [np.ascontiguousarray(a, dtype=np.int64) for a in (row_first, row_count)]
+        if ranges is not None and not all(a.size == n for a in ranges):
+            raise CodecError(self.codec_id, "decode_frames needs row_first and row_count of one length with starts")
         check = tag_prefix is not None
         rc = np.ascontiguousarray(row_chunks if row_chunks is not None else np.zeros(n), dtype=np.int64)
         lc = np.ascontiguousarray(layer_chunks if layer_chunks is not None else np.zeros(n), dtype=np.int64)
@@ -304,17 +318,19 @@ class SetCodec(Codec):
         if native is not None and hasattr(native, "set_decode_frames") and out.dtype.isnative:
             prefix_crc = int(google_crc32c.value(f"{tag_prefix}/".encode())) if check else 0
             return int(native.set_decode_frames(data, cols[0], cols[1], p.num_experts, p.top_k, p.block_rows, out,
-                                                cols[2], cols[3], cr, lpc, prefix_crc, rc, lc, check))
-        return self._decode_frames_each(data, cols, out, cr, lpc, tag_prefix, rc, lc)
+                                                cols[2], cols[3], cr, lpc, prefix_crc, rc, lc, check, *(ranges or ())))
+        return self._decode_frames_each(data, cols, out, cr, lpc, tag_prefix, rc, lc, ranges)
 
     def _decode_frames_each(self, data: np.ndarray, cols: list[np.ndarray], out: np.ndarray, cr: int, lpc: int,
-                            tag_prefix: str | None, rc: np.ndarray, lc: np.ndarray) -> int:
+                            tag_prefix: str | None, rc: np.ndarray, lc: np.ndarray,
+                            ranges: list[np.ndarray] | None = None) -> int:
         """:meth:`decode_frames` one :meth:`decode` at a time (no kernels, or a byte-swapped ``out``)."""
         n_rows, n_layers, k = out.shape
         stage = np.empty(cr * lpc * k, dtype=np.int32)
         for f, (start, size, row, layer) in enumerate(zip(*(c.tolist() for c in cols), strict=True)):
-            if start < 0 or size < 0 or start + size > data.size or not 0 <= row <= n_rows - cr \
-                    or not 0 <= layer <= n_layers - lpc:
+            r0, nr = (0, cr) if ranges is None else (int(ranges[0][f]), int(ranges[1][f]))
+            if start < 0 or size < 0 or start + size > data.size or r0 < 0 or nr < 0 or r0 > cr - nr \
+                    or not 0 <= row <= n_rows - nr or not 0 <= layer <= n_layers - lpc:
                 return f
             tag = None if tag_prefix is None else \
                 int(google_crc32c.value(f"{tag_prefix}/{int(rc[f])}/{int(lc[f])}".encode()))  # the position tag
@@ -322,7 +338,7 @@ class SetCodec(Codec):
                 self.decode(data[start : start + size], out=stage, tag=tag)
             except FormatError:
                 return f
-            out[row : row + cr, layer : layer + lpc] = stage.reshape(cr, lpc, k)
+            out[row : row + nr, layer : layer + lpc] = stage.reshape(cr, lpc, k)[r0 : r0 + nr]
         return -1
 
     @staticmethod

@@ -361,6 +361,63 @@ def test_decode_frames_stops_at_a_forged_frame(implementation: str, fault: str) 
     assert (out[4:] == 77).all()
 
 
+@pytest.mark.parametrize("implementation", ["native", "numpy"])
+@pytest.mark.parametrize(("num_experts", "top_k", "cr", "lpc", "layers"),
+                         [(64, 6, 16, 4, 8), (256, 8, 24, 2, 2), (1024, 16, 3, 1, 2), (8, 2, 9, 3, 3), (5, 3, 7, 2, 2)])
+def test_decode_frames_row_ranges_write_those_rows_of_the_chunk(implementation: str, num_experts: int, top_k: int,
+                                                                cr: int, lpc: int, layers: int) -> None:
+    """``row_first``/``row_count`` write rows ``[row_first, row_first + row_count)`` of each
+    chunk to ``out[rows : rows + row_count]``, as the whole decode sliced: ranges starting
+    inside a block of digits (8 x 2, 5 x 3: several rows per block), after exception rows,
+    in the trailing zero rows, empty ones; every output dtype, places around them untouched."""
+    if implementation == "native" and not NATIVE:
+        pytest.skip("the C extension is not built")
+    codec = SetCodec(num_experts, top_k)
+    rng = np.random.default_rng(num_experts * 3 + cr)
+    places = [(r, b) for r in (2, 0, 3) for b in range(layers // lpc)]
+    blob, cols, want = _set_frames(codec, rng, cr, lpc, layers, places)
+    n = len(places)
+    for trial in range(6):
+        first = rng.integers(0, cr, n)
+        count = np.array([int(rng.integers(0, cr - f + 1)) for f in first], np.int64)
+        if trial == 0:
+            first[:], count[:] = 0, cr  # every row: the whole decode
+        out_rows = cols["row_chunks"] * (cr + 1) + 1  # each range lands one row into its own band
+        for dtype in ("int32", "uint16", "int16", "uint8", "uint32"):
+            if np.iinfo(dtype).max < (1 << codec.bits) - 1:
+                continue
+            out = np.full((4 * (cr + 1), layers, top_k), 77, dtype)
+            expect = out.copy()
+            for f in range(n):
+                r, b = int(cols["row_chunks"][f]), int(cols["layer_chunks"][f])
+                src = want[r * cr + first[f] : r * cr + first[f] + count[f], b * lpc : (b + 1) * lpc]
+                expect[out_rows[f] : out_rows[f] + count[f], b * lpc : (b + 1) * lpc] = src
+            args = dict(cols, rows=out_rows)
+            with kernels.use(implementation):
+                got = codec.decode_frames(blob, out=out, chunk_rows=cr, layers_per_chunk=lpc, tag_prefix="w-1",
+                                          row_first=first, row_count=count, **args)
+            assert got == -1
+            np.testing.assert_array_equal(out, expect, err_msg=f"{dtype} {first} {count}")
+
+
+def test_decode_frames_row_ranges_outside_the_chunk_or_out_stop_the_batch() -> None:
+    """A range past the chunk's rows, a negative one, or one whose rows overrun ``out`` stops
+    the batch at that frame; only one of row_first/row_count is a CodecError."""
+    codec = SetCodec(64, 6)
+    blob, cols, want = _set_frames(codec, np.random.default_rng(9), 4, 2, 2, [(0, 0), (1, 0)])
+    for first, count, row in ((3, 2, 0), (-1, 1, 0), (0, -1, 0), (0, 4, 7)):
+        out = np.full((8, 2, 6), 77, np.int32)
+        args = dict(cols, rows=np.array([0, row]))
+        got = codec.decode_frames(blob, out=out, chunk_rows=4, layers_per_chunk=2, row_first=np.array([0, first]),
+                                  row_count=np.array([4, count]), **args)
+        assert got == 1
+        np.testing.assert_array_equal(out[:4], want[:4])
+        assert (out[4:] == 77).all()
+    with pytest.raises(CodecError, match="together"):
+        codec.decode_frames(blob, out=np.zeros((8, 2, 6), np.int32), chunk_rows=4, layers_per_chunk=2,
+                            row_first=np.zeros(2, np.int64), **cols)
+
+
 def test_decode_frames_refuses_bad_arguments() -> None:
     codec = SetCodec(64, 6)
     zeros = np.zeros(1, np.int64)
@@ -412,3 +469,35 @@ def test_readers_batch_decode_set_stores(tmp_path: Path) -> None:
     store = r3store.open_store(tmp_path)
     for sid, routes in samples.items():
         np.testing.assert_array_equal(store.get(sid), np.sort(routes, axis=-1))
+
+
+@pytest.mark.parametrize("dtype", ["int32", "uint8"])
+def test_rank_local_runs_of_a_set_store_decode_partial_chunks_by_row_range(tmp_path: Path, dtype: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``get_runs`` (a CP rank's pieces) of a set store: the runs' partial first and last
+    chunks go to ``decode_frames`` with row ranges (SetCodec's signature has them) and land
+    as the rows sorted, next to whole chunks, in int32 and uint8."""
+    import functools
+
+    spec = r3store.ModelSpec(num_layers=4, num_experts=64, top_k=6)
+    rng = np.random.default_rng(11)
+    samples = {f"s{i}": random_sets(rng, n * 4, 64, 6).reshape(n, 4, 6) for i, n in enumerate((100, 37))}
+    with r3store.RouteWriter(tmp_path, spec, {"codec": "set", "chunk_rows": 16, "writer_id": "w"}) as writer:
+        for sid, routes in samples.items():
+            writer.append(sid, routes)
+    seen: list[object] = []
+    real = SetCodec.decode_frames
+
+    @functools.wraps(real)
+    def spy(self: SetCodec, *args: object, **kwargs: object) -> int:
+        seen.append(kwargs.get("row_first"))
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SetCodec, "decode_frames", spy)
+    reader = r3store.open_store(tmp_path)
+    runs = [("s0", 5, 27), ("s1", 3, 36), ("s0", 70, 99), ("s1", 17, 18)]
+    out = np.full((sum(b - a for _, a, b in runs), 4, 6), 99, dtype)
+    reader.get_runs(runs, out=out)
+    want = np.concatenate([np.sort(samples[s], axis=-1)[a:b] for s, a, b in runs])
+    np.testing.assert_array_equal(out, want)
+    assert any(r is not None and len(r) for r in seen)  # type: ignore[arg-type]

@@ -1,9 +1,11 @@
 """r3store.set: the AVX-512 kernels give the bytes and ids of the AVX2 kernels, the portable C and the numpy reference.
 
 The AVX-512 encoder ranks 32 rows at a time (a transpose, a sorting network, table
-gathers) and hands a group holding an exception row to the row-at-a-time classifier; these
-tests drive every (num_experts, top_k) with num_experts <= 1024 and top_k <= 16 through
-all code paths and compare frames byte for byte.
+gathers) and hands a group holding an exception row to the row-at-a-time classifier; the
+AVX-512 gather decoder (``setcodec_gather_decode``, off by default) unranks 16 rows at a
+time and hands the rest of a run to the scalar one. These tests drive every
+(num_experts, top_k) with num_experts <= 1024 and top_k <= 16 through all code paths and
+compare frames byte for byte and ids id for id.
 """
 
 from __future__ import annotations
@@ -32,22 +34,29 @@ def _avx512_here() -> bool:
 
 AVX2 = NATIVE is not None and bool(NATIVE.cpu_features()["avx2"])
 AVX512 = _avx512_here()
-PATHS = ["avx512"] * AVX512 + ["avx2"] * AVX2 + ["portable"]
+GATHER = AVX512 and hasattr(NATIVE, "setcodec_gather_decode")
+PATHS = ["gather"] * GATHER + ["avx512"] * AVX512 + ["avx2"] * AVX2 + ["portable"]
 
 
 @contextmanager
 def path(name: str) -> Iterator[None]:
-    """Run the block with the set codec's ``avx512``, ``avx2`` or ``portable`` C kernels."""
+    """Run the block with the set codec's ``gather`` (AVX-512 with the gather decoder),
+    ``avx512``, ``avx2`` or ``portable`` C kernels."""
     assert NATIVE is not None
     with kernels.use("native" if name == "portable" else "native-avx2"):
         prev = NATIVE.setcodec_avx512(False) if hasattr(NATIVE, "setcodec_avx512") else None
+        prev_gather = NATIVE.setcodec_gather_decode(False) if hasattr(NATIVE, "setcodec_gather_decode") else None
         try:
-            if name == "avx512":
+            if name in ("avx512", "gather"):
                 NATIVE.setcodec_avx512(True)
+            if name == "gather":
+                NATIVE.setcodec_gather_decode(True)
             yield
         finally:
             if prev is not None:
                 NATIVE.setcodec_avx512(prev)
+            if prev_gather is not None:
+                NATIVE.setcodec_gather_decode(prev_gather)
 
 
 def _rows(rng: np.random.Generator, order: np.ndarray, top_k: int, bits: int, skew: bool) -> np.ndarray:
@@ -175,3 +184,51 @@ def test_setcodec_avx512_reports_and_refuses() -> None:
     else:
         with pytest.raises(ValueError, match="AVX-512"):
             NATIVE.setcodec_avx512(True)
+
+
+def _edge_rows(rng: np.random.Generator, num_experts: int, top_k: int) -> np.ndarray:
+    """40 rows: rank 0 (ids 0..k-1), rank C(E, k) - 1 (the top k ids), the all-zero row (digit
+    C(E, k)), an exception row (an id repeated, k >= 2), sets holding id E - 1, then random
+    sets; shuffled, so that the edges fall in the gather decoder's groups and its scalar rest."""
+    rows = np.argsort(rng.random((40, num_experts)), axis=1)[:, :top_k]
+    rows[0] = np.arange(top_k)
+    rows[1] = np.arange(num_experts - top_k, num_experts)
+    rows[2] = 0
+    rows[3, 0] = num_experts - 1
+    if top_k >= 2:
+        rows[4, 1] = rows[4, 0]
+        rows[5] = np.concatenate([np.arange(top_k - 1), [num_experts - 1]])
+    return rows[rng.permutation(40)]
+
+
+@pytest.mark.skipif(NATIVE is None, reason="the C extension is not built")
+@pytest.mark.parametrize("band", range(8))
+def test_edge_ranks_decode_alike_on_every_path(band: int) -> None:
+    """All (E, k), E <= 1024, k <= 16 (E in this band of 128, one k in four): the lowest and
+    highest rank, the all-zero digit and exceptions decode to the rows as sets on every path
+    (the gather decoder's compare-and-step chains meet the ends of the C(c, i) tables)."""
+    rng = np.random.default_rng(100 + band)
+    for num_experts in range(band * 128 + 1, band * 128 + 129):
+        for top_k in range(1 + num_experts % 4, min(16, num_experts) + 1, 4):
+            codec = SetCodec(num_experts, top_k)
+            ids = _edge_rows(rng, num_experts, top_k).reshape(-1)
+            frame = codec.encode(ids)
+            want = _as_sets(ids, num_experts, top_k)
+            for name in PATHS:
+                with path(name):
+                    np.testing.assert_array_equal(codec.decode(frame), want, err_msg=f"{name} {num_experts} {top_k}")
+
+
+def test_setcodec_gather_decode_reports_and_refuses() -> None:
+    if NATIVE is None or not hasattr(NATIVE, "setcodec_gather_decode"):
+        pytest.skip("no extension with setcodec_gather_decode")
+    if AVX512:
+        prev = NATIVE.setcodec_gather_decode(False)
+        try:
+            assert NATIVE.setcodec_gather_decode(True) is False
+            assert NATIVE.setcodec_gather_decode(True) is True
+        finally:
+            NATIVE.setcodec_gather_decode(prev)
+    else:
+        with pytest.raises(ValueError, match="AVX-512"):
+            NATIVE.setcodec_gather_decode(True)

@@ -99,6 +99,7 @@ static PyMethodDef methods[] = {
     {"decode_frame", py_decode_frame, METH_VARARGS, decode_frame_doc},
     {"set_fused", py_set_fused, METH_VARARGS, set_fused_doc},
     {"setcodec_avx512", py_setcodec_avx512, METH_VARARGS, setcodec_avx512_doc},
+    {"setcodec_gather_decode", py_setcodec_gather_decode, METH_VARARGS, setcodec_gather_decode_doc},
     {"set_encode", py_set_encode, METH_VARARGS, set_encode_doc},
     {"set_check", py_set_check, METH_VARARGS, set_check_doc},
     {"set_decode", py_set_decode, METH_VARARGS, set_decode_doc},

@@ -15,7 +15,7 @@
  *              statistics (top id, repeats, id histogram), route_stats()
  *   gather.c   row gather with pad rows, gather_rows()
  *   setcodec.c r3store.set frames: set_encode(), set_check(), set_decode(),
- *              setcodec_avx512()
+ *              setcodec_avx512(), setcodec_gather_decode()
  *   module.c   CPU feature choice, simd()/set_simd()/cpu_features(), the method table
  *
  * Arrays arrive through the buffer protocol (any integer format, any strides); no numpy
@@ -173,6 +173,7 @@ R3_PYFUNC(set_crc_path)
 R3_PYFUNC(set_avx512)
 R3_PYFUNC(set_stream_min)
 R3_PYFUNC(setcodec_avx512)
+R3_PYFUNC(setcodec_gather_decode)
 R3_PYFUNC(set_encode)
 R3_PYFUNC(set_check)
 R3_PYFUNC(set_decode)

@@ -9,10 +9,13 @@
  *
  * Ranks and blocks below 2**64 ("narrow") use 64-bit arithmetic; larger ones (E = 1024,
  * k = 16 needs 116 bits) unsigned __int128. Decoding a rank finds each id with a guide
- * table (the top 13 bits of the remaining rank give the id to start from) and a short
- * upward scan of the C(c, i) table, eight rows in lockstep; for E <= 256 the last two ids
- * come from one load of a pair table (rank below C(E, 2) -> both ids), for E <= 64 the last
- * three from a triple table. Narrow blocks split into digits by a multiply (no division).
+ * table (the top 13 bits of the remaining rank give the id to start from; the answer is
+ * that id or the next unless the entry is marked) and a short upward scan of the C(c, i)
+ * table, eight rows in lockstep; for E <= 256 the last two ids come from one load of a pair
+ * table (rank below C(E, 2) -> both ids), for E <= 128 the last three from a triple table.
+ * Narrow blocks split into digits by a multiply (no division). A row range of a frame skips
+ * the rows before it by whole blocks. With setcodec_gather_decode() on, ranks are unranked 8
+ * rows per AVX-512 register with gathers instead (measured slower here; for tests).
  * Encoding with AVX-512 (F, BW; narrow codecs) ranks 32 rows at a time: a transpose, a
  * sorting network and gathers of C(c, i); on AVX2 machines (E <= 256) a row is sorted by
  * a bitmap: popcounts give each id's colex position.
@@ -23,11 +26,15 @@ typedef unsigned __int128 u128;
 
 #define SET_HEADER 32
 #define SET_GUIDE_BITS 13
+#define SET_GUIDE_C 0x7FFF    /* a guide entry: the id to start from, */
+#define SET_GUIDE_FAR 0x8000  /* and whether its bucket's answers reach beyond it + 1 */
 #define SET_MAX_E 1024
 #define SET_MAX_K 16
 #define SET_MAX_M 64
 #define SET_WIDE_BITS 120
-#define SET_TRIPLE_E 64 /* the triple table up to this many experts */
+#ifndef SET_TRIPLE_E
+#define SET_TRIPLE_E 128 /* the triple table up to this many experts */
+#endif
 
 typedef struct {
     int E, k, m, bits, narrow;
@@ -41,9 +48,13 @@ typedef struct {
     uint64_t *c64;                 /* (k + 1) x stride: C(c, i), narrow */
     u128 *c128;                    /* the same, wide */
     uint16_t *pair;                /* narrow, 2 <= k, E <= 256: rank r < C(E, 2) -> c_2 << 8 | c_1; else NULL */
-    uint32_t *triple;              /* narrow, 3 <= k, E <= 64: rank r < C(E, 3) -> c_3 << 16 | c_2 << 8 | c_1 */
+    uint32_t *triple;              /* narrow, 3 <= k, E <= SET_TRIPLE_E: rank r < C(E, 3) -> c_3 << 16 | c_2 << 8 | c_1 */
     uint16_t *tidx;                /* AVX-512 encode: k x 8 x 32 vpermt2w indices (transpose 32 rows) */
     uint32_t tmask[SET_MAX_K][8];  /* the lanes each register pair fills */
+    /* AVX-512 decode: 8 rows of k ids (k column vectors, as pairs in zmm registers) back to
+       row-major order, output register o from register pairs h by vpermt2d */
+    uint32_t didx[SET_MAX_K / 2][SET_MAX_K / 4][16];
+    uint16_t dmask[SET_MAX_K / 2][SET_MAX_K / 4];
 } set_tab;
 
 static int bitlen128(u128 x) {
@@ -81,7 +92,8 @@ static set_tab *tab_build(int E, int k, int m) {
     t->bits = E <= 1 ? 1 : bitlen128((u128)(E - 1));
     const int stride = t->stride = E + 2;
     t->c128 = calloc((size_t)(k + 1) * stride, sizeof(u128));
-    t->guide = calloc((size_t)(k + 1) << SET_GUIDE_BITS, sizeof(uint16_t));
+    /* two entries of padding: the AVX-512 decode gathers a guide entry as a 4-byte word */
+    t->guide = calloc(((size_t)(k + 1) << SET_GUIDE_BITS) + 2, sizeof(uint16_t));
     if (!t->c128 || !t->guide) {
         tab_free(t);
         return (set_tab *)PyErr_NoMemory();
@@ -129,7 +141,7 @@ static set_tab *tab_build(int E, int k, int m) {
         }
         t->pair[n2] = 0;
     }
-    if (t->narrow && k >= 3 && E <= SET_TRIPLE_E) { /* the last three ids by one load (163 KiB at E = 64) */
+    if (t->narrow && k >= 3 && E <= SET_TRIPLE_E) { /* the last three ids by one load (163 KiB at E = 64, 1.3 MiB at 128) */
         const size_t n3 = (size_t)E * (size_t)(E - 1) * (size_t)(E - 2) / 6;
         t->triple = malloc((n3 + 1) * sizeof(uint32_t));
         if (!t->triple) {
@@ -156,6 +168,11 @@ static set_tab *tab_build(int E, int k, int m) {
             t->tmask[j][p] |= (uint32_t)1 << l;
         }
     }
+    for (int e = 0; e < 8 * k; e++) { /* id j of row l (element e = l * k + j) is lane (j % 2) * 8 + l of pair j / 2 */
+        const int o = e / 16, l = e / k, j = e % k, h = j / 4;
+        t->didx[o][h][e % 16] = (uint32_t)(((j / 2) % 2) * 16 + (j % 2) * 8 + l);
+        t->dmask[o][h] |= (uint16_t)(1u << (e % 16));
+    }
     for (int i = 1; i <= k; i++) { /* ranks at position i lie below C(E, i) */
         const u128 *ci = t->c128 + i * stride;
         const u128 top = ci[E];
@@ -163,11 +180,15 @@ static set_tab *tab_build(int E, int k, int m) {
         if (shift < 0) shift = 0;
         t->gshift[i] = shift;
         uint16_t *g = t->guide + ((size_t)i << SET_GUIDE_BITS);
-        int c = 0;
+        int c = 0, c_hi = 0;
         for (u128 b = 0; b < ((u128)1 << SET_GUIDE_BITS); b++) {
             const u128 r = b << shift; /* the largest c with C(c, i) <= r */
             while (c + 1 < E && ci[c + 1] <= r) c++;
-            g[b] = (uint16_t)c;
+            /* ... and for the last rank of the bucket: SET_GUIDE_FAR when it lies beyond c + 1 */
+            const u128 r_hi = ((b + 1) << shift) - 1;
+            if (c_hi < c) c_hi = c;
+            while (c_hi + 1 < E && ci[c_hi + 1] <= r_hi) c_hi++;
+            g[b] = (uint16_t)(c | (c_hi >= c + 2 ? SET_GUIDE_FAR : 0));
         }
     }
     return t;
@@ -317,19 +338,20 @@ static int row_digit(const set_tab *t, const int64_t *v, u128 *rank) {
 }
 
 /* One id of a rank at colex position i >= 2: the largest c with C(c, i) <= r (r becomes
-   r - C(c, i)). The guide gives a c at most the answer, usually the answer or one below; a
-   longer scan is rare. */
+   r - C(c, i)). The guide gives a c at most the answer, the answer or one below unless
+   the entry is marked SET_GUIDE_FAR (0.1-0.3% of the ranks at 64-256 experts): then a
+   scan. */
 SET_INLINE int find64(const set_tab *t, int i, uint64_t *r) {
     const uint64_t *ci = t->c64 + (size_t)i * (size_t)t->stride;
     const uint64_t v = *r;
-    size_t c = t->guide[((size_t)i << SET_GUIDE_BITS) + (size_t)(v >> t->gshift[i])];
-    const uint64_t a0 = ci[c], a1 = ci[c + 1], a2 = ci[c + 2]; /* loaded together: no second dependent load */
-    if (__builtin_expect(a2 <= v, 0)) {
-        c += 2;
+    const size_t g = t->guide[((size_t)i << SET_GUIDE_BITS) + (size_t)(v >> t->gshift[i])];
+    size_t c = g & SET_GUIDE_C;
+    if (__builtin_expect(g >= SET_GUIDE_FAR, 0)) {
         while (ci[c + 1] <= v) c++;
         *r = v - ci[c];
         return (int)c;
     }
+    const uint64_t a0 = ci[c], a1 = ci[c + 1];
     const size_t s = a1 <= v;
     *r = v - (s ? a1 : a0);
     return (int)(c + s);
@@ -337,7 +359,7 @@ SET_INLINE int find64(const set_tab *t, int i, uint64_t *r) {
 
 SET_INLINE int find128(const set_tab *t, int i, u128 r) {
     const u128 *ci = t->c128 + i * t->stride;
-    int c = t->guide[((size_t)i << SET_GUIDE_BITS) + (size_t)(r >> t->gshift[i])];
+    int c = t->guide[((size_t)i << SET_GUIDE_BITS) + (size_t)(r >> t->gshift[i])] & SET_GUIDE_C;
     while (ci[c + 1] <= r) c++;
     return c;
 }
@@ -641,6 +663,31 @@ PyObject *py_setcodec_avx512(PyObject *self, PyObject *args) {
         return NULL;
     }
     set512 = on;
+    return PyBool_FromLong(prev);
+}
+
+/* The AVX-512 gather decoder (unrank_run512): off by default, as it measured slower than the
+   scalar lockstep decoder on the machines tried (a vpgatherqq of 8 entries costs about as much
+   as 30 scalar loads on AMD Zen 5 here); setcodec_gather_decode() turns it on. */
+static int set512_gather = 0;
+
+static int set512_gather_on(void) { return set512_gather && set512_on(); }
+
+R3_DOC(setcodec_gather_decode_doc, "setcodec_gather_decode(on) -> bool\n\n"
+"Let the set codec's decoder unrank 8 rows per AVX-512 register with gathers (while\n"
+"setcodec_avx512 is on), or not (the default: the scalar decoder, 8 rows in lockstep, measured\n"
+"faster); returns the previous setting. For tests and benchmarks: both compute the same\n"
+"function. ValueError when turning it on without the CPU's support.");
+
+PyObject *py_setcodec_gather_decode(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    const int prev = set512_gather;
+    if (on && !set512_cpu()) {
+        PyErr_SetString(PyExc_ValueError, "this CPU has no AVX-512 F/BW/VL/DQ");
+        return NULL;
+    }
+    set512_gather = on;
     return PyBool_FromLong(prev);
 }
 
@@ -987,14 +1034,14 @@ SET_INLINE void unrank_run64_p(const set_tab *t, const uint64_t *d, int32_t *dst
 #pragma GCC unroll 16
             for (int l = 0; l < SET_LANES; l++) {
                 const uint64_t v = r[l];
-                size_t c = gi[v >> sh];
-                const uint64_t a0 = ci[c], a1 = ci[c + 1], a2 = ci[c + 2];
-                if (__builtin_expect(a2 <= v, 0)) {
-                    c += 2;
+                const size_t g = gi[v >> sh];
+                size_t c = g & SET_GUIDE_C;
+                if (__builtin_expect(g >= SET_GUIDE_FAR, 0)) {
                     while (ci[c + 1] <= v) c++;
                     r[l] = v - ci[c];
                     o[l * k + i - 1] = (int32_t)c;
                 } else {
+                    const uint64_t a0 = ci[c], a1 = ci[c + 1];
                     const size_t s = a1 <= v;
                     r[l] = v - (s ? a1 : a0);
                     o[l * k + i - 1] = (int32_t)(c + s);
@@ -1038,11 +1085,149 @@ SET_INLINE void unrank_run64(const set_tab *t, const uint64_t *d, int32_t *dst, 
     }
 }
 
-/* Decode a checked payload of a narrow codec into out[0 : n_total] (int32, contiguous): the
-   rows between two exception rows are one run of digits, read SET_BATCH at a time from the
-   blocks, then unranked together. */
+#ifdef R3_X86
+/* ---------------------------------------------------------------------------------
+ * AVX-512 decode (narrow codecs): 8 rows per zmm register, one rank per 64-bit lane,
+ * SET_V512 registers in flight
+ *
+ * At each colex position i the guide entry of every lane (rank >> gshift[i]) is gathered
+ * (vpgatherdd of a 4-byte word at the 2-byte entry), then C(c, i) and C(c + 1, i) (two
+ * vpgatherdq); a compare gives c or c + 1 and the value subtracted. Lanes whose entry is
+ * marked SET_GUIDE_FAR and still below their answer go on one masked gather a step, the
+ * other lanes idle (rare). The last two or three ids come from a gather of the pair
+ * or triple table. The ids, one ymm register of 8 int32 per position, are put back in row
+ * order by vpermt2d (t->didx) and stored. Same ids as unrank_run64_p.
+ * --------------------------------------------------------------------------------- */
+
+#ifndef SET_V512
+#define SET_V512 2 /* zmm registers of 8 rows unranked together */
+#endif
+
+static inline __attribute__((always_inline)) R3_TARGET_SET512 void unrank512_k(const set_tab *t, const uint64_t *d,
+                                                                              int32_t *dst, int n, const int k,
+                                                                              const int tail) {
+    const uint64_t *const c64 = t->c64;
+    const uint16_t *const guide = t->guide;
+    const size_t stride = (size_t)t->stride;
+    const __m512i zero = _mm512_set1_epi64(k >= 2 ? (long long)(uint64_t)t->sets : -1);
+    const __m256i one = _mm256_set1_epi32(1), low15 = _mm256_set1_epi32(SET_GUIDE_C), low8 = _mm256_set1_epi32(0xFF);
+    const __m256i far_bit = _mm256_set1_epi32(SET_GUIDE_FAR);
+    const int outs = (k + 1) / 2, pairs = (k + 3) / 4; /* zmm registers of output; of column pairs */
+    int gs[SET_MAX_K + 1];
+    for (int i = 0; i <= k; i++) gs[i] = t->gshift[i];
+    int q = 0;
+    for (; q + 8 * SET_V512 <= n; q += 8 * SET_V512) {
+        __m512i r[SET_V512];
+        __mmask8 z[SET_V512];
+        __m256i col[SET_V512][SET_MAX_K];
+#pragma GCC unroll 4
+        for (int u = 0; u < SET_V512; u++) {
+            const __m512i x = _mm512_loadu_si512((const void *)(d + q + 8 * u));
+            z[u] = _mm512_cmpeq_epu64_mask(x, zero);
+            r[u] = _mm512_maskz_mov_epi64((__mmask8)~z[u], x);
+        }
+#pragma GCC unroll 16
+        for (int i = k; i > tail; i--) {
+            const long long *const ci = (const long long *)(c64 + (size_t)i * stride);
+            const int *const gi = (const int *)(const void *)(guide + ((size_t)i << SET_GUIDE_BITS));
+            const __m128i sh = _mm_cvtsi32_si128(gs[i]);
+#pragma GCC unroll 4
+            for (int u = 0; u < SET_V512; u++) {
+                const __m512i v = r[u];
+                const __m256i gix = _mm512_cvtepi64_epi32(_mm512_srl_epi64(v, sh));
+                const __m256i g = _mm256_i32gather_epi32(gi, gix, 2);
+                __m256i c = _mm256_and_si256(g, low15);
+                const __m512i a0 = _mm512_i32gather_epi64(c, ci, 8);
+                const __m512i a1 = _mm512_i32gather_epi64(c, ci + 1, 8);
+                const __mmask8 s1 = _mm512_cmple_epu64_mask(a1, v), far = _mm256_test_epi32_mask(g, far_bit);
+                __m512i lo = _mm512_mask_mov_epi64(a0, s1, a1);
+                c = _mm256_mask_add_epi32(c, s1, c, one);
+                if (__builtin_expect(far != 0, 0)) { /* the long scan: lanes with C(c + 1, i) <= v step on */
+                    __mmask8 m = far & s1;
+                    while (m) {
+                        const __m512i hi = _mm512_mask_i32gather_epi64(lo, m, c, ci + 1, 8);
+                        m = _mm512_mask_cmple_epu64_mask(m, hi, v);
+                        c = _mm256_mask_add_epi32(c, m, c, one);
+                        lo = _mm512_mask_mov_epi64(lo, m, hi);
+                    }
+                }
+                r[u] = _mm512_sub_epi64(v, lo);
+                col[u][i - 1] = c;
+            }
+        }
+#pragma GCC unroll 4
+        for (int u = 0; u < SET_V512; u++) {
+            if (tail == 3) {
+                const __m256i tr = _mm512_i64gather_epi32(r[u], (const int *)t->triple, 4);
+                col[u][2] = _mm256_srli_epi32(tr, 16);
+                col[u][1] = _mm256_and_si256(_mm256_srli_epi32(tr, 8), low8);
+                col[u][0] = _mm256_and_si256(tr, low8);
+            } else if (tail == 2) {
+                const __m256i pr = _mm512_i64gather_epi32(r[u], (const int *)(const void *)t->pair, 2);
+                col[u][1] = _mm256_and_si256(_mm256_srli_epi32(pr, 8), low8);
+                col[u][0] = _mm256_and_si256(pr, low8);
+            } else {
+                col[u][0] = _mm512_cvtepi64_epi32(r[u]);
+            }
+            __m512i S[SET_MAX_K / 2];
+#pragma GCC unroll 8
+            for (int p = 0; p < outs; p++) { /* column pair p: ids 2p and 2p + 1 of the 8 rows, all-zero rows zeroed */
+                const __m256i lo = _mm256_maskz_mov_epi32((__mmask8)~z[u], col[u][2 * p]);
+                S[p] = 2 * p + 1 < k ? _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                                                          _mm256_maskz_mov_epi32((__mmask8)~z[u], col[u][2 * p + 1]), 1)
+                                     : _mm512_zextsi256_si512(lo);
+            }
+            int32_t *const o = dst + (size_t)(q + 8 * u) * k;
+#pragma GCC unroll 8
+            for (int w = 0; w < outs; w++) {
+                __m512i v = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int h = 0; h < pairs; h++) {
+                    const __m512i idx = _mm512_loadu_si512((const void *)t->didx[w][h]);
+                    const __m512i x = 2 * h + 1 < outs ? _mm512_permutex2var_epi32(S[2 * h], idx, S[2 * h + 1])
+                                                       : _mm512_permutexvar_epi32(idx, S[2 * h]);
+                    v = h == 0 ? x : _mm512_mask_mov_epi32(v, t->dmask[w][h], x);
+                }
+                if ((k & 1) && w == outs - 1) {
+                    _mm512_mask_storeu_epi32((void *)(o + 16 * w), 0x00FF, v);
+                } else {
+                    _mm512_storeu_si512((void *)(o + 16 * w), v);
+                }
+            }
+        }
+    }
+    if (q < n) unrank_run64_p(t, d + q, dst + (size_t)q * k, n - q, k, tail);
+}
+
+/* unrank_run64 with AVX-512 (narrow codecs; the CPU has F, BW, VL, DQ) */
+static R3_TARGET_SET512 void unrank_run512(const set_tab *t, const uint64_t *d, int32_t *dst, int n) {
+    switch (t->k) {
+#define X(K)                                                        \
+    case K:                                                         \
+        if (K >= 3 && t->triple) {                                  \
+            unrank512_k(t, d, dst, n, K, K >= 3 ? 3 : 1);           \
+        } else if (K >= 2 && t->pair) {                             \
+            unrank512_k(t, d, dst, n, K, K >= 2 ? 2 : 1);           \
+        } else {                                                    \
+            unrank512_k(t, d, dst, n, K, 1);                        \
+        }                                                           \
+        break;
+    SET_CASES(X)
+#undef X
+    default: break;
+    }
+}
+#endif
+
+/* Decode rows [a, b) (b <= n_total / k) of a checked payload of a narrow codec into
+   out[0 : (b - a) * k] (int32, contiguous), and with a = 0, b = n_total / k the tail ids
+   (n_total % k) after them: the rows between two exception rows are one run of digits,
+   read SET_BATCH at a time from the blocks, then unranked together. Rows before a cost
+   a search of the exception rows and the digits of one block: the blocks before it are
+   skipped (all but the last have w[m] bits). */
 SET_INLINE void set_decode_narrow_k(const set_tab *t, const uint8_t *p, size_t plen, uint32_t n_total,
-                                    uint32_t n_rows, uint32_t n_except, int32_t *out, const int k) {
+                                    uint32_t n_rows, uint32_t n_except, int32_t *out, const int k, uint32_t a,
+                                    uint32_t b) {
     const int m = t->m, bits = t->bits;
     const uint64_t nd = n_rows - n_except, nbits = digit_bits(t, nd);
     const uint8_t *ex = p + (nbits + 7) / 8;
@@ -1051,13 +1236,46 @@ SET_INLINE void set_decode_narrow_k(const set_tab *t, const uint8_t *p, size_t p
     const uint64_t R = (uint64_t)t->radix, rinv = t->rinv;
     int w_of[SET_MAX_M + 1];
     for (int j = 0; j <= m; j++) w_of[j] = t->w[j];
-    uint32_t next_ex = n_except ? get_u32s(ex) : UINT32_MAX, x = 0;
-    uint64_t raw_pos = 0, digit = 0, bitpos = 0, v = 0;
+    const uint32_t last = b < n_rows ? b : n_rows; /* rows up to here are stored */
+    uint32_t row = a < n_rows ? a : n_rows, x = 0;
+    if (row) { /* the exception rows below it */
+        uint32_t hi = n_except;
+        while (x < hi) {
+            const uint32_t mid = x + (hi - x) / 2;
+            if (get_u32s(ex + 4 * (size_t)mid) < row) {
+                x = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+    }
+    uint32_t next_ex = x < n_except ? get_u32s(ex + 4 * (size_t)x) : UINT32_MAX;
+    uint64_t raw_pos = (uint64_t)x * (uint64_t)k * (uint64_t)bits, digit = row - x, bitpos, v = 0;
     int left = 0;
+    if (m == 1) {
+        bitpos = digit * (uint64_t)w_of[1];
+    } else {
+        const uint64_t blk = digit / (uint64_t)m;
+        const int skip = (int)(digit - blk * (uint64_t)m);
+        bitpos = blk * (uint64_t)w_of[m];
+        if (skip) { /* row starts inside a block: its first digits divided out */
+            left = nd - blk * (uint64_t)m < (uint64_t)m ? (int)(nd - blk * (uint64_t)m) : m;
+            const int bw = w_of[left];
+            v = bw <= 57 ? load_bits64(p, plen, bitpos, bw) : (uint64_t)load_bits128(p, plen, bitpos, bw);
+            bitpos += (uint64_t)bw;
+            for (int s = 0; s < skip; s++) {
+                uint64_t rem;
+                v = divr64(v, R, rinv, &rem);
+            }
+            left -= skip;
+        }
+    }
     uint64_t batch[SET_BATCH];
-    uint32_t row = 0;
-    while (row < n_rows) {
-        const uint32_t stop = next_ex < n_rows ? next_ex : n_rows;
+#ifdef R3_X86
+    const int use512 = set512_gather_on();
+#endif
+    while (row < last) {
+        const uint32_t stop = next_ex < last ? next_ex : last;
         while (row < stop) {
             const int nb = stop - row < SET_BATCH ? (int)(stop - row) : SET_BATCH;
             if (m == 1) {
@@ -1084,27 +1302,43 @@ SET_INLINE void set_decode_narrow_k(const set_tab *t, const uint8_t *p, size_t p
                     digit++;
                 }
             }
-            unrank_run64(t, batch, out + (size_t)row * k, nb, k);
+            int32_t *const dst = out + (size_t)(row - a) * k;
+#ifdef R3_X86
+            if (use512) {
+                unrank_run512(t, batch, dst, nb);
+            } else {
+                unrank_run64(t, batch, dst, nb, k);
+            }
+#else
+            unrank_run64(t, batch, dst, nb, k);
+#endif
             row += (uint32_t)nb;
         }
-        if (row < n_rows) { /* row == next_ex: an exception, stored verbatim */
-            int32_t *dst = out + (size_t)row * k;
+        if (row < last) { /* row == next_ex: an exception, stored verbatim */
+            int32_t *dst = out + (size_t)(row - a) * k;
             for (int j = 0; j < k; j++, raw_pos += (uint64_t)bits) dst[j] = (int32_t)load_bits64(raw, raw_len, raw_pos, bits);
             x++;
             next_ex = x < n_except ? get_u32s(ex + 4 * (size_t)x) : UINT32_MAX;
             row++;
         }
     }
-    const size_t full_ids = (size_t)(n_total / (uint32_t)k) * (size_t)k;
-    memset(out + (size_t)n_rows * k, 0, (full_ids - (size_t)n_rows * k) * sizeof(int32_t));
-    for (size_t i = full_ids; i < n_total; i++, raw_pos += (uint64_t)bits) out[i] = (int32_t)load_bits64(raw, raw_len, raw_pos, bits);
+    const uint32_t zeros = a > n_rows ? a : n_rows; /* rows after the last stored one */
+    if (b > zeros) memset(out + (size_t)(zeros - a) * k, 0, (size_t)(b - zeros) * k * sizeof(int32_t));
+    if (a == 0 && b == n_total / (uint32_t)k) {
+        raw_pos = (uint64_t)n_except * (uint64_t)k * (uint64_t)bits;
+        for (size_t i = (size_t)b * k; i < n_total; i++, raw_pos += (uint64_t)bits) {
+            out[i] = (int32_t)load_bits64(raw, raw_len, raw_pos, bits);
+        }
+    }
 }
 
-static void set_decode_into(const set_tab *t, const uint8_t *p, size_t plen, uint32_t n_total, uint32_t n_rows,
-                            uint32_t n_except, int32_t *out) {
+/* Rows [a, b) of a checked payload into out[0 : (b - a) * k] (see set_decode_narrow_k); a
+   wide codec decodes only whole frames (a = 0, b = n_total / k). */
+static void set_decode_rows(const set_tab *t, const uint8_t *p, size_t plen, uint32_t n_total, uint32_t n_rows,
+                            uint32_t n_except, int32_t *out, uint32_t a, uint32_t b) {
     if (t->narrow) {
         switch (t->k) {
-#define X(K) case K: set_decode_narrow_k(t, p, plen, n_total, n_rows, n_except, out, K); break;
+#define X(K) case K: set_decode_narrow_k(t, p, plen, n_total, n_rows, n_except, out, K, a, b); break;
         SET_CASES(X)
 #undef X
         default: break;
@@ -1117,6 +1351,11 @@ static void set_decode_into(const set_tab *t, const uint8_t *p, size_t plen, uin
 #undef X
     default: break;
     }
+}
+
+static void set_decode_into(const set_tab *t, const uint8_t *p, size_t plen, uint32_t n_total, uint32_t n_rows,
+                            uint32_t n_except, int32_t *out) {
+    set_decode_rows(t, p, plen, n_total, n_rows, n_except, out, 0, n_total / (uint32_t)t->k);
 }
 
 R3_DOC(set_check_doc, "set_check(buf, num_experts, top_k, block_rows) -> (status, n_total, n_rows, n_except, tag)\n\n"
@@ -1198,27 +1437,38 @@ PyObject *py_set_decode(PyObject *self, PyObject *args) {
 }
 
 R3_DOC(set_decode_frames_doc, "set_decode_frames(blob, starts, lengths, num_experts, top_k, block_rows, out, rows,\n"
-"layers, chunk_rows, layers_per_chunk, prefix_crc, row_chunks, layer_chunks, check_tags) -> int\n\n"
+"layers, chunk_rows, layers_per_chunk, prefix_crc, row_chunks, layer_chunks, check_tags, row_first=None,\n"
+"row_count=None) -> int\n\n"
 "Check and decode many r3store.set frames of one storage object straight into their places\n"
 "in out, a C-contiguous integer array (n, L, K) of 1-, 2- or 4-byte words, as decode_frames\n"
 "does for r3store.bitpack: frame f is blob[starts[f] : starts[f] + lengths[f]], holds\n"
 "chunk_rows * layers_per_chunk * K ids and lands in out[rows[f] : rows[f] + chunk_rows,\n"
 "layers[f] : layers[f] + layers_per_chunk]; with check_tags its position tag must be the\n"
 "CRC-32C of '<prefix>/<row_chunks[f]>/<layer_chunks[f]>' (prefix_crc = crc32c(prefix + '/')).\n"
+"row_first, row_count (None, or int64 arrays like starts): only the chunk's rows\n"
+"[row_first[f], row_first[f] + row_count[f]) are written, to out rows [rows[f], rows[f] +\n"
+"row_count[f]); the rows before them are skipped by whole blocks of digits, not decoded.\n"
 "Every check of set_decode is made. Returns -1 when every frame decoded, else the index of\n"
 "the first frame that failed a check or lies outside blob or out (frames before it are\n"
 "decoded, the others untouched; the caller names the fault).");
 
 PyObject *py_set_decode_frames(PyObject *self, PyObject *args) {
-    PyObject *blob_obj, *out_obj, *arr_obj[6];
-    const char *names[6] = {"starts", "lengths", "rows", "layers", "row_chunks", "layer_chunks"};
+    PyObject *blob_obj, *out_obj, *arr_obj[8] = {NULL, NULL, NULL, NULL, NULL, NULL, Py_None, Py_None};
+    const char *names[8] = {"starts", "lengths", "rows", "layers", "row_chunks", "layer_chunks", "row_first",
+                            "row_count"};
     int E, k, m, owned = 0, check_tags, i, ok = 1;
     Py_ssize_t chunk_rows, lpc, f, failed = -1;
     unsigned long prefix_crc;
-    Py_buffer blob, out, arr[6];
-    if (!PyArg_ParseTuple(args, "OOOiiiOOOnnkOOp", &blob_obj, &arr_obj[0], &arr_obj[1], &E, &k, &m, &out_obj,
+    Py_buffer blob, out, arr[8];
+    if (!PyArg_ParseTuple(args, "OOOiiiOOOnnkOOp|OO", &blob_obj, &arr_obj[0], &arr_obj[1], &E, &k, &m, &out_obj,
                           &arr_obj[2], &arr_obj[3], &chunk_rows, &lpc, &prefix_crc, &arr_obj[4], &arr_obj[5],
-                          &check_tags)) {
+                          &check_tags, &arr_obj[6], &arr_obj[7])) {
+        return NULL;
+    }
+    /* the row ranges come together or not at all */
+    const int narr = arr_obj[6] != Py_None || arr_obj[7] != Py_None ? 8 : 6;
+    if (narr == 8 && (arr_obj[6] == Py_None || arr_obj[7] == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "set_decode_frames: give both row_first and row_count, or neither");
         return NULL;
     }
     set_tab *t = tab_get(E, k, m, &owned);
@@ -1232,7 +1482,7 @@ PyObject *py_set_decode_frames(PyObject *self, PyObject *args) {
         if (owned) tab_free(t);
         return NULL;
     }
-    if (get_i64_arrays(arr_obj, arr, names, 6) < 0) {
+    if (get_i64_arrays(arr_obj, arr, names, narr) < 0) {
         PyBuffer_Release(&blob);
         PyBuffer_Release(&out);
         if (owned) tab_free(t);
@@ -1252,15 +1502,21 @@ PyObject *py_set_decode_frames(PyObject *self, PyObject *args) {
         const int64_t *st = (const int64_t *)arr[0].buf, *ln = (const int64_t *)arr[1].buf;
         const int64_t *rw = (const int64_t *)arr[2].buf, *ly = (const int64_t *)arr[3].buf;
         const int64_t *rc = (const int64_t *)arr[4].buf, *lc = (const int64_t *)arr[5].buf;
+        const int64_t *rf = narr == 8 ? (const int64_t *)arr[6].buf : NULL;
+        const int64_t *rn = narr == 8 ? (const int64_t *)arr[7].buf : NULL;
         const int osize = type_size[otype];
         const int direct = (otype == T_I32 || otype == T_U32) && lpc == L; /* a chunk is one run of out */
+        /* a chunk row is whole set rows: a row range decodes alone (narrow codecs) */
+        const int by_rows = t->narrow && width % k == 0;
+        const uint32_t per_row = (uint32_t)(width / k);
         const conv_fn conv = conv_table[T_I32][otype];
         char *base = (char *)out.buf;
         Py_BEGIN_ALLOW_THREADS
         for (f = 0; f < n; f++) {
             uint32_t nt = 0, nr = 0, ne = 0, tag = 0;
-            if (st[f] < 0 || ln[f] < 0 || st[f] > blob.len - ln[f] || rw[f] < 0 || rw[f] > N - chunk_rows
-                || ly[f] < 0 || ly[f] > L - lpc) {
+            const Py_ssize_t r0 = rf ? (Py_ssize_t)rf[f] : 0, rows_f = rn ? (Py_ssize_t)rn[f] : chunk_rows;
+            if (st[f] < 0 || ln[f] < 0 || st[f] > blob.len - ln[f] || r0 < 0 || rows_f < 0 || r0 > chunk_rows - rows_f
+                || rw[f] < 0 || rw[f] > N - rows_f || ly[f] < 0 || ly[f] > L - lpc) {
                 failed = f;
                 break;
             }
@@ -1283,19 +1539,34 @@ PyObject *py_set_decode_frames(PyObject *self, PyObject *args) {
                 break;
             }
             char *o0 = base + ((rw[f] * L + ly[f]) * K) * osize;
-            if (direct) {
+            const int whole = r0 == 0 && rows_f == chunk_rows;
+            if (direct && whole) {
                 set_decode_into(t, pl, plen, nt, nr, ne, (int32_t *)o0);
                 continue;
             }
-            set_decode_into(t, pl, plen, nt, nr, ne, stage);
-            for (Py_ssize_t r = 0; r < chunk_rows; r++) {
-                conv((const char *)(stage + r * width), 4, o0 + r * L * K * osize, width);
+            if (!rows_f) continue;
+            const int32_t *from = stage;
+            if (whole) {
+                set_decode_into(t, pl, plen, nt, nr, ne, stage);
+            } else if (by_rows) { /* set rows [r0 * per_row, (r0 + rows_f) * per_row) alone */
+                const uint32_t a = (uint32_t)r0 * per_row, b = (uint32_t)(r0 + rows_f) * per_row;
+                if (direct) {
+                    set_decode_rows(t, pl, plen, nt, nr, ne, (int32_t *)o0, a, b);
+                    continue;
+                }
+                set_decode_rows(t, pl, plen, nt, nr, ne, stage, a, b);
+            } else {
+                set_decode_into(t, pl, plen, nt, nr, ne, stage);
+                from = stage + r0 * width;
+            }
+            for (Py_ssize_t r = 0; r < rows_f; r++) {
+                conv((const char *)(from + r * width), 4, o0 + r * L * K * osize, width);
             }
         }
         Py_END_ALLOW_THREADS
         free(stage);
     }
-    for (i = 0; i < 6; i++) PyBuffer_Release(&arr[i]);
+    for (i = 0; i < narr; i++) PyBuffer_Release(&arr[i]);
     PyBuffer_Release(&blob);
     PyBuffer_Release(&out);
     if (owned) tab_free(t);
