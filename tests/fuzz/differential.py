@@ -92,7 +92,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -876,6 +876,96 @@ def frame_args(seed: int = 0, cases: int | None = None, seconds: float | None = 
         run.check(rc_a == rc_b and np.array_equal(out_a, out_b),
                   lambda: f"numpy {rc_a} vs native {rc_b}, out equal {np.array_equal(out_a, out_b)}: {args}, "
                           f"ranges {ranges}, out {(rows_out, layers_out, top_k)} {dtype}, chunk {cr}x{lpc}")
+    return run.report()
+
+
+def fused_modes() -> list[str]:
+    """The ``set_fused`` modes this CPU runs (``avx512`` needs AVX-512 BW and VPCLMULQDQ)."""
+    native = kernels.native_module()
+    if native is None or not hasattr(native, "set_fused"):
+        return []
+    cpu = native.cpu_features()
+    return [*(["avx512"] if cpu.get("avx512bw") and cpu.get("vpclmulqdq") else []), "blocks", "off"]
+
+
+@contextmanager
+def _fused(mode: str, stream: bool) -> Iterator[None]:
+    native = _native()
+    prev, prev_min = native.set_fused(mode), native.set_stream_min(0 if stream else 1 << 62)
+    try:
+        yield
+    finally:
+        native.set_fused(prev)
+        native.set_stream_min(prev_min)
+
+
+def fused(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """One version-2 frame (8 or 16 bits most often, else 1..16; 0 to 70,000 ids) decoded into
+    ``out`` (uint8, int8, uint16, int16, int32, uint32, int64; contiguous or strided; at any
+    element offset), intact or damaged (a byte changed anywhere, cut, extended, a wrong tag),
+    with the numpy twin and with the compiled kernels in every ``set_fused`` mode, plain and
+    non-temporal stores: every path raises the same error class, every compiled mode leaves
+    the same ``out`` bytes; an intact frame gives its ids; a failed frame leaves ``out`` all
+    missing marker (-1 cast to its dtype) or untouched (the codec contract: the numpy twin and
+    the unfused widths check first, the fused copies mark), never unchecked ids; nothing is
+    written outside ``out`` or between its strided elements."""
+    run = _Run("fused", seed, cases, seconds)
+    rng = run.rng
+    paths = [("numpy", "off", False)] + [("native", m, st) for m in fused_modes() for st in (False, True)]
+    names = ("uint8", "int8", "uint16", "int16", "int32", "uint32", "int64")
+    for _ in run:
+        bits = int(rng.choice([8, 8, 16, 16, int(rng.integers(1, 17))]))
+        n = int(rng.choice([int(rng.integers(0, 300)), int(rng.integers(0, 5000)), int(rng.integers(0, 70000))]))
+        codec = BitpackCodec(bits=bits, frame_version=2)
+        ids = rng.integers(0, 1 << bits, n)
+        tag = int(rng.integers(0, 1 << 32))
+        frame = codec.encode(ids, tag=tag)
+        fault = str(rng.choice(["none", "byte", "byte", "payload", "cut", "extend", "tag"]))
+        bad, use_tag = bytearray(frame), tag
+        if fault == "byte":
+            bad[int(rng.integers(len(bad)))] ^= int(rng.integers(1, 256))
+        elif fault == "payload" and len(bad) > 24:
+            bad[int(rng.integers(24, len(bad)))] ^= 1 << int(rng.integers(8))
+        elif fault == "cut":
+            bad = bad[: int(rng.integers(len(bad)))]
+        elif fault == "extend":
+            bad += bytes(int(rng.integers(1, 9)))
+        elif fault == "tag":
+            use_tag = tag ^ (1 << int(rng.integers(32)))
+        fits = [d for d in names if np.iinfo(d).max >= (1 << bits) - 1]
+        dtype = np.dtype(str(rng.choice(fits)))
+        stride, offset = int(rng.choice([1, 1, 1, 2, 3])), int(rng.integers(0, 9))
+        outcomes: dict[str, tuple[str, bytes]] = {}
+        for impl, mode, stream in paths:
+            room = np.full(offset + n * stride + 3, 7, dtype)
+            out = room[offset : offset + n * stride : stride]
+            with kernels.use(impl), (_fused(mode, stream) if impl == "native" else nullcontext()):
+                try:
+                    codec.decode(bytes(bad), out=out, tag=use_tag)
+                    said = "ok"
+                except ChecksumError:
+                    said = "ChecksumError"
+                except FormatError:
+                    said = "FormatError"
+                except Exception as exc:  # noqa: BLE001 - the oracle
+                    said = f"{type(exc).__name__} outside r3store.errors: {exc}"
+            label = f"{impl}/{mode}/{'stream' if stream else 'plain'}"
+            outcomes[label] = (said, room.tobytes())
+            room_ok = (room[:offset] == 7).all() and (room[offset + n * stride :] == 7).all() and (
+                stride == 1 or (np.delete(room[offset : offset + n * stride], np.s_[::stride]) == 7).all())
+            marker, untouched = bool((out == np.array(-1).astype(dtype)).all()), bool((out == 7).all())
+            ok = {"ok": bool(np.array_equal(out, ids.astype(dtype))), "ChecksumError": marker or untouched,
+                  "FormatError": marker or untouched}.get(said, False)
+            run.check(bool(room_ok) and ok and (said != "ok" or fault == "none" or bytes(bad) == frame),
+                      lambda lb=label, sd=said, ro=room_ok: f"{lb}: {fault} fault, {bits} bits, {n} ids into "
+                                                            f"{dtype} stride {stride}: {sd}, outside out "
+                                                            f"{'intact' if ro else 'written'}")
+        first = outcomes[next(k for k in outcomes if k.startswith("native/"))] if len(paths) > 1 else None
+        run.check(all(v[0] == first[0] and (k.startswith("numpy/") or v == first) for k, v in outcomes.items())
+                  if first else True,
+                  lambda: f"paths disagree: {fault} fault, {bits} bits, {n} ids into {dtype} stride {stride}: "
+                          + ", ".join(f"{k} {v[0]}" for k, v in outcomes.items()))
+        run.counts[fault] = run.counts.get(fault, 0) + 1
     return run.report()
 
 
@@ -1811,7 +1901,7 @@ TARGETS: dict[str, Callable[..., Report]] = {
     "writer": writer, "writer_faults": writer_faults, "ray_blocks": ray_blocks, "set_frames": set_frames,
     "layout": layout, "assemble": assemble, "grouped": grouped,
     "set_encode": set_encode, "direct_writes": direct_writes,
-    "ranges": ranges, "assemble_paths": assemble_paths}
+    "ranges": ranges, "assemble_paths": assemble_paths, "fused": fused}
 """Every target; ``ray_blocks`` needs a Ray cluster (``main`` starts a local one)."""
 
 

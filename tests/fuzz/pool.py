@@ -60,7 +60,7 @@ def _keep(rng: np.random.Generator, arr: np.ndarray, threads: list[threading.Eve
     if kind == 1:
         return arr[1:], same, lambda w: w[1:]
     if kind == 2:
-        return memoryview(arr), np.asarray, same
+        return memoryview(arr), np.asarray, same  # type: ignore[arg-type]
     if kind == 3:
         shape, dtype = arr.shape, arr.dtype
         return np.frombuffer(arr, dtype=np.uint8), lambda h: h.view(dtype).reshape(shape), same
@@ -156,7 +156,7 @@ def run(*, steps: int = 200, seed: int = 1, budget_mib: int = 48) -> dict[str, A
                     wants = [v for k, v in sorted(ref.items()) if isinstance(v, np.ndarray)]
             except r3store.errors.OptionError:
                 continue
-            got = ref = None
+            got = ref = None  # type: ignore[assignment]
             for res, want in zip(results, wants, strict=True):
                 if res.shape != want.shape or res.dtype != want.dtype or not np.array_equal(res, want):
                     failures.append(f"step {step}: {label}: differs from the unpooled reader's")
