@@ -1123,6 +1123,104 @@ HOSTILE_SIZES = (0, -1, -(1 << 40), 1 << 31, (1 << 31) + 1, 1 << 62, True, False
                  np.uint8(3), float("nan"), [2])
 
 
+@contextmanager
+def _gather(on: bool) -> Iterator[None]:
+    native = _native()
+    prev = native.setcodec_gather_decode(on)
+    try:
+        yield
+    finally:
+        native.setcodec_gather_decode(prev)
+
+
+def set_ranges(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """``SetCodec.decode_frames`` with random row ranges (``row_first``/``row_count``) of
+    runs of set frames (exception rows, zero rows, 1..1,024 experts, chunks up to 300 rows to
+    skip several blocks of digits): the numpy twin and the compiled kernels on every set path
+    (portable, AVX2, AVX-512) with the gather decoder (``setcodec_gather_decode``) off and on
+    give the rows of each range; after one changed byte of one frame every compiled path
+    reports the same frame (at or before the changed one, the twin too) and leaves the same
+    ``out`` bytes."""
+    from r3store.codecs import SetCodec
+
+    run = _Run("set_ranges", seed, cases, seconds)
+    rng = run.rng
+    native = _native()
+    paths = [("numpy", False)] + [(p, g) for p in set_paths()
+                                  for g in ((False, True) if hasattr(native, "setcodec_gather_decode") else (False,))]
+    for _ in run:
+        experts = int(rng.choice(SET_EXPERTS)) if rng.random() < 0.7 else int(rng.integers(1, 1025))
+        k = int(rng.integers(1, min(16, experts) + 1))
+        cr = int(rng.choice([int(rng.integers(1, 40)), int(rng.integers(1, 300))]))
+        lpc, nrc, nlc = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.integers(1, 3))
+        codec = SetCodec(experts, k)
+        chunks = [(r, b) for r in range(nrc) for b in range(nlc)]
+        rng.shuffle(chunks)
+        chunks = chunks[: int(rng.integers(1, len(chunks) + 1))]
+        gap = int(rng.integers(0, 9))
+        cols: dict[str, list[int]] = {c: [] for c in ("starts", "lengths", "rows", "layers", "rc", "lc", "first",
+                                                      "count")}
+        pieces, want, pos, out_row = [], [], gap, 0
+        for r, b in chunks:
+            ids = _set_ids(rng, (cr, lpc, k), experts)
+            frame = codec.encode(ids, tag=position_tag("s-00003", r, b))
+            first = int(rng.integers(0, cr))
+            count = int(rng.integers(1, cr - first + 1))
+            for c, v in zip(cols, (pos, len(frame), out_row, b * lpc, r, b, first, count), strict=True):
+                cols[c].append(v)
+            want.append((out_row, b * lpc, _set_expected(ids, experts)[first : first + count]))
+            pieces += [np.frombuffer(frame, np.uint8), rng.integers(0, 256, gap, dtype=np.uint8)]
+            pos += len(frame) + gap
+            out_row += count
+        blob = np.concatenate([rng.integers(0, 256, gap, dtype=np.uint8), *pieces])
+        a = {c: np.array(v, np.int64) for c, v in cols.items()}
+        bits = max(1, (experts - 1).bit_length())
+        dtype = np.dtype([np.uint8, np.uint16, np.int16, np.int32][int(rng.integers(0, 4))])
+        if np.iinfo(dtype).max < (1 << bits) - 1:
+            dtype = np.dtype(np.int32)
+        expect = np.full((out_row + 2, nlc * lpc, k), 77, dtype)
+        for row, layer, ids in want:
+            expect[row : row + len(ids), layer : layer + lpc] = ids
+        geometry = f"{len(chunks)} frames, E={experts} k={k}, chunk {cr}x{lpc}, out {dtype}, ranges " \
+                   f"{list(zip(cols['first'], cols['count'], strict=True))}"
+
+        def decode(data: np.ndarray, path: str, gather: bool, codec: SetCodec = codec,
+                   args: dict[str, np.ndarray] = a, cr: int = cr, lpc: int = lpc) -> tuple[object, np.ndarray]:
+            out = np.full_like(expect, 77)
+            ctx = kernels.use("numpy") if path == "numpy" else _set_path(path)
+            with ctx, (nullcontext() if path == "numpy" else _gather(gather)):
+                try:
+                    rc: object = codec.decode_frames(
+                        data, args["starts"], args["lengths"], out, args["rows"], args["layers"], chunk_rows=cr,
+                        layers_per_chunk=lpc, tag_prefix="s-00003", row_chunks=args["rc"], layer_chunks=args["lc"],
+                        row_first=args["first"], row_count=args["count"])
+                except CodecError:
+                    rc = "CodecError"
+                except Exception as exc:  # noqa: BLE001 - the oracle
+                    rc = f"{type(exc).__name__}: {exc}"
+            return rc, out
+
+        for path, gather in paths:
+            rc, out = decode(blob, path, gather)
+            run.check(rc == -1 and np.array_equal(out, expect),
+                      lambda p=path, g=gather, r=rc, o=out: f"{p} gather={g}: {geometry}: rc {r}, "
+                                                             f"out differs {not np.array_equal(o, expect)}")
+        f = int(rng.integers(0, len(chunks)))
+        where = int(a["starts"][f] + rng.integers(0, a["lengths"][f]))
+        bad = blob.copy()
+        bad[where] ^= np.uint8(int(rng.integers(1, 256)))
+        results = {(p, g): decode(bad, p, g) for p, g in paths}
+        for (p, g), (rc, _) in results.items():
+            run.check(isinstance(rc, int) and 0 <= rc <= f,
+                      lambda p=p, g=g, r=rc: f"{p} gather={g}: {geometry}: byte {where - a['starts'][f]} of frame "
+                                             f"{f} changed: rc {r}")
+        compiled = [v for (p, _), v in results.items() if p != "numpy"]
+        run.check(all(v[0] == compiled[0][0] and np.array_equal(v[1], compiled[0][1]) for v in compiled),
+                  lambda: f"compiled paths disagree after byte {where - a['starts'][f]} of frame {f} changed: "
+                          f"{geometry}: " + ", ".join(f"{k}: rc {v[0]}" for k, v in results.items()))
+    return run.report()
+
+
 def layout(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
     """``plan_layout`` over every CP rank and (with sequence parallel) every TP rank of random
     micro-batches, sizes that do not divide the lengths, every layout and framework: each
@@ -1901,7 +1999,8 @@ TARGETS: dict[str, Callable[..., Report]] = {
     "writer": writer, "writer_faults": writer_faults, "ray_blocks": ray_blocks, "set_frames": set_frames,
     "layout": layout, "assemble": assemble, "grouped": grouped,
     "set_encode": set_encode, "direct_writes": direct_writes,
-    "ranges": ranges, "assemble_paths": assemble_paths, "fused": fused}
+    "ranges": ranges, "assemble_paths": assemble_paths, "fused": fused,
+    "set_ranges": set_ranges}
 """Every target; ``ray_blocks`` needs a Ray cluster (``main`` starts a local one)."""
 
 
