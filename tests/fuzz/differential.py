@@ -966,7 +966,61 @@ def fused(seed: int = 0, cases: int | None = None, seconds: float | None = None)
                   lambda: f"paths disagree: {fault} fault, {bits} bits, {n} ids into {dtype} stride {stride}: "
                           + ", ".join(f"{k} {v[0]}" for k, v in outcomes.items()))
         run.counts[fault] = run.counts.get(fault, 0) + 1
+        if rng.random() < 0.3:
+            _fused_runs(run, rng, paths)
     return run.report()
+
+
+def _fused_runs(run: _Run, rng: np.random.Generator, paths: list[tuple[str, str, bool]]) -> None:
+    """``decode_frames`` of 1..4 frames whose chunks cover every layer (each place one run of
+    ``out``: the fused copy), one byte of one frame changed: every path returns the same first
+    bad frame and leaves the same ``out`` bytes (the numpy twin included); the frames before it
+    hold their ids, its place all marker or untouched, the places after it untouched."""
+    bits = int(rng.choice([8, 16, int(rng.integers(1, 17))]))
+    cr, lpc, top_k = int(rng.integers(1, 300)), int(rng.integers(1, 4)), int(rng.integers(1, 9))
+    nf = int(rng.integers(1, 5))
+    codec = BitpackCodec(bits=bits, frame_version=2)
+    blob, starts, lengths, chunks = b"", [], [], []
+    for f in range(nf):
+        ids = rng.integers(0, 1 << bits, (cr, lpc, top_k))
+        frame = codec.encode(ids, tag=position_tag("w-00007", f, 0))
+        starts.append(len(blob))
+        lengths.append(len(frame))
+        blob += frame
+        chunks.append(ids)
+    bad = np.frombuffer(blob, np.uint8).copy()
+    f = int(rng.integers(nf))
+    bad[starts[f] + int(rng.integers(lengths[f]))] ^= np.uint8(int(rng.integers(1, 256)))
+    fits = [d for d in ("uint8", "int8", "uint16", "int16", "int32", "uint32") if np.iinfo(d).max >= (1 << bits) - 1]
+    dtype = np.dtype(str(rng.choice(fits)))
+    got: dict[str, tuple[object, bytes]] = {}
+    for impl, mode, stream in paths:
+        out = np.full((nf * cr, lpc, top_k), 77, dtype)
+        with kernels.use(impl), (_fused(mode, stream) if impl == "native" else nullcontext()):
+            try:
+                rc: object = kernels.decode_frames(
+                    bad, np.array(starts, np.int64), np.array(lengths, np.int64), bits, out,
+                    np.arange(nf, dtype=np.int64) * cr, np.zeros(nf, np.int64), chunk_rows=cr,
+                    layers_per_chunk=lpc, tag_prefix="w-00007", row_chunks=np.arange(nf, dtype=np.int64),
+                    layer_chunks=np.zeros(nf, np.int64))
+            except Exception as exc:  # noqa: BLE001 - the oracle
+                rc = f"{type(exc).__name__}: {exc}"
+        label = f"{impl}/{mode}/{'stream' if stream else 'plain'}"
+        got[label] = (rc, out.tobytes())
+        ok = isinstance(rc, int) and 0 <= rc <= f
+        if ok:
+            assert isinstance(rc, int)
+            place = out[rc * cr : (rc + 1) * cr]
+            ok = all(np.array_equal(out[g * cr : (g + 1) * cr], chunks[g].astype(dtype)) for g in range(rc)) \
+                and bool((place == 77).all() or (place == np.array(-1).astype(dtype)).all()) \
+                and bool((out[(rc + 1) * cr :] == 77).all())
+        run.check(ok, lambda lb=label, r=rc: f"decode_frames {lb}: byte of frame {f} of {nf} changed ({bits} bits, "
+                                             f"chunk {cr}x{lpc}x{top_k}, {dtype}): rc {r} or out wrong")
+    first = next(iter(got.values()))
+    run.check(all(v == first for v in got.values()),
+              lambda: f"decode_frames paths disagree ({bits} bits, chunk {cr}x{lpc}x{top_k}, {dtype}, frame {f} "
+                      f"of {nf} changed): " + ", ".join(f"{k} rc {v[0]}" for k, v in got.items()))
+    run.counts["frames"] = run.counts.get("frames", 0) + 1
 
 
 SET_EXPERTS = (1, 2, 3, 7, 8, 9, 16, 31, 32, 33, 64, 100, 128, 160, 255, 256, 257, 384, 511, 512, 1000, 1023, 1024)
