@@ -7,7 +7,8 @@ samples, a batch of random layout and dtype) from the pooled reader and from one
 ``output_pool_bytes=0``, checks they are equal, then keeps the result in some form (the array,
 a slice, a strided view, a ``memoryview``, ``numpy.frombuffer`` of it, a torch tensor, a list,
 a reference cycle dropped later and collected, a thread that waits with it) or drops it; now
-and then the pooled reader is replaced by a pickled copy of itself (a DataLoader worker's). Every
+and then the pooled reader is replaced by a pickled copy of itself (a DataLoader worker's),
+or forked (the child reads through the inherited pool and checks every kept result). Every
 step checks every kept result against its copy and the pool's bytes against its budget.
 
     python -m tests.fuzz.pool --steps 2000 --seed 3
@@ -18,11 +19,13 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import pickle
 import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +94,30 @@ def _keep(rng: np.random.Generator, arr: np.ndarray, threads: list[threading.Eve
     return arr[::2], same, lambda w: w[::2]
 
 
+def _forked(pooled: Any, plain: Any, ids: list[str], kept: list[tuple[str, Any, Any, np.ndarray]],
+            step: int) -> list[str]:
+    """A forked child reads through the inherited pooled reader, keeps nothing, and checks
+    every inherited kept result before and after (exit status 0 when all are equal)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with holder threads alive (3.12+)
+        pid = os.fork()
+    if pid == 0:  # the child: never returns
+        status = 0
+        try:
+            for sid in ids:
+                if not np.array_equal(pooled.get(sid), plain.get(sid)):
+                    status = 1
+            if not all(np.array_equal(np.asarray(back(holder)), want) for _, holder, back, want in kept):
+                status = 2
+        except BaseException:  # noqa: BLE001 - reported by the status
+            status = 3
+        os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return [] if code == 0 else [f"step {step}: forked child exit {code} (1: a read differs, 2: a kept result "
+                                 f"changed, 3: an exception)"]
+
+
 def run(*, steps: int = 200, seed: int = 1, budget_mib: int = 48) -> dict[str, Any]:
     """``steps`` random reads; return ``steps``, ``kept`` (at most at once), ``reused`` (outputs
     the pool built in a released block), ``failures`` and ``seconds``."""
@@ -98,7 +125,7 @@ def run(*, steps: int = 200, seed: int = 1, budget_mib: int = 48) -> dict[str, A
     start = time.perf_counter()
     failures: list[str] = []
     threads: list[threading.Event] = []
-    most = reused = 0
+    most = reused = forks = 0
     with tempfile.TemporaryDirectory() as tmp:
         url = Path(tmp) / "store"
         truth: dict[str, np.ndarray] = {}
@@ -177,6 +204,9 @@ def run(*, steps: int = 200, seed: int = 1, budget_mib: int = 48) -> dict[str, A
                 if not np.array_equal(np.asarray(back(holder)), want):
                     failures.append(f"step {step}: kept {lab} ({type(holder).__name__}) changed")
                     break
+            if hasattr(os, "fork") and rng.random() < 0.01:
+                failures += _forked(pooled, plain, ids, kept, step)
+                forks += 1
             most = max(most, len(kept))
             if pooled.buffer_pool.nbytes > budget_mib << 20:
                 failures.append(f"step {step}: pool holds {pooled.buffer_pool.nbytes} bytes over {budget_mib} MiB")
@@ -186,7 +216,7 @@ def run(*, steps: int = 200, seed: int = 1, budget_mib: int = 48) -> dict[str, A
         for ev in threads:
             ev.set()
         kept.clear()
-    return {"steps": steps, "kept": most, "reused": reused, "failures": failures,
+    return {"steps": steps, "kept": most, "reused": reused, "forks": forks, "failures": failures,
             "seconds": round(time.perf_counter() - start, 1)}
 
 
