@@ -94,7 +94,9 @@ def collect_garbage(
     writer died or failed before committing; see
     :func:`r3store.reader.uncommitted_route_objects`), a temporary file
     (``.<name>.tmp``), or a superseded checkpoint (``index/*.checkpoint`` other than the
-    :data:`KEEP_CHECKPOINTS` newest: readers take the newest valid one). Committed arrays
+    :data:`KEEP_CHECKPOINTS` newest: readers take the newest valid one), unless it is the
+    newest valid checkpoint listing a commit whose routes have no sample table (the newer
+    ones may be damaged: that commit would be listed by none, and its routes deleted). Committed arrays
     and sample tables are never touched (a checkpoint is a cache of the tables, which stay
     the source of truth): the commit record is re-checked right before each delete.
 
@@ -138,8 +140,12 @@ def collect_garbage(
     for key, info in listing.items():
         if is_temporary_key(key) and key.endswith(".tmp") and key not in grouped:
             groups[key] = {key: info}
+    # a superseded checkpoint that is the newest valid one listing a lost table's commit stays: were
+    # the newer ones damaged, deleting it would leave those routes listed by none, deleted next time
+    needed = {listed[name] for name in groups if name in listed}
     for key in checkpoint_keys(backend, [k for k in listing if k.count("/") == 1])[KEEP_CHECKPOINTS:]:
-        groups[key] = {key: listing[key]}
+        if key not in needed:
+            groups[key] = {key: listing[key]}
     found = []
     for name, objects in sorted(groups.items()):
         times = [info.mtime for info in objects.values() if info.mtime is not None]

@@ -273,6 +273,8 @@ def assemble(
         raise TypeError(f"reader must be a RouteReader (r3store.open_store), got {type(reader).__name__}")
     if isinstance(sample_ids, str):
         raise TypeError(f"sample_ids must be a sequence of ids, got the str {sample_ids!r}; use [{sample_ids!r}]")
+    if isinstance(sample_ids, (bytes, bytearray, memoryview)):
+        raise TypeError(f"sample_ids must be a sequence of str ids, got the bytes {bytes(sample_ids)!r}")
     opts = resolve_config(LayoutOptions, "assemble", "options", options, deprecated, _LOOSE)
     pad_policy, fill_value, packed = opts.pad_policy, opts.fill_value, opts.packed
     spec = reader.spec

@@ -535,7 +535,7 @@ class RouteReader:
         Raises
         ------
         TypeError
-            ``sample_ids`` is a str or not iterable, or an id is not a str; ``layers`` as in
+            ``sample_ids`` is a str, bytes or not iterable, or an id is not a str; ``layers`` as in
             :meth:`get`.
         r3store.errors.SampleNotFoundError, r3store.errors.LayerError
             As in :meth:`get`, for the first id that fails (no list is returned).
@@ -546,6 +546,8 @@ class RouteReader:
         """
         if isinstance(sample_ids, str):
             raise TypeError(f"sample_ids must be a sequence of ids, got the str {sample_ids!r}; use [{sample_ids!r}]")
+        if isinstance(sample_ids, (bytes, bytearray, memoryview)):
+            raise TypeError(f"sample_ids must be a sequence of str ids, got the bytes {bytes(sample_ids)!r}")
         return [self.get(s, layers) for s in sample_ids]
 
     def geometry_of(self, array: str, *, partial: bool = False) -> ArrayGeometry:

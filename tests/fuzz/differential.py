@@ -92,7 +92,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -879,6 +879,150 @@ def frame_args(seed: int = 0, cases: int | None = None, seconds: float | None = 
     return run.report()
 
 
+def fused_modes() -> list[str]:
+    """The ``set_fused`` modes this CPU runs (``avx512`` needs AVX-512 BW and VPCLMULQDQ)."""
+    native = kernels.native_module()
+    if native is None or not hasattr(native, "set_fused"):
+        return []
+    cpu = native.cpu_features()
+    return [*(["avx512"] if cpu.get("avx512bw") and cpu.get("vpclmulqdq") else []), "blocks", "off"]
+
+
+@contextmanager
+def _fused(mode: str, stream: bool) -> Iterator[None]:
+    native = _native()
+    prev, prev_min = native.set_fused(mode), native.set_stream_min(0 if stream else 1 << 62)
+    try:
+        yield
+    finally:
+        native.set_fused(prev)
+        native.set_stream_min(prev_min)
+
+
+def fused(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """One version-2 frame (8 or 16 bits most often, else 1..16; 0 to 70,000 ids) decoded into
+    ``out`` (uint8, int8, uint16, int16, int32, uint32, int64; contiguous or strided; at any
+    element offset), intact or damaged (a byte changed anywhere, cut, extended, a wrong tag),
+    with the numpy twin and with the compiled kernels in every ``set_fused`` mode, plain and
+    non-temporal stores: every path raises the same error class, every compiled mode leaves
+    the same ``out`` bytes; an intact frame gives its ids; a failed frame leaves ``out`` all
+    missing marker (-1 cast to its dtype) or untouched (the codec contract: the numpy twin and
+    the unfused widths check first, the fused copies mark), never unchecked ids; nothing is
+    written outside ``out`` or between its strided elements."""
+    run = _Run("fused", seed, cases, seconds)
+    rng = run.rng
+    paths = [("numpy", "off", False)] + [("native", m, st) for m in fused_modes() for st in (False, True)]
+    names = ("uint8", "int8", "uint16", "int16", "int32", "uint32", "int64")
+    for _ in run:
+        bits = int(rng.choice([8, 8, 16, 16, int(rng.integers(1, 17))]))
+        n = int(rng.choice([int(rng.integers(0, 300)), int(rng.integers(0, 5000)), int(rng.integers(0, 70000))]))
+        codec = BitpackCodec(bits=bits, frame_version=2)
+        ids = rng.integers(0, 1 << bits, n)
+        tag = int(rng.integers(0, 1 << 32))
+        frame = codec.encode(ids, tag=tag)
+        fault = str(rng.choice(["none", "byte", "byte", "payload", "cut", "extend", "tag"]))
+        bad, use_tag = bytearray(frame), tag
+        if fault == "byte":
+            bad[int(rng.integers(len(bad)))] ^= int(rng.integers(1, 256))
+        elif fault == "payload" and len(bad) > 24:
+            bad[int(rng.integers(24, len(bad)))] ^= 1 << int(rng.integers(8))
+        elif fault == "cut":
+            bad = bad[: int(rng.integers(len(bad)))]
+        elif fault == "extend":
+            bad += bytes(int(rng.integers(1, 9)))
+        elif fault == "tag":
+            use_tag = tag ^ (1 << int(rng.integers(32)))
+        fits = [d for d in names if np.iinfo(d).max >= (1 << bits) - 1]
+        dtype = np.dtype(str(rng.choice(fits)))
+        stride, offset = int(rng.choice([1, 1, 1, 2, 3])), int(rng.integers(0, 9))
+        outcomes: dict[str, tuple[str, bytes]] = {}
+        for impl, mode, stream in paths:
+            room = np.full(offset + n * stride + 3, 7, dtype)
+            out = room[offset : offset + n * stride : stride]
+            with kernels.use(impl), (_fused(mode, stream) if impl == "native" else nullcontext()):
+                try:
+                    codec.decode(bytes(bad), out=out, tag=use_tag)
+                    said = "ok"
+                except ChecksumError:
+                    said = "ChecksumError"
+                except FormatError:
+                    said = "FormatError"
+                except Exception as exc:  # noqa: BLE001 - the oracle
+                    said = f"{type(exc).__name__} outside r3store.errors: {exc}"
+            label = f"{impl}/{mode}/{'stream' if stream else 'plain'}"
+            outcomes[label] = (said, room.tobytes())
+            room_ok = (room[:offset] == 7).all() and (room[offset + n * stride :] == 7).all() and (
+                stride == 1 or (np.delete(room[offset : offset + n * stride], np.s_[::stride]) == 7).all())
+            marker, untouched = bool((out == np.array(-1).astype(dtype)).all()), bool((out == 7).all())
+            ok = {"ok": bool(np.array_equal(out, ids.astype(dtype))), "ChecksumError": marker or untouched,
+                  "FormatError": marker or untouched}.get(said, False)
+            run.check(bool(room_ok) and ok and (said != "ok" or fault == "none" or bytes(bad) == frame),
+                      lambda lb=label, sd=said, ro=room_ok: f"{lb}: {fault} fault, {bits} bits, {n} ids into "
+                                                            f"{dtype} stride {stride}: {sd}, outside out "
+                                                            f"{'intact' if ro else 'written'}")
+        first = outcomes[next(k for k in outcomes if k.startswith("native/"))] if len(paths) > 1 else None
+        run.check(all(v[0] == first[0] and (k.startswith("numpy/") or v == first) for k, v in outcomes.items())
+                  if first else True,
+                  lambda: f"paths disagree: {fault} fault, {bits} bits, {n} ids into {dtype} stride {stride}: "
+                          + ", ".join(f"{k} {v[0]}" for k, v in outcomes.items()))
+        run.counts[fault] = run.counts.get(fault, 0) + 1
+        if rng.random() < 0.3:
+            _fused_runs(run, rng, paths)
+    return run.report()
+
+
+def _fused_runs(run: _Run, rng: np.random.Generator, paths: list[tuple[str, str, bool]]) -> None:
+    """``decode_frames`` of 1..4 frames whose chunks cover every layer (each place one run of
+    ``out``: the fused copy), one byte of one frame changed: every path returns the same first
+    bad frame and leaves the same ``out`` bytes (the numpy twin included); the frames before it
+    hold their ids, its place all marker or untouched, the places after it untouched."""
+    bits = int(rng.choice([8, 16, int(rng.integers(1, 17))]))
+    cr, lpc, top_k = int(rng.integers(1, 300)), int(rng.integers(1, 4)), int(rng.integers(1, 9))
+    nf = int(rng.integers(1, 5))
+    codec = BitpackCodec(bits=bits, frame_version=2)
+    blob, starts, lengths, chunks = b"", [], [], []
+    for f in range(nf):
+        ids = rng.integers(0, 1 << bits, (cr, lpc, top_k))
+        frame = codec.encode(ids, tag=position_tag("w-00007", f, 0))
+        starts.append(len(blob))
+        lengths.append(len(frame))
+        blob += frame
+        chunks.append(ids)
+    bad = np.frombuffer(blob, np.uint8).copy()
+    f = int(rng.integers(nf))
+    bad[starts[f] + int(rng.integers(lengths[f]))] ^= np.uint8(int(rng.integers(1, 256)))
+    fits = [d for d in ("uint8", "int8", "uint16", "int16", "int32", "uint32") if np.iinfo(d).max >= (1 << bits) - 1]
+    dtype = np.dtype(str(rng.choice(fits)))
+    got: dict[str, tuple[object, bytes]] = {}
+    for impl, mode, stream in paths:
+        out = np.full((nf * cr, lpc, top_k), 77, dtype)
+        with kernels.use(impl), (_fused(mode, stream) if impl == "native" else nullcontext()):
+            try:
+                rc: object = kernels.decode_frames(
+                    bad, np.array(starts, np.int64), np.array(lengths, np.int64), bits, out,
+                    np.arange(nf, dtype=np.int64) * cr, np.zeros(nf, np.int64), chunk_rows=cr,
+                    layers_per_chunk=lpc, tag_prefix="w-00007", row_chunks=np.arange(nf, dtype=np.int64),
+                    layer_chunks=np.zeros(nf, np.int64))
+            except Exception as exc:  # noqa: BLE001 - the oracle
+                rc = f"{type(exc).__name__}: {exc}"
+        label = f"{impl}/{mode}/{'stream' if stream else 'plain'}"
+        got[label] = (rc, out.tobytes())
+        ok = isinstance(rc, int) and 0 <= rc <= f
+        if ok:
+            assert isinstance(rc, int)
+            place = out[rc * cr : (rc + 1) * cr]
+            ok = all(np.array_equal(out[g * cr : (g + 1) * cr], chunks[g].astype(dtype)) for g in range(rc)) \
+                and bool((place == 77).all() or (place == np.array(-1).astype(dtype)).all()) \
+                and bool((out[(rc + 1) * cr :] == 77).all())
+        run.check(ok, lambda lb=label, r=rc: f"decode_frames {lb}: byte of frame {f} of {nf} changed ({bits} bits, "
+                                             f"chunk {cr}x{lpc}x{top_k}, {dtype}): rc {r} or out wrong")
+    first = next(iter(got.values()))
+    run.check(all(v == first for v in got.values()),
+              lambda: f"decode_frames paths disagree ({bits} bits, chunk {cr}x{lpc}x{top_k}, {dtype}, frame {f} "
+                      f"of {nf} changed): " + ", ".join(f"{k} rc {v[0]}" for k, v in got.items()))
+    run.counts["frames"] = run.counts.get("frames", 0) + 1
+
+
 SET_EXPERTS = (1, 2, 3, 7, 8, 9, 16, 31, 32, 33, 64, 100, 128, 160, 255, 256, 257, 384, 511, 512, 1000, 1023, 1024)
 
 
@@ -1031,6 +1175,104 @@ def set_frames(seed: int = 0, cases: int | None = None, seconds: float | None = 
 FRAMEWORKS = (None, None, None, "megatron", "verl", "slime", "miles", "nemo_rl", "skyrl", "prime_rl")
 HOSTILE_SIZES = (0, -1, -(1 << 40), 1 << 31, (1 << 31) + 1, 1 << 62, True, False, 1.0, 2.5, "2", None, np.int64(2),
                  np.uint8(3), float("nan"), [2])
+
+
+@contextmanager
+def _gather(on: bool) -> Iterator[None]:
+    native = _native()
+    prev = native.setcodec_gather_decode(on)
+    try:
+        yield
+    finally:
+        native.setcodec_gather_decode(prev)
+
+
+def set_ranges(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
+    """``SetCodec.decode_frames`` with random row ranges (``row_first``/``row_count``) of
+    runs of set frames (exception rows, zero rows, 1..1,024 experts, chunks up to 300 rows to
+    skip several blocks of digits): the numpy twin and the compiled kernels on every set path
+    (portable, AVX2, AVX-512) with the gather decoder (``setcodec_gather_decode``) off and on
+    give the rows of each range; after one changed byte of one frame every compiled path
+    reports the same frame (at or before the changed one, the twin too) and leaves the same
+    ``out`` bytes."""
+    from r3store.codecs import SetCodec
+
+    run = _Run("set_ranges", seed, cases, seconds)
+    rng = run.rng
+    native = _native()
+    paths = [("numpy", False)] + [(p, g) for p in set_paths()
+                                  for g in ((False, True) if hasattr(native, "setcodec_gather_decode") else (False,))]
+    for _ in run:
+        experts = int(rng.choice(SET_EXPERTS)) if rng.random() < 0.7 else int(rng.integers(1, 1025))
+        k = int(rng.integers(1, min(16, experts) + 1))
+        cr = int(rng.choice([int(rng.integers(1, 40)), int(rng.integers(1, 300))]))
+        lpc, nrc, nlc = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.integers(1, 3))
+        codec = SetCodec(experts, k)
+        chunks = [(r, b) for r in range(nrc) for b in range(nlc)]
+        rng.shuffle(chunks)
+        chunks = chunks[: int(rng.integers(1, len(chunks) + 1))]
+        gap = int(rng.integers(0, 9))
+        cols: dict[str, list[int]] = {c: [] for c in ("starts", "lengths", "rows", "layers", "rc", "lc", "first",
+                                                      "count")}
+        pieces, want, pos, out_row = [], [], gap, 0
+        for r, b in chunks:
+            ids = _set_ids(rng, (cr, lpc, k), experts)
+            frame = codec.encode(ids, tag=position_tag("s-00003", r, b))
+            first = int(rng.integers(0, cr))
+            count = int(rng.integers(1, cr - first + 1))
+            for c, v in zip(cols, (pos, len(frame), out_row, b * lpc, r, b, first, count), strict=True):
+                cols[c].append(v)
+            want.append((out_row, b * lpc, _set_expected(ids, experts)[first : first + count]))
+            pieces += [np.frombuffer(frame, np.uint8), rng.integers(0, 256, gap, dtype=np.uint8)]
+            pos += len(frame) + gap
+            out_row += count
+        blob = np.concatenate([rng.integers(0, 256, gap, dtype=np.uint8), *pieces])
+        a = {c: np.array(v, np.int64) for c, v in cols.items()}
+        bits = max(1, (experts - 1).bit_length())
+        dtype = np.dtype([np.uint8, np.uint16, np.int16, np.int32][int(rng.integers(0, 4))])
+        if np.iinfo(dtype).max < (1 << bits) - 1:
+            dtype = np.dtype(np.int32)
+        expect = np.full((out_row + 2, nlc * lpc, k), 77, dtype)
+        for row, layer, ids in want:
+            expect[row : row + len(ids), layer : layer + lpc] = ids
+        geometry = f"{len(chunks)} frames, E={experts} k={k}, chunk {cr}x{lpc}, out {dtype}, ranges " \
+                   f"{list(zip(cols['first'], cols['count'], strict=True))}"
+
+        def decode(data: np.ndarray, path: str, gather: bool, codec: SetCodec = codec,
+                   args: dict[str, np.ndarray] = a, cr: int = cr, lpc: int = lpc) -> tuple[object, np.ndarray]:
+            out = np.full_like(expect, 77)
+            ctx = kernels.use("numpy") if path == "numpy" else _set_path(path)
+            with ctx, (nullcontext() if path == "numpy" else _gather(gather)):
+                try:
+                    rc: object = codec.decode_frames(
+                        data, args["starts"], args["lengths"], out, args["rows"], args["layers"], chunk_rows=cr,
+                        layers_per_chunk=lpc, tag_prefix="s-00003", row_chunks=args["rc"], layer_chunks=args["lc"],
+                        row_first=args["first"], row_count=args["count"])
+                except CodecError:
+                    rc = "CodecError"
+                except Exception as exc:  # noqa: BLE001 - the oracle
+                    rc = f"{type(exc).__name__}: {exc}"
+            return rc, out
+
+        for path, gather in paths:
+            rc, out = decode(blob, path, gather)
+            run.check(rc == -1 and np.array_equal(out, expect),
+                      lambda p=path, g=gather, r=rc, o=out: f"{p} gather={g}: {geometry}: rc {r}, "
+                                                             f"out differs {not np.array_equal(o, expect)}")
+        f = int(rng.integers(0, len(chunks)))
+        where = int(a["starts"][f] + rng.integers(0, a["lengths"][f]))
+        bad = blob.copy()
+        bad[where] ^= np.uint8(int(rng.integers(1, 256)))
+        results = {(p, g): decode(bad, p, g) for p, g in paths}
+        for (p, g), (rc, _) in results.items():
+            run.check(isinstance(rc, int) and 0 <= rc <= f,
+                      lambda p=p, g=g, r=rc: f"{p} gather={g}: {geometry}: byte {where - a['starts'][f]} of frame "
+                                             f"{f} changed: rc {r}")
+        compiled = [v for (p, _), v in results.items() if p != "numpy"]
+        run.check(all(v[0] == compiled[0][0] and np.array_equal(v[1], compiled[0][1]) for v in compiled),
+                  lambda: f"compiled paths disagree after byte {where - a['starts'][f]} of frame {f} changed: "
+                          f"{geometry}: " + ", ".join(f"{k}: rc {v[0]}" for k, v in results.items()))
+    return run.report()
 
 
 def layout(seed: int = 0, cases: int | None = None, seconds: float | None = None) -> Report:
@@ -1811,7 +2053,8 @@ TARGETS: dict[str, Callable[..., Report]] = {
     "writer": writer, "writer_faults": writer_faults, "ray_blocks": ray_blocks, "set_frames": set_frames,
     "layout": layout, "assemble": assemble, "grouped": grouped,
     "set_encode": set_encode, "direct_writes": direct_writes,
-    "ranges": ranges, "assemble_paths": assemble_paths}
+    "ranges": ranges, "assemble_paths": assemble_paths, "fused": fused,
+    "set_ranges": set_ranges}
 """Every target; ``ray_blocks`` needs a Ray cluster (``main`` starts a local one)."""
 
 

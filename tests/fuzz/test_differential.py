@@ -26,7 +26,8 @@ pytestmark = pytest.mark.skipif(kernels.native_module() is None, reason="differe
 
 CASES = {"crc": 400, "unpack": 400, "frames": 200, "frame_args": 2000, "overread": 300, "reads": 6, "writer": 4,
          "set_frames": 150, "layout": 300, "assemble": 3, "grouped": 300, "set_encode": 400,
-         "direct_writes": 60, "ranges": 400, "assemble_paths": 4}
+         "direct_writes": 60, "ranges": 400, "assemble_paths": 4, "fused": 300,
+         "set_ranges": 150}
 
 
 @pytest.mark.parametrize("target", sorted(CASES))
@@ -189,3 +190,35 @@ def test_the_assemble_paths_oracle_sees_a_wrong_run(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(_assemble, "_plan_runs", late)
     report = differential.assemble_paths(seed=4, cases=6)
     assert any("differ between the runs and the general path" in f for f in report["failures"])
+
+
+def test_the_fused_oracle_sees_unchecked_ids_left_by_a_failed_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode that writes the ids before it checks the CRC (and keeps them on a failure)."""
+    base = differential.BitpackCodec
+
+    class Leaky(base):  # type: ignore[misc, valid-type]
+        def decode(self, data, *, out=None, tag=None):  # type: ignore[no-untyped-def]
+            try:
+                return super().decode(data, out=out, tag=tag)
+            except differential.ChecksumError:
+                if out is not None and len(out):
+                    out[...] = 1  # an unchecked id
+                raise
+
+    monkeypatch.setattr(differential, "BitpackCodec", Leaky)
+    report = differential.fused(seed=2, cases=60)
+    assert any("ChecksumError" in f for f in report["failures"]), report
+
+
+def test_the_set_ranges_oracle_sees_a_range_decoded_from_the_chunk_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    from r3store.codecs import SetCodec
+
+    original = SetCodec.decode_frames
+
+    def from_start(self, *args, row_first=None, row_count=None, **kw):  # type: ignore[no-untyped-def]
+        first = None if row_first is None else np.zeros_like(row_first)
+        return original(self, *args, row_first=first, row_count=row_count, **kw)
+
+    monkeypatch.setattr(SetCodec, "decode_frames", from_start)
+    report = differential.set_ranges(seed=3, cases=40)
+    assert any("out differs True" in f for f in report["failures"]), report
