@@ -242,7 +242,7 @@ def assemble(
     ------
     TypeError
         A plain ``TypeError``, before anything is read: ``reader`` is no
-        :class:`~r3store.RouteReader`; ``sample_ids`` is a single str or
+        :class:`~r3store.RouteReader`; ``sample_ids`` is a set (no order), a single str or
         not iterable, or an id is not a str; ``layers`` is not a sequence or holds other
         than ints; a keyword is neither a parameter nor a deprecated field.
     r3store.errors.AlignmentError
@@ -275,6 +275,9 @@ def assemble(
         raise TypeError(f"sample_ids must be a sequence of ids, got the str {sample_ids!r}; use [{sample_ids!r}]")
     if isinstance(sample_ids, (bytes, bytearray, memoryview)):
         raise TypeError(f"sample_ids must be a sequence of str ids, got the bytes {bytes(sample_ids)!r}")
+    if isinstance(sample_ids, set | frozenset):  # no order: the batch's sequences would be in no known order
+        raise TypeError(f"sample_ids must be an ordered sequence of ids, got a {type(sample_ids).__name__}; "
+                        "use sorted(...) or list(...)")
     opts = resolve_config(LayoutOptions, "assemble", "options", options, deprecated, _LOOSE)
     pad_policy, fill_value, packed = opts.pad_policy, opts.fill_value, opts.packed
     spec = reader.spec

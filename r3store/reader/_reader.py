@@ -535,8 +535,8 @@ class RouteReader:
         Raises
         ------
         TypeError
-            ``sample_ids`` is a str, bytes or not iterable, or an id is not a str; ``layers`` as in
-            :meth:`get`.
+            ``sample_ids`` is a str, bytes, a set (no order) or not iterable, or an
+            id is not a str; ``layers`` as in :meth:`get`.
         r3store.errors.SampleNotFoundError, r3store.errors.LayerError
             As in :meth:`get`, for the first id that fails (no list is returned).
         r3store.errors.ChecksumError, r3store.errors.FormatError
@@ -548,6 +548,9 @@ class RouteReader:
             raise TypeError(f"sample_ids must be a sequence of ids, got the str {sample_ids!r}; use [{sample_ids!r}]")
         if isinstance(sample_ids, (bytes, bytearray, memoryview)):
             raise TypeError(f"sample_ids must be a sequence of str ids, got the bytes {bytes(sample_ids)!r}")
+        if isinstance(sample_ids, set | frozenset):  # no order: the i-th array would belong to no known id
+            raise TypeError(f"sample_ids must be an ordered sequence of ids, got a {type(sample_ids).__name__}; "
+                            "use sorted(...) or list(...)")
         return [self.get(s, layers) for s in sample_ids]
 
     def geometry_of(self, array: str, *, partial: bool = False) -> ArrayGeometry:

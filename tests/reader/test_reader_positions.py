@@ -50,3 +50,19 @@ def test_get_many_refuses_a_str(store: tuple[r3store.RouteStore, dict[str, np.nd
 def test_assemble_refuses_a_non_reader(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="RouteReader"):
         r3store.batch.assemble(5, ["s0"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("ids", [{"s0", "s1"}, frozenset({"s0"})])
+def test_get_many_and_assemble_refuse_unordered_ids(store: tuple[r3store.RouteStore, dict[str, np.ndarray]],
+                                                    ids: object) -> None:
+    reader, _ = store
+    with pytest.raises(TypeError, match="ordered sequence"):
+        reader.get_many(ids)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="ordered sequence"):
+        reader.assemble(ids)  # type: ignore[arg-type]
+
+
+def test_ordered_views_of_ids_are_taken(store: tuple[r3store.RouteStore, dict[str, np.ndarray]]) -> None:
+    reader, data = store
+    got = reader.get_many(data.keys())  # a dict's keys keep their order
+    assert [g.shape for g in got] == [data[s].shape for s in data]
