@@ -701,7 +701,7 @@ class _SampleScanner:
                 s.max_id = np.maximum(s.max_id, top[p])
                 if repeated[p].any() or (top[p] >= num_experts).any():  # which rows: cell by cell
                     cell_top, cell_repeated = route_stats(x[a:b])
-                    self._faults(s, lo + a - s.start, cell_top, cell_repeated, num_experts)
+                    self._faults(s, lo + a - s.start, cell_repeated, cell_top >= num_experts)
             if s.stop <= hi:
                 self._finish(s)
         while self.next < len(self.samples) and self.samples[self.next].stop <= hi:
@@ -709,15 +709,16 @@ class _SampleScanner:
         return True
 
     @staticmethod
-    def _faults(s: _Sample, row0: int, top: np.ndarray, repeated: np.ndarray, num_experts: int) -> None:
-        """The rows ``row0 + [0, len(top))`` of ``s`` whose cells repeat an id or hold one out of range."""
+    def _faults(s: _Sample, row0: int, repeated: np.ndarray, out_of_range: np.ndarray) -> None:
+        """Record the rows ``row0 + [0, len(repeated))`` of ``s`` whose cells repeat an id or hold
+        one out of range, per layer (``repeated``, ``out_of_range``: bool (rows, layers))."""
         for pos in np.flatnonzero(repeated.any(axis=0)):
             s.repeated.setdefault(int(pos), RowRuns()).add_mask(repeated[:, pos], row0)
-        for pos in np.flatnonzero(top.max(axis=0, initial=-1) >= num_experts):
-            s.out_of_range.setdefault(int(pos), RowRuns()).add_mask(top[:, pos] >= num_experts, row0)
+        for pos in np.flatnonzero(out_of_range.any(axis=0)):
+            s.out_of_range.setdefault(int(pos), RowRuns()).add_mask(out_of_range[:, pos], row0)
 
-    @staticmethod
-    def _update(s: _Sample, row0: int, top: np.ndarray, repeated: np.ndarray, ok: np.ndarray | None,
+    @classmethod
+    def _update(cls, s: _Sample, row0: int, top: np.ndarray, repeated: np.ndarray, ok: np.ndarray | None,
                 num_experts: int) -> None:
         """Add rows ``row0 + [0, len(top))`` of ``s``: ``top``/``repeated`` per (row, layer) from
         :func:`route_stats`; ``ok``: the cells that count (None: all of them, the common case,
@@ -727,21 +728,13 @@ class _SampleScanner:
             s.nonzero += np.count_nonzero(top, axis=0)
             layer_max = top.max(axis=0, initial=-1)
             s.max_id = np.maximum(s.max_id, layer_max)
-            if repeated.any():
-                for pos in np.flatnonzero(repeated.any(axis=0)):
-                    s.repeated.setdefault(int(pos), RowRuns()).add_mask(repeated[:, pos], row0)
-            for pos in np.flatnonzero(layer_max >= num_experts):  # only layers whose max is out of range
-                s.out_of_range.setdefault(int(pos), RowRuns()).add_mask(top[:, pos] >= num_experts, row0)
+            if repeated.any() or (layer_max >= num_experts).any():  # the per-cell masks only then
+                cls._faults(s, row0, repeated, top >= num_experts)
             return
-        repeated = repeated & ok
-        out_of_range = (top >= num_experts) & ok
         s.valid += ok.sum(axis=0)
         s.nonzero += ((top != 0) & ok).sum(axis=0)
         s.max_id = np.maximum(s.max_id, np.where(ok, top, -1).max(axis=0, initial=-1))
-        for pos in np.flatnonzero(repeated.any(axis=0)):
-            s.repeated.setdefault(int(pos), RowRuns()).add_mask(repeated[:, pos], row0)
-        for pos in np.flatnonzero(out_of_range.any(axis=0)):
-            s.out_of_range.setdefault(int(pos), RowRuns()).add_mask(out_of_range[:, pos], row0)
+        cls._faults(s, row0, repeated & ok, (top >= num_experts) & ok)
 
     def _finish(self, s: _Sample) -> None:
         spec, out = self.spec, self.res.findings
