@@ -397,10 +397,66 @@ static int get_c_buffer(PyObject *obj, Py_buffer *v, Py_ssize_t nbytes, int i64,
     return 0;
 }
 
+/* The strides of a routes buffer (C order when the exporter gives none). */
+static void routes_strides(const Py_buffer *routes, Py_ssize_t strides[3]) {
+    if (routes->strides) {
+        for (int i = 0; i < 3; i++) strides[i] = routes->strides[i];
+        return;
+    }
+    strides[2] = routes->itemsize;
+    strides[1] = strides[2] * routes->shape[2];
+    strides[0] = strides[1] * routes->shape[1];
+}
+
+/* hist (None, or int64 (layers, nbins)) and mask (None, or rows * layers bytes) of route_stats
+   and route_stats_pieces; 0 with has_hist/has_mask set (release what is held), or -1 with an
+   error set and nothing held. */
+static int get_hist_mask(PyObject *hist_obj, PyObject *mask_obj, Py_ssize_t R, Py_ssize_t L, const char *fn,
+                         Py_buffer *hist, int *has_hist, Py_buffer *mask, int *has_mask) {
+    *has_hist = hist_obj != Py_None;
+    *has_mask = mask_obj != Py_None;
+    if (*has_hist) {
+        if (get_c_buffer(hist_obj, hist, -1, 1, "hist") < 0) return -1;
+        if (hist->ndim != 2 || hist->shape[0] != L) {
+            PyErr_Format(PyExc_ValueError, "%s: hist must have shape (layers, nbins)", fn);
+            PyBuffer_Release(hist);
+            return -1;
+        }
+    }
+    if (*has_mask) {
+        int bad = PyObject_GetBuffer(mask_obj, mask, PyBUF_SIMPLE) < 0;
+        if (!bad && mask->len != R * L) {
+            PyErr_Format(PyExc_ValueError, "%s: mask must hold one byte per (row, layer)", fn);
+            PyBuffer_Release(mask);
+            bad = 1;
+        }
+        if (bad) {
+            if (*has_hist) PyBuffer_Release(hist);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Per (row, layer) cell of rows x L x K routes at base: the AVX2 kernel for 32-bit ids at
+   top_k = 8 in C order, else the per-type one (scratch: K int64). */
+static void stats_cells(const char *base, Py_ssize_t rows, Py_ssize_t L, Py_ssize_t K, const Py_ssize_t *strides,
+                        int type, int64_t *top, uint8_t *repeated, int64_t *hist, Py_ssize_t nbins,
+                        const uint8_t *mask, int64_t *scratch) {
+#ifdef R3_X86
+    if (use_avx2 && (type == T_I32 || type == T_U32) && K == 8 && strides[2] == 4 && strides[1] == 32) {
+        stats_i32_k8_avx2(base, rows, L, strides[0], type == T_I32, top, repeated, hist, nbins, mask);
+        return;
+    }
+#endif
+    const Py_ssize_t shape[3] = {rows, L, K};
+    stats_table[type](base, shape, strides, top, repeated, hist, nbins, mask, scratch);
+}
+
 PyObject *py_route_stats(PyObject *self, PyObject *args) {
     PyObject *routes_obj, *top_obj, *rep_obj, *hist_obj, *mask_obj;
     Py_buffer routes, top, rep, hist, mask;
-    int has_hist, has_mask, ok = 1;
+    int has_hist = 0, has_mask = 0, ok = 1;
     if (!PyArg_ParseTuple(args, "OOOOO", &routes_obj, &top_obj, &rep_obj, &hist_obj, &mask_obj)) {
         return NULL;
     }
@@ -413,8 +469,6 @@ PyObject *py_route_stats(PyObject *self, PyObject *args) {
         return NULL;
     }
     const Py_ssize_t R = routes.shape[0], L = routes.shape[1], K = routes.shape[2];
-    has_hist = hist_obj != Py_None;
-    has_mask = mask_obj != Py_None;
     if (get_c_buffer(top_obj, &top, R * L * 8, 1, "top") < 0) {
         PyBuffer_Release(&routes);
         return NULL;
@@ -424,20 +478,7 @@ PyObject *py_route_stats(PyObject *self, PyObject *args) {
         PyBuffer_Release(&top);
         return NULL;
     }
-    if (has_hist && get_c_buffer(hist_obj, &hist, -1, 1, "hist") < 0) {
-        ok = 0;
-    } else if (has_hist && (hist.ndim != 2 || hist.shape[0] != L)) {
-        PyErr_SetString(PyExc_ValueError, "route_stats: hist must have shape (layers, nbins)");
-        PyBuffer_Release(&hist);
-        ok = 0;
-    }
-    if (ok && has_mask && PyObject_GetBuffer(mask_obj, &mask, PyBUF_SIMPLE) < 0) {
-        if (has_hist) PyBuffer_Release(&hist);
-        ok = 0;
-    } else if (ok && has_mask && mask.len != R * L) {
-        PyErr_SetString(PyExc_ValueError, "route_stats: mask must hold one byte per (row, layer)");
-        PyBuffer_Release(&mask);
-        if (has_hist) PyBuffer_Release(&hist);
+    if (get_hist_mask(hist_obj, mask_obj, R, L, "route_stats", &hist, &has_hist, &mask, &has_mask) < 0) {
         ok = 0;
     }
     int64_t *scratch = NULL;
@@ -449,30 +490,12 @@ PyObject *py_route_stats(PyObject *self, PyObject *args) {
     }
     if (ok) {
         Py_ssize_t strides[3];
-        int i;
-        for (i = 0; i < 3; i++) {
-            strides[i] = routes.strides ? routes.strides[i] : 0;
-        }
-        if (!routes.strides) {
-            strides[2] = routes.itemsize;
-            strides[1] = strides[2] * K;
-            strides[0] = strides[1] * L;
-        }
+        routes_strides(&routes, strides);
         const int type = buffer_type(&routes);
-        int done = 0;
         Py_BEGIN_ALLOW_THREADS
-#ifdef R3_X86
-        if (use_avx2 && (type == T_I32 || type == T_U32) && K == 8 && strides[2] == 4 && strides[1] == 32) {
-            stats_i32_k8_avx2((const char *)routes.buf, R, L, strides[0], type == T_I32, (int64_t *)top.buf,
-                              (uint8_t *)rep.buf, has_hist ? (int64_t *)hist.buf : NULL, has_hist ? hist.shape[1] : 0,
-                              has_mask ? (const uint8_t *)mask.buf : NULL);
-            done = 1;
-        }
-#endif
-        if (!done)
-        stats_table[type]((const char *)routes.buf, routes.shape, strides, (int64_t *)top.buf, (uint8_t *)rep.buf,
-                          has_hist ? (int64_t *)hist.buf : NULL, has_hist ? hist.shape[1] : 0,
-                          has_mask ? (const uint8_t *)mask.buf : NULL, scratch);
+        stats_cells((const char *)routes.buf, R, L, K, strides, type, (int64_t *)top.buf, (uint8_t *)rep.buf,
+                    has_hist ? (int64_t *)hist.buf : NULL, has_hist ? hist.shape[1] : 0,
+                    has_mask ? (const uint8_t *)mask.buf : NULL, scratch);
         Py_END_ALLOW_THREADS
         free(scratch);
         if (has_mask) PyBuffer_Release(&mask);
@@ -498,8 +521,9 @@ PyObject *py_route_stats(PyObject *self, PyObject *args) {
 
 /* Per layer over rows cells: top[l] = max, nonzero[l] += cells whose top is not 0, rep[l] |= repeats
    (the tile's per-cell results are in L2; the loop over layers vectorises). */
-static void stats_sum_plain(const int64_t *restrict tt, const uint8_t *restrict tr, Py_ssize_t rows, Py_ssize_t L,
-                            int64_t *restrict top, int64_t *restrict nonzero, uint8_t *restrict rep) {
+static inline __attribute__((always_inline)) void stats_sum_body(
+        const int64_t *restrict tt, const uint8_t *restrict tr, Py_ssize_t rows, Py_ssize_t L, int64_t *restrict top,
+        int64_t *restrict nonzero, uint8_t *restrict rep) {
     for (Py_ssize_t r = 0; r < rows; r++, tt += L, tr += L) {
         for (Py_ssize_t l = 0; l < L; l++) {
             top[l] = tt[l] > top[l] ? tt[l] : top[l];
@@ -509,17 +533,16 @@ static void stats_sum_plain(const int64_t *restrict tt, const uint8_t *restrict 
     }
 }
 
+/* the same loop compiled twice: for the baseline ISA and for AVX2 (64-bit compares in vectors) */
+static void stats_sum_plain(const int64_t *tt, const uint8_t *tr, Py_ssize_t rows, Py_ssize_t L, int64_t *top,
+                            int64_t *nonzero, uint8_t *rep) {
+    stats_sum_body(tt, tr, rows, L, top, nonzero, rep);
+}
+
 #ifdef R3_X86
-R3_TARGET_AVX2 static void stats_sum_avx2(const int64_t *restrict tt, const uint8_t *restrict tr, Py_ssize_t rows,
-                                          Py_ssize_t L, int64_t *restrict top, int64_t *restrict nonzero,
-                                          uint8_t *restrict rep) {
-    for (Py_ssize_t r = 0; r < rows; r++, tt += L, tr += L) {
-        for (Py_ssize_t l = 0; l < L; l++) {
-            top[l] = tt[l] > top[l] ? tt[l] : top[l];
-            nonzero[l] += tt[l] != 0;
-            rep[l] |= tr[l];
-        }
-    }
+R3_TARGET_AVX2 static void stats_sum_avx2(const int64_t *tt, const uint8_t *tr, Py_ssize_t rows, Py_ssize_t L,
+                                          int64_t *top, int64_t *nonzero, uint8_t *rep) {
+    stats_sum_body(tt, tr, rows, L, top, nonzero, rep);
 }
 #endif
 
@@ -545,7 +568,7 @@ R3_DOC(route_stats_pieces_doc, "route_stats_pieces(routes, cuts, top, repeated, 
 PyObject *py_route_stats_pieces(PyObject *self, PyObject *args) {
     PyObject *routes_obj, *cuts_obj, *top_obj, *rep_obj, *nz_obj, *hist_obj, *mask_obj;
     Py_buffer routes, cuts, top, rep, nz, hist, mask;
-    int has_hist, has_mask, held = 0, ok = 1;
+    int has_hist = 0, has_mask = 0, held = 0, ok = 1;
     if (!PyArg_ParseTuple(args, "OOOOOOO", &routes_obj, &cuts_obj, &top_obj, &rep_obj, &nz_obj, &hist_obj,
                           &mask_obj)) {
         return NULL;
@@ -579,26 +602,8 @@ PyObject *py_route_stats_pieces(PyObject *self, PyObject *args) {
     else if (ok) held = 4;
     if (ok && get_c_buffer(nz_obj, &nz, n * L * 8, 1, "nonzero") < 0) ok = 0;
     else if (ok) held = 5;
-    has_hist = hist_obj != Py_None;
-    has_mask = mask_obj != Py_None;
-    if (ok && has_hist) {
-        if (get_c_buffer(hist_obj, &hist, -1, 1, "hist") < 0) {
-            ok = 0;
-        } else if (hist.ndim != 2 || hist.shape[0] != L) {
-            PyErr_SetString(PyExc_ValueError, "route_stats_pieces: hist must have shape (layers, nbins)");
-            PyBuffer_Release(&hist);
-            ok = 0;
-        }
-    }
-    if (ok && has_mask) {
-        if (PyObject_GetBuffer(mask_obj, &mask, PyBUF_SIMPLE) < 0) {
-            ok = 0;
-        } else if (mask.len != R * L) {
-            PyErr_SetString(PyExc_ValueError, "route_stats_pieces: mask must hold one byte per (row, layer)");
-            PyBuffer_Release(&mask);
-            ok = 0;
-        }
-        if (!ok && has_hist) PyBuffer_Release(&hist);
+    if (ok && get_hist_mask(hist_obj, mask_obj, R, L, "route_stats_pieces", &hist, &has_hist, &mask, &has_mask) < 0) {
+        ok = 0;
     }
     const Py_ssize_t tile = STATS_TILE;
     int64_t *ttop = NULL, *scratch = NULL;
@@ -616,12 +621,7 @@ PyObject *py_route_stats_pieces(PyObject *self, PyObject *args) {
     }
     if (ok) {
         Py_ssize_t strides[3];
-        for (int i = 0; i < 3; i++) strides[i] = routes.strides ? routes.strides[i] : 0;
-        if (!routes.strides) {
-            strides[2] = routes.itemsize;
-            strides[1] = strides[2] * K;
-            strides[0] = strides[1] * L;
-        }
+        routes_strides(&routes, strides);
         const int type = buffer_type(&routes);
         const int64_t *c = (const int64_t *)cuts.buf;
         int64_t *ptop = (int64_t *)top.buf, *pnz = (int64_t *)nz.buf;
@@ -642,17 +642,7 @@ PyObject *py_route_stats_pieces(PyObject *self, PyObject *args) {
                 const Py_ssize_t rows = c[p + 1] - r0 < tile ? c[p + 1] - r0 : tile;
                 const char *b = (const char *)routes.buf + r0 * strides[0];
                 const uint8_t *mt = m ? m + r0 * L : NULL;
-                int done = 0;
-#ifdef R3_X86
-                if (use_avx2 && (type == T_I32 || type == T_U32) && K == 8 && strides[2] == 4 && strides[1] == 32) {
-                    stats_i32_k8_avx2(b, rows, L, strides[0], type == T_I32, ttop, trep, h, nbins, mt);
-                    done = 1;
-                }
-#endif
-                if (!done) {
-                    const Py_ssize_t shape[3] = {rows, L, K};
-                    stats_table[type](b, shape, strides, ttop, trep, h, nbins, mt, scratch);
-                }
+                stats_cells(b, rows, L, K, strides, type, ttop, trep, h, nbins, mt, scratch);
                 stats_sum_rows(ttop, trep, rows, L, at, an, ar);
             }
         }
