@@ -1293,36 +1293,23 @@ SET_INLINE void set_decode_narrow_k(const set_tab *t, const uint8_t *p, size_t p
                         batch[q] = (uint64_t)load_bits128(p, plen, bitpos, w);
                     }
                 }
-            } else if (m == 2) { /* (64, 6): two digits a block, one division (a checked block is below R**2) */
-                int q = 0;
-                if (left == 1 && q < nb) { /* the second digit of a block split by the last batch */
-                    batch[q++] = v;
-                    left = 0;
-                    digit++;
-                }
-                for (; q + 2 <= nb && nd - digit >= 2; q += 2, digit += 2) {
-                    const int bw = w_of[2];
-                    const uint64_t x = bw <= 57 ? load_bits64(p, plen, bitpos, bw)
-                                                : (uint64_t)load_bits128(p, plen, bitpos, bw);
-                    bitpos += (uint64_t)bw;
-                    uint64_t rem;
-                    batch[q + 1] = divr64(x, R, rinv, &rem);
-                    batch[q] = rem;
-                }
-                for (; q < nb; q++, digit++) { /* a block cut by the batch's end, or the last, short one */
-                    if (!left) {
-                        left = nd - digit < 2 ? (int)(nd - digit) : 2;
-                        const int bw = w_of[left];
-                        v = bw <= 57 ? load_bits64(p, plen, bitpos, bw) : (uint64_t)load_bits128(p, plen, bitpos, bw);
-                        bitpos += (uint64_t)bw;
-                    }
-                    uint64_t rem;
-                    v = divr64(v, R, rinv, &rem);
-                    batch[q] = rem;
-                    left--;
-                }
             } else {
-                for (int q = 0; q < nb; q++) {
+                int q = 0;
+                while (q < nb) {
+                    if (m == 2 && !left) { /* (64, 6): whole blocks of two digits, one division for both
+                                              (a checked block is below R**2) */
+                        for (; q + 2 <= nb && nd - digit >= 2; q += 2, digit += 2) {
+                            const int bw = w_of[2];
+                            const uint64_t x = bw <= 57 ? load_bits64(p, plen, bitpos, bw)
+                                                        : (uint64_t)load_bits128(p, plen, bitpos, bw);
+                            bitpos += (uint64_t)bw;
+                            uint64_t rem;
+                            batch[q + 1] = divr64(x, R, rinv, &rem);
+                            batch[q] = rem;
+                        }
+                        if (q == nb) break;
+                    }
+                    /* one digit: a block cut by the batch's end, the last short one, or m > 2 */
                     if (!left) {
                         left = nd - digit < (uint64_t)m ? (int)(nd - digit) : m;
                         const int bw = w_of[left];
@@ -1331,7 +1318,7 @@ SET_INLINE void set_decode_narrow_k(const set_tab *t, const uint8_t *p, size_t p
                     }
                     uint64_t rem;
                     v = divr64(v, R, rinv, &rem);
-                    batch[q] = rem;
+                    batch[q++] = rem;
                     left--;
                     digit++;
                 }
