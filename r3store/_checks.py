@@ -29,6 +29,7 @@ __all__ = [
     "MAX_ROWS",
     "ErrorFactory",
     "check_field_names",
+    "check_id_sequence",
     "closest_names",
     "config_fields",
     "config_from_dict",
@@ -322,3 +323,16 @@ def parse_bool(name: str, value: Any, *, error: ErrorFactory = OptionError) -> b
     if not isinstance(value, bool | np.bool_):
         raise error(name, value, "must be a bool")
     return bool(value)
+
+
+def check_id_sequence(sample_ids: object) -> None:
+    """Refuse, with a plain ``TypeError``, sample ids given as one str or bytes (they would be
+    iterated character by character, each looked up as an id) or as a set (no order: the
+    results would follow no order the caller knows). A dict's keys keep their order: taken."""
+    if isinstance(sample_ids, str):
+        raise TypeError(f"sample_ids must be a sequence of ids, got the str {sample_ids!r}; use [{sample_ids!r}]")
+    if isinstance(sample_ids, bytes | bytearray | memoryview):
+        raise TypeError(f"sample_ids must be a sequence of str ids, got the bytes {bytes(sample_ids)!r}")
+    if isinstance(sample_ids, set | frozenset):
+        raise TypeError(f"sample_ids must be an ordered sequence of ids, got a {type(sample_ids).__name__}; "
+                        "use sorted(...) or list(...)")

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from r3store._checks import resolve_config
+from r3store._checks import check_id_sequence, resolve_config
 from r3store._format import token_hash
 from r3store._validate import as_numpy
 from r3store.codecs import kernels
@@ -271,13 +271,7 @@ def assemble(
     """
     if not isinstance(reader, RouteReader):
         raise TypeError(f"reader must be a RouteReader (r3store.open_store), got {type(reader).__name__}")
-    if isinstance(sample_ids, str):
-        raise TypeError(f"sample_ids must be a sequence of ids, got the str {sample_ids!r}; use [{sample_ids!r}]")
-    if isinstance(sample_ids, (bytes, bytearray, memoryview)):
-        raise TypeError(f"sample_ids must be a sequence of str ids, got the bytes {bytes(sample_ids)!r}")
-    if isinstance(sample_ids, set | frozenset):  # no order: the batch's sequences would be in no known order
-        raise TypeError(f"sample_ids must be an ordered sequence of ids, got a {type(sample_ids).__name__}; "
-                        "use sorted(...) or list(...)")
+    check_id_sequence(sample_ids)
     opts = resolve_config(LayoutOptions, "assemble", "options", options, deprecated, _LOOSE)
     pad_policy, fill_value, packed = opts.pad_policy, opts.fill_value, opts.packed
     spec = reader.spec

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from r3store._checks import parse_int, resolve_config
+from r3store._checks import check_id_sequence, parse_int, resolve_config
 from r3store._deprecated import warn
 from r3store._format import (
     MANIFEST_KEY,
@@ -544,13 +544,7 @@ class RouteReader:
         r3store.errors.UnknownCodecError, r3store.errors.StorageError
             As in :meth:`get`.
         """
-        if isinstance(sample_ids, str):
-            raise TypeError(f"sample_ids must be a sequence of ids, got the str {sample_ids!r}; use [{sample_ids!r}]")
-        if isinstance(sample_ids, (bytes, bytearray, memoryview)):
-            raise TypeError(f"sample_ids must be a sequence of str ids, got the bytes {bytes(sample_ids)!r}")
-        if isinstance(sample_ids, set | frozenset):  # no order: the i-th array would belong to no known id
-            raise TypeError(f"sample_ids must be an ordered sequence of ids, got a {type(sample_ids).__name__}; "
-                            "use sorted(...) or list(...)")
+        check_id_sequence(sample_ids)
         return [self.get(s, layers) for s in sample_ids]
 
     def geometry_of(self, array: str, *, partial: bool = False) -> ArrayGeometry:
